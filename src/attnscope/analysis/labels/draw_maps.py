@@ -1,16 +1,18 @@
-"""How the real labelled set's maps were drawn and rendered for labelling (run once; kept for the record).
+"""How the real labelled set's maps were drawn and rendered for labelling (run once per batch; kept for the record).
 
-    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets
+    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets        # batch 1, ids 0-71
+    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-2 2    # batch 2, ids 72-123
 
 writes ``candidates.tsv`` (id, layer, head, text, pair; the label column empty) and sheets of four
 maps per PNG (``sheet_00.png`` ...), drawn with ``figures.draw_map`` with the main diagonal marked
-by a thin red line (the second labelling pass; the first pass had no guide). See README.md
-beside this file.
+by a thin red line (batch 1's second labelling pass and batch 2; batch 1's first pass had no
+guide). Only maps are drawn, never the classifier's labels. See README.md beside this file.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -27,6 +29,15 @@ CHOSEN_SINGLES = CHOSEN_PAIRS = 12
 CHOSEN_HEADS = [(0, 2), (0, 5), (0, 0), (0, 7), (1, 8), (1, 4), (1, 9), (2, 11), (2, 8), (2, 1), (2, 9), (3, 8),
                 (4, 9), (5, 11), (5, 10), (3, 4), (4, 5), (0, 3), (2, 0), (1, 7), (5, 3), (4, 6), (0, 8), (1, 11)]
 MAX_SINGLE_WORDS, MAX_PAIR_WORDS = 22, 30
+
+# batch 2 (held out): random maps plus new inputs for the heads whose batch-1 map a person labelled
+# as a rare class (block, next/previous word, same word, vertical, heterogeneous) or whose note saw a
+# self line; the classifier's output played no part in choosing them
+SEED_2 = 2020
+FIRST_ID_2 = 72
+RANDOM_SINGLES_2 = RANDOM_PAIRS_2 = 12
+RARE_HEADS_2 = [(4, 6), (1, 8), (0, 5), (0, 2), (0, 8), (5, 1), (5, 6), (3, 11), (5, 10), (5, 9), (1, 7), (0, 4),
+                (1, 1), (2, 9)]
 
 
 def words(text: str) -> int:
@@ -52,20 +63,58 @@ def draw() -> list[tuple[int, int, str, str]]:
     return drawn
 
 
-def main(out: Path, guide: bool = True) -> None:
+def lower_words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[a-z]+", text.lower()) if len(w) > 1]
+
+
+def repeats_a_word(text: str, pair: str) -> bool:
+    """A single sentence with a word twice, or a pair with a word in both sentences (lower-cased)."""
+    if not pair:
+        found = lower_words(text)
+        return len(set(found)) < len(found)
+    return bool(set(lower_words(text)) & set(lower_words(pair)))
+
+
+def draw_second() -> list[tuple[int, int, str, str]]:
+    """Batch 2: (layer, head, text, pair) in id order from FIRST_ID_2, on inputs batch 1 did not use.
+
+    12 random single sentences and 12 random pairs with a random head each; then each head of
+    RARE_HEADS_2 on one single sentence and one pair that repeat a word (so that same-word
+    attention can show), in that order.
+    """
+    used = {(text, pair) for _, _, text, pair in draw()}
+    rng = random.Random(SEED_2)
+    singles = [(s, "") for s in brown_sentences() if 8 <= words(s) <= MAX_SINGLE_WORDS and (s, "") not in used]
+    pairs = [p for p in brown_pairs() if words(p[0]) + words(p[1]) <= MAX_PAIR_WORDS and p not in used]
+    rng.shuffle(singles)
+    rng.shuffle(pairs)
+    drawn = []
+    for pool, count in ((singles, RANDOM_SINGLES_2), (pairs, RANDOM_PAIRS_2)):
+        for _ in range(count):
+            drawn.append((rng.randrange(6), rng.randrange(12), *pool.pop()))
+    repeating_singles = [item for item in singles if repeats_a_word(*item)]
+    repeating_pairs = [item for item in pairs if repeats_a_word(*item)]
+    for layer, head in RARE_HEADS_2:
+        drawn.append((layer, head, *repeating_singles.pop()))
+        drawn.append((layer, head, *repeating_pairs.pop()))
+    return drawn
+
+
+def main(out: Path, batch: int = 1, guide: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    drawn = draw()
+    drawn = draw() if batch == 1 else draw_second()
+    first_id = 0 if batch == 1 else FIRST_ID_2
     model = attnscope.load_model("minilm")
     records = list(attnscope.extract_corpus(model, [(t, p or None) for _, _, t, p in drawn], progress=False))
     with open(out / "candidates.tsv", "w") as handle:  # plain TAB-separated fields; texts hold no TAB
         handle.write("id\tlayer\thead\tlabel\ttext\tpair\tnote\n")
         handle.writelines(f"{index}\t{layer}\t{head}\t\t{text}\t{pair}\t\n"
-                          for index, (layer, head, text, pair) in enumerate(drawn))
+                          for index, (layer, head, text, pair) in enumerate(drawn, start=first_id))
     for sheet in range(0, len(drawn), 4):
         maps = [(records[i].attention[drawn[i][0], drawn[i][1]], records[i].tokens,
-                 f"#{i}  layer {drawn[i][0]} head {drawn[i][1]}") for i in range(sheet, min(sheet + 4, len(drawn)))]
+                 f"#{first_id + i}  layer {drawn[i][0]} head {drawn[i][1]}") for i in range(sheet, min(sheet + 4, len(drawn)))]
         grid_figure(maps, diagonal_guide=guide).savefig(out / f"sheet_{sheet // 4:02d}.png", dpi=55)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1)
