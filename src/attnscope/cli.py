@@ -187,6 +187,7 @@ COMMAND_MODULES = (
     "attnscope.experiments.commands",
     "attnscope.probing.commands",
     "attnscope.lab.commands",
+    "attnscope.serve.commands",
 )
 
 

@@ -67,13 +67,12 @@ class DecodeTrace:
 
     def save_html(self, path: str | Path) -> Path:
         """A self-contained HTML page: the table of steps beside the cross-attention heatmaps."""
-        from importlib.resources import files
-
-        template = files("attnscope.lab").joinpath("static/steps.html").read_text(encoding="utf-8")
         payload = json.dumps(self.to_payload(), ensure_ascii=False).replace("</", "<\\/")  # safe inside a <script> element
+        page = (step_view_file("steps.html").replace("__ATTNSCOPE_STEPS_CSS__", step_view_file("steps.css"))
+                .replace("__ATTNSCOPE_STEPS_JS__", step_view_file("steps.js")).replace("__ATTNSCOPE_PAYLOAD__", payload))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.replace("__ATTNSCOPE_PAYLOAD__", payload), encoding="utf-8")
+        path.write_text(page, encoding="utf-8")
         return path
 
     def print_rich(self, console: Any = None) -> None:
@@ -97,6 +96,13 @@ class DecodeTrace:
             table.add_row(str(step.index), " ".join(step.prefix), candidates, source)
         console.print(table)
         console.print(f"output: {self.output}")
+
+
+def step_view_file(name: str) -> str:
+    """A file of the step view shipped in ``lab/static`` (steps.html, steps.js, steps.css)."""
+    from importlib.resources import files
+
+    return files("attnscope.lab").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:

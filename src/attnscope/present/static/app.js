@@ -143,6 +143,7 @@
         this.views[this.state.view].render();
         this.status.textContent = "";
         this.markDrawn();
+        if (this.onChange) this.onChange(this);
       } catch (error) {
         this.status.textContent = `attnscope: cannot draw this view: ${error.message}`;
         throw error;
@@ -245,9 +246,11 @@
   }
 
   NS.instances = NS.instances || {};
-  /* options.hash: read the starting state from the page address (standalone files, not notebooks). */
+  /* options.hash: read the starting state from the page address (standalone files, not notebooks);
+   * options.onChange(app): called after every draw (the explorer keeps its address in step). */
   NS.mount = function mount(root, payload, options) {
     const app = new App(root, payload);
+    app.onChange = options && options.onChange;
     NS.instances[root.id] = app;
     if (options && options.hash && window.location.hash) {
       stateFromHash(app, window.location.hash);

@@ -1,0 +1,203 @@
+"""The explorer's web app: the page, its assets (all from the package, no CDN) and a JSON API.
+
+>>> from attnscope.serve.app import create_app                          # doctest: +SKIP
+>>> app = create_app(["minilm"])        # then: uvicorn.run(app, host="127.0.0.1", port=8765)  # doctest: +SKIP
+
+Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
+
+* ``GET /api/models``: the models offered, the intervention modes and the pattern classes;
+* ``POST /api/analyze``: views payload, each head's pattern and statistics for one input;
+* ``POST /api/intervene``: the same input with heads ablated / corrupted or sublayers skipped;
+* ``GET /api/record``: one input's attention as plain JSON (the page links to it).
+
+Input the user can fix gets a 4xx with ``{"detail": "<one line>"}``: 404 for an unknown model,
+422 for anything else (empty or too long text, bad head indices, unknown mode). Every request is
+independent: an error in one never touches the models or the other requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+from . import service
+from .pool import ModelPool, UnknownModel, default_choices
+
+MAX_TEXT_CHARS = 4000  # checked before tokenizing; the token limit (--max-tokens) is checked after
+DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload grows quadratically
+
+# name -> (package, folder) of every asset the page may load
+ASSETS = {
+    **{name: ("attnscope.present", "static") for name in
+       ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css")},
+    **{name: ("attnscope.lab", "static") for name in ("steps.js", "steps.css")},
+    **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
+}
+MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+# the page loads only its own assets and talks only to this server
+CONTENT_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+                  "connect-src 'self' data: blob:; frame-ancestors 'none'")
+
+log = logging.getLogger("attnscope.serve")
+
+
+def _utf8(value: str | None) -> str | None:
+    """Reject text that cannot be encoded (lone surrogates from a JSON ``\\ud800`` escape)."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text is not valid Unicode (it holds an unpaired surrogate)") from None
+    return value
+
+
+class InputText(BaseModel):
+    model: str | None = Field(None, description="a model name from GET /api/models (default: the server's first)")
+    text: str = Field(..., max_length=MAX_TEXT_CHARS, description="the text (first sentence)",
+                      examples=["I went to the store."])
+    pair: str | None = Field(None, max_length=MAX_TEXT_CHARS,
+                             description="second sentence (encoders, decoders) or target text (encoder-decoders)",
+                             examples=["At the store, I bought fresh strawberries."])
+
+    _check_text = field_validator("text", "pair")(_utf8)
+
+
+class AnalyzeRequest(InputText):
+    vectors: bool = Field(True, description="ship queries and keys for the neuron view")
+
+
+class HeadRef(BaseModel):
+    layer: int = Field(..., description="0-indexed layer")
+    head: int = Field(..., description="0-indexed head")
+
+
+class InterveneRequest(InputText):
+    mode: Literal[tuple(service.MODES)] = Field("zero", description="; ".join(  # type: ignore[valid-type]
+        f"{name}: {text}" for name, text in service.MODES.items()))
+    heads: list[HeadRef] = Field(default_factory=list, max_length=4096, description="heads to change")
+    layers: list[int] = Field(default_factory=list, max_length=1024,
+                              description="whole layers to change (all their heads; for 'skip' the sublayer)")
+    kind: Literal["self", "encoder", "decoder", "cross"] | None = Field(
+        None, description="which attention the heads belong to (default: the input side's)")
+
+
+class Problem(BaseModel):
+    detail: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "unknown model"},
+                                           422: {"model": Problem, "description": "input the user can fix"}}
+
+
+def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = (), dtype: str = "float32",
+               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True) -> FastAPI:
+    """The explorer app serving ``models`` (aliases or folders) after the already ``loaded`` ones;
+    with neither, every installed alias.
+
+    ``preload`` loads the first model now, so the first request does not wait for it.
+    """
+    choices = default_choices(list(models)) if models or not loaded else []
+    pool = ModelPool(choices, dtype=dtype, loaded=loaded)
+    if preload:
+        pool.preload(pool.default)
+    app = FastAPI(title="attnscope explorer", version="1",
+                  description="Capture, classify and intervene on a transformer's attention. "
+                              "Layers and heads are 0-indexed everywhere.")
+    app.state.pool = pool
+    _add_error_handlers(app)
+    _add_page_routes(app)
+    _add_api_routes(app, pool, max_tokens)
+    return app
+
+
+def _problem(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(UnknownModel)
+    def unknown_model(request: Request, error: UnknownModel) -> JSONResponse:
+        return _problem(404, str(error))
+
+    @app.exception_handler(AttnscopeError)
+    def user_error(request: Request, error: AttnscopeError) -> JSONResponse:
+        return _problem(422, str(error))
+
+    @app.exception_handler(ValidationError)
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, error: RequestValidationError | ValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        if first.get("type") == "json_invalid":
+            return _problem(422, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'cannot parse')})")
+        where = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query"))
+        return _problem(422, f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg")))
+
+    @app.exception_handler(Exception)
+    def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("request %s failed", request.url.path)
+        return _problem(500, f"internal error ({type(error).__name__}); the server keeps running")
+
+
+def _asset(name: str) -> str:
+    package, folder = ASSETS[name]
+    return resources.files(package).joinpath(folder, name).read_text(encoding="utf-8")
+
+
+def _add_page_routes(app: FastAPI) -> None:
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        html = resources.files("attnscope.serve").joinpath("static", "explorer.html").read_text(encoding="utf-8")
+        return HTMLResponse(html, headers={"Content-Security-Policy": CONTENT_POLICY})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        if name not in ASSETS:
+            return _problem(404, f"no asset {name!r}")
+        return Response(_asset(name), media_type=MEDIA_TYPES[name[name.rindex("."):]],
+                        headers={"Cache-Control": "no-cache"})
+
+
+def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
+    def checked(loaded: Any, request: InputText) -> None:
+        service.check_input(loaded, request.text, request.pair, max_tokens)
+
+    @app.get("/api/models", summary="models offered, intervention modes and pattern classes")
+    def models() -> dict[str, Any]:
+        return {"default": pool.default, "max_tokens": max_tokens, "modes": service.MODES,
+                "classes": service.pattern_classes(),
+                "models": [{"name": c.name, "source": c.source, "description": c.description,
+                            "loaded": pool.loaded(c.name)} for c in pool.choices.values()]}
+
+    @app.post("/api/analyze", summary="views payload, patterns and statistics of one input", responses=ERRORS)
+    def analyze(request: AnalyzeRequest) -> JSONResponse:
+        with pool.use(request.model or pool.default) as loaded:
+            checked(loaded, request)
+            return JSONResponse(service.analyze(loaded, request.text, request.pair, vectors=request.vectors))
+
+    @app.post("/api/intervene", summary="the input with heads or layers changed, and what changed",
+              responses=ERRORS)
+    def intervene(request: InterveneRequest) -> JSONResponse:
+        change = service.Change(request.mode, tuple((h.layer, h.head) for h in request.heads),
+                                tuple(request.layers), request.kind)
+        with pool.use(request.model or pool.default) as loaded:
+            checked(loaded, request)
+            return JSONResponse(service.intervene(loaded, request.text, request.pair, change))
+
+    @app.get("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
+             responses=ERRORS)
+    def record(text: Annotated[str, Query(max_length=MAX_TEXT_CHARS)],
+               pair: Annotated[str | None, Query(max_length=MAX_TEXT_CHARS)] = None,
+               model: str | None = None) -> JSONResponse:
+        request = InputText(model=model, text=text, pair=pair)
+        with pool.use(request.model or pool.default) as loaded:
+            checked(loaded, request)
+            return JSONResponse(service.record_json(loaded, request.text, request.pair))

@@ -1,0 +1,56 @@
+"""``attnscope serve``: start the explorer on this machine."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import Command
+from ..errors import AttnscopeError
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", action="append", default=[], metavar="MODEL",
+                        help="a model to offer: alias or local Hugging Face folder; repeat for more. The first is "
+                        "loaded at start and is the page's default (default: every installed alias, minilm first)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="compute type of every model (bfloat16 is faster on CPUs with bf16 matmuls)")
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="longest input the page and API accept, in tokens (default: 128)")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.port < 65536:
+        raise AttnscopeError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_tokens < 2:
+        raise AttnscopeError("--max-tokens must be at least 2")
+    import uvicorn
+
+    from .app import create_app
+
+    print("attnscope: loading the first model...", flush=True)
+    app = create_app(args.model, dtype=args.dtype, max_tokens=args.max_tokens)
+    pool = app.state.pool
+    shown = "localhost" if args.host in ("127.0.0.1", "::1") else args.host
+    print(f"attnscope explorer: http://{shown}:{args.port}/  (models: {', '.join(pool.choices)}; "
+          f"API schema at /docs; Ctrl+C stops)", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except SystemExit as stop:  # uvicorn exits this way when it cannot bind the port
+        raise AttnscopeError(f"cannot listen on {args.host}:{args.port} (in use, or not allowed)") from stop
+    return 0
+
+
+COMMANDS = (
+    Command("serve", "start the explorer: a local web page to see, classify and intervene on attention", """examples:
+  attnscope serve                            # every installed model, on http://localhost:8765/
+  attnscope serve --model minilm --model ./my-bert-folder --port 9000
+  attnscope serve --model smollm2 --dtype bfloat16
+The page: type a sentence (and optionally a second one), pick a model, then look at the head, model
+and neuron views, the pattern map (click a cell to open that head), the statistics table, and the
+intervention panel (ablate or corrupt heads, skip layers, and see what changes). Its address keeps
+the state, so a view can be bookmarked or shared. Scripts can call the same JSON API (/docs).""",
+            _serve_arguments, _run_serve),
+)

@@ -1,0 +1,97 @@
+"""The explorer's models: loaded once, kept warm, one request at a time per model.
+
+A request holds its model's lock for the whole computation. Interventions that skip sublayers
+put forward hooks on the model's modules, and a hook would leak into any other request running
+on the same model at that moment; with one lock per model, requests on different models still
+run side by side.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model the page may pick: ``name`` as the user sees it, ``source`` as load_model takes it."""
+
+    name: str
+    source: str
+    description: str
+
+
+class UnknownModel(AttnscopeError):
+    """A model name the server does not offer."""
+
+
+def default_choices(extra: list[str] | tuple[str, ...] = ()) -> list[ModelChoice]:
+    """The models given with ``--model`` first (aliases or local folders), then every installed alias.
+
+    The toy translator counts as installed: it is trained on its first use.
+    """
+    from ..models.registry import ALIASES
+
+    choices = {}
+    for given in extra:
+        alias = ALIASES.get(given)
+        name = given if alias else Path(given).name or given
+        choices[name] = ModelChoice(name, given, alias.description if alias else f"local model {given}")
+    for alias in ALIASES.values():
+        if alias.name not in choices and (alias.builder or alias.installed):
+            choices[alias.name] = ModelChoice(alias.name, alias.name, alias.description)
+    return list(choices.values())
+
+
+class ModelPool:
+    """Named models, each loaded on first use (or by :meth:`preload`) and kept for the server's life."""
+
+    def __init__(self, choices: list[ModelChoice], dtype: str = "float32", loaded: Sequence[LoadedModel] = ()) -> None:
+        """``loaded``: models already in memory (e.g. in a notebook), offered first under their names."""
+        given = [ModelChoice(model.name, str(model.source), f"{model.name} (loaded by the caller)") for model in loaded]
+        choices = given + [choice for choice in choices if choice.name not in {model.name for model in loaded}]
+        if not choices:
+            raise AttnscopeError("no model to serve: install one (attnscope models) or pass --model FOLDER")
+        self.choices = {choice.name: choice for choice in choices}
+        self.dtype = dtype
+        self._models: dict[str, LoadedModel] = {model.name: model for model in loaded}
+        self._locks = {name: threading.Lock() for name in self.choices}
+
+    @property
+    def default(self) -> str:
+        return next(iter(self.choices))
+
+    def loaded(self, name: str) -> bool:
+        return name in self._models
+
+    def check(self, name: str) -> ModelChoice:
+        if name not in self.choices:
+            raise UnknownModel(f"unknown model {name!r}; this server offers {', '.join(self.choices)}")
+        return self.choices[name]
+
+    def _load(self, name: str) -> LoadedModel:
+        """The model, loading it under its lock if this is its first use."""
+        if name not in self._models:
+            from ..models.loading import load_model
+
+            loaded = load_model(self.choices[name].source, dtype=self.dtype)
+            self._models[name] = replace(loaded, name=name)
+        return self._models[name]
+
+    def preload(self, name: str) -> LoadedModel:
+        self.check(name)
+        with self._locks[name]:
+            return self._load(name)
+
+    @contextmanager
+    def use(self, name: str) -> Iterator[LoadedModel]:
+        """The model ``name``, held alone for the block (other requests on it wait)."""
+        self.check(name)
+        with self._locks[name]:
+            yield self._load(name)

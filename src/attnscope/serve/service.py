@@ -1,0 +1,318 @@
+"""What the explorer computes, as plain functions of a loaded model (no web framework here).
+
+* :func:`analyze`: the views' payload, each head's pattern and its statistics for one input;
+* :func:`intervene`: the same input with some heads ablated or corrupted, or some attention
+  sublayers skipped, and what changed (attention of every layer, and the model's output:
+  sentence-embedding cosine for encoders, next-token distribution for decoders, translation and
+  step view for encoder-decoders);
+* :func:`record_json`: the record's attention as plain JSON, for scripts.
+
+Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
+layer answers 4xx) for input the user can fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+from ..record import AttentionRecord
+
+# How an intervention changes the chosen heads (name -> what the page says about it). The
+# attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
+MODES = {
+    "zero": "the head's output is set to 0 (ablation)",
+    "uniform": "the head attends uniformly to every key it may see",
+    "first": "the head attends only to the first token",
+    "last": "the head attends only to the last token it may see",
+    "previous": "the head attends only to the previous token",
+    "skip": "the whole attention sublayer of the chosen layers is skipped (residual only)",
+}
+PATTERN_OF_MODE = {"zero": "zero", "uniform": "uniform", "first": "beginning", "last": "end", "previous": "previous"}
+
+# Pattern map colours: lines warm, columns cool, blocks purple, same-word brown, no pattern grey;
+# a class added later gets a colour from SPARE_COLOURS.
+PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
+                   "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
+                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9"}
+SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
+TOP_TOKENS = 10
+
+
+class InputError(AttnscopeError):
+    """Input the user can fix (answered with a 4xx status and this message)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """An intervention: ``heads`` as (layer, head) pairs and/or whole ``layers``, of attention ``kind``."""
+
+    mode: str
+    heads: tuple[tuple[int, int], ...] = ()
+    layers: tuple[int, ...] = ()
+    kind: str | None = None
+    chosen: dict[int, list[int] | None] = field(default_factory=dict, compare=False)
+
+    def describe(self) -> str:
+        parts = [f"{layer}.{head}" for layer, head in self.heads] + [f"layer {layer}" for layer in self.layers]
+        return f"{self.mode}: {', '.join(parts)}"
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def check_input(loaded: LoadedModel, text: str, pair: str | None, max_tokens: int) -> int:
+    """The number of tokens of the input; :class:`InputError` if empty or longer than ``max_tokens``."""
+    if not text.strip():
+        raise InputError("text is empty")
+    if pair is not None and not pair.strip():
+        raise InputError("the second sentence is empty (leave it out instead)")
+    tokenizer = loaded.tokenizer
+    if loaded.is_encoder_decoder:
+        lengths = [len(tokenizer(text)["input_ids"])]
+        if pair is not None:
+            lengths.append(len(tokenizer(text_target=pair)["input_ids"]))
+    else:
+        lengths = [len(tokenizer(text, pair)["input_ids"])]
+    limit = min(max_tokens, loaded.max_length)
+    if max(lengths) > limit:
+        raise InputError(f"the input is {max(lengths)} tokens long; the explorer's limit is {limit} tokens "
+                         "(start the server with a larger --max-tokens, or shorten the text)")
+    return sum(lengths)
+
+
+def head_shape(loaded: LoadedModel, kind: str | None) -> tuple[str, int, int]:
+    """``(kind, n_layers, n_heads)`` of attention ``kind`` (None: the input side's)."""
+    from ..experiments.interventions import main_kind, n_heads_per_kind
+
+    shapes = n_heads_per_kind(loaded)
+    kind = kind or main_kind(loaded)
+    if kind not in shapes:
+        raise InputError(f"model {loaded.name!r} has no {kind!r} attention; it has {', '.join(shapes)}")
+    return (kind, *shapes[kind])
+
+
+def check_change(loaded: LoadedModel, change: Change) -> Change:
+    """``change`` with its kind filled in and ``chosen`` = ``{layer: [head, ...] or None}``;
+    :class:`InputError` for an unknown mode or a head or layer the model does not have."""
+    if change.mode not in MODES:
+        raise InputError(f"unknown mode {change.mode!r}; choose one of {', '.join(MODES)}")
+    kind, n_layers, n_heads = head_shape(loaded, change.kind)
+    if not change.heads and not change.layers:
+        raise InputError("choose at least one head or layer to change")
+    where = f"{loaded.name} has {n_layers} {kind} layers (0-{n_layers - 1}) x {n_heads} heads (0-{n_heads - 1})"
+    for layer, head in change.heads:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise InputError(f"there is no head {layer}.{head}: {where}")
+    for layer in change.layers:
+        if not 0 <= layer < n_layers:
+            raise InputError(f"there is no layer {layer}: {where}")
+    if change.mode == "skip" and change.heads:
+        raise InputError("'skip' removes whole attention sublayers: choose layers, not heads")
+    chosen: dict[int, list[int] | None] = {layer: None for layer in change.layers}
+    for layer, head in change.heads:
+        heads = chosen.setdefault(layer, [])
+        if heads is not None and head not in heads:
+            heads.append(head)
+    return Change(change.mode, change.heads, change.layers, kind, chosen)
+
+
+def change_context(loaded: LoadedModel, change: Change) -> AbstractContextManager[None]:
+    """The intervention of a checked ``change`` (see :func:`check_change`), as a context manager."""
+    from ..experiments.interventions import ablate_heads, skip_sublayers
+
+    assert change.kind is not None
+    if change.mode == "skip" and change.kind == "cross":
+        return skip_sublayers(loaded, cross=list(change.chosen))
+    if change.mode == "skip":
+        return skip_sublayers(loaded, attention=list(change.chosen), kind=change.kind)
+    return ablate_heads(change.chosen, PATTERN_OF_MODE[change.mode], kind=change.kind)
+
+
+# ---- analysis --------------------------------------------------------------------------------
+def model_summary(loaded: LoadedModel) -> dict[str, Any]:
+    """What the page needs to know about a model to offer its choices."""
+    from ..experiments.interventions import main_kind, n_heads_per_kind
+
+    kind = "encoder-decoder" if loaded.is_encoder_decoder else "decoder" if loaded.causal else "encoder"
+    shapes = n_heads_per_kind(loaded)
+    return {"name": loaded.name, "type": kind, "model_type": loaded.config.model_type,
+            "main_kind": main_kind(loaded), "kinds": {k: {"layers": n, "heads": h} for k, (n, h) in shapes.items()},
+            "max_length": loaded.max_length}
+
+
+def pattern_classes() -> list[dict[str, str]]:
+    """Every pattern class with its short name, Kovaleva type, description and map colour."""
+    from ..analysis.patterns import PATTERNS
+
+    return [{"name": p.name, "short": p.short, "kovaleva": p.kovaleva, "source": p.source,
+             "description": p.description,
+             "colour": PATTERN_COLOURS.get(p.name, SPARE_COLOURS[i % len(SPARE_COLOURS)])}
+            for i, p in enumerate(PATTERNS.values())]
+
+
+def _finite(values: np.ndarray, digits: int = 4) -> list[Any]:
+    """Nested lists with NaN as None (JSON has no NaN)."""
+    return [_finite(row, digits) if np.ndim(row) else (None if math.isnan(row) else round(float(row), digits))
+            for row in values]
+
+
+def patterns_and_statistics(record: AttentionRecord) -> dict[str, Any]:
+    """Each head's pattern (label, confidence) and statistics, all ``[layer][head]``."""
+    from ..analysis.patterns import classify_heads
+    from ..analysis.stats import describe_statistics, head_statistics
+
+    patterns = classify_heads(record)
+    statistics = head_statistics(record)
+    descriptions = describe_statistics()
+    return {
+        "patterns": {"labels": patterns.labels.tolist(), "confidence": _finite(patterns.confidence, 3)},
+        "statistics": {name: _finite(values) for name, values in statistics.values.items()},
+        "statistic_descriptions": {name: descriptions.get(name.removeprefix("norm_"), "") for name in statistics.values},
+    }
+
+
+def extract_record(loaded: LoadedModel, text: str, pair: str | None, *, vectors: bool = False) -> AttentionRecord:
+    from ..capture.extract import extract
+
+    return extract(loaded, text, pair, qkv=vectors, norms=True)
+
+
+def analyze(loaded: LoadedModel, text: str, pair: str | None, *, vectors: bool = True) -> dict[str, Any]:
+    """The views' payload, patterns and statistics of one input (``vectors``: ship q/k for the neuron view)."""
+    from ..present.payload import build_payload
+
+    record = extract_record(loaded, text, pair, vectors=vectors)
+    return {"model": model_summary(loaded), "text": text, "pair": pair, "tokens": list(record.tokens),
+            "payload": build_payload(record, "all", norms=True), **patterns_and_statistics(record)}
+
+
+def record_json(loaded: LoadedModel, text: str, pair: str | None) -> dict[str, Any]:
+    """The record's tokens and attention of every kind ``[layer][head][query][key]`` as plain JSON."""
+    from dataclasses import asdict
+
+    record = extract_record(loaded, text, pair)
+    attention = {kind: np.round(record.arrays[f"{kind}.attention"], 5).tolist() for kind in record.kinds}
+    norms = {kind: np.round(record.arrays[f"{kind}.norms"], 5).tolist() for kind in record.kinds
+             if f"{kind}.norms" in record.arrays}
+    return {"model": asdict(record.model), "text": list(record.text), "tokens": list(record.tokens),
+            "target_tokens": list(record.target_tokens) if record.target_tokens is not None else None,
+            "special_mask": record.special_mask.tolist(), "sentence_ids": record.sentence_ids.tolist(),
+            "word_ids": record.word_ids.tolist(), "attention": attention, "norms": norms,
+            "layout": "attention[kind][layer][head][query][key], 0-indexed"}
+
+
+# ---- interventions ---------------------------------------------------------------------------
+def attention_change(intact: AttentionRecord, changed: AttentionRecord) -> dict[str, list[list[float]]]:
+    """Per kind, ``[layer][head]``: the mean over queries of the total variation distance
+    ``0.5 * sum_k |a - a'|`` between the intact and the changed attention rows (0 = same, 1 = disjoint)."""
+    change = {}
+    for kind in intact.kinds:
+        before, after = intact.arrays[f"{kind}.attention"], changed.arrays[f"{kind}.attention"]
+        distance = 0.5 * np.abs(before.astype(np.float64) - after).sum(axis=-1).mean(axis=-1)  # [layer, head]
+        change[kind] = _finite(distance, 5)
+    return change
+
+
+def intervene(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
+    """The input intact and under ``change``: what changed in attention and in the output.
+
+    Encoder-decoders without a target are decoded by the intact model first, and both records use
+    that target, so their decoder and cross-attention stay comparable position by position.
+    """
+    change = check_change(loaded, change)
+    from ..present.payload import build_payload
+
+    if loaded.is_encoder_decoder and pair is None:
+        pair = extract_record(loaded, text, None).text[1]
+    intact = extract_record(loaded, text, pair)
+    with change_context(loaded, change):
+        changed = extract_record(loaded, text, pair)
+    result = {"change": change.describe(), "kind": change.kind, "mode_description": MODES[change.mode],
+              "attention_change": attention_change(intact, changed),
+              "payload": build_payload(changed, ["head", "model"], norms=True,
+                                       title=f"{loaded.name}, {change.describe()}"),
+              **patterns_and_statistics(changed)}
+    result["output"] = output_change(loaded, text, pair, change)
+    return result
+
+
+def output_change(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
+    """How the model's output moves under ``change`` (its kind says which of the three it is)."""
+    if loaded.is_encoder_decoder:
+        return translation_change(loaded, text, change)
+    if loaded.causal:
+        return next_token_change(loaded, text, pair, change)
+    return embedding_change(loaded, text, pair, change)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> tuple[Any, Any, Any]:
+    """The model's final output (logits, or last hidden states) intact and changed, and the inputs."""
+    import torch
+
+    from ..experiments.metrics import encode_batches, model_output
+
+    inputs = encode_batches(loaded, [(text, pair)], batch_size=1)[0].inputs
+    outputs = []
+    for context in (_nothing(), change_context(loaded, change)):
+        with torch.inference_mode(), context:
+            outputs.append(model_output(loaded, inputs).float())
+    return outputs[0], outputs[1], inputs
+
+
+def embedding_change(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
+    """Encoders: cosine of the mean-pooled sentence embeddings, and of each token's final vector."""
+    import torch
+
+    from ..experiments.metrics import sentence_embeddings
+
+    intact, changed, inputs = _final_outputs(loaded, text, pair, change)  # [1, pos, d_model]
+    mask = inputs["attention_mask"]
+    cosine = float((sentence_embeddings(intact, mask) * sentence_embeddings(changed, mask)).sum())
+    per_token = torch.nn.functional.cosine_similarity(intact[0], changed[0], dim=-1)  # [pos]
+    return {"type": "embedding", "cosine": round(cosine, 6), "token_cosine": [round(float(c), 5) for c in per_token],
+            "tokens": list(loaded.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())),
+            "what": "cosine similarity of the mean-pooled sentence embedding (and of each token's final vector) "
+                    "to the intact model's; 1 = unchanged"}
+
+
+def _top_tokens(loaded: LoadedModel, probabilities: Any) -> list[dict[str, Any]]:
+    import torch
+
+    top = torch.topk(probabilities, TOP_TOKENS)
+    return [{"token": loaded.tokenizer.decode([int(i)]), "id": int(i), "probability": round(float(p), 5)}
+            for p, i in zip(top.values, top.indices)]
+
+
+def next_token_change(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
+    """Decoders: the next-token distribution after the input, intact and changed, with their KL divergence."""
+    import torch
+
+    intact, changed, _ = _final_outputs(loaded, text, pair, change)  # logits [1, pos, vocab]
+    before, after = (torch.log_softmax(logits[0, -1], dim=-1) for logits in (intact, changed))
+    kl = float((before.exp() * (before - after)).sum())
+    return {"type": "next_token", "intact": _top_tokens(loaded, before.exp()), "changed": _top_tokens(loaded, after.exp()),
+            "kl_divergence": round(kl, 6),
+            "what": "the 10 most likely next tokens after the input; KL(intact || changed) in nats"}
+
+
+def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[str, Any]:
+    """Encoder-decoders: greedy translation and its step-by-step trace, intact and changed."""
+    from ..lab.stepper import decode_steps
+
+    intact = decode_steps(loaded, text)
+    with change_context(loaded, change):
+        changed = decode_steps(loaded, text)
+    return {"type": "translation", "intact": intact.output, "changed": changed.output,
+            "intact_steps": intact.to_payload(), "changed_steps": changed.to_payload(),
+            "what": "the greedy translation of the input, intact and changed, with the decoding steps"}

@@ -1,0 +1,486 @@
+/* attnscope explorer: the page of `attnscope serve`.
+ *
+ * It asks the JSON API (/api/models, /api/analyze, /api/intervene), mounts the head / model /
+ * neuron views of present/static (AttnscopeViews.mount), and draws around them the pattern map,
+ * the statistics table and the intervention panel. The page address keeps the state
+ * (#model=..&text=..&pair=..&view=head&layer=2&head=3&norms=1&do=zero&heads=2.3&layers=&on=&show=changed)
+ * so a view can be bookmarked or shared. Layers and heads are 0-indexed.
+ */
+(function (V, Steps) {
+  "use strict";
+
+  const el = V.element;
+  const $ = (id) => document.getElementById(id);
+  const page = {
+    config: null, // GET /api/models
+    analysis: null, // the last /api/analyze answer (the intact model)
+    change: null, // the last /api/intervene answer, for the same input
+    showing: "intact", // which of the two the views, map and table show
+    open: null, // [layer, head] open in the views
+    sort: { column: null, descending: true },
+    views: null, // the mounted AttnscopeViews app
+  };
+
+  // ---- talking to the server ----------------------------------------------------------------
+  async function api(path, body) {
+    const options = body === undefined ? {} : {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    };
+    const response = await fetch(path, options);
+    const data = await response.json().catch(() => ({ detail: `the server answered ${response.status}` }));
+    if (!response.ok) throw new Error(data.detail || `the server answered ${response.status}`);
+    return data;
+  }
+
+  function setStatus(text, isError) {
+    const status = $("status");
+    status.textContent = text;
+    status.classList.toggle("ex-error", !!isError);
+  }
+
+  /* Run `work` with the buttons disabled; an error is shown and everything on the page stays. */
+  async function busy(message, work) {
+    const buttons = [$("analyze"), $("run-change")];
+    buttons.forEach((button) => { button.disabled = true; });
+    setStatus(message);
+    try {
+      await work();
+      setStatus("");
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      buttons.forEach((button) => { button.disabled = false; });
+    }
+  }
+
+  // ---- the page address -------------------------------------------------------------------
+  const address = () => new URLSearchParams(window.location.hash.replace(/^#/, ""));
+
+  function writeAddress() {
+    const data = page.analysis;
+    if (!data) return;
+    const asked = new URLSearchParams({ model: data.model.name, text: data.text });
+    if (data.pair) asked.set("pair", data.pair);
+    const app = page.views;
+    if (app) {
+      asked.set("view", app.state.view);
+      if (app.state.kind) asked.set("kind", String(app.state.kind));
+      asked.set("layer", String(app.state.layer));
+      if (app.state.heads.size === 1) asked.set("head", String([...app.state.heads][0]));
+      if (app.state.norms) asked.set("norms", "1");
+    }
+    if (page.change) {
+      asked.set("do", $("mode").value);
+      if ($("change-heads").value.trim()) asked.set("heads", $("change-heads").value.replace(/\s+/g, ""));
+      if ($("change-layers").value.trim()) asked.set("layers", $("change-layers").value.replace(/\s+/g, ""));
+      if ($("kind").value) asked.set("on", $("kind").value);
+      if (page.showing === "changed") asked.set("show", "changed");
+    }
+    window.history.replaceState(null, "", `#${asked}`);
+  }
+
+  // ---- analysis ----------------------------------------------------------------------------
+  function inputBody() {
+    const pair = $("pair").value.trim();
+    return { model: $("model").value, text: $("text").value, pair: pair || null };
+  }
+
+  async function analyze(fromAddress) {
+    await busy("analyzing\u2026", async () => {
+      const data = await api("/api/analyze", inputBody());
+      page.analysis = data;
+      page.change = null;
+      page.showing = "intact";
+      page.sort = { column: null, descending: true };
+      $("effects").replaceChildren();
+      $("showing").hidden = true;
+      $("results").hidden = false;
+      setupIntervention(data.model);
+      render(fromAddress);
+      markLoaded(data.model.name);
+    });
+  }
+
+  function shown() { return page.showing === "changed" && page.change ? page.change : page.analysis; }
+
+  function render(fromAddress) {
+    const data = shown();
+    mountViews(data.payload, fromAddress);
+    drawPatternMap(data.patterns);
+    drawStatistics(data);
+    const link = new URLSearchParams({ model: page.analysis.model.name, text: page.analysis.text });
+    if (page.analysis.pair) link.set("pair", page.analysis.pair);
+    $("json-link").href = `/api/record?${link}`;
+    writeAddress();
+  }
+
+  /* Mount the views for `payload`, keeping what the previous views showed (view, layer, heads, norms). */
+  function mountViews(payload, fromAddress) {
+    const previous = page.views;
+    const root = $("views");
+    root.replaceChildren();
+    delete root.dataset.drawn;
+    const app = V.mount(root, payload, { hash: !!fromAddress, onChange: viewsChanged });
+    if (previous && !fromAddress) {
+      const state = app.state;
+      if (payload.views.includes(previous.state.view)) state.view = previous.state.view;
+      state.kind = Math.min(previous.state.kind, payload.kinds.length - 1);
+      state.layer = previous.state.layer;
+      state.heads = new Set([...previous.state.heads].filter((h) => h < app.nHeads()));
+      state.norms = previous.state.norms;
+      app.syncControls();
+      app.draw();
+    }
+    page.views = app;
+  }
+
+  /* After each draw of the views: follow the open head and the norm toggle, keep the address. */
+  function viewsChanged(app) {
+    const heads = [...app.state.heads];
+    page.open = app.state.kind === 0 && heads.length === 1 ? [app.state.layer, heads[0]] : null;
+    for (const cell of $("pattern-map").querySelectorAll(".ex-cell")) {
+      cell.classList.toggle("ex-open", !!page.open && +cell.dataset.layer === page.open[0] && +cell.dataset.head === page.open[1]);
+    }
+    for (const row of $("stats").querySelectorAll("tbody tr")) {
+      row.classList.toggle("ex-open", !!page.open && +row.dataset.layer === page.open[0] && +row.dataset.head === page.open[1]);
+    }
+    if ($("norms").checked !== app.state.norms) {
+      $("norms").checked = app.state.norms;
+      drawStatistics(shown());
+    }
+    writeAddress();
+  }
+
+  function openHead(layer, head) {
+    const app = page.views;
+    app.state.kind = 0; // the pattern map and the table are about the input side's attention
+    return app.openHead(layer, head);
+  }
+
+  // ---- pattern map -------------------------------------------------------------------------
+  function classOf(name) {
+    return page.config.classes.find((c) => c.name === name) || { name, short: name.slice(0, 4), colour: "#ccc", description: "" };
+  }
+
+  function drawPatternMap(patterns) {
+    const grid = $("pattern-map");
+    const labels = patterns.labels;
+    const heads = labels[0].length;
+    grid.style.gridTemplateColumns = `28px repeat(${heads}, minmax(22px, 1fr))`;
+    const cells = [el("span", "ex-axis", "")];
+    for (let h = 0; h < heads; h++) cells.push(el("span", "ex-axis", `h${h}`));
+    labels.forEach((row, layer) => {
+      cells.push(el("span", "ex-axis", `L${layer}`));
+      row.forEach((name, head) => {
+        const kind = classOf(name);
+        const confidence = patterns.confidence[layer][head] ?? 0;
+        const cell = el("button", "ex-cell", kind.short);
+        cell.type = "button";
+        cell.dataset.layer = String(layer);
+        cell.dataset.head = String(head);
+        cell.dataset.label = name;
+        cell.style.background = kind.colour;
+        cell.style.opacity = String(0.35 + 0.65 * Math.max(0, Math.min(1, confidence)));
+        cell.title = `layer ${layer}, head ${head}: ${name} (confidence ${confidence.toFixed(2)}): ${kind.description}`;
+        cell.addEventListener("click", () => openHead(layer, head));
+        cells.push(cell);
+      });
+    });
+    grid.replaceChildren(...cells);
+    markChangedHeads();
+    const used = new Set(labels.flat());
+    $("legend").replaceChildren(...page.config.classes.filter((c) => used.has(c.name)).map((c) => {
+      const item = el("span", "", "");
+      const swatch = el("span", "ex-swatch");
+      swatch.style.background = c.colour;
+      item.append(swatch, `${c.short} = ${c.name.replace(/_/g, " ")}`);
+      item.title = `${c.description} (${c.source}; Kovaleva type: ${c.kovaleva})`;
+      return item;
+    }));
+  }
+
+  function markChangedHeads() {
+    let marked, layers;
+    try {
+      marked = new Set(parseHeads().map(({ layer, head }) => `${layer}.${head}`));
+      layers = new Set(parseLayers());
+    } catch (error) {
+      return; // the fields hold a typo; Run will say so
+    }
+    for (const cell of $("pattern-map").querySelectorAll(".ex-cell")) {
+      const on = page.change && (marked.has(`${cell.dataset.layer}.${cell.dataset.head}`) || layers.has(+cell.dataset.layer));
+      cell.classList.toggle("ex-marked", !!on);
+    }
+  }
+
+  // ---- statistics table --------------------------------------------------------------------
+  function statisticColumns(data) {
+    const names = Object.keys(data.statistics);
+    const norms = $("norms").checked;
+    return names.filter((name) => !name.startsWith("norm_"))
+      .map((name) => (norms && names.includes(`norm_${name}`) ? `norm_${name}` : name));
+  }
+
+  function drawStatistics(data) {
+    const columns = ["layer", "head", "pattern", "confidence", ...statisticColumns(data)];
+    const rows = [];
+    data.patterns.labels.forEach((labels, layer) => labels.forEach((label, head) => {
+      const row = { layer, head, pattern: label, confidence: data.patterns.confidence[layer][head] };
+      for (const name of columns.slice(4)) row[name] = data.statistics[name][layer][head];
+      rows.push(row);
+    }));
+    const { column, descending } = page.sort;
+    if (column && columns.includes(column)) {
+      const value = (row) => (row[column] === null ? -Infinity : row[column]);
+      rows.sort((a, b) => (value(a) < value(b) ? -1 : value(a) > value(b) ? 1 : 0) * (descending ? -1 : 1));
+    }
+    const header = el("tr");
+    for (const name of columns) {
+      const th = el("th", "", name.replace(/^norm_/, "\u2016\u03b1f\u2016 ") + (name === column ? (descending ? " \u25bc" : " \u25b2") : ""));
+      th.dataset.column = name;
+      th.title = data.statistic_descriptions[name] || { layer: "0-indexed layer", head: "0-indexed head",
+        pattern: "the head's pattern on this input", confidence: "how clearly (0-1)" }[name] || "";
+      th.addEventListener("click", () => {
+        page.sort = { column: name, descending: page.sort.column === name ? !page.sort.descending : true };
+        drawStatistics(shown());
+      });
+      header.append(th);
+    }
+    const body = el("tbody");
+    for (const row of rows) {
+      const tr = el("tr");
+      tr.dataset.layer = String(row.layer);
+      tr.dataset.head = String(row.head);
+      tr.classList.toggle("ex-open", !!page.open && page.open[0] === row.layer && page.open[1] === row.head);
+      for (const name of columns) {
+        const value = row[name];
+        const text = typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : value === null ? "\u2013" : String(value);
+        tr.append(el("td", name === "pattern" ? "ex-label" : "", text));
+      }
+      tr.addEventListener("click", () => openHead(row.layer, row.head));
+      body.append(tr);
+    }
+    const head = el("thead");
+    head.append(header);
+    $("stats").replaceChildren(head, body);
+  }
+
+  function setNorms(on) {
+    const app = page.views;
+    app.state.norms = on && !!app.kind().norms;
+    if (app.normsBox) app.normsBox.checked = app.state.norms;
+    drawStatistics(shown());
+    app.draw();
+  }
+
+  // ---- interventions -----------------------------------------------------------------------
+  function setupIntervention(model) {
+    const kinds = Object.keys(model.kinds);
+    const select = $("kind");
+    const current = select.value;
+    select.replaceChildren(...kinds.map((kind) => new Option(kind, kind === model.main_kind ? "" : kind)));
+    select.value = kinds.includes(current) ? current : "";
+    $("kind-field").hidden = kinds.length < 2;
+  }
+
+  function numbers(text) {
+    return text.split(",").map((part) => part.trim()).filter(Boolean);
+  }
+
+  function parseHeads() {
+    return numbers($("change-heads").value).map((part) => {
+      const match = /^(\d+)\.(\d+)$/.exec(part);
+      if (!match) throw new Error(`cannot read head "${part}": write layer.head, e.g. 2.3`);
+      return { layer: Number(match[1]), head: Number(match[2]) };
+    });
+  }
+
+  function parseLayers() {
+    return numbers($("change-layers").value).map((part) => {
+      if (!/^\d+$/.test(part)) throw new Error(`cannot read layer "${part}": write a number, e.g. 3`);
+      return Number(part);
+    });
+  }
+
+  function addOpenHead() {
+    if (!page.open) {
+      setStatus("open one head first (click a cell of the pattern map)", true);
+      return;
+    }
+    const heads = numbers($("change-heads").value);
+    const name = `${page.open[0]}.${page.open[1]}`;
+    if (!heads.includes(name)) heads.push(name);
+    $("change-heads").value = heads.join(", ");
+  }
+
+  async function runChange() {
+    if (!page.analysis) return;
+    await busy("running the intervention\u2026", async () => {
+      const body = {
+        model: page.analysis.model.name, text: page.analysis.text, pair: page.analysis.pair,
+        mode: $("mode").value, heads: parseHeads(), layers: parseLayers(), kind: $("kind").value || null,
+      };
+      const data = await api("/api/intervene", body);
+      page.change = data;
+      $("showing-change").textContent = data.change;
+      $("showing").hidden = false;
+      drawEffects(data);
+      markChangedHeads();
+      writeAddress();
+    });
+  }
+
+  function showChanged(which) {
+    page.showing = which;
+    for (const radio of document.querySelectorAll("input[name=showing]")) radio.checked = radio.value === which;
+    render(false);
+  }
+
+  /* A layers x heads grid of values in [0, 1] (darker = larger). */
+  function heatGrid(values, title) {
+    const grid = el("div", "ex-grid");
+    grid.dataset.role = "change-grid";
+    const heads = values[0].length;
+    grid.style.gridTemplateColumns = `28px repeat(${heads}, minmax(18px, 1fr))`;
+    const largest = Math.max(1e-9, ...values.flat().map((v) => v || 0));
+    grid.append(el("span", "ex-axis", ""));
+    for (let h = 0; h < heads; h++) grid.append(el("span", "ex-axis", `h${h}`));
+    values.forEach((row, layer) => {
+      grid.append(el("span", "ex-axis", `L${layer}`));
+      row.forEach((value, head) => {
+        const cell = el("span", "ex-cell", value > 0.0005 ? value.toFixed(2).replace(/^0/, "") : "");
+        cell.style.background = `rgba(225, 87, 89, ${((value || 0) / largest).toFixed(3)})`;
+        cell.title = `${title}, layer ${layer}, head ${head}: ${(value || 0).toFixed(4)}`;
+        grid.append(cell);
+      });
+    });
+    return grid;
+  }
+
+  function drawEffects(data) {
+    const box = $("effects");
+    const parts = [el("p", "", `${data.change}: ${data.mode_description}.`)];
+    const output = data.output;
+    parts.push(el("h3", "", "What the model outputs"));
+    if (output.type === "embedding") parts.push(...embeddingEffect(output));
+    if (output.type === "next_token") parts.push(...nextTokenEffect(output));
+    if (output.type === "translation") parts.push(...translationEffect(output));
+    for (const [kind, values] of Object.entries(data.attention_change)) {
+      parts.push(el("h3", "", `How ${kind} attention changed`));
+      parts.push(el("p", "ex-note", "per head, the mean over queries of the total-variation distance between its intact and changed attention (0 = same, 1 = disjoint)"));
+      parts.push(heatGrid(values, `${kind} attention change`));
+    }
+    box.replaceChildren(...parts);
+    box.dataset.state = "done";
+  }
+
+  function embeddingEffect(output) {
+    const value = el("div", "ex-big", `cosine ${output.cosine.toFixed(4)}`);
+    value.dataset.role = "cosine";
+    const strip = el("div", "ex-tokens");
+    output.tokens.forEach((token, i) => {
+      const span = el("span", "", token);
+      const moved = Math.min(1, Math.max(0, 1 - output.token_cosine[i]) * 5);
+      span.style.background = `rgba(225, 87, 89, ${moved.toFixed(3)})`;
+      span.title = `${token}: cosine ${output.token_cosine[i].toFixed(4)}`;
+      strip.append(span);
+    });
+    return [value, el("p", "ex-note", output.what), strip];
+  }
+
+  function nextTokenEffect(output) {
+    const table = el("table", "ex-bars");
+    table.dataset.role = "next-token";
+    const head = el("tr");
+    head.append(el("th", "", "intact"), el("th", "", ""), el("th", "", "after the change"), el("th", "", ""));
+    table.append(head);
+    output.intact.forEach((before, i) => {
+      const after = output.changed[i];
+      const row = el("tr");
+      for (const [item, cls] of [[before, "ex-bar"], [after, "ex-bar ex-after"]]) {
+        const bar = el("span", cls);
+        bar.style.width = `${Math.round(120 * item.probability)}px`;
+        row.append(el("td", "", JSON.stringify(item.token)), el("td", "", ""));
+        row.lastChild.append(bar, ` ${item.probability.toFixed(3)}`);
+      }
+      table.append(row);
+    });
+    return [el("p", "", `KL(intact \u2016 changed) = ${output.kl_divergence.toFixed(4)} nats`), table, el("p", "ex-note", output.what)];
+  }
+
+  function translationEffect(output) {
+    const lines = el("div");
+    lines.dataset.role = "translation";
+    lines.append(el("div", "", `intact: ${output.intact}`), el("div", "ex-big", `changed: ${output.changed}`));
+    const blocks = [["intact model", output.intact_steps], ["after the change", output.changed_steps]].map(([name, trace]) => {
+      const details = el("details");
+      details.append(el("summary", "", `step view, ${name}`));
+      const holder = el("div");
+      Steps.render(holder, trace);
+      details.append(holder);
+      return details;
+    });
+    blocks[1].open = true;
+    return [lines, el("p", "ex-note", output.what), ...blocks];
+  }
+
+  // ---- start -------------------------------------------------------------------------------
+  function markLoaded(name) {
+    const option = [...$("model").options].find((o) => o.value === name);
+    const model = page.config.models.find((m) => m.name === name);
+    if (model) model.loaded = true;
+    if (option) option.textContent = name;
+    describeModel();
+  }
+
+  function describeModel() {
+    const model = page.config.models.find((m) => m.name === $("model").value);
+    $("model-note").textContent = model ? `${model.description}${model.loaded ? "" : " (loads on first use)"}` : "";
+  }
+
+  async function start() {
+    try {
+      page.config = await api("/api/models");
+    } catch (error) {
+      setStatus(`cannot reach the server: ${error.message}`, true);
+      return;
+    }
+    const config = page.config;
+    $("model").replaceChildren(...config.models.map((m) => new Option(m.loaded ? m.name : `${m.name} (not loaded yet)`, m.name)));
+    $("model").value = config.default;
+    $("mode").replaceChildren(...Object.entries(config.modes).map(([name, text]) => {
+      const option = new Option(name, name);
+      option.title = text;
+      return option;
+    }));
+    const note = () => { $("mode-note").textContent = config.modes[$("mode").value]; };
+    $("mode").addEventListener("change", note);
+    $("model").addEventListener("change", describeModel);
+    $("input-form").addEventListener("submit", (event) => { event.preventDefault(); analyze(false); });
+    $("add-head").addEventListener("click", addOpenHead);
+    $("run-change").addEventListener("click", runChange);
+    $("norms").addEventListener("change", () => setNorms($("norms").checked));
+    for (const radio of document.querySelectorAll("input[name=showing]")) {
+      radio.addEventListener("change", () => showChanged(radio.value));
+    }
+    const asked = address();
+    if (asked.get("model") && config.models.some((m) => m.name === asked.get("model"))) $("model").value = asked.get("model");
+    $("text").value = asked.get("text") || "";
+    $("pair").value = asked.get("pair") || "";
+    if (asked.get("do") && config.modes[asked.get("do")]) $("mode").value = asked.get("do");
+    $("change-heads").value = (asked.get("heads") || "").replace(/,/g, ", ");
+    $("change-layers").value = (asked.get("layers") || "").replace(/,/g, ", ");
+    $("norms").checked = asked.get("norms") === "1";
+    note();
+    describeModel();
+    if (!asked.get("text")) return;
+    await analyze(true);
+    if (page.analysis && (asked.get("heads") || asked.get("layers"))) {
+      if (asked.get("on")) $("kind").value = asked.get("on");
+      await runChange();
+      if (page.change && asked.get("show") === "changed") showChanged("changed");
+    }
+  }
+
+  start();
+})(window.AttnscopeViews, window.AttnscopeSteps);
