@@ -13,6 +13,7 @@ one the tests and ``--evaluate`` score (the real set played no part in it).
 from __future__ import annotations
 
 import csv
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -22,12 +23,12 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
-from .patterns import KOVALEVA_TYPES, PATTERNS, classify_heads, decide, pattern_evidence, thresholds_for
+from .patterns import KOVALEVA_TYPES, PATTERNS, THRESHOLDS, classify_heads, decide, pattern_evidence, thresholds_for
 from .synthetic import SyntheticInput, synthetic_set
 from .tokens import token_context
 
 REAL_LABELS = "minilm_real.tsv"
-LABEL_FIELDS = ("id", "layer", "head", "label", "first_pass", "text", "pair", "note")
+LABEL_FIELDS = ("id", "layer", "head", "label", "first_pass", "text", "pair", "note", "batch")
 CALIBRATION_SEED = 1  # thresholds are fitted here; SCORING_SEED is what gets reported
 SCORING_SEED = 0
 
@@ -44,6 +45,7 @@ class LabelledMap:
     pair: str | None
     note: str = ""
     first_pass: str = ""  # the label of the first labelling pass (see labels/README.md)
+    batch: int = 1  # 1: used to fit the real-set thresholds; 2: held out (see labels/README.md)
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def real_labels() -> list[LabelledMap]:
             if row[column] not in PATTERNS:
                 raise AttnscopeError(f"{REAL_LABELS} row {row['id']}: unknown {column} {row[column]!r}")
         maps.append(LabelledMap(int(row["id"]), int(row["layer"]), int(row["head"]), row["label"], row["text"],
-                                row["pair"] or None, row["note"], row["first_pass"]))
+                                row["pair"] or None, row["note"], row["first_pass"], int(row["batch"])))
     return maps
 
 
@@ -202,26 +204,113 @@ def evaluate_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap
     return (kovaleva_score if coarse else score)(gold, predicted)
 
 
-def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> dict[str, Any]:
-    """Everything ``attnscope patterns --evaluate`` reports, as one JSON-ready dict."""
+# ---- thresholds fitted on real maps, measured out of sample ---------------------------------
+# The three thresholds of the rules that compare a map with how a person reads it (a light line
+# under a dark column, a column that never reaches mid-grey); fitted on batch 1 of the real set.
+REAL_CALIBRATION_GRID: dict[str, tuple[float, ...]] = {
+    "vd_line_contrast": (3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0, float("inf")),
+    "column_dark": (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35),
+    "uniform_pale": (0.5, 0.55, 0.6, 0.65, 0.7),
+}
+CV_FOLDS = 5
+
+
+@dataclass(frozen=True)
+class MapEvidence:
+    """The evidence of one labelled map's head (name -> ``[1, 1]``), ready for :func:`decide`."""
+
+    evidence: dict[str, np.ndarray]
+    is_pair: bool
+    label: str
+
+
+def map_evidence(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> list[MapEvidence]:
+    """Evidence of each labelled map (``records[i]`` is the extraction of ``maps[i]``'s input)."""
+    prepared = []
+    for record, m in zip(records, maps):
+        ctx = token_context(record)
+        evidence = pattern_evidence(record.attention[m.layer:m.layer + 1, m.head:m.head + 1], ctx)
+        prepared.append(MapEvidence(evidence, ctx.is_pair, m.label))
+    return prepared
+
+
+def _predict(prepared: Sequence[MapEvidence], thresholds: dict[str, float]) -> list[str]:
+    return [str(decide(item.evidence, item.is_pair, thresholds=thresholds)[0][0, 0]) for item in prepared]
+
+
+def _grid() -> list[dict[str, float]]:
+    return [dict(zip(REAL_CALIBRATION_GRID, values)) for values in itertools.product(*REAL_CALIBRATION_GRID.values())]
+
+
+def fit_real_thresholds(prepared: Sequence[MapEvidence]) -> dict[str, float]:
+    """The :data:`REAL_CALIBRATION_GRID` combination with the best macro-F1 on ``prepared`` maps.
+
+    Exhaustive search; ties keep the first combination in grid order. The other thresholds stay as
+    calibrated on the synthetic set.
+    """
+    gold = [item.label for item in prepared]
+    best_f1, best = -1.0, dict(_grid()[0])
+    for combination in _grid():
+        f1 = score(gold, _predict(prepared, {**THRESHOLDS, **combination})).macro_f1
+        if f1 > best_f1:
+            best_f1, best = f1, combination
+    return best
+
+
+def cross_validated_real(prepared: Sequence[MapEvidence], folds: int = CV_FOLDS) -> Scores:
+    """Scores of predictions each made with thresholds fitted (as :func:`fit_real_thresholds`) on
+    the other folds (maps dealt to folds in id order, ``i % folds``), pooled over all maps."""
+    predicted: list[str] = [""] * len(prepared)
+    for fold in range(folds):
+        held = [i for i in range(len(prepared)) if i % folds == fold]
+        fitted = fit_real_thresholds([item for i, item in enumerate(prepared) if i % folds != fold])
+        for i, label in zip(held, _predict([prepared[i] for i in held], {**THRESHOLDS, **fitted})):
+            predicted[i] = label
+    return score([item.label for item in prepared], predicted)
+
+
+def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[LabelledMap],
+                       cross_validate: bool = True) -> dict[str, Any]:
+    """Everything ``attnscope patterns --evaluate`` reports, as one JSON-ready dict.
+
+    ``real_*`` scores use the shipped thresholds, whose real-set part was fitted on batch 1;
+    ``real_*_heldout`` scores only batch 2, which played no part in any choice; ``real_macro_f1_cv``
+    refits that part in each of :data:`CV_FOLDS` folds over all maps and scores the held-out fold.
+    """
     synthetic = evaluate_synthetic()
     by_kind = {kind: evaluate_synthetic(causal=kind == "causal") for kind in ("bidirectional", "causal")}
     real = evaluate_real(real_records, maps)
     first_pass = evaluate_real(real_records, maps, first_pass=True)
-    return {
+    batches = {batch: [i for i, m in enumerate(maps) if m.batch == batch] for batch in (1, 2)}
+    by_batch = {batch: evaluate_real([real_records[i] for i in rows], [maps[i] for i in rows])
+                for batch, rows in batches.items() if rows}
+    summary: dict[str, Any] = {
         "synthetic_macro_f1": synthetic.macro_f1,
         "real_macro_f1": real.macro_f1,
         "n_real": real.n,
         "n_synthetic": synthetic.n,
         "synthetic_accuracy": synthetic.accuracy,
         "real_accuracy": real.accuracy,
+    }
+    if 2 in by_batch:
+        summary.update({"real_macro_f1_heldout": by_batch[2].macro_f1, "n_real_heldout": by_batch[2].n,
+                        "real_accuracy_heldout": by_batch[2].accuracy})
+    if 1 in by_batch:
+        summary.update({"real_macro_f1_fit": by_batch[1].macro_f1, "n_real_fit": by_batch[1].n})
+    if cross_validate:
+        cv = cross_validated_real(map_evidence(real_records, maps))
+        summary.update({"real_macro_f1_cv": cv.macro_f1, "real_accuracy_cv": cv.accuracy, "cv_folds": CV_FOLDS})
+    summary.update({
         "real_macro_f1_first_pass": first_pass.macro_f1,
         "synthetic_kovaleva_macro_f1": evaluate_synthetic(coarse=True).macro_f1,
         "real_kovaleva_macro_f1": evaluate_real(real_records, maps, coarse=True).macro_f1,
         "synthetic_macro_f1_by_kind": {kind: scores.macro_f1 for kind, scores in by_kind.items()},
         "synthetic_per_class": synthetic.per_class,
         "real_per_class": real.per_class,
+        "real_per_class_heldout": by_batch[2].per_class if 2 in by_batch else {},
         "real_confusion": real.confusion,
+        "real_thresholds": {name: THRESHOLDS[name] for name in REAL_CALIBRATION_GRID},
         "synthetic_seed": SCORING_SEED,
         "real_set": f"labels/{REAL_LABELS}",
-    }
+    })
+    return summary
