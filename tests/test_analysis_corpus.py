@@ -54,6 +54,13 @@ def test_findings_name_the_heads_that_show_each_vig_pattern(report):
     assert best["mean_score"] == pytest.approx(top["mean"][0])
 
 
+def test_report_embeds_a_head_view_per_finding(report):
+    html = report.html.read_text()
+    with_heads = [f for f in report.findings if f.heads]
+    assert html.count('class="attnscope-root"') == len(with_heads) > 0
+    assert "AttnscopeViews.mount" in html and '"views": ["head"]' in html.replace('"views":["head"]', '"views": ["head"]')
+
+
 def test_database_holds_one_row_per_head_and_input(report):
     with HeadStore(report.database) as store:
         rows = store.query("SELECT count(*) AS n, count(DISTINCT input_id) AS inputs FROM head_stats")

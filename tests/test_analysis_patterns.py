@@ -8,14 +8,18 @@ import pytest
 from attnscope.analysis.evaluate import evaluate_synthetic, real_labels, score
 from attnscope.analysis.patterns import (
     CAUSAL_THRESHOLDS,
+    EVIDENCE,
     KOVALEVA_TYPES,
     PATTERNS,
     THRESHOLDS,
     CorpusPatterns,
     classify_heads,
+    decide,
+    pattern_evidence,
     pattern_names,
 )
 from attnscope.analysis.synthetic import synthetic_set
+from attnscope.analysis.tokens import token_context
 from tests.test_analysis_stats import N, make_record, uniform
 
 
@@ -121,3 +125,39 @@ def test_corpus_patterns_count_labels_per_head():
     assert corpus.confidence[0].tolist() == [1.0, 0.5]
     assert corpus.shares()["previous_word"] == 0.5
     assert corpus.mean_evidence["previous_word"][0, 0] == pytest.approx(1.0)
+
+
+def test_line_contrast_and_column_darkness_by_hand():
+    record = make_record(np.stack([0.7 * columns(0) + 0.3 * line(-1)]))
+    evidence = pattern_evidence(record.attention, token_context(record))
+    # rows cat, ".", dog have an ordinary previous token (0.3) among 5 ordinary keys (0.3 / 5 each on average)
+    assert evidence["previous_word_contrast"][0, 0] == pytest.approx(0.3 / (0.3 / 5))
+    # the scored rows (the, cat, ., the, dog) put 0.7 on an off-band [CLS] except the first "the" (in band)
+    assert evidence["delimiter_dark"][0, 0] == pytest.approx(4 / 5)
+
+
+def decided(**scores: float) -> str:
+    evidence = {name: np.full((1, 1), scores.get(name, np.nan)) for name in EVIDENCE}
+    return str(decide(evidence, is_pair=False)[0][0, 0])
+
+
+def test_a_light_line_that_stands_out_under_a_dark_column_is_vertical_diagonal():
+    column = {"delimiter": 0.6, "delimiter_top1": 0.9, "delimiter_dark": 0.9}
+    light_line = {"previous_word": 0.08, "previous_word_top1": 0.05, "previous_word_top2": 0.3}
+    assert decided(**column, **light_line, previous_word_contrast=THRESHOLDS["vd_line_contrast"] + 1) \
+        == "vertical_diagonal"
+    assert decided(**column, **light_line, previous_word_contrast=2.0) == "delimiter"
+
+
+def test_a_column_that_never_reaches_mid_grey_is_not_a_delimiter():
+    pale = {"delimiter": 0.32, "delimiter_top1": 0.8, "uniformity": 0.6}
+    assert decided(**pale, delimiter_dark=0.05) == "bag_of_words"
+    assert decided(**pale, delimiter_dark=0.6) == "delimiter"
+    assert decided(**{**pale, "uniformity": 0.4}, delimiter_dark=0.05) == "heterogeneous"
+
+
+def test_real_set_batches_and_held_out_maps():
+    maps = real_labels()
+    assert {m.batch for m in maps} == {1, 2}
+    assert sum(m.batch == 2 for m in maps) >= 50 and all(m.id >= 72 for m in maps if m.batch == 2)
+    assert all(m.first_pass in PATTERNS for m in maps)

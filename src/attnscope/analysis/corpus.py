@@ -8,7 +8,10 @@ per-head x per-input statistics, PNG figures and an HTML report that shows them 
   raw (Clark et al. 2019, figure 2) beside norm-weighted (Kobayashi et al. 2020);
 * ``analysis_head_map.png``: a layers x heads map of each head's dominant pattern;
 * ``example_<pattern>.png``: for each of Vig's patterns, the clearest map of the head that shows it
-  most clearly (the findings list names the top heads, 0-indexed).
+  most clearly (the findings list names the top heads, 0-indexed);
+
+and embeds, for each finding, the interactive head view (:func:`attnscope.present.view`) of that
+head's clearest input, compressed, without the norm toggle's data, to keep the page small.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Example:
     matrix: np.ndarray
     tokens: tuple[str, ...]
     input_id: int
+    record: AttentionRecord | None = None  # kept for the embedded view; released when a clearer one comes
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class _Collector:
             for layer, head in zip(*np.nonzero(score > best)):
                 best[layer, head] = score[layer, head]
                 self.examples[(pattern, int(layer), int(head))] = Example(
-                    float(score[layer, head]), np.array(record.attention[layer, head]), record.tokens, input_id)
+                    float(score[layer, head]), np.array(record.attention[layer, head]), record.tokens, input_id, record)
 
     def frames(self) -> tuple[Any, Any]:
         import pandas as pd
@@ -211,8 +215,23 @@ def analyze_corpus(records: Iterable[AttentionRecord], out_dir: str | Path, *, t
                 for f in findings]
     report = CorpusReport(out, out / "report.html", database, figures, summary, findings, patterns,
                           len(inputs), collector.model)
-    _write_html(report)
+    _write_html(report, _example_views(findings, collector.examples))
     return report
+
+
+def _example_views(findings: list[Finding], examples: dict[tuple[str, int, int], Example]) -> dict[str, str]:
+    """Per finding, the HTML fragment of the head view of its top head's clearest input."""
+    from ..present import view
+
+    views = {}
+    for finding in findings:
+        example = examples.get((finding.pattern, finding.heads[0]["layer"], finding.heads[0]["head"])) \
+            if finding.heads else None
+        if example is not None and example.record is not None:
+            title = (f"{finding.pattern}: see layer {finding.heads[0]['layer']} head {finding.heads[0]['head']} "
+                     f"(0-indexed), input {example.input_id}")
+            views[finding.pattern] = view(example.record, "head", norms=False, compress=True, title=title).fragment()
+    return views
 
 
 def _version() -> str:
@@ -252,8 +271,10 @@ def _write_figures(out: Path, patterns: CorpusPatterns, summary: Any, findings: 
     return paths
 
 
-def _write_html(report: CorpusReport) -> None:
+def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
+    """``views``: pattern -> HTML fragment of its example view (trusted markup from attnscope.present)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
+    from markupsafe import Markup
 
     environment = Environment(loader=PackageLoader("attnscope.analysis", "templates"),
                               autoescape=select_autoescape(["html", "j2"]))
@@ -266,6 +287,7 @@ def _write_html(report: CorpusReport) -> None:
     report.html.write_text(template.render(
         model=report.model, n_inputs=report.n_inputs, figures={k: v.name for k, v in report.figures.items()},
         findings=report.findings, columns=columns, rows=rows, database=report.database.name,
+        views={pattern: Markup(fragment) for pattern, fragment in views.items()},
         pattern_rows=[{"name": n, "kovaleva": p.kovaleva, "source": p.source, "description": p.description,
                        "share": shares[n]} for n, p in PATTERNS.items()],
     ), encoding="utf-8")

@@ -39,21 +39,34 @@ leave out the band ``|q_pos - k_pos| <= 1``, so that a line never also passes fo
 more scores: ``uniformity``, the histogram intersection ``sum_k min(a_k, u_k)`` of each row with a
 uniform row over the own sentence or over all visible keys (the larger), averaged; ``block``, the
 mass on the own sentence's ordinary tokens over queries that can see the other sentence (pairs
-only, else NaN).
+only, else NaN). Two scores read a map the way a person does: ``<line>_contrast``, the mean weight
+on the line's key divided by the mean weight of an ordinary key in the same rows (a light line
+under a dark column still stands out by it), and ``<column>_dark``, the share of rows whose weight
+on the column reaches :data:`DARK_WEIGHT` (mid-grey; a column that never does is background).
 
 **Rules**, in order (thresholds in :data:`THRESHOLDS` and :data:`CAUSAL_THRESHOLDS`, calibrated on
-the synthetic set by :func:`attnscope.analysis.evaluate.calibrate`):
+the synthetic set by :func:`attnscope.analysis.evaluate.calibrate`, except ``vd_line_contrast``,
+``column_dark`` and ``uniform_pale``, fitted on batch 1 of the real labelled set by
+:func:`attnscope.analysis.evaluate.fit_real_thresholds` and off for causal models):
 
-1. *same_word_other_sentence*, else *same_word*: ``_top2 >= same_top2`` and mass ``>= same_mass``
-   (a same-word head shows itself on the queries whose word repeats; the others may do anything);
-2. *vertical_diagonal*: a column structure has ``_top1 >= vd_column_top1`` and a line has
-   ``_top1 >= vd_line_top1``, or ``_top2 >= vd_line_top2`` with mass ``>= vd_line_mass`` (a light
-   line under a dark column);
-3. the line or column with the largest ``_top1``, if that is ``>= dominant_top1`` and its mass
-   ``>= dominant_mass``;
+1. *vertical_diagonal*: a column structure has ``_top1 >= vd_column_top1`` and a line has
+   ``_top1 >= vd_line_top1``, or ``_top2 >= vd_line_top2`` with mass ``>= vd_line_mass``, or
+   ``_contrast >= vd_line_contrast`` (a light line under a dark column);
+2. *same_word_other_sentence*, else *same_word*: ``_top2 >= same_top2`` and mass ``>= same_mass``
+   (a same-word head shows itself on the queries whose word repeats; the others may do anything,
+   except show a column and a line over every row, which rule 1 names first);
+3. the line or column with the largest ``_top1``, if that is ``>= dominant_top1``, its mass
+   ``>= dominant_mass`` and, for a column, its ``_dark >= column_dark``;
 4. *bag_of_words* if uniformity ``>= uniform``;
 5. *block* (pairs) if block ``>= block``;
-6. else *heterogeneous*.
+6. *bag_of_words* if uniformity ``>= uniform_pale`` and no column has ``_dark >= column_dark``
+   (light everywhere, a pale column at most);
+7. else *heterogeneous*.
+
+Rule 1 before 2, ``_contrast`` and ``_dark`` follow the written labelling rules of
+``labels/README.md`` (a line "continuously visible, even if light"; a column "at least mid-grey
+on many rows"). ``_contrast`` grows with the number of ordinary keys (a line can weigh at most
+that many times the mean), so short inputs need a darker line to pass.
 
 **Confidence** says how far the deciding score lies past its threshold: ``0.5 + 0.5 * (score -
 threshold) / (1 - threshold)``, clipped to [0, 1], for a label that passed a threshold; for
