@@ -94,18 +94,19 @@ class Problem(BaseModel):
     detail: str
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "unknown model"},
+ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": Problem, "description": "the body is not UTF-8 JSON"},
+                                           404: {"model": Problem, "description": "unknown model"},
                                            422: {"model": Problem, "description": "input the user can fix"}}
 
 
 def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = (), dtype: str = "float32",
-               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True) -> FastAPI:
-    """The explorer app serving ``models`` (aliases or folders) after the already ``loaded`` ones;
-    with neither, every installed alias.
+               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True, installed_aliases: bool = True) -> FastAPI:
+    """The explorer app serving the already ``loaded`` models, then ``models`` (aliases or folders),
+    then (``installed_aliases``) every other installed alias; with only ``loaded``, just those.
 
     ``preload`` loads the first model now, so the first request does not wait for it.
     """
-    choices = default_choices(list(models)) if models or not loaded else []
+    choices = default_choices(models, installed_aliases) if models or not loaded else []
     pool = ModelPool(choices, dtype=dtype, loaded=loaded)
     if preload:
         pool.preload(pool.default)

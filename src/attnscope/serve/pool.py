@@ -31,8 +31,9 @@ class UnknownModel(AttnscopeError):
     """A model name the server does not offer."""
 
 
-def default_choices(extra: list[str] | tuple[str, ...] = ()) -> list[ModelChoice]:
-    """The models given with ``--model`` first (aliases or local folders), then every installed alias.
+def default_choices(extra: Sequence[str] = (), installed_aliases: bool = True) -> list[ModelChoice]:
+    """The models given with ``--model`` first (aliases or local folders), then (``installed_aliases``)
+    every installed alias.
 
     The toy translator counts as installed: it is trained on its first use.
     """
@@ -43,7 +44,7 @@ def default_choices(extra: list[str] | tuple[str, ...] = ()) -> list[ModelChoice
         alias = ALIASES.get(given)
         name = given if alias else Path(given).name or given
         choices[name] = ModelChoice(name, given, alias.description if alias else f"local model {given}")
-    for alias in ALIASES.values():
+    for alias in ALIASES.values() if installed_aliases else ():
         if alias.name not in choices and (alias.builder or alias.installed):
             choices[alias.name] = ModelChoice(alias.name, alias.name, alias.description)
     return list(choices.values())

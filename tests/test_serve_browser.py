@@ -1,0 +1,203 @@
+"""The explorer end to end: `attnscope serve` started as a user starts it, driven in Debian's
+Chromium through Playwright (never a downloaded browser). A person types a sentence, sees the
+head view, clicks the pattern map, ablates a head and sees the figures change; the page must
+make no console errors and no request outside the server.
+
+The flow test writes tests/artifacts/explorer.png; with ATTNSCOPE_SCREENSHOTS=1 it also writes
+the README's docs/img/explorer.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+
+from attnscope import extract
+
+from .test_views_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+
+if not CHROMIUM.exists():
+    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")
+APP = 'AttnscopeViews.instances["views"]'
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The address of a running `attnscope serve` with the default model and the toy translator."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--model", "minilm", "--model",
+                                "toy-translator", "--port", str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    address = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"{address}/api/models", timeout=5).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"attnscope serve did not start:\n{process.stdout.read()}") from None
+                time.sleep(0.5)
+        yield address
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+class Explorer:
+    """One explorer tab, with its console errors and every URL it requested."""
+
+    def __init__(self, browser, server: str, fragment: str = "") -> None:
+        self.server = server
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("request", lambda request: self.requests.append(request.url))
+        self.page.goto(f"{server}/{fragment}")
+        self.page.wait_for_selector("#model option", state="attached")
+
+    def js(self, expression: str):
+        return self.page.evaluate(expression)
+
+    def analyze(self, text: str, pair: str = "") -> None:
+        self.page.fill("#text", text)
+        self.page.fill("#pair", pair)
+        self.page.click("#analyze")
+        self.page.wait_for_selector("#views[data-drawn]")
+
+    def canvas_pixels(self) -> np.ndarray:
+        data = self.js(f"(() => {{ const c = {APP}.views[{APP}.state.view].canvas;"
+                       "return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data); })()")
+        return np.array(data, dtype=np.uint8)
+
+    def check_clean(self) -> None:
+        assert self.errors == []
+        assert all(url.startswith(self.server) or url.startswith(("data:", "blob:")) for url in self.requests)
+        self.page.close()
+
+
+def test_type_see_click_ablate_and_see_the_figures_change(browser, server, minilm):
+    tab = Explorer(browser, server)
+    tab.analyze(*PAIR)
+    record = extract(minilm, *PAIR)
+    assert tab.js(f"{APP}.payload.sides.input.tokens") == list(record.tokens)
+    assert tab.js(f"{APP}.state.view") == "head"
+    n_cells = tab.js("document.querySelectorAll('#pattern-map .ex-cell').length")
+    assert n_cells == record.n_layers * record.n_heads
+
+    tab.page.click("#pattern-map .ex-cell[data-layer='2'][data-head='3']")
+    tab.page.wait_for_selector("#pattern-map .ex-cell.ex-open[data-layer='2'][data-head='3']")
+    assert tab.js(f"[{APP}.state.layer, [...{APP}.state.heads]]") == [2, [3]]
+    assert "layer=2" in tab.page.url and "head=3" in tab.page.url
+
+    tab.js(f"{APP}.setLayer(3)")
+    tab.page.wait_for_selector("#pattern-map .ex-cell.ex-open[data-layer='3'][data-head='3']")
+    intact_pixels = tab.canvas_pixels()
+    tab.page.fill("#change-heads", "2.3")
+    tab.page.select_option("#mode", "zero")
+    tab.page.click("#run-change")
+    tab.page.wait_for_selector("#effects[data-state=done]")
+    cosine = float(tab.page.inner_text("[data-role=cosine]").split()[1])
+    assert 0.9 < cosine < 0.99999
+    change_cells = tab.js("Array.from(document.querySelectorAll('[data-role=change-grid] .ex-cell'))"
+                          ".map(c => c.textContent !== '')")
+    per_layer = np.array(change_cells).reshape(record.n_layers, record.n_heads)
+    assert not per_layer[:3].any() and per_layer[3:].any(), "ablating 2.3 changes only later layers' attention"
+    assert tab.js("document.querySelector('#pattern-map .ex-cell[data-layer=\"2\"][data-head=\"3\"]')"
+                  ".classList.contains('ex-marked')")
+
+    tab.page.check("input[name=showing][value=changed]")
+    tab.page.wait_for_selector("#views[data-drawn]")
+    assert tab.js(f"{APP}.state.layer") == 3
+    assert not np.array_equal(tab.canvas_pixels(), intact_pixels), "layer 3's head view must change"
+    assert "show=changed" in tab.page.url and "heads=2.3" in tab.page.url
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.page.check("input[name=showing][value=intact]")
+    tab.page.wait_for_selector("#views[data-drawn]")
+    tab.page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=False)
+    if os.environ.get("ATTNSCOPE_SCREENSHOTS"):
+        shutil.copy(ARTIFACTS / "explorer.png", Path(__file__).parents[1] / "docs" / "img" / "explorer.png")
+    tab.check_clean()
+
+
+def test_the_address_restores_input_view_and_intervention(browser, server):
+    fragment = (f"#model=minilm&text={quote(PAIR[0])}&pair={quote(PAIR[1])}&view=model&norms=1"
+                "&do=uniform&heads=1.4,4.0&show=changed")
+    tab = Explorer(browser, server, fragment)
+    tab.page.wait_for_selector("#effects[data-state=done]")
+    tab.page.wait_for_selector("#views[data-drawn]")
+    assert tab.page.input_value("#text") == PAIR[0] and tab.page.input_value("#pair") == PAIR[1]
+    assert tab.js(f"{APP}.state.view") == "model"
+    assert tab.js(f"{APP}.state.norms") is True and tab.page.is_checked("#norms")
+    assert tab.page.input_value("#mode") == "uniform" and tab.page.input_value("#change-heads") == "1.4, 4.0"
+    assert tab.page.is_checked("input[name=showing][value=changed]")
+    headers = tab.js("Array.from(document.querySelectorAll('#stats th')).map(th => th.dataset.column)")
+    assert "norm_cls" in headers and "cls" not in headers, "the norm toggle also switches the table"
+    tab.check_clean()
+
+
+def test_bad_input_shows_one_line_and_keeps_what_was_there(browser, server):
+    tab = Explorer(browser, server)
+    tab.analyze(*PAIR)
+    tab.page.fill("#text", "   ")
+    tab.page.click("#analyze")
+    tab.page.wait_for_selector("#status.ex-error")
+    assert tab.page.inner_text("#status") == "text is empty"
+    assert tab.js(f"{APP}.payload.sides.input.tokens[1]") == "i", "the earlier analysis is still shown"
+    tab.page.fill("#change-heads", "2.x")
+    tab.page.click("#run-change")
+    tab.page.wait_for_selector("#status.ex-error")
+    assert "cannot read head" in tab.page.inner_text("#status")
+    tab.page.fill("#change-heads", "9.0")
+    tab.page.click("#run-change")
+    tab.page.wait_for_selector("#status:has-text('there is no head 9.0')")
+    assert len(tab.errors) == 2 and all("status of 422" in error for error in tab.errors), tab.errors
+    tab.errors.clear()  # the browser logs the two 422 answers; the page itself raised nothing
+    tab.check_clean()
+
+
+def test_translator_intervention_shows_translation_and_step_view(browser, server):
+    tab = Explorer(browser, server)
+    tab.page.select_option("#model", "toy-translator")
+    tab.analyze("i can eat apples")
+    assert tab.js(f"{APP}.payload.kinds.map(k => k.kind)") == ["encoder", "decoder", "cross"]
+    assert tab.page.is_visible("#kind-field")
+    tab.page.select_option("#kind", "cross")
+    tab.page.select_option("#mode", "skip")
+    tab.page.fill("#change-layers", "0, 1")
+    tab.page.click("#run-change")
+    tab.page.wait_for_selector("#effects[data-state=done]")
+    lines = tab.page.inner_text("[data-role=translation]").splitlines()
+    assert lines[0] == "intact: ich kann Äpfel essen" and lines[1].startswith("changed:") and lines[1] != "changed: ich kann Äpfel essen"
+    assert tab.js("document.querySelectorAll('#effects .attnscope-steps table tbody tr').length") >= 2
+    tab.check_clean()
