@@ -102,7 +102,7 @@ class Explorer:
 
     def check_clean(self) -> None:
         assert self.errors == []
-        assert all(url.startswith(self.server) or url.startswith(("data:", "blob:")) for url in self.requests)
+        assert all(url.startswith((self.server, "data:", "blob:")) for url in self.requests)
         self.page.close()
 
 
