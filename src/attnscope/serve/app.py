@@ -182,7 +182,10 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def analyze(request: AnalyzeRequest) -> JSONResponse:
         with pool.use(request.model or pool.default) as loaded:
             checked(loaded, request)
-            return JSONResponse(service.analyze(loaded, request.text, request.pair, vectors=request.vectors))
+            record = service.extract_record(loaded, request.text, request.pair, vectors=request.vectors)
+            model = service.model_summary(loaded)
+        # packing the payload, classifying and serialising need no model: let the next request in
+        return JSONResponse(service.describe(record, model, request.text, request.pair))
 
     @app.post("/api/intervene", summary="the input with heads or layers changed, and what changed",
               responses=ERRORS)

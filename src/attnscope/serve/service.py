@@ -185,10 +185,15 @@ def extract_record(loaded: LoadedModel, text: str, pair: str | None, *, vectors:
 
 def analyze(loaded: LoadedModel, text: str, pair: str | None, *, vectors: bool = True) -> dict[str, Any]:
     """The views' payload, patterns and statistics of one input (``vectors``: ship q/k for the neuron view)."""
+    return describe(extract_record(loaded, text, pair, vectors=vectors), model_summary(loaded), text, pair)
+
+
+def describe(record: AttentionRecord, model: dict[str, Any], text: str, pair: str | None) -> dict[str, Any]:
+    """:func:`analyze`'s answer for an extracted ``record``; needs no model, so the web layer runs it
+    after releasing the model for the next request."""
     from ..present.payload import build_payload
 
-    record = extract_record(loaded, text, pair, vectors=vectors)
-    return {"model": model_summary(loaded), "text": text, "pair": pair, "tokens": list(record.tokens),
+    return {"model": model, "text": text, "pair": pair, "tokens": list(record.tokens),
             "payload": build_payload(record, "all", norms=True), **patterns_and_statistics(record)}
 
 
