@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-ablate bench-views screenshots lint clean
+.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve serve screenshots lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,20 @@ bench: install-test
 bench-ablate: install-test
 	$(BIN)/python benchmarks/ablate.py
 
+bench-serve: install-test
+	$(BIN)/python benchmarks/serve.py
+
+serve: install
+	$(BIN)/attnscope serve
+
 bench-views: install-test
 	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1
 	$(BIN)/pip install --quiet "ipython>=8"
 	$(BIN)/python benchmarks/render.py
 
-screenshots: install
+screenshots: install-test
 	sh docs/img/screenshots.sh
+	ATTNSCOPE_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_serve_browser.py -k figures_change
 
 lint: install-test
 	$(BIN)/ruff check src tests benchmarks
