@@ -5,6 +5,7 @@ the same interventions run by hand with ``attnscope.experiments``."""
 from __future__ import annotations
 
 import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -202,3 +203,14 @@ def test_the_openapi_schema_lists_the_endpoints(client):
     schema = client.get("/openapi.json").json()
     assert {"/api/models", "/api/analyze", "/api/intervene", "/api/record"} <= set(schema["paths"])
     assert "404" in schema["paths"]["/api/analyze"]["post"]["responses"]
+
+
+def test_serve_command_rejects_a_bad_or_busy_port_in_one_line():
+    from .test_cli import assert_one_line_error, run
+
+    assert_one_line_error(run("serve", "--port", "99999"), "--port must be between 0 and 65535")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert_one_line_error(run("serve", "--port", str(port)), f"cannot listen on 127.0.0.1:{port}")

@@ -21,11 +21,24 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest input the page and API accept, in tokens (default: 128)")
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise AttnscopeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise AttnscopeError(f"--port must be between 0 and 65535, got {args.port}")
     if args.max_tokens < 2:
         raise AttnscopeError("--max-tokens must be at least 2")
+    _check_can_listen(args.host, args.port)  # before the model loads, and without uvicorn's own log line
     import uvicorn
 
     from .app import create_app
