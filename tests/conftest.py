@@ -98,3 +98,19 @@ def minilm():
     from attnscope import load_model
 
     return load_model("minilm")
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; a downloaded browser is never used
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by Playwright (the browser test modules skip when either is missing)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -24,7 +24,8 @@ import pytest
 
 from attnscope import extract
 
-from .test_views_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from .conftest import CHROMIUM
+from .test_views_browser import ARTIFACTS
 
 if not CHROMIUM.exists():
     pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
@@ -62,14 +63,6 @@ def server():
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 class Explorer:

@@ -17,25 +17,16 @@ import pytest
 from attnscope import extract, load_model
 from attnscope.present import view
 
-CHROMIUM = Path("/usr/bin/chromium")
+from .conftest import CHROMIUM
+
 if not CHROMIUM.exists():
     pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 APP = 'AttnscopeViews.instances["attnscope-view"]'
 PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")
 STEP = 1 / 255  # one quantization step of the shipped weights
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture(scope="module")
