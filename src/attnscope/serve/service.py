@@ -52,7 +52,10 @@ class InputError(AttnscopeError):
 
 @dataclass(frozen=True)
 class Change:
-    """An intervention: ``heads`` as (layer, head) pairs and/or whole ``layers``, of attention ``kind``."""
+    """An intervention: ``heads`` as (layer, head) pairs and/or whole ``layers``, of attention ``kind``.
+
+    ``chosen`` is filled by :func:`check_change`: ``{layer: [head, ...], or None for every head}``.
+    """
 
     mode: str
     heads: tuple[tuple[int, int], ...] = ()
