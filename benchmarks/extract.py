@@ -24,7 +24,10 @@ SAME sentences (the first N of :func:`attnscope.data.brown_sentences`):
               tell the parts apart: (a') ``plain_onednn`` is (a) inside the same ``OneDNNLinear``
               mode (weights packed once, before timing), giving ``capture_overhead_same_linear``
               = (a') / (b), the cost of recording itself; (b') ``capture_default_gemm`` is (b)
-              with ``onednn=False``, giving ``onednn_speedup`` = (b) / (b').
+              with ``onednn=False``, giving ``onednn_speedup`` = (b) / (b'). Its default
+              ``parallel_batches=None`` also runs two batches at once, one torch thread each
+              (``attnscope.capture.concurrency``), in (b), (b') and (d) alike: worth a few percent
+              on a quiet machine, about 2x when another process holds a core.
 (c) per-sentence loop, as BertViz-style tools do it: the model loaded with
               ``attn_implementation="eager"``, each sentence tokenized alone, one forward pass with
               ``output_attentions=True`` and every layer's attention turned into nested lists with

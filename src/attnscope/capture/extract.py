@@ -20,6 +20,7 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
 from .attention import CaptureComplete, CaptureSession, SiteCapture, capture
+from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .tokens import Encoded, Item, Side, encode_side, encode_sides, split_item, target_side
 
@@ -63,6 +64,7 @@ def extract_corpus(
     progress: bool = True,
     total: int | None = None,
     onednn: bool | None = None,
+    parallel_batches: int | None = None,
 ) -> Iterator[AttentionRecord]:
     """Yield one record per item, in input order, computed in length-sorted batches.
 
@@ -75,6 +77,11 @@ def extract_corpus(
     equals that of PyTorch's default GEMM up to float32 rounding (a few 1e-6). Packing costs about
     as much as one batch, so the default (None) uses oneDNN only when the inputs fill more than one
     batch; True or False force it on or off. Without oneDNN in the torch build it is always off.
+
+    ``parallel_batches`` batches run at once, each on its own thread with an equal share of torch's
+    intra-op threads (:mod:`attnscope.capture.concurrency`); torch's thread count is restored
+    afterwards. The default (None) runs 2 when torch has 2 or more threads and the inputs fill more
+    than one batch, else 1. Records are the same and in input order either way.
     """
     if batch_size < 1:
         raise AttnscopeError("batch size must be at least 1")
@@ -86,23 +93,25 @@ def extract_corpus(
     window_size = batch_size * SORT_WINDOW_BATCHES
     numbered = enumerate(items)
     first = list(islice(numbered, window_size))
-    packed = PackedWeights() if use_onednn(onednn, several_batches=len(first) > batch_size) else None
+    several_batches = len(first) > batch_size
+    packed = PackedWeights() if use_onednn(onednn, several_batches) else None
     run = partial(run_batch, loaded, qkv=qkv, norms=norms, packed=packed)
     windows = chain([first], iter(lambda: list(islice(numbered, window_size)), []))
-    with tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar:
+    with (tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar,
+          concurrent_map(default_workers(parallel_batches, several_batches)) as run_each):
         for window in filter(None, windows):
-            yield from window_records(encode_window(loaded, window, limit), batch_size, run, bar.update)
+            yield from window_records(encode_window(loaded, window, limit), batch_size, run, run_each, bar.update)
 
 
 def window_records(encoded: list[Encoded], batch_size: int, run: Callable[[list[Encoded]], list[AttentionRecord]],
-                   done: Callable[[int], object]) -> list[AttentionRecord]:
-    """Records of one tokenized window in input order, made by ``run`` in length-sorted batches;
-    ``done(n)`` hears of every finished batch of ``n`` items (the progress bar)."""
+                   run_each: OrderedMap, done: Callable[[int], object]) -> list[AttentionRecord]:
+    """Records of one tokenized window in input order, made by ``run`` in length-sorted batches
+    (mapped over them with ``run_each``); ``done(n)`` hears of every finished batch of ``n`` items."""
     by_length = sorted(range(len(encoded)), key=lambda i: encoded[i].length)
+    batches = [by_length[start : start + batch_size] for start in range(0, len(by_length), batch_size)]
     records: dict[int, AttentionRecord] = {}
-    for start in range(0, len(by_length), batch_size):
-        positions = by_length[start : start + batch_size]
-        records.update(zip(positions, run([encoded[i] for i in positions])))
+    for positions, batch_records in zip(batches, run_each(run, [[encoded[i] for i in b] for b in batches])):
+        records.update(zip(positions, batch_records))
         done(len(positions))
     return [records[i] for i in range(len(encoded))]
 

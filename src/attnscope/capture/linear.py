@@ -14,6 +14,7 @@ float32 rounding (a few 1e-6 on MiniLM), as two BLAS libraries do.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,20 +34,23 @@ def onednn_linear_available() -> bool:
 class PackedWeights:
     """oneDNN-layout copies of weight matrices, made on first use and kept while the weight lives.
 
-    A weight changed in place (its version counter moved on) is packed again.
+    A weight changed in place (its version counter moved on) is packed again. Safe to share
+    between threads (concurrent batches pack each weight once).
     """
 
     def __init__(self) -> None:
         self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int | None, torch.Tensor]] = {}
+        self._lock = threading.Lock()
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
         version = _version(weight)
-        entry = self._packed.get(id(weight))
-        if entry is None or entry[0]() is not weight or version is None or entry[1] != version:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            entry = (weakref.ref(weight), version, packed)
-            self._packed[id(weight)] = entry
-        return entry[2]
+        with self._lock:
+            entry = self._packed.get(id(weight))
+            if entry is None or entry[0]() is not weight or version is None or entry[1] != version:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                entry = (weakref.ref(weight), version, packed)
+                self._packed[id(weight)] = entry
+            return entry[2]
 
 
 def _version(tensor: torch.Tensor) -> int | None:
