@@ -11,7 +11,7 @@ SAME sentences (the first N of :func:`attnscope.data.brown_sentences`):
 (a) plain     ``AutoModel.from_pretrained(path, attn_implementation="sdpa")`` in float32, under
               ``torch.inference_mode``: the texts are tokenized window by window (the fast
               tokenizer, batched), sorted by length inside windows of ``batch_size * 16`` texts,
-              padded per batch and run — the same length-sorted batches ``extract_corpus`` builds
+              padded per batch and run, longest first — the same batches ``extract_corpus`` builds
               (window size read from ``attnscope.capture.extract.SORT_WINDOW_BATCHES``). Nothing
               is kept: this is the cost of just running the model.
 (b) capture   ``list(attnscope.extract_corpus(load_model("minilm"), sentences, batch_size=B,
@@ -118,7 +118,7 @@ def run_plain(model: Any, tokenizer: Any, sentences: list[str], batch_size: int)
         for start in range(0, len(sentences), window_size):
             encoding = tokenizer(sentences[start : start + window_size])
             rows = [dict(zip(encoding.keys(), values)) for values in zip(*encoding.values())]
-            order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+            order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]), reverse=True)
             for first in range(0, len(order), batch_size):
                 batch = tokenizer.pad([rows[i] for i in order[first : first + batch_size]], return_tensors="pt")
                 model(**batch)

@@ -106,8 +106,11 @@ def extract_corpus(
 def window_records(encoded: list[Encoded], batch_size: int, run: Callable[[list[Encoded]], list[AttentionRecord]],
                    run_each: OrderedMap, done: Callable[[int], object]) -> list[AttentionRecord]:
     """Records of one tokenized window in input order, made by ``run`` in length-sorted batches
-    (mapped over them with ``run_each``); ``done(n)`` hears of every finished batch of ``n`` items."""
-    by_length = sorted(range(len(encoded)), key=lambda i: encoded[i].length)
+    (mapped over them with ``run_each``); ``done(n)`` hears of every finished batch of ``n`` items.
+
+    Longest batches go first, so concurrent workers end a window with short ones and finish together.
+    """
+    by_length = sorted(range(len(encoded)), key=lambda i: encoded[i].length, reverse=True)
     batches = [by_length[start : start + batch_size] for start in range(0, len(by_length), batch_size)]
     records: dict[int, AttentionRecord] = {}
     for positions, batch_records in zip(batches, run_each(run, [[encoded[i] for i in b] for b in batches])):
