@@ -76,3 +76,14 @@ def test_autograd_and_other_dtypes_take_the_default_path():
         half = torch.nn.functional.linear(torch.randn(2, 4, dtype=torch.bfloat16), layer.weight.bfloat16())
     assert output.requires_grad and output.grad_fn is not None
     assert half.dtype == torch.bfloat16
+
+
+def test_keyword_arguments_and_inference_tensor_weights_work():
+    inputs, weight, bias = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
+    with torch.inference_mode():
+        frozen_weight = torch.randn(3, 4)  # an inference tensor has no version counter: default path
+        with OneDNNLinear(PackedWeights()):
+            by_name = torch.nn.functional.linear(input=inputs, weight=weight, bias=bias)
+            frozen = torch.nn.functional.linear(inputs, frozen_weight)
+        torch.testing.assert_close(by_name, torch.nn.functional.linear(inputs, weight, bias))
+        torch.testing.assert_close(frozen, torch.nn.functional.linear(inputs, frozen_weight))

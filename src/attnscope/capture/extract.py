@@ -73,9 +73,9 @@ def extract_corpus(
 
     ``onednn`` runs the model's float32 and bfloat16 linear layers on oneDNN with weights
     prepacked once per call (:mod:`attnscope.capture.linear`). Where MKL's float32 GEMM is slow, as
-    on the AMD EPYC of ``benchmarks/extract.py``, float32 capture runs about 1.8x faster; attention
-    equals that of PyTorch's default GEMM up to float32 rounding (a few 1e-6). Packing costs about
-    as much as one batch, so the default (None) uses oneDNN only when the inputs fill more than one
+    on the AMD EPYC of ``benchmarks/extract.py``, float32 capture runs about 1.75x faster; attention
+    equals that of PyTorch's default GEMM up to float32 rounding (a few 1e-6). Packing can cost as
+    much as a batch, so the default (None) uses oneDNN only when the inputs fill more than one
     batch; True or False force it on or off. Without oneDNN in the torch build it is always off.
 
     ``parallel_batches`` batches run at once, each on its own thread with an equal share of torch's
@@ -190,7 +190,7 @@ def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
               packed: PackedWeights | None = None) -> list[AttentionRecord]:
     """One forward pass over ``batch`` under capture; one record per item.
 
-    With ``packed``, float32 linear layers run on oneDNN with those prepacked weights.
+    With ``packed``, float32 and bfloat16 linear layers run on oneDNN with those prepacked weights.
     """
     with (torch.inference_mode(), linear_backend(packed),
           capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=True) as session):
