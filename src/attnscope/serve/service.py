@@ -14,8 +14,7 @@ layer answers 4xx) for input the user can fix.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +68,8 @@ class Change:
 
 
 # ---- inputs ----------------------------------------------------------------------------------
-def check_input(loaded: LoadedModel, text: str, pair: str | None, max_tokens: int) -> int:
-    """The number of tokens of the input; :class:`InputError` if empty or longer than ``max_tokens``."""
+def check_input(loaded: LoadedModel, text: str, pair: str | None, max_tokens: int) -> None:
+    """:class:`InputError` if the input is empty or longer than ``max_tokens`` tokens."""
     if not text.strip():
         raise InputError("text is empty")
     if pair is not None and not pair.strip():
@@ -86,7 +85,6 @@ def check_input(loaded: LoadedModel, text: str, pair: str | None, max_tokens: in
     if max(lengths) > limit:
         raise InputError(f"the input is {max(lengths)} tokens long; the explorer's limit is {limit} tokens "
                          "(start the server with a larger --max-tokens, or shorten the text)")
-    return sum(lengths)
 
 
 def head_shape(loaded: LoadedModel, kind: str | None) -> tuple[str, int, int]:
@@ -259,11 +257,6 @@ def output_change(loaded: LoadedModel, text: str, pair: str | None, change: Chan
     return embedding_change(loaded, text, pair, change)
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> tuple[Any, Any, Any]:
     """The model's final output (logits, or last hidden states) intact and changed, and the inputs."""
     import torch
@@ -272,7 +265,7 @@ def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Cha
 
     inputs = encode_batches(loaded, [(text, pair)], batch_size=1)[0].inputs
     outputs = []
-    for context in (_nothing(), change_context(loaded, change)):
+    for context in (nullcontext(), change_context(loaded, change)):
         with torch.inference_mode(), context:
             outputs.append(model_output(loaded, inputs).float())
     return outputs[0], outputs[1], inputs
