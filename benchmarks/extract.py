@@ -60,6 +60,15 @@ against the per-sentence eager ``output_attentions`` on the first (up to) 200 se
 
 The last line printed is one JSON object with the figures; everything before it is for people.
 Targets: capture_overhead (plain/capture) <= 1.10, speedup_vs_per_sentence >= 5, bf16_speedup >= 2.
+
+The bfloat16 ceiling (untimed against the corpus, measured in the same run): ``gemm_*_gflops_per_core``
+are one core's throughput of the prepacked oneDNN linear on the model's three shapes (800 rows),
+and ``gemm_bf16_over_fp32`` their ratio. On the AMD EPYC of this project's machine it is 2.00:
+an AVX-512 bf16 dot product does twice the multiply-adds of a float32 one per instruction, and
+oneDNN runs both near peak. The linear layers are about three quarters of a float32 capture's time
+and the rest (float32 softmax and records) does not halve in bfloat16, so ``bf16_speedup`` stays
+under 2 there (about 1.7). ``bf16_speedup_vs_default_gemm`` compares with float32 on PyTorch's
+default GEMM (MKL), the float32 path most code runs.
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -217,6 +227,32 @@ def eager_check(model: Any, tokenizer: Any, sentences: list[str], records: list[
     return worst
 
 
+def gemm_throughput(hidden: int, intermediate: int, rows: int = 800, calls: int = 40) -> dict[str, float]:
+    """GFLOP/s of one core on the model's linear shapes, float32 vs bfloat16, both on oneDNN prepacked.
+
+    The ceiling of ``bf16_speedup``: the linear layers are most of a float32 capture's time, and
+    bfloat16 can speed up at most by this ratio unless the rest speeds up more.
+    """
+    shapes = [(hidden, hidden), (hidden, intermediate), (intermediate, hidden)]  # (in, out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = {dtype: 0.0 for dtype in (torch.float32, torch.bfloat16)}
+        flops = sum(2 * rows * k * n for k, n in shapes) * calls
+        with torch.inference_mode():
+            for dtype in seconds:
+                for k, n in shapes:
+                    x, weight = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
+                    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                    run = partial(torch.ops.mkldnn._linear_pointwise, x, packed, None, "none", [], "")
+                    run()  # warm up
+                    seconds[dtype] += timed(lambda: [run() for _ in range(calls)])[0]  # noqa: B023 (called at once)
+    finally:
+        torch.set_num_threads(threads)
+    fp32, bf16 = (flops / seconds[dtype] / 1e9 for dtype in (torch.float32, torch.bfloat16))
+    return {"fp32_gflops": fp32, "bf16_gflops": bf16, "ratio": bf16 / fp32}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="attnscope capture throughput (prints one JSON line last)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_SENTENCES} sentences instead of 1,000")
@@ -298,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = attention_errors(records_bf16, records)
     checked = min(n, CHECK_SENTENCES)
     eager_err = eager_check(eager_model, tokenizer, sentences[:checked], records[:checked])
+    gemm = gemm_throughput(loaded.config.hidden_size, loaded.config.intermediate_size)
     load_after = os.getloadavg()[0]
 
     per_s = {name: n / seconds for name, seconds in best.items()}
@@ -316,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         "capture_overhead_same_linear": round(per_s["plain_onednn"] / per_s["capture"], 4),
         "capture_default_gemm_per_s": round(per_s["capture_default_gemm"], 2),
         "onednn_speedup": round(per_s["capture"] / per_s["capture_default_gemm"], 3),
+        "bf16_speedup_vs_default_gemm": round(per_s["capture_bf16"] / per_s["capture_default_gemm"], 3),
+        "gemm_fp32_gflops_per_core": round(gemm["fp32_gflops"], 1),
+        "gemm_bf16_gflops_per_core": round(gemm["bf16_gflops"], 1),
+        "gemm_bf16_over_fp32": round(gemm["ratio"], 3),
         "bf16_max_abs_err": float(f"{errors['max']:.4g}"),
         "bf16_mean_abs_err": float(f"{errors['mean']:.4g}"),
         "bf16_argmax_agreement": round(errors["argmax_agreement"], 5),
