@@ -2,6 +2,7 @@
 
     .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets        # batch 1, ids 0-71
     .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-2 2    # batch 2, ids 72-123
+    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-3 3    # batch 3, ids 124-171
 
 writes ``candidates.tsv`` (id, layer, head, text, pair; the label column empty) and sheets of four
 maps per PNG (``sheet_00.png`` ...), drawn with ``figures.draw_map`` with the main diagonal marked
@@ -100,10 +101,47 @@ def draw_second() -> list[tuple[int, int, str, str]]:
     return drawn
 
 
+# batch 3 (held out): the rare classes had 1-5 maps each, too few for a per-class score; so each head
+# whose batch-1 or batch-2 map a person labelled block, diagonal, next_word, same_word,
+# same_word_other_sentence or vertical gets new inputs that repeat a word, plus random maps
+SEED_3 = 2021
+FIRST_ID_3 = 124
+RANDOM_SINGLES_3, RANDOM_PAIRS_3 = 6, 12
+RARE_HEADS_3 = [(4, 6), (1, 1), (1, 8), (0, 8), (0, 0), (2, 9), (3, 11), (5, 6), (5, 1), (5, 2)]
+
+
+def draw_third() -> list[tuple[int, int, str, str]]:
+    """Batch 3: (layer, head, text, pair) in id order from FIRST_ID_3, on inputs batches 1-2 did not use.
+
+    6 random single sentences and 12 random pairs with a random head each; then each head of
+    RARE_HEADS_3 on two pairs and one single sentence that repeat a word.
+    """
+    used = {(text, pair) for _, _, text, pair in draw() + draw_second()}
+    rng = random.Random(SEED_3)
+    singles = [(s, "") for s in brown_sentences() if 8 <= words(s) <= MAX_SINGLE_WORDS and (s, "") not in used]
+    pairs = [p for p in brown_pairs() if words(p[0]) + words(p[1]) <= MAX_PAIR_WORDS and p not in used]
+    rng.shuffle(singles)
+    rng.shuffle(pairs)
+    drawn = []
+    for pool, count in ((singles, RANDOM_SINGLES_3), (pairs, RANDOM_PAIRS_3)):
+        for _ in range(count):
+            drawn.append((rng.randrange(6), rng.randrange(12), *pool.pop()))
+    repeating_singles = [item for item in singles if repeats_a_word(*item)]
+    repeating_pairs = [item for item in pairs if repeats_a_word(*item)]
+    for layer, head in RARE_HEADS_3:
+        drawn.append((layer, head, *repeating_pairs.pop()))
+        drawn.append((layer, head, *repeating_pairs.pop()))
+        drawn.append((layer, head, *repeating_singles.pop()))
+    return drawn
+
+
+BATCHES = {1: (draw, 0), 2: (draw_second, FIRST_ID_2), 3: (draw_third, FIRST_ID_3)}
+
+
 def main(out: Path, batch: int = 1, guide: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    drawn = draw() if batch == 1 else draw_second()
-    first_id = 0 if batch == 1 else FIRST_ID_2
+    drawer, first_id = BATCHES[batch]
+    drawn = drawer()
     model = attnscope.load_model("minilm")
     records = list(attnscope.extract_corpus(model, [(t, p or None) for _, _, t, p in drawn], progress=False))
     with open(out / "candidates.tsv", "w") as handle:  # plain TAB-separated fields; texts hold no TAB
