@@ -123,7 +123,8 @@ COLUMNS = ("delimiter", "vertical")
 SAME = ("same_word_other_sentence", "same_word")
 STRUCTURES = (*LINES, *COLUMNS, *SAME)
 EVIDENCE = (*STRUCTURES, *(f"{name}_top1" for name in STRUCTURES), *(f"{name}_top2" for name in STRUCTURES),
-            *(f"{name}_contrast" for name in LINES), *(f"{name}_dark" for name in COLUMNS), "uniformity", "block")
+            *(f"{name}_contrast" for name in LINES), *(f"{name}_dark" for name in COLUMNS), "uniformity", "block",
+            "block_share")
 # "mid-grey" on a map drawn from white (0) to black (1): a column must reach it on many rows to count
 DARK_WEIGHT = 0.4
 
@@ -141,6 +142,10 @@ THRESHOLDS: dict[str, float] = {  # bidirectional models
     "dominant_mass": 0.3,  # ... and holds at least this mass
     "uniform": 0.7,  # bag of words: overlap with a uniform row
     "block": 0.6,  # block: mass on the own sentence's ordinary tokens
+    "same_strong_top1": 0.5,  # same word before vertical+diagonal: the other occurrence is the largest key
+    "block_share": 0.85,  # block before a column: this share of the ordinary attention stays in the sentence
+    "block_column_top1": 0.6,  # ... and no column is the largest key in this share of rows
+    "block_line_contrast": 6.0,  # block: no line weighs this many times an average ordinary key
     # fitted on the real labelled set's batch 1 only (batch 2 is held out; see evaluate.REAL_CALIBRATION_GRID)
     "vd_line_contrast": 8.0,  # vertical+diagonal: a light line weighs this many times an average ordinary key
     "column_dark": 0.3,  # a dominant column reaches mid-grey (DARK_WEIGHT) on this share of rows
@@ -158,6 +163,10 @@ CAUSAL_THRESHOLDS: dict[str, float] = {
     "dominant_mass": 0.4,
     "uniform": 0.8,
     "block": 0.6,
+    "same_strong_top1": 0.5,
+    "block_share": 0.85,
+    "block_column_top1": 0.6,
+    "block_line_contrast": float("inf"),
     # the real-set rules are not calibrated for causal models: these values switch them off
     "vd_line_contrast": float("inf"),
     "column_dark": 0.0,
@@ -276,6 +285,21 @@ def _uniformity(attention: np.ndarray, ctx: TokenContext, rows: np.ndarray) -> n
     return best
 
 
+def _own_sentence_share(attention: np.ndarray, own: np.ndarray, ordinary: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Of the attention a row gives ordinary tokens, the share that stays in its own sentence, averaged
+    over the scored rows that see the other sentence: ``[layer, head]`` (NaN for a single sentence).
+
+    A block head keeps to its sentence whatever it does with [CLS]/[SEP]; a bag of words over the
+    whole input or a delimiter head spreading the rest evenly gives about half.
+    """
+    counted = ordinary.any(axis=-1) & rows  # [q_pos]
+    if not counted.any():
+        return np.full(attention.shape[:2], np.nan)
+    inside = (attention * own).sum(axis=-1)[:, :, counted]
+    total = (attention * ordinary).sum(axis=-1)[:, :, counted]
+    return (inside / np.maximum(total, 1e-12)).mean(axis=-1)
+
+
 def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.ndarray]:
     """Every score of :data:`EVIDENCE` per head: ``[layer, head, q_pos, k_pos]`` -> name -> ``[layer, head]``.
 
@@ -315,6 +339,7 @@ def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.n
     sees_other = (ctx.allowed & ~ctx.same_sentence).any(axis=1)[:, None]
     block = ctx.same_sentence & ~specials & ctx.allowed & sees_other
     evidence["block"] = _shares(attention, block, rows)[0]
+    evidence["block_share"] = _own_sentence_share(attention, block, ordinary & sees_other, rows)
     return {name: evidence[name] for name in EVIDENCE}
 
 
@@ -346,6 +371,12 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     def best(names: tuple[str, ...], suffix: str) -> np.ndarray:
         return np.max([score[name + suffix] for name in names], axis=0)
 
+    # a word whose other occurrence is the darkest key of most of its rows, and mid-grey, names the
+    # head even under a column and a line (labelling rule 1 comes first)
+    for name in SAME:
+        strong = (score[f"{name}_top1"] >= t["same_strong_top1"]) & (score[name] >= DARK_WEIGHT)
+        assign(strong, name, _confidence(score[f"{name}_top1"], t["same_strong_top1"]))
+
     column_top1 = best(COLUMNS, "_top1")
     line_top1 = best(LINES, "_top1")
     line_seen = np.max([(score[f"{name}_top2"] >= t["vd_line_top2"]) & (score[name] >= t["vd_line_mass"])
@@ -360,6 +391,13 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
         passes = (score[f"{name}_top2"] >= t["same_top2"]) & (score[name] >= t["same_mass"])
         assign(passes, name, _confidence(score[f"{name}_top2"], t["same_top2"]))
 
+    # block: rows keep to their own sentence unevenly, with no line in sight (not even a faint one)
+    no_line = (line_top1 < t["dominant_top1"]) & (best(LINES, "_contrast") < t["block_line_contrast"])
+    if is_pair:  # ... even when a column is the darkest cell of some rows, if not of most
+        keeps = (score["block_share"] >= t["block_share"]) & (column_top1 < t["block_column_top1"])
+        assign(keeps & no_line & (score["uniformity"] < t["uniform"]), "block",
+               _confidence(score["block_share"], t["block_share"]))
+
     single = (*LINES, *COLUMNS)
     top1 = np.stack([score[f"{name}_top1"] for name in single])  # [structure, layer, head]
     winner = top1.argmax(axis=0)
@@ -372,7 +410,7 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
            np.array(single, dtype=object)[winner], _confidence(winner_top1, t["dominant_top1"]))
     assign(score["uniformity"] >= t["uniform"], "bag_of_words", _confidence(score["uniformity"], t["uniform"]))
     if is_pair:
-        assign(score["block"] >= t["block"], "block", _confidence(score["block"], t["block"]))
+        assign((score["block"] >= t["block"]) & no_line, "block", _confidence(score["block"], t["block"]))
     # a map whose only column is pale reads as even, if less so than rule 4's bag of words
     pale = (score["uniformity"] >= t["uniform_pale"]) & (best(COLUMNS, "_dark") < t["column_dark"])
     assign(pale, "bag_of_words", _confidence(score["uniformity"], t["uniform_pale"]))
