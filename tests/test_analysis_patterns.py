@@ -136,9 +136,38 @@ def test_line_contrast_and_column_darkness_by_hand():
     assert evidence["delimiter_dark"][0, 0] == pytest.approx(4 / 5)
 
 
-def decided(**scores: float) -> str:
+def decided(is_pair: bool = False, **scores: float) -> str:
     evidence = {name: np.full((1, 1), scores.get(name, np.nan)) for name in EVIDENCE}
-    return str(decide(evidence, is_pair=False)[0][0, 0])
+    return str(decide(evidence, is_pair=is_pair)[0][0, 0])
+
+
+def test_own_sentence_share_by_hand():
+    # rows the/cat/. (sentence 0) see 3 own ordinary keys of 5, rows the/dog (sentence 1) 2 of 5
+    even = make_record(uniform()[None])
+    assert pattern_evidence(even.attention, token_context(even))["block_share"][0, 0] == pytest.approx((3 * 3 / 5 + 2 * 2 / 5) / 5)
+    sentence = np.array([0, 0, 0, 0, 0, 1, 1, 1])
+    kept = np.where(sentence[:, None] == sentence[None, :], 1.0, 0.0)
+    kept[:, 0] += 2.0  # a [CLS] column does not count: only ordinary keys do
+    record = make_record((kept / kept.sum(axis=1, keepdims=True))[None])
+    assert pattern_evidence(record.attention, token_context(record))["block_share"][0, 0] == pytest.approx(1.0)
+
+
+def test_strong_same_word_cells_name_the_head_under_a_column_and_a_line():
+    column_and_line = {"delimiter": 0.6, "delimiter_top1": 0.8, "delimiter_dark": 0.8,
+                       "diagonal": 0.2, "diagonal_top1": 0.1, "diagonal_contrast": THRESHOLDS["vd_line_contrast"] + 2}
+    assert decided(**column_and_line) == "vertical_diagonal"
+    black = {"same_word_top1": 1.0, "same_word_top2": 1.0}
+    assert decided(**column_and_line, **black, same_word=0.5) == "same_word"
+    assert decided(**column_and_line, **black, same_word=0.2) == "vertical_diagonal"  # light cells: not enough
+
+
+def test_block_keeps_to_the_sentence_unless_a_column_dominates_or_a_line_shows():
+    some_cls = {"delimiter": 0.35, "delimiter_top1": 0.5, "delimiter_dark": 0.35, "uniformity": 0.4, "block": 0.5}
+    assert decided(is_pair=True, **some_cls, block_share=0.9) == "block"
+    assert decided(is_pair=True, **some_cls, block_share=0.6) == "delimiter"  # half of it goes to the other sentence
+    assert decided(is_pair=True, **{**some_cls, "delimiter_top1": 0.7}, block_share=0.9) == "delimiter"
+    faint_line = {"previous_word_contrast": THRESHOLDS["block_line_contrast"] + 1}
+    assert decided(is_pair=True, **some_cls, **faint_line, block_share=0.9) != "block"
 
 
 def test_a_light_line_that_stands_out_under_a_dark_column_is_vertical_diagonal():
@@ -158,6 +187,7 @@ def test_a_column_that_never_reaches_mid_grey_is_not_a_delimiter():
 
 def test_real_set_batches_and_held_out_maps():
     maps = real_labels()
-    assert {m.batch for m in maps} == {1, 2}
-    assert sum(m.batch == 2 for m in maps) >= 50 and all(m.id >= 72 for m in maps if m.batch == 2)
+    assert {m.batch for m in maps} == {1, 2, 3}
+    assert sum(m.batch == 2 for m in maps) >= 50 and all(m.id >= 72 for m in maps if m.batch >= 2)
+    assert sum(m.batch == 3 for m in maps) >= 48 and all(m.id >= 124 for m in maps if m.batch == 3)
     assert all(m.first_pass in PATTERNS for m in maps)
