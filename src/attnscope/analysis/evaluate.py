@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -287,13 +287,14 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     real = evaluate_real(real_records, maps)
     first_pass = evaluate_real(real_records, maps, first_pass=True)
 
-    def subset(keep: Callable[[LabelledMap], bool]) -> Scores | None:
-        rows = [i for i, m in enumerate(maps) if keep(m)]
+    def subset(batches: Iterable[int]) -> Scores | None:
+        wanted = set(batches)
+        rows = [i for i, m in enumerate(maps) if m.batch in wanted]
         return evaluate_real([real_records[i] for i in rows], [maps[i] for i in rows]) if rows else None
 
-    by_batch = {batch: subset(lambda m, b=batch: m.batch == b) for batch in sorted({m.batch for m in maps})}
+    by_batch = {batch: subset([batch]) for batch in sorted({m.batch for m in maps})}
     held_out = by_batch.get(HELD_OUT_BATCH)
-    development = subset(lambda m: m.batch < HELD_OUT_BATCH)
+    development = subset(range(1, HELD_OUT_BATCH))
     summary: dict[str, Any] = {
         "synthetic_macro_f1": synthetic.macro_f1,
         "real_macro_f1": real.macro_f1,

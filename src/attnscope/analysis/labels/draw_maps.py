@@ -76,29 +76,38 @@ def repeats_a_word(text: str, pair: str) -> bool:
     return bool(set(lower_words(text)) & set(lower_words(pair)))
 
 
-def draw_second() -> list[tuple[int, int, str, str]]:
-    """Batch 2: (layer, head, text, pair) in id order from FIRST_ID_2, on inputs batch 1 did not use.
+def draw_later(used: set[tuple[str, str]], seed: int, n_singles: int, n_pairs: int,
+               rare_heads: list[tuple[int, int]], kinds: tuple[str, ...]) -> list[tuple[int, int, str, str]]:
+    """A later batch: (layer, head, text, pair) on inputs not in ``used``.
 
-    12 random single sentences and 12 random pairs with a random head each; then each head of
-    RARE_HEADS_2 on one single sentence and one pair that repeat a word (so that same-word
-    attention can show), in that order.
+    ``n_singles`` random single sentences and ``n_pairs`` random pairs with a random head each; then
+    each head of ``rare_heads`` on one input per entry of ``kinds`` ("single" or "pair"), inputs that
+    repeat a word (so that same-word attention can show), in that order.
     """
-    used = {(text, pair) for _, _, text, pair in draw()}
-    rng = random.Random(SEED_2)
+    rng = random.Random(seed)
     singles = [(s, "") for s in brown_sentences() if 8 <= words(s) <= MAX_SINGLE_WORDS and (s, "") not in used]
     pairs = [p for p in brown_pairs() if words(p[0]) + words(p[1]) <= MAX_PAIR_WORDS and p not in used]
     rng.shuffle(singles)
     rng.shuffle(pairs)
     drawn = []
-    for pool, count in ((singles, RANDOM_SINGLES_2), (pairs, RANDOM_PAIRS_2)):
+    for pool, count in ((singles, n_singles), (pairs, n_pairs)):
         for _ in range(count):
             drawn.append((rng.randrange(6), rng.randrange(12), *pool.pop()))
-    repeating_singles = [item for item in singles if repeats_a_word(*item)]
-    repeating_pairs = [item for item in pairs if repeats_a_word(*item)]
-    for layer, head in RARE_HEADS_2:
-        drawn.append((layer, head, *repeating_singles.pop()))
-        drawn.append((layer, head, *repeating_pairs.pop()))
+    repeating = {"single": [item for item in singles if repeats_a_word(*item)],
+                 "pair": [item for item in pairs if repeats_a_word(*item)]}
+    for layer, head in rare_heads:
+        drawn.extend((layer, head, *repeating[kind].pop()) for kind in kinds)
     return drawn
+
+
+def inputs_of(drawn: list[tuple[int, int, str, str]]) -> set[tuple[str, str]]:
+    return {(text, pair) for _, _, text, pair in drawn}
+
+
+def draw_second() -> list[tuple[int, int, str, str]]:
+    """Batch 2, ids from FIRST_ID_2, on inputs batch 1 did not use: 12 random single sentences and
+    12 random pairs, then each head of RARE_HEADS_2 on one single sentence and one pair."""
+    return draw_later(inputs_of(draw()), SEED_2, RANDOM_SINGLES_2, RANDOM_PAIRS_2, RARE_HEADS_2, ("single", "pair"))
 
 
 # batch 3 (held out): the rare classes had 1-5 maps each, too few for a per-class score; so each head
@@ -111,28 +120,10 @@ RARE_HEADS_3 = [(4, 6), (1, 1), (1, 8), (0, 8), (0, 0), (2, 9), (3, 11), (5, 6),
 
 
 def draw_third() -> list[tuple[int, int, str, str]]:
-    """Batch 3: (layer, head, text, pair) in id order from FIRST_ID_3, on inputs batches 1-2 did not use.
-
-    6 random single sentences and 12 random pairs with a random head each; then each head of
-    RARE_HEADS_3 on two pairs and one single sentence that repeat a word.
-    """
-    used = {(text, pair) for _, _, text, pair in draw() + draw_second()}
-    rng = random.Random(SEED_3)
-    singles = [(s, "") for s in brown_sentences() if 8 <= words(s) <= MAX_SINGLE_WORDS and (s, "") not in used]
-    pairs = [p for p in brown_pairs() if words(p[0]) + words(p[1]) <= MAX_PAIR_WORDS and p not in used]
-    rng.shuffle(singles)
-    rng.shuffle(pairs)
-    drawn = []
-    for pool, count in ((singles, RANDOM_SINGLES_3), (pairs, RANDOM_PAIRS_3)):
-        for _ in range(count):
-            drawn.append((rng.randrange(6), rng.randrange(12), *pool.pop()))
-    repeating_singles = [item for item in singles if repeats_a_word(*item)]
-    repeating_pairs = [item for item in pairs if repeats_a_word(*item)]
-    for layer, head in RARE_HEADS_3:
-        drawn.append((layer, head, *repeating_pairs.pop()))
-        drawn.append((layer, head, *repeating_pairs.pop()))
-        drawn.append((layer, head, *repeating_singles.pop()))
-    return drawn
+    """Batch 3, ids from FIRST_ID_3, on inputs batches 1-2 did not use: 6 random single sentences
+    and 12 random pairs, then each head of RARE_HEADS_3 on two pairs and one single sentence."""
+    return draw_later(inputs_of(draw() + draw_second()), SEED_3, RANDOM_SINGLES_3, RANDOM_PAIRS_3, RARE_HEADS_3,
+                      ("pair", "pair", "single"))
 
 
 BATCHES = {1: (draw, 0), 2: (draw_second, FIRST_ID_2), 3: (draw_third, FIRST_ID_3)}
