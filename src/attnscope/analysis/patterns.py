@@ -40,16 +40,17 @@ more scores: ``uniformity``, the histogram intersection ``sum_k min(a_k, u_k)`` 
 uniform row over the own sentence or over all visible keys (the larger), averaged; ``block``, the
 mass on the own sentence's ordinary tokens over queries that can see the other sentence (pairs
 only, else NaN); ``block_share``, of the attention those queries give ordinary tokens, the share
-that stays in their own sentence (whatever they give [CLS]/[SEP]). Two scores read a map the way a person does: ``<line>_contrast``, the mean weight
-on the line's key divided by the mean weight of an ordinary key in the same rows (a light line
-under a dark column still stands out by it), and ``<column>_dark``, the share of rows whose weight
+that stays in their own sentence (whatever they give [CLS]/[SEP]). Two scores read a map the way
+a person does: ``<line>_contrast``, the mean weight on the line's key divided by the mean weight
+of an ordinary key in the same rows (a light line under a dark column still stands out by it), and ``<column>_dark``, the share of rows whose weight
 on the column reaches :data:`DARK_WEIGHT` (mid-grey; a column that never does is background).
 
 **Rules**, in order (thresholds in :data:`THRESHOLDS` and :data:`CAUSAL_THRESHOLDS`, calibrated on
 the synthetic set by :func:`attnscope.analysis.evaluate.calibrate`, except ``vd_line_contrast``,
 ``column_dark`` and ``uniform_pale``, fitted on batch 1 of the real labelled set by
-:func:`attnscope.analysis.evaluate.fit_real_thresholds`, and the rules 0 and 2b with their four
-thresholds, set by hand on batches 1-2; those of the real set are off for causal models):
+:func:`attnscope.analysis.evaluate.fit_real_thresholds` and off for causal models, and the four
+thresholds of rules 0 and 2b, set by hand on batches 1-2 of the real set; rules 0 and 2b also
+apply to causal models, without 2b's line-contrast test):
 
 0. *same_word_other_sentence*, else *same_word*, when the other occurrence is the largest key in a
    share ``>= same_strong_top1`` of its rows and its mass beyond the column means reaches
@@ -155,7 +156,7 @@ THRESHOLDS: dict[str, float] = {  # bidirectional models
     "block_share": 0.85,  # block before a column: this share of the ordinary attention stays in the sentence
     "block_column_top1": 0.6,  # ... and no column is the largest key in this share of rows
     "block_line_contrast": 6.0,  # block: no line weighs this many times an average ordinary key
-    # fitted on the real labelled set's batch 1 only (batch 2 is held out; see evaluate.REAL_CALIBRATION_GRID)
+    # fitted on the real labelled set's batch 1 only (see evaluate.REAL_CALIBRATION_GRID)
     "vd_line_contrast": 8.0,  # vertical+diagonal: a light line weighs this many times an average ordinary key
     "column_dark": 0.3,  # a dominant column reaches mid-grey (DARK_WEIGHT) on this share of rows
     "uniform_pale": 0.55,  # bag of words when no column is dark: a lower overlap with a uniform row suffices
