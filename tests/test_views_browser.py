@@ -180,7 +180,8 @@ def test_norm_toggle_draws_norms(pair, open_page):
     record, path = pair
     page = open_page(path)
     page.page.check("[data-role=norms]")
-    page.wait(f"{APP}.field() === 'norms'")
+    # the flag flips at once, the norms decode asynchronously: wait until the view is drawn from them
+    page.wait(f"{APP}.field() === 'norms' && {APP}.views.head.drawnWith.grid === {APP}.ready.get('0:norms')")
     lines = page.lines()
     norms = record.norms[0]  # [head, q_pos, k_pos]
     step = norms.max() / 255  # norms are scaled per layer for display
