@@ -391,7 +391,8 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     line_top1 = best(LINES, "_top1")
     line_seen = np.max([(score[f"{name}_top2"] >= t["vd_line_top2"]) & (score[name] >= t["vd_line_mass"])
                         for name in LINES], axis=0)
-    line_stands_out = best(LINES, "_contrast") >= t["vd_line_contrast"]
+    line_contrast = best(LINES, "_contrast")
+    line_stands_out = line_contrast >= t["vd_line_contrast"]
     assign((column_top1 >= t["vd_column_top1"]) & ((line_top1 >= t["vd_line_top1"]) | line_seen | line_stands_out),
            "vertical_diagonal", _confidence(np.minimum(column_top1, np.maximum(line_top1, 0.25)), 0.25))
 
@@ -402,7 +403,7 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
         assign(passes, name, _confidence(score[f"{name}_top2"], t["same_top2"]))
 
     # block: rows keep to their own sentence unevenly, with no line in sight (not even a faint one)
-    no_line = (line_top1 < t["dominant_top1"]) & (best(LINES, "_contrast") < t["block_line_contrast"])
+    no_line = (line_top1 < t["dominant_top1"]) & (line_contrast < t["block_line_contrast"])
     if is_pair:  # ... even when a column is the darkest cell of some rows, if not of most
         keeps = (score["block_share"] >= t["block_share"]) & (column_top1 < t["block_column_top1"])
         assign(keeps & no_line & (score["uniformity"] < t["uniform"]), "block",
