@@ -3,6 +3,7 @@
     .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets        # batch 1, ids 0-71
     .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-2 2    # batch 2, ids 72-123
     .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-3 3    # batch 3, ids 124-171
+    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-4 4    # batch 4, ids 172-217
 
 writes ``candidates.tsv`` (id, layer, head, text, pair; the label column empty) and sheets of four
 maps per PNG (``sheet_00.png`` ...), drawn with ``figures.draw_map`` with the main diagonal marked
@@ -126,7 +127,23 @@ def draw_third() -> list[tuple[int, int, str, str]]:
                       ("pair", "pair", "single"))
 
 
-BATCHES = {1: (draw, 0), 2: (draw_second, FIRST_ID_2), 3: (draw_third, FIRST_ID_3)}
+# batch 4 (held out): batch 3 was seen when the rules of session 4 were developed; the diagonal class
+# still had a single map, so 1-1 (the only head a person had labelled diagonal) gets two turns
+SEED_4 = 2022
+FIRST_ID_4 = 172
+RANDOM_SINGLES_4 = RANDOM_PAIRS_4 = 8
+RARE_HEADS_4 = [(1, 1), (1, 1), (4, 6), (1, 8), (0, 5), (0, 2), (1, 2), (0, 8), (0, 0), (2, 9), (3, 11), (5, 6),
+                (5, 1), (5, 2), (5, 7)]
+
+
+def draw_fourth() -> list[tuple[int, int, str, str]]:
+    """Batch 4, ids from FIRST_ID_4, on inputs batches 1-3 did not use: 8 random single sentences and
+    8 random pairs, then each head of RARE_HEADS_4 on one single sentence and one pair."""
+    used = inputs_of(draw() + draw_second() + draw_third())
+    return draw_later(used, SEED_4, RANDOM_SINGLES_4, RANDOM_PAIRS_4, RARE_HEADS_4, ("single", "pair"))
+
+
+BATCHES = {1: (draw, 0), 2: (draw_second, FIRST_ID_2), 3: (draw_third, FIRST_ID_3), 4: (draw_fourth, FIRST_ID_4)}
 
 
 def main(out: Path, batch: int = 1, guide: bool = True) -> None:
