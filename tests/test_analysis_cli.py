@@ -55,13 +55,15 @@ def test_evaluate_json_reports_both_labelled_sets(capsys):
     assert summary["synthetic_macro_f1"] >= 0.90
     assert summary["n_real"] >= 60
     # the target is 0.80; the honest figures are what this prints. The bounds guard against
-    # regressions below what the rules reach today (labels/README.md: 0.741 on all 172 maps,
-    # 0.744 on the 48 held-out maps of batch 3, 0.730 in 5-fold cross-validation)
-    assert summary["real_macro_f1"] >= 0.70
-    assert summary["n_real_heldout"] >= 48 and summary["real_macro_f1_heldout"] >= 0.70
+    # regressions below what the rules reach today (labels/README.md: 0.699 on all 218 maps,
+    # 0.610 on the 46 held-out maps of batch 4, 0.696 in 5-fold cross-validation)
+    assert summary["real_macro_f1"] >= 0.68
+    assert summary["n_real_heldout"] == 46 and summary["real_macro_f1_heldout"] >= 0.58
     assert summary["n_real_development"] + summary["n_real_heldout"] == summary["n_real"]
     assert 0.0 < summary["real_macro_f1_cv"] <= 1.0
     assert set(summary["real_per_class"]["delimiter"]) == {"precision", "recall", "f1", "support"}
+    agreement = summary["real_labeller_agreement"]  # two labellers on the same maps
+    assert agreement["n"] == summary["n_real"] and -1.0 <= agreement["kappa"] <= 1.0
 
 
 def test_heads_writes_a_report_and_prints_top_heads(capsys, tmp_path):

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.analysis.evaluate import evaluate_synthetic, real_labels, score
+from attnscope.analysis.evaluate import (
+    LabelledMap,
+    _agreement_figures,
+    cohen_kappa,
+    evaluate_synthetic,
+    real_labels,
+    score,
+    second_labels,
+)
 from attnscope.analysis.patterns import (
     CAUSAL_THRESHOLDS,
     EVIDENCE,
@@ -187,7 +195,42 @@ def test_a_column_that_never_reaches_mid_grey_is_not_a_delimiter():
 
 def test_real_set_batches_and_held_out_maps():
     maps = real_labels()
-    assert {m.batch for m in maps} == {1, 2, 3}
+    assert {m.batch for m in maps} == {1, 2, 3, 4}
     assert sum(m.batch == 2 for m in maps) >= 50 and all(m.id >= 72 for m in maps if m.batch >= 2)
-    assert sum(m.batch == 3 for m in maps) >= 48 and all(m.id >= 124 for m in maps if m.batch == 3)
+    assert sum(m.batch == 3 for m in maps) >= 48 and all(m.id >= 124 for m in maps if m.batch >= 3)
+    assert sum(m.batch == 4 for m in maps) == 46 and all(m.id >= 172 for m in maps if m.batch == 4)
     assert all(m.first_pass in PATTERNS for m in maps)
+
+
+def test_cohen_kappa_matches_scikit_learn():
+    from sklearn.metrics import cohen_kappa_score
+
+    rng = np.random.default_rng(4)
+    names = list(PATTERNS)[:5]
+    first = [str(name) for name in rng.choice(names, 60)]
+    second = [a if rng.random() < 0.6 else str(rng.choice(names)) for a in first]
+    assert cohen_kappa(first, second) == pytest.approx(cohen_kappa_score(first, second), abs=1e-12)
+    assert cohen_kappa(first, first) == 1.0
+
+
+def test_agreement_figures_by_hand():
+    def labelled(i, label):
+        return LabelledMap(i, 0, 0, label, "text", None)
+
+    maps = [labelled(0, "delimiter"), labelled(1, "delimiter"), labelled(2, "bag_of_words"), labelled(3, "vertical")]
+    predicted = ["delimiter", "bag_of_words", "bag_of_words", "delimiter"]
+    second = {0: "delimiter", 1: "bag_of_words", 2: "bag_of_words"}  # map 3 has no second label
+    figures = _agreement_figures(maps, predicted, second)
+    # labellers: 2 of 3 alike; chance = (2*1 + 1*2) / 9, kappa = (2/3 - 4/9) / (1 - 4/9) = 0.4
+    assert figures["real_labeller_agreement"] == {"n": 3, "accuracy": 0.6667, "macro_f1": pytest.approx(0.6667, abs=1e-4),
+                                                  "kappa": 0.4}
+    assert figures["real_macro_f1_vs_second"] == 1.0  # the classifier says what the second labeller said
+    assert figures["n_real_agreed"] == 2 and figures["real_macro_f1_agreed"] == 1.0
+    assert _agreement_figures(maps, predicted, {}) == {}
+
+
+def test_second_labels_cover_the_real_set():
+    maps = real_labels()
+    second = second_labels()
+    assert set(second) == {m.id for m in maps}
+    assert set(second.values()) <= set(PATTERNS)

@@ -83,3 +83,14 @@ def test_a_model_the_capture_function_cannot_load_is_a_clear_error(tmp_path):
 def test_help_teaches_with_examples():
     result = run("extract", "--help")
     assert result.returncode == 0 and "examples:" in result.stdout and "--norms" in result.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # like `attnscope patterns ... --json | head -c 0`: the pipe is closed before the model has
+    # loaded, so the JSON (about 90 KB, more than a pipe buffers) hits a closed pipe
+    process = subprocess.Popen([sys.executable, "-m", "attnscope", "patterns", "The cat sat on the mat.", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 141
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
 
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second one at exit's flush
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

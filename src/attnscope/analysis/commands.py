@@ -66,7 +66,13 @@ def _run_evaluation(args: argparse.Namespace) -> int:
           f"(bidirectional {summary['synthetic_macro_f1_by_kind']['bidirectional']:.3f}, "
           f"causal {summary['synthetic_macro_f1_by_kind']['causal']:.3f})")
     print(f"real set: macro-F1 {summary['real_macro_f1']:.3f} over {summary['n_real']} labelled maps of the default "
-          f"model (first labelling pass: {summary['real_macro_f1_first_pass']:.3f})")
+          f"model (first labelling pass: {summary['real_macro_f1_first_pass']:.3f}; held-out batch: "
+          f"{summary['real_macro_f1_heldout']:.3f} over {summary['n_real_heldout']} maps)")
+    agreement = summary.get("real_labeller_agreement")
+    if agreement:
+        print(f"two labellers on the same {agreement['n']} maps: {agreement['accuracy']:.0%} alike, kappa "
+              f"{agreement['kappa']:.2f}, macro-F1 {agreement['macro_f1']:.3f} one against the other (the ceiling "
+              f"for a classifier); the classifier against the second: {summary['real_macro_f1_vs_second']:.3f}")
     print(f"the same as Kovaleva et al.'s five types: synthetic {summary['synthetic_kovaleva_macro_f1']:.3f}, "
           f"real {summary['real_kovaleva_macro_f1']:.3f}\n")
     for name in ("synthetic", "real"):

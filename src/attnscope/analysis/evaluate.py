@@ -3,7 +3,9 @@
 * the synthetic set (:mod:`attnscope.analysis.synthetic`): noisy maps of every class, generated;
 * the real set (``labels/minilm_real.tsv``): maps of the default model (all-MiniLM-L6-v2) on real
   Brown sentences and adjacent-sentence pairs, labelled by looking at them (``labels/README.md``).
-  Each row names the input, the layer and the head, so the map is recomputed by extraction.
+  Each row names the input, the layer and the head, so the map is recomputed by extraction. A
+  second, independent labelling of the same maps (``labels/minilm_real_second.tsv``) measures how
+  far two labellers agree, the ceiling a classifier can be expected to reach against either.
 
 :func:`calibrate` is how the thresholds in :data:`~attnscope.analysis.patterns.THRESHOLDS` were
 chosen: a grid search for the best macro-F1 on a synthetic set drawn with another seed than the
@@ -45,7 +47,7 @@ class LabelledMap:
     pair: str | None
     note: str = ""
     first_pass: str = ""  # the label of the first labelling pass (see labels/README.md)
-    batch: int = 1  # 1: fitted the real-set thresholds; 1-2: developed the rules; 3: held out (labels/README.md)
+    batch: int = 1  # 1: fitted the real-set thresholds; 1-2: developed the rules; 3: first held out; 4: held out (labels/README.md)
 
 
 @dataclass(frozen=True)
@@ -269,29 +271,78 @@ def cross_validated_real(prepared: Sequence[MapEvidence], folds: int = CV_FOLDS)
     return score([item.label for item in prepared], predicted)
 
 
-HELD_OUT_BATCH = 3  # labelled before the current rules were written, and scored once (labels/README.md)
+HELD_OUT_BATCH = 4  # labelled after the current rules were written, and scored once (labels/README.md)
+SECOND_LABELS = "minilm_real_second.tsv"  # the same maps labelled again by a second labeller (labels/README.md)
+
+
+def second_labels() -> dict[int, str]:
+    """Map id -> label of the second, independent labelling of the real set (``labels/README.md``)."""
+    text = files(__package__).joinpath("labels", SECOND_LABELS).read_text(encoding="utf-8")
+    labels = {}
+    for row in csv.DictReader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE):
+        if row["label"] not in PATTERNS:
+            raise AttnscopeError(f"{SECOND_LABELS} row {row['id']}: unknown label {row['label']!r}")
+        labels[int(row["id"])] = row["label"]
+    return labels
+
+
+def cohen_kappa(first: Sequence[str], second: Sequence[str]) -> float:
+    """Cohen's kappa of two labellings of the same items: agreement beyond what their label frequencies
+    give by chance, ``(p_observed - p_chance) / (1 - p_chance)`` (1 when both always agree)."""
+    if len(first) != len(second) or not first:
+        raise AttnscopeError("two non-empty labellings of equal length are needed")
+    n = len(first)
+    observed = sum(a == b for a, b in zip(first, second)) / n
+    chance = sum(first.count(name) * second.count(name) for name in set(first)) / n / n
+    return 1.0 if chance == 1.0 else (observed - chance) / (1.0 - chance)
+
+
+def _agreement_figures(maps: Sequence[LabelledMap], predicted: Sequence[str], second: dict[int, str]
+                       ) -> dict[str, Any]:
+    """How the two labellers agree, and the classifier against the second one and on the maps both
+    labelled alike (over the maps that have a second label)."""
+    rows = [i for i, m in enumerate(maps) if m.id in second]
+    if not rows:
+        return {}
+    first_said = [maps[i].label for i in rows]
+    second_said = [second[maps[i].id] for i in rows]
+    between = score(first_said, second_said)
+    agreed = [i for i, a, b in zip(rows, first_said, second_said) if a == b]
+    vs_second = score(second_said, [predicted[i] for i in rows])
+    on_agreed = score([maps[i].label for i in agreed], [predicted[i] for i in agreed])
+    return {
+        "real_labeller_agreement": {"n": between.n, "accuracy": between.accuracy, "macro_f1": between.macro_f1,
+                                    "kappa": round(cohen_kappa(first_said, second_said), 4)},
+        "real_macro_f1_vs_second": vs_second.macro_f1,
+        "real_macro_f1_agreed": on_agreed.macro_f1, "real_accuracy_agreed": on_agreed.accuracy,
+        "n_real_agreed": on_agreed.n,
+    }
 
 
 def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[LabelledMap],
-                       cross_validate: bool = True) -> dict[str, Any]:
+                       cross_validate: bool = True, second: dict[int, str] | None = None) -> dict[str, Any]:
     """Everything ``attnscope patterns --evaluate`` reports, as one JSON-ready dict.
 
     ``real_*`` scores use the shipped thresholds on all maps. The rules were developed on batches 1
-    and 2 (``real_macro_f1_development``; the three real-set thresholds were fitted on batch 1);
-    ``real_*_heldout`` scores only :data:`HELD_OUT_BATCH`, which played no part in any choice;
-    ``real_macro_f1_cv`` refits the three thresholds in each of :data:`CV_FOLDS` folds over all maps
-    and scores the held-out fold; ``real_macro_f1_by_batch`` scores each batch alone.
+    and 2 and first scored on batch 3; all three are ``real_macro_f1_development`` (the three
+    real-set thresholds were fitted on batch 1); ``real_*_heldout`` scores only
+    :data:`HELD_OUT_BATCH`, which played no part in any choice; ``real_macro_f1_cv`` refits the three
+    thresholds in each of :data:`CV_FOLDS` folds over all maps and scores the held-out fold;
+    ``real_macro_f1_by_batch`` scores each batch alone. ``second`` (map id -> label, default
+    :func:`second_labels`) adds how two labellers agree on the same maps (``real_labeller_agreement``:
+    the macro-F1 of one labeller scored against the other is the ceiling a classifier can be expected
+    to reach), the classifier against the second labeller, and on the maps both labelled alike.
     """
     synthetic = evaluate_synthetic()
     by_kind = {kind: evaluate_synthetic(causal=kind == "causal") for kind in ("bidirectional", "causal")}
-    real = evaluate_real(real_records, maps)
-    first_pass = evaluate_real(real_records, maps, first_pass=True)
+    prepared = map_evidence(real_records, maps)
+    predicted = _predict(prepared, THRESHOLDS)  # the same labels as classify_heads, for one head each
 
     def subset(batches: Iterable[int]) -> Scores | None:
-        wanted = set(batches)
-        rows = [i for i, m in enumerate(maps) if m.batch in wanted]
-        return evaluate_real([real_records[i] for i in rows], [maps[i] for i in rows]) if rows else None
+        rows = [i for i, m in enumerate(maps) if m.batch in set(batches)]
+        return score([maps[i].label for i in rows], [predicted[i] for i in rows]) if rows else None
 
+    real = score([m.label for m in maps], predicted)
     by_batch = {batch: subset([batch]) for batch in sorted({m.batch for m in maps})}
     held_out = by_batch.get(HELD_OUT_BATCH)
     development = subset(range(1, HELD_OUT_BATCH))
@@ -309,13 +360,14 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     if development is not None:
         summary.update({"real_macro_f1_development": development.macro_f1, "n_real_development": development.n})
     summary["real_macro_f1_by_batch"] = {str(batch): scores.macro_f1 for batch, scores in by_batch.items() if scores}
+    summary.update(_agreement_figures(maps, predicted, second_labels() if second is None else second))
     if cross_validate:
-        cv = cross_validated_real(map_evidence(real_records, maps))
+        cv = cross_validated_real(prepared)
         summary.update({"real_macro_f1_cv": cv.macro_f1, "real_accuracy_cv": cv.accuracy, "cv_folds": CV_FOLDS})
     summary.update({
-        "real_macro_f1_first_pass": first_pass.macro_f1,
+        "real_macro_f1_first_pass": score([m.first_pass for m in maps], predicted).macro_f1,
         "synthetic_kovaleva_macro_f1": evaluate_synthetic(coarse=True).macro_f1,
-        "real_kovaleva_macro_f1": evaluate_real(real_records, maps, coarse=True).macro_f1,
+        "real_kovaleva_macro_f1": kovaleva_score([m.label for m in maps], predicted).macro_f1,
         "synthetic_macro_f1_by_kind": {kind: scores.macro_f1 for kind, scores in by_kind.items()},
         "synthetic_per_class": synthetic.per_class,
         "real_per_class": real.per_class,
