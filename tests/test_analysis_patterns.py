@@ -10,6 +10,7 @@ from attnscope.analysis.evaluate import (
     _agreement_figures,
     cohen_kappa,
     evaluate_synthetic,
+    predict_real,
     real_labels,
     score,
     second_labels,
@@ -234,3 +235,12 @@ def test_second_labels_cover_the_real_set():
     second = second_labels()
     assert set(second) == {m.id for m in maps}
     assert set(second.values()) <= set(PATTERNS)
+
+
+def test_real_predictions_from_one_head_match_classifying_the_whole_record(minilm):
+    from attnscope import extract_corpus
+
+    maps = real_labels()[::20]  # 11 maps over all batches, singles and pairs
+    records = list(extract_corpus(minilm, [(m.text, m.pair) for m in maps], progress=False))
+    whole = [str(classify_heads(record).labels[m.layer, m.head]) for record, m in zip(records, maps)]
+    assert predict_real(records, maps) == whole

@@ -199,11 +199,18 @@ def evaluate_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap
     ``first_pass=True`` scores against the labels of the first labelling pass instead of the final
     ones; ``coarse=True`` scores Kovaleva types instead of labels.
     """
-    if len(records) != len(maps):
-        raise AttnscopeError("one record per labelled map is needed")
-    predicted = [str(classify_heads(record).labels[m.layer, m.head]) for record, m in zip(records, maps)]
+    predicted = predict_real(records, maps)
     gold = [m.first_pass if first_pass else m.label for m in maps]
     return (kovaleva_score if coarse else score)(gold, predicted)
+
+
+def predict_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> list[str]:
+    """The classifier's label of each labelled map (``records[i]`` is the extraction of ``maps[i]``'s
+    input), from the evidence of that one head: the label :func:`classify_heads` gives it, without
+    scoring the record's other heads."""
+    if len(records) != len(maps):
+        raise AttnscopeError("one record per labelled map is needed")
+    return _predict(map_evidence(records, maps), THRESHOLDS)
 
 
 # ---- thresholds fitted on real maps, measured out of sample ---------------------------------
@@ -336,7 +343,7 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     synthetic = evaluate_synthetic()
     by_kind = {kind: evaluate_synthetic(causal=kind == "causal") for kind in ("bidirectional", "causal")}
     prepared = map_evidence(real_records, maps)
-    predicted = _predict(prepared, THRESHOLDS)  # the same labels as classify_heads, for one head each
+    predicted = _predict(prepared, THRESHOLDS)  # as predict_real, with the evidence kept for cross-validation
 
     def subset(batches: Iterable[int]) -> Scores | None:
         rows = [i for i, m in enumerate(maps) if m.batch in set(batches)]
