@@ -71,8 +71,8 @@ def _run_evaluation(args: argparse.Namespace) -> int:
     agreement = summary.get("real_labeller_agreement")
     if agreement:
         print(f"two labellers on the same {agreement['n']} maps: {agreement['accuracy']:.0%} alike, kappa "
-              f"{agreement['kappa']:.2f}, macro-F1 {agreement['macro_f1']:.3f} one against the other (the ceiling "
-              f"for a classifier); the classifier against the second: {summary['real_macro_f1_vs_second']:.3f}")
+              f"{agreement['kappa']:.2f}, macro-F1 {agreement['macro_f1']:.3f} one against the other (what the "
+              f"labels leave open); the classifier against the second: {summary['real_macro_f1_vs_second']:.3f}")
     print(f"the same as Kovaleva et al.'s five types: synthetic {summary['synthetic_kovaleva_macro_f1']:.3f}, "
           f"real {summary['real_kovaleva_macro_f1']:.3f}\n")
     for name in ("synthetic", "real"):

@@ -5,7 +5,7 @@
   Brown sentences and adjacent-sentence pairs, labelled by looking at them (``labels/README.md``).
   Each row names the input, the layer and the head, so the map is recomputed by extraction. A
   second, independent labelling of the same maps (``labels/minilm_real_second.tsv``) measures how
-  far two labellers agree, the ceiling a classifier can be expected to reach against either.
+  far two labellers agree: the yardstick for the classifier's score against either.
 
 :func:`calibrate` is how the thresholds in :data:`~attnscope.analysis.patterns.THRESHOLDS` were
 chosen: a grid search for the best macro-F1 on a synthetic set drawn with another seed than the
@@ -336,9 +336,10 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     :data:`HELD_OUT_BATCH`, which played no part in any choice; ``real_macro_f1_cv`` refits the three
     thresholds in each of :data:`CV_FOLDS` folds over all maps and scores the held-out fold;
     ``real_macro_f1_by_batch`` scores each batch alone. ``second`` (map id -> label, default
-    :func:`second_labels`) adds how two labellers agree on the same maps (``real_labeller_agreement``:
-    the macro-F1 of one labeller scored against the other is the ceiling a classifier can be expected
-    to reach), the classifier against the second labeller, and on the maps both labelled alike.
+    :func:`second_labels`) adds how two labellers agree on the same maps (``real_labeller_agreement``;
+    a classifier well above their macro-F1 against one of them would be fitting that labeller's
+    reading of borderline maps), the classifier against the second labeller, and on the maps both
+    labelled alike.
     """
     synthetic = evaluate_synthetic()
     by_kind = {kind: evaluate_synthetic(causal=kind == "causal") for kind in ("bidirectional", "causal")}
