@@ -127,8 +127,8 @@ def draw_third() -> list[tuple[int, int, str, str]]:
                       ("pair", "pair", "single"))
 
 
-# batch 4 (held out): batch 3 was seen when the rules of session 4 were developed; the diagonal class
-# still had a single map, so 1-1 (the only head a person had labelled diagonal) gets two turns
+# batch 4 (held out): batch 3 had been scored with the current rules; the diagonal class still had a
+# single map, so 1-1 (the only head the labeller had labelled diagonal) gets two turns
 SEED_4 = 2022
 FIRST_ID_4 = 172
 RANDOM_SINGLES_4 = RANDOM_PAIRS_4 = 8
