@@ -347,7 +347,8 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     predicted = _predict(prepared, THRESHOLDS)  # as predict_real, with the evidence kept for cross-validation
 
     def subset(batches: Iterable[int]) -> Scores | None:
-        rows = [i for i, m in enumerate(maps) if m.batch in set(batches)]
+        wanted = set(batches)
+        rows = [i for i, m in enumerate(maps) if m.batch in wanted]
         return score([maps[i].label for i in rows], [predicted[i] for i in rows]) if rows else None
 
     real = score([m.label for m in maps], predicted)
