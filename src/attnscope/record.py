@@ -12,6 +12,16 @@ Arrays are kept in one mapping keyed ``"<kind>.<field>"``:
   ``input.word_ids`` and, for encoder-decoders, the same under ``target.``.
 
 The typed properties (``attention``, ``cross_attention``, ...) are the way to read them.
+
+A *partial* record (made with a :class:`~attnscope.capture.plan.CapturePlan`) holds only some
+layers, heads and query rows of the input side, and may hold per-row statistics
+(``<kind>.stat_<name>``, ``[layer, head, row]``), a distance histogram (``<kind>.distance_histogram``,
+``[layer, head, bin]``), the top-k keys per row (``<kind>.topk_indices`` / ``<kind>.topk_weights``,
+``[layer, head, row, k]``) and a block-averaged overview (``<kind>.overview``, ``[layer, head,
+q_block, k_block]``) instead of, or beside, attention rows. Its ``selection`` says which layers and
+heads the leading axes hold and ``query_positions`` which query positions the rows are; consumers
+that need the whole matrix get a clear error from ``attention`` rather than a wrong shape.
+:meth:`AttentionRecord.open` maps a record file lazily, so a record larger than memory can be browsed.
 """
 
 from __future__ import annotations
@@ -30,6 +40,40 @@ from .errors import AttnscopeError
 FORMAT_VERSION = 1
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
 QKV_FIELDS = ("queries", "keys", "values")
+ROW_FIELDS = ("attention", "norms", "topk_indices", "topk_weights")  # [layer, head, row, ...] in a partial record
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a partial record holds: ``layers`` and ``heads`` (0-indexed model numbers) index the
+    leading axes of its arrays, in this order; ``plan`` is the capture plan that made it
+    (:meth:`CapturePlan.describe`)."""
+
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    plan: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return (f"layers {_ranges(self.layers)}, heads {_ranges(self.heads)}, "
+                f"queries {self.plan.get('queries', 'all')}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "heads": list(self.heads), "plan": dict(self.plan)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Selection:
+        return cls(tuple(data["layers"]), tuple(data["heads"]), dict(data.get("plan", {})))
+
+
+def _ranges(numbers: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
+    parts: list[str] = []
+    for number in numbers:
+        if parts and number == int(parts[-1].rpartition("-")[2]) + 1:
+            parts[-1] = f"{parts[-1].partition('-')[0]}-{number}"
+        else:
+            parts.append(str(number))
+    return ",".join(parts)
 
 
 @dataclass(frozen=True)
@@ -80,15 +124,82 @@ class AttentionRecord:
     kv_expanded: bool = False
     level: str = "token"
     text: tuple[str, ...] = field(default=())
+    selection: Selection | None = None
 
     def __post_init__(self) -> None:
         frozen = {key: _frozen(value) for key, value in self.arrays.items()}
         object.__setattr__(self, "arrays", MappingProxyType(frozen))
-        attention = self.arrays.get(f"{self.model.main_kind}.attention")
-        if attention is None or attention.ndim != 4:
+        main = self.model.main_kind
+        attention = self.arrays.get(f"{main}.attention")
+        if attention is None and self.selection is None:
             raise ValueError("a record needs a 4-D [layer, head, q_pos, k_pos] attention array")
-        if attention.shape[-1] != len(self.tokens):
+        if attention is None and not any(key.startswith(f"{main}.") for key in self.arrays):
+            raise ValueError("a partial record needs attention rows, statistics, top-k keys or an overview")
+        if attention is not None and attention.ndim != 4:
+            raise ValueError("a record needs a 4-D [layer, head, q_pos, k_pos] attention array")
+        if attention is not None and attention.shape[-1] != len(self.tokens):
             raise ValueError(f"attention has {attention.shape[-1]} keys but {len(self.tokens)} tokens")
+
+    # ---- what a partial record holds --------------------------------------------------------
+    @property
+    def is_partial(self) -> bool:
+        """True when the record holds only part of the attention (see :attr:`selection`)."""
+        return self.selection is not None
+
+    @property
+    def layers_held(self) -> tuple[int, ...]:
+        """The 0-indexed layers the leading axis of the input side's arrays holds."""
+        return self.selection.layers if self.selection else tuple(range(self.model.n_layers))
+
+    @property
+    def heads_held(self) -> tuple[int, ...]:
+        return self.selection.heads if self.selection else tuple(range(self.model.n_heads))
+
+    @property
+    def query_positions(self) -> np.ndarray:
+        """The query positions of the rows held, ``[row]`` (every position in a complete record)."""
+        held = self.arrays.get("input.query_positions")
+        return held if held is not None else np.arange(len(self.tokens))
+
+    def held(self, field_name: str = "attention") -> np.ndarray:
+        """The input side's ``field_name`` array as stored: for a partial record its axes are the
+        held layers, heads and rows (``[layer, head, row, ...]``); see :attr:`layers_held`."""
+        array = self.get(self.model.main_kind, field_name)
+        if array is None:
+            raise AttnscopeError(f"this record holds no {field_name.replace('_', ' ')} "
+                                 f"({self.holdings()}); capture it with a plan that keeps it")
+        return array
+
+    def head_rows(self, layer: int, head: int, field_name: str = "attention") -> np.ndarray:
+        """Held rows of one head, ``[row, ...]`` (rows at :attr:`query_positions`), by model numbers."""
+        layer_index, head_index = self._held_index(layer, head)
+        return self.held(field_name)[layer_index, head_index]
+
+    def _held_index(self, layer: int, head: int) -> tuple[int, int]:
+        if layer not in self.layers_held or head not in self.heads_held:
+            raise AttnscopeError(f"layer {layer} head {head} is not in this record ({self.holdings()})")
+        return self.layers_held.index(layer), self.heads_held.index(head)
+
+    @property
+    def statistics(self) -> dict[str, np.ndarray]:
+        """Per-row statistics of a planned capture, name -> ``[layer, head, row]`` (empty if none)."""
+        prefix = f"{self.model.main_kind}.stat_"
+        return {key[len(prefix):]: value for key, value in self.arrays.items() if key.startswith(prefix)}
+
+    def holdings(self) -> str:
+        """One line saying what the record holds."""
+        if self.selection is None:
+            return "complete: every layer, head and query"
+        kept = sorted({key.split(".", 1)[1].split("_")[0] for key in self.arrays
+                       if key.startswith(f"{self.model.main_kind}.")})
+        return f"partial: {self.selection.describe()}; holds {', '.join(kept)}"
+
+    def require_complete(self, purpose: str) -> None:
+        """Raise a clear error when ``purpose`` needs the whole matrix and this record is partial."""
+        if self.selection is not None:
+            raise AttnscopeError(f"{purpose} needs every layer, head and query of the attention matrix, but this "
+                                 f"record is {self.holdings()}; capture it without a plan, or use the long view "
+                                 "(attnscope view --long)")
 
     # ---- typed access -------------------------------------------------------------------
     def get(self, kind: str, field_name: str = "attention") -> np.ndarray | None:
@@ -97,7 +208,11 @@ class AttentionRecord:
 
     @property
     def attention(self) -> np.ndarray:
-        """Input-side attention ``[layer, head, q_pos, k_pos]`` (encoder for encoder-decoders)."""
+        """Input-side attention ``[layer, head, q_pos, k_pos]`` (encoder for encoder-decoders).
+
+        A partial record refuses (it would not have that shape): use :meth:`held` or :meth:`head_rows`.
+        """
+        self.require_complete("this use of record.attention")
         return self.arrays[f"{self.model.main_kind}.attention"]
 
     @property
@@ -156,16 +271,19 @@ class AttentionRecord:
 
     @property
     def n_layers(self) -> int:
-        return int(self.attention.shape[0])
+        """The model's number of layers (a partial record holds :attr:`layers_held` of them)."""
+        return int(self.attention.shape[0]) if self.selection is None else self.model.n_layers
 
     @property
     def n_heads(self) -> int:
-        return int(self.attention.shape[1])
+        return int(self.attention.shape[1]) if self.selection is None else self.model.n_heads
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{key}{list(value.shape)}" for key, value in self.arrays.items() if "." in key
                            and key.split(".")[0] in ATTENTION_KINDS)
-        return f"AttentionRecord(model={self.model.name!r}, level={self.level!r}, tokens={len(self.tokens)}, {shapes})"
+        partial = f", {self.holdings()}" if self.selection else ""
+        return (f"AttentionRecord(model={self.model.name!r}, level={self.level!r}, tokens={len(self.tokens)}, "
+                f"{shapes}{partial})")
 
     # ---- save / load --------------------------------------------------------------------
     def save(self, path: str | Path, *, float16: bool = False) -> Path:
@@ -193,6 +311,7 @@ class AttentionRecord:
             "kv_expanded": self.kv_expanded,
             "level": self.level,
             "text": list(self.text),
+            "selection": None if self.selection is None else self.selection.to_json(),
         }
 
     @classmethod
@@ -210,6 +329,23 @@ class AttentionRecord:
             raise AttnscopeError(f"{path} is a safetensors file but not an attnscope record")
         meta = json.loads(header)
         arrays = {key: v.astype(np.float32) if v.dtype == np.float16 else v for key, v in arrays.items()}
+        return cls._from_parts(meta, arrays)
+
+    @classmethod
+    def open(cls, path: str | Path) -> AttentionRecord:
+        """Map a record file lazily: arrays are read from disk only where they are indexed.
+
+        For records larger than memory (``attnscope extract --stream``). Arrays keep the stored
+        dtype (float16 stays float16); slicing one head of one layer reads only its pages.
+        """
+        from .capture.stream import open_arrays
+
+        meta, arrays = open_arrays(Path(path))
+        return cls._from_parts(meta, arrays)
+
+    @classmethod
+    def _from_parts(cls, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> AttentionRecord:
+        selection = meta.get("selection")
         return cls(
             model=ModelInfo(**meta["model"]),
             tokens=tuple(meta["tokens"]),
@@ -218,6 +354,7 @@ class AttentionRecord:
             kv_expanded=meta["kv_expanded"],
             level=meta["level"],
             text=tuple(meta["text"]),
+            selection=None if selection is None else Selection.from_json(selection),
         )
 
     # ---- word level ---------------------------------------------------------------------
@@ -231,6 +368,7 @@ class AttentionRecord:
         """
         if self.level == "word":
             return self
+        self.require_complete("word-level aggregation")
         input_groups = word_groups(self.word_ids)
         words = join_pieces(self.tokens, input_groups)
         arrays: dict[str, np.ndarray] = {

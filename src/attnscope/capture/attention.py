@@ -14,7 +14,7 @@ on each of them (see ``models.adapters``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -25,6 +25,8 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
+from .plan import CapturePlan
+from .rows import BatchFacts, RowCapture, RowCollector
 
 ATTN_IMPLEMENTATION = "attnscope"
 
@@ -69,6 +71,10 @@ class SiteCapture:
     values: torch.Tensor | None = None
     norms: torch.Tensor | None = None
 
+    @property
+    def n_heads(self) -> int:
+        return int(self.attention.shape[1])
+
 
 @dataclass
 class CaptureSession:
@@ -79,11 +85,23 @@ class CaptureSession:
     qkv: bool = False
     norms: bool = False
     stop_after: frozenset[tuple[str, int]] | None = None
-    captured: dict[tuple[str, int], SiteCapture] = field(default_factory=dict)
+    plan: CapturePlan | None = None
+    facts: BatchFacts | None = None
+    captured: dict[tuple[str, int], SiteCapture | RowCapture] = field(default_factory=dict)
 
-    def layers(self, kind: str) -> list[SiteCapture]:
+    def layers(self, kind: str) -> list[Any]:
         """Captures of ``kind``, ordered by layer."""
         return [self.captured[key] for key in sorted(k for k in self.captured if k[0] == kind)]
+
+    def records_site(self, site: AttentionSite) -> bool:
+        """Whether this session keeps anything of ``site`` (a plan keeps its layers of the input side)."""
+        return self.record and (self.plan is None or (site.kind == main_kind(self.sites.values())
+                                                      and self.plan.wants_layer(site.layer)))
+
+
+def main_kind(sites: Iterable[AttentionSite]) -> str:
+    """The input side's kind of attention: ``encoder`` for encoder-decoders, else ``self``."""
+    return "encoder" if any(site.kind == "encoder" for site in sites) else "self"
 
 
 class CaptureComplete(Exception):
@@ -116,6 +134,8 @@ def capture(
     qkv: bool = False,
     norms: bool = False,
     stop_when_complete: bool = False,
+    plan: CapturePlan | None = None,
+    facts: BatchFacts | None = None,
 ) -> Iterator[CaptureSession]:
     """Activate a capture session for the forward passes run inside the block.
 
@@ -123,9 +143,13 @@ def capture(
     removed on exit, whatever happens inside. With ``stop_when_complete`` the forward pass raises
     :class:`CaptureComplete` right after the last attention site is recorded; catch it around the
     call (only useful when the model's outputs are not needed).
+
+    With a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in
+    query chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused.
     """
-    stop_after = frozenset((s.kind, s.layer) for s in sites.values()) if stop_when_complete else None
-    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, stop_after=stop_after)
+    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts)
+    if stop_when_complete:
+        session.stop_after = frozenset((s.kind, s.layer) for s in sites.values() if session.records_site(s))
     token = _ACTIVE_SESSION.set(session)
     try:
         yield session
@@ -212,7 +236,7 @@ def attnscope_attention(
     """
     site: AttentionSite | None = getattr(module, "attnscope_site", None)
     session = _ACTIVE_SESSION.get()
-    recording = session is not None and session.record and site is not None
+    recording = session is not None and site is not None and session.records_site(site)
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     if site is None or not (recording or interventions):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -225,6 +249,11 @@ def attnscope_attention(
     n_heads = query.shape[1]
     keys = expand_kv_heads(key, n_heads)
     values = expand_kv_heads(value, n_heads)
+    if recording and session is not None and session.plan is not None and not interventions:
+        output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
+        return output, None
+    if attention_mask is None and site.causal and query.shape[2] == keys.shape[2] > 1:
+        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2])  # the lazy mask left causality to us
     probs = attention_probabilities(query, keys, attention_mask, scaling,
                                     kwargs.get("position_bias"), kwargs.get("softcap"))
     if interventions:
@@ -233,10 +262,7 @@ def attnscope_attention(
             probs = intervention.modify_probs(site, probs, allowed)
     if recording:
         assert session is not None
-        session.captured[(site.kind, site.layer)] = _site_capture(session, site, query, keys, values, probs,
-                                                                  key.shape[1], scaling)
-        if session.stop_after is not None and session.stop_after <= session.captured.keys():
-            raise CaptureComplete
+        _keep(session, site, _site_capture(session, site, query, keys, values, probs, key.shape[1], scaling))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
     output = torch.matmul(mixing, values).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
@@ -245,8 +271,63 @@ def attnscope_attention(
     return output, probs.to(query.dtype)
 
 
+def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:
+    """Store what was captured at ``site``; stop the forward once every wanted site is in."""
+    session.captured[(site.kind, site.layer)] = captured
+    if session.stop_after is not None and session.stop_after <= session.captured.keys():
+        raise CaptureComplete
+
+
+def causal_mask(q_len: int, start: int, k_len: int) -> torch.Tensor:
+    """Bool ``[1, 1, q_len, k_len]``: query ``start + i`` may see keys at or before it."""
+    queries = torch.arange(start, start + q_len)[:, None]
+    return (torch.arange(k_len)[None, :] <= queries)[None, None]
+
+
+def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, n_kv_heads: int,
+                      kwargs: Mapping[str, Any]) -> torch.Tensor:
+    """Attention of one site ``plan.chunk`` queries at a time, each chunk handed to a
+    :class:`RowCollector`; returns the output ``[batch, q_pos, head, d_head]``.
+
+    ``keys``/``values`` are expanded to the query heads. Without a mask, causal attention only
+    computes the keys up to each chunk's last query (the rest would get weight 0).
+    """
+    plan, facts = session.plan, session.facts
+    assert plan is not None and facts is not None, "a planned capture needs the batch's facts"
+    batch, n_heads, q_len, _ = query.shape
+    k_len = keys.shape[2]
+    implicit_causal = attention_mask is None and site.causal and q_len == k_len
+    norms = value_norms(values, site) if session.norms else None
+    collector = RowCollector(plan, facts, n_heads=n_heads, n_keys=k_len, causal=site.causal, value_norms=norms)
+    output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
+    bias = kwargs.get("position_bias")
+    for start in range(0, q_len, plan.chunk):
+        end = min(start + plan.chunk, q_len)
+        k_seen = end if implicit_causal else k_len
+        mask = causal_mask(end - start, start, k_seen) if implicit_causal else (
+            None if attention_mask is None else attention_mask[:, :, start:end, :k_seen])
+        probs = attention_probabilities(query[:, :, start:end], keys[:, :, :k_seen], mask, scaling,
+                                        None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap"))
+        collector.add(start, probs)
+        output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
+    _keep(session, site, collector.finish(n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=query.shape[-1],
+                                          scaling=scaling))
+    return output
+
+
 def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
-                  values: torch.Tensor, probs: torch.Tensor, n_kv_heads: int, scaling: float) -> SiteCapture:
+                  values: torch.Tensor, probs: torch.Tensor, n_kv_heads: int,
+                  scaling: float) -> SiteCapture | RowCapture:
+    if session.plan is not None:  # a plan under interventions: the full matrix, then kept chunk by chunk
+        assert session.facts is not None
+        norms = value_norms(values.detach(), site) if session.norms else None
+        collector = RowCollector(session.plan, session.facts, n_heads=probs.shape[1], n_keys=probs.shape[-1],
+                                 causal=site.causal, value_norms=norms)
+        for start in range(0, probs.shape[2], session.plan.chunk):
+            collector.add(start, probs[:, :, start : start + session.plan.chunk].detach())
+        return collector.finish(n_heads=probs.shape[1], n_kv_heads=n_kv_heads, d_head=query.shape[-1],
+                                scaling=scaling)
     result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling)
     if session.qkv:
         result.queries, result.keys, result.values = (t.detach().float() for t in (query, keys, values))
@@ -259,12 +340,25 @@ capture_attention = capture  # the public name: ``attnscope.capture`` is this su
 
 
 def register_attention_function() -> None:
-    """Register :func:`attnscope_attention` and its mask builder with transformers (idempotent).
-
-    The mask is transformers' eager mask: additive float, 0 to keep and the dtype's minimum to drop.
-    """
+    """Register :func:`attnscope_attention` and its mask builder with transformers (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, attnscope_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, attnscope_mask)
+
+
+def attnscope_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The mask builder registered with transformers.
+
+    Usually transformers' eager mask: additive float ``[batch, 1, q_pos, k_pos]``, 0 to keep and
+    the dtype's minimum to drop. During a planned capture, SDPA's lazy mask instead: None where no
+    key is masked but the causal ones (chunked attention then masks causally itself, so a long
+    input never builds a ``[q_pos, k_pos]`` mask), else a bool mask (True = keep).
+    """
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    session = _ACTIVE_SESSION.get()
+    if session is not None and session.plan is not None:
+        return sdpa_mask(*args, **kwargs)
+    return eager_mask(*args, **kwargs)

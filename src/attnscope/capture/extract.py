@@ -19,7 +19,9 @@ import torch
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
-from .attention import CaptureComplete, CaptureSession, SiteCapture, capture
+from .attention import CaptureComplete, CaptureSession, capture, main_kind
+from .plan import CapturePlan, check_memory, estimate_capture_memory
+from .planned import batch_facts, planned_records
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .tokens import Encoded, Item, Side, encode_side, encode_sides, split_item, target_side
@@ -39,18 +41,21 @@ def extract(
     qkv: bool = False,
     norms: bool = False,
     onednn: bool | None = None,
+    plan: CapturePlan | None = None,
+    max_length: int | None = None,
 ) -> AttentionRecord:
     """Capture the attention of every layer and head for one input.
 
     ``pair`` is the second sentence for encoders and decoders, or the target text for
     encoder-decoders (None: the model's own greedy translation is used as the target).
+    ``plan`` says what to keep (:class:`~attnscope.capture.plan.CapturePlan`; default: everything).
 
     >>> rec = extract("minilm", "I went to the store.")      # doctest: +SKIP
     >>> rec.attention.shape                                  # [layer, head, q_pos, k_pos]
     (6, 12, 8, 8)
     """
     return next(extract_corpus(model, [(text, pair)], batch_size=1, qkv=qkv, norms=norms, progress=False,
-                               onednn=onednn))
+                               onednn=onednn, plan=plan, max_length=max_length))
 
 
 def extract_corpus(
@@ -65,6 +70,7 @@ def extract_corpus(
     total: int | None = None,
     onednn: bool | None = None,
     parallel_batches: int | None = None,
+    plan: CapturePlan | None = None,
 ) -> Iterator[AttentionRecord]:
     """Yield one record per item, in input order, computed in length-sorted batches.
 
@@ -82,10 +88,20 @@ def extract_corpus(
     intra-op threads (:mod:`attnscope.capture.concurrency`); torch's thread count is restored
     afterwards. The default (None) runs 2 when torch has 2 or more threads and the inputs fill more
     than one batch, else 1. Records are the same and in input order either way.
+
+    ``plan`` (:class:`~attnscope.capture.plan.CapturePlan`) keeps only the chosen layers, heads
+    and query rows of the input side, statistics, top-k keys or an overview, computed in query
+    chunks (partial records; see :class:`~attnscope.record.AttentionRecord`). Before each batch
+    runs, the memory it needs is estimated and a batch that would not fit is refused.
     """
     if batch_size < 1:
         raise AttnscopeError("batch size must be at least 1")
+    if max_length is not None and max_length < 1:
+        raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     loaded = as_loaded(model)
+    plan = None if plan is None or plan.keeps_everything else plan
+    if plan is not None:
+        plan.check_against(n_main_layers(loaded), n_heads=10**9)
     limit = min(max_length or loaded.max_length, loaded.max_length)
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
     from tqdm.auto import tqdm
@@ -95,7 +111,7 @@ def extract_corpus(
     first = list(islice(numbered, window_size))
     several_batches = len(first) > batch_size
     packed = PackedWeights() if use_onednn(onednn, several_batches) else None
-    run = partial(run_batch, loaded, qkv=qkv, norms=norms, packed=packed)
+    run = partial(run_batch, loaded, qkv=qkv, norms=norms, packed=packed, plan=plan)
     windows = chain([first], iter(lambda: list(islice(numbered, window_size)), []))
     with (tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar,
           concurrent_map(default_workers(parallel_batches, several_batches)) as run_each):
@@ -187,13 +203,16 @@ def use_onednn(requested: bool | None, several_batches: bool) -> bool:
 
 
 def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
-              packed: PackedWeights | None = None) -> list[AttentionRecord]:
+              packed: PackedWeights | None = None, plan: CapturePlan | None = None) -> list[AttentionRecord]:
     """One forward pass over ``batch`` under capture; one record per item.
 
     With ``packed``, float32 and bfloat16 linear layers run on oneDNN with those prepacked weights.
+    With ``plan``, the input side is kept as the plan says (partial records).
     """
+    check_batch_memory(loaded, batch, plan, qkv=qkv, norms=norms)
+    facts = batch_facts(batch, plan) if plan is not None else None
     with (torch.inference_mode(), linear_backend(packed),
-          capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=True) as session):
+          capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=True, plan=plan, facts=facts) as session):
         try:
             loaded.model.base_model(**model_inputs(loaded, batch))
         except CaptureComplete:
@@ -204,6 +223,8 @@ def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
             "computes attention itself and needs a bridge (attnscope.models.bridges)"
         )
     info = model_info(loaded, session)
+    if plan is not None:
+        return planned_records(info, batch, session.layers(info.main_kind), plan)
     stacked = {kind: _stack(session, kind) for kind in _kinds(loaded)}
     return [_record(loaded, info, encoded, row, stacked) for row, encoded in enumerate(batch)]
 
@@ -229,15 +250,32 @@ def _stack(session: CaptureSession, kind: str) -> dict[str, np.ndarray]:
     return fields
 
 
+def n_main_layers(loaded: LoadedModel) -> int:
+    """How many attention layers the input side has."""
+    main = main_kind(loaded.sites.values())
+    return sum(1 for site in loaded.sites.values() if site.kind == main)
+
+
+def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CapturePlan | None, *, qkv: bool,
+                       norms: bool) -> None:
+    """Refuse a batch whose capture would not fit in the available memory (one clear line)."""
+    longest = max(e.length for e in batch)
+    heads = (getattr(loaded.config, name, None) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
+    n_heads = next((int(h) for h in heads if isinstance(h, int)), 16)
+    estimate = estimate_capture_memory(plan, n_layers=n_main_layers(loaded) * len(_kinds(loaded)), n_heads=n_heads,
+                                       length=longest, batch=len(batch), qkv=qkv, norms=norms)
+    what = f"capturing {len(batch)} input(s) of up to {longest} tokens on {loaded.name}"
+    check_memory(estimate, what=what)
+
+
 def model_info(loaded: LoadedModel, session: CaptureSession) -> ModelInfo:
-    main = "encoder" if loaded.is_encoder_decoder else "self"
-    layers: list[SiteCapture] = session.layers(main)
-    first = layers[0]
+    main = main_kind(loaded.sites.values())
+    first = session.layers(main)[0]
     return ModelInfo(
         name=loaded.name,
         model_type=loaded.config.model_type,
-        n_layers=len(layers),
-        n_heads=int(first.attention.shape[1]),
+        n_layers=n_main_layers(loaded),
+        n_heads=first.n_heads,
         n_kv_heads=first.n_kv_heads,
         d_head=first.d_head,
         causal=loaded.causal,

@@ -1,0 +1,219 @@
+"""Planned capture: attention computed in query chunks, and what a plan keeps of each chunk.
+
+:func:`chunked_attention` computes one attention layer ``chunk`` queries at a time, so the layer
+never holds more than ``[batch, head, chunk, k_pos]`` scores. Each chunk of probabilities goes to
+a :class:`RowCollector`, which keeps what the :class:`~attnscope.capture.plan.CapturePlan` asks
+for: the selected rows, per-row statistics, a distance histogram, the top-k keys and a
+block-averaged overview. Memory per layer is O(head x chunk x k_pos) while computing, plus what
+is kept.
+
+Statistics, per selected ``(head, q_pos)`` row ``p`` over keys ``k`` (``q`` is the query's
+position):
+
+* ``first``: ``p[0]``, the mass on the first token (the attention sink of decoders, [CLS] of
+  encoders);
+* ``special``: the mass on special tokens;
+* ``self`` / ``prev`` / ``next``: ``p[q]``, ``p[q-1]``, ``p[q+1]`` (NaN where there is no such
+  key; ``next`` is NaN for causal attention, as in :mod:`attnscope.analysis.stats`);
+* ``entropy``: ``-sum p log p`` in nats; ``distance``: ``sum p |q - k|``; ``max_weight``: ``max p``.
+
+The distance histogram sums, per head, each selected row's mass at distances ``|q - k|`` in the
+bins of :func:`distance_bin_edges` (0, 1, 2, 3-4, 5-8, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .plan import CapturePlan
+
+ROW_STATISTICS = ("first", "special", "self", "prev", "next", "entropy", "distance", "max_weight")
+
+
+def distance_bin_edges(length: int) -> np.ndarray:
+    """Inclusive ``[low, high]`` distances of each histogram bin: 0, 1, 2, 3-4, 5-8, 9-16, ...
+
+    >>> distance_bin_edges(10).tolist()
+    [[0, 0], [1, 1], [2, 2], [3, 4], [5, 8], [9, 16]]
+    """
+    edges = [[0, 0], [1, 1]]
+    while edges[-1][1] < max(length - 1, 1):
+        low = edges[-1][1] + 1
+        edges.append([low, 2 * edges[-1][1]])
+    return np.array(edges, dtype=np.int64)
+
+
+@dataclass
+class BatchFacts:
+    """What planned capture needs to know about the batch, set by extraction before the forward.
+
+    ``lengths``: ``[batch]`` real tokens per item; ``special``: bool ``[batch, pos]``;
+    ``selected``: per item, the sorted query positions its plan keeps.
+    """
+
+    lengths: list[int]
+    special: torch.Tensor
+    selected: list[np.ndarray]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The union of the items' selected positions: ``[n_rows]``, sorted."""
+        return np.unique(np.concatenate(self.selected))
+
+    def membership(self) -> torch.Tensor:
+        """float ``[batch, n_rows]``: 1 where a union row is one of that item's selected positions."""
+        rows = self.rows
+        return torch.tensor(np.stack([np.isin(rows, chosen) for chosen in self.selected]), dtype=torch.float32)
+
+
+@dataclass
+class RowCapture:
+    """What a planned capture kept of one attention site, for the whole batch (float32 tensors).
+
+    Rows are the union ``rows`` of the items' selected positions; ``heads`` the kept heads.
+    ``attention``/``norms``: ``[batch, head, row, k_pos]``; ``statistics[name]``: ``[batch, head, row]``;
+    ``distance_histogram``: ``[batch, head, bin]`` (mass summed over each item's own rows);
+    ``topk_indices`` (int32, -1 where the row has fewer keys) / ``topk_weights``: ``[batch, head, row, k]``;
+    ``overview``: ``[batch, head, q_block, k_block]``.
+    """
+
+    rows: np.ndarray
+    heads: tuple[int, ...]
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    scaling: float
+    attention: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+    distance_histogram: torch.Tensor | None = None
+    topk_indices: torch.Tensor | None = None
+    topk_weights: torch.Tensor | None = None
+    overview: torch.Tensor | None = None
+
+
+class RowCollector:
+    """Receives one site's probabilities chunk by chunk and keeps what the plan asks for."""
+
+    def __init__(self, plan: CapturePlan, facts: BatchFacts, *, n_heads: int, n_keys: int, causal: bool,
+                 value_norms: torch.Tensor | None = None) -> None:
+        self.plan, self.facts, self.causal, self.n_keys = plan, facts, causal, n_keys
+        self.heads = plan.head_numbers(n_heads)
+        self.head_index = torch.tensor(self.heads)
+        self.rows = facts.rows
+        self.row_lookup = {int(p): i for i, p in enumerate(self.rows)}
+        batch, n_rows, n_kept_heads = len(facts.lengths), len(self.rows), len(self.heads)
+        shape = (batch, n_kept_heads, n_rows)
+        self.value_norms = None if value_norms is None else value_norms[:, self.head_index]  # [batch, head, k_pos]
+        self.attention = torch.zeros((*shape, n_keys)) if plan.attention else None
+        self.norms = torch.zeros((*shape, n_keys)) if plan.attention and value_norms is not None else None
+        self.statistics = {name: torch.full(shape, float("nan")) for name in ROW_STATISTICS} if plan.statistics else {}
+        self.bins = torch.from_numpy(distance_bin_edges(n_keys))
+        self.histogram = torch.zeros((batch, n_kept_heads, len(self.bins))) if plan.statistics else None
+        self.membership = facts.membership()  # [batch, row]
+        if plan.top_k:
+            self.topk_indices = torch.full((*shape, plan.top_k), -1, dtype=torch.int32)
+            self.topk_weights = torch.zeros((*shape, plan.top_k))
+        if plan.overview:
+            blocks = -(-n_keys // plan.overview)
+            self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks))
+            self.overview_rows = torch.zeros((batch, 1, blocks, 1))
+
+    # ---- per chunk ---------------------------------------------------------------------------
+    def add(self, start: int, probs: torch.Tensor) -> None:
+        """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
+        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0)."""
+        probs = probs.index_select(1, self.head_index)  # [batch, kept_head, chunk, k_seen]
+        if self.plan.overview:
+            self._add_overview(start, probs)
+        positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
+        if not positions:
+            return
+        local = torch.tensor(positions) - start
+        slots = torch.tensor([self.row_lookup[p] for p in positions])
+        rows = probs.index_select(2, local)  # [batch, kept_head, n, k_seen]
+        k_seen = rows.shape[-1]
+        if self.attention is not None:
+            self.attention[:, :, slots, :k_seen] = rows
+        if self.norms is not None and self.value_norms is not None:
+            self.norms[:, :, slots, :k_seen] = rows * self.value_norms[:, :, None, :k_seen]
+        if self.plan.statistics:
+            self._add_statistics(slots, torch.tensor(positions), rows)
+        if self.plan.top_k:
+            self._add_top_k(slots, rows)
+
+    def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``."""
+        k_seen = rows.shape[-1]
+        keys = torch.arange(k_seen)
+        special = self.facts.special[:, :k_seen].float()  # [batch, k_seen]
+        stats = self.statistics
+        stats["first"][:, :, slots] = rows[..., 0]
+        stats["special"][:, :, slots] = torch.einsum("bhnk,bk->bhn", rows, special)
+        stats["entropy"][:, :, slots] = torch.special.entr(rows).sum(-1)
+        distance = (positions[:, None] - keys[None, :]).abs().float()  # [n, k_seen]
+        stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
+        stats["max_weight"][:, :, slots] = rows.amax(-1)
+        offsets = {"self": 0, "prev": -1} if self.causal else {"self": 0, "prev": -1, "next": 1}
+        lengths = torch.tensor(self.facts.lengths)[:, None, None]  # [batch, 1, 1]: each item's own keys
+        for name, offset in offsets.items():
+            target = positions + offset
+            valid = (target >= 0) & (target < lengths)  # [batch, 1, n]
+            gathered = rows.gather(-1, target.clamp(0, k_seen - 1).expand(*rows.shape[:2], -1)[..., None])[..., 0]
+            gathered = torch.where(target < k_seen, gathered, torch.zeros(()))  # keys never computed are 0
+            stats[name][:, :, slots] = torch.where(valid, gathered, torch.full((), float("nan")))
+        self._add_histogram(slots, positions, rows)
+
+    def _add_histogram(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        """Mass per distance bin from prefix sums over keys: keys ``q - high .. q - low`` and
+        ``q + low .. q + high`` (the second range only where ``low > 0``)."""
+        assert self.histogram is not None
+        k_seen = rows.shape[-1]
+        prefix = torch.nn.functional.pad(rows.cumsum(-1), (1, 0))  # [b, h, n, k_seen + 1]: mass of keys < j
+        low, high = self.bins[:, 0], self.bins[:, 1]
+        q = positions[:, None]  # [n, 1]
+
+        def mass(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # keys first..last, [n, bin]
+            lo = first.clamp(0, k_seen)
+            hi = (last + 1).clamp(0, k_seen).maximum(lo)
+            index = torch.cat([lo, hi], dim=1).expand(*rows.shape[:2], -1, -1)
+            taken = prefix.gather(-1, index)
+            return taken[..., lo.shape[1]:] - taken[..., : lo.shape[1]]
+
+        per_row = mass(q - high, q - low) + torch.where(low > 0, mass(q + low, q + high), torch.zeros(()))
+        weights = self.membership[:, slots]  # [batch, n]: rows that belong to each item
+        self.histogram += torch.einsum("bhnc,bn->bhc", per_row, weights)
+
+    def _add_top_k(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        k = min(self.plan.top_k, rows.shape[-1])
+        weights, indices = rows.topk(k, dim=-1)
+        indices = torch.where(weights > 0, indices, torch.full((), -1)).to(torch.int32)
+        self.topk_weights[:, :, slots, :k] = weights
+        self.topk_indices[:, :, slots, :k] = indices
+
+    def _add_overview(self, start: int, probs: torch.Tensor) -> None:
+        """Block sums of every query row (the overview keeps all rows, not just the selected ones)."""
+        block = self.plan.overview
+        batch, heads, n, k_seen = probs.shape
+        padded = torch.nn.functional.pad(probs, (0, -k_seen % block))
+        key_blocks = padded.view(batch, heads, n, -1, block).sum(-1)  # [b, h, n, k_blocks_seen]
+        positions = torch.arange(start, start + n)
+        real = (positions[None, :] < torch.tensor(self.facts.lengths)[:, None]).float()  # [batch, n]: not padding
+        query_block = positions // block
+        weighted = key_blocks * real[:, None, :, None]
+        self.overview_sum[:, :, :, : key_blocks.shape[-1]].index_add_(2, query_block, weighted)
+        self.overview_rows.index_add_(2, query_block, real[:, None, :, None])
+
+    # ---- at the end of the layer ---------------------------------------------------------------
+    def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> RowCapture:
+        result = RowCapture(rows=self.rows, heads=self.heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
+                            scaling=scaling, attention=self.attention, norms=self.norms, statistics=self.statistics,
+                            distance_histogram=self.histogram)
+        if self.plan.top_k:
+            result.topk_indices, result.topk_weights = self.topk_indices, self.topk_weights
+        if self.plan.overview:
+            result.overview = self.overview_sum / self.overview_rows.clamp(min=1)
+        return result

@@ -1,0 +1,119 @@
+"""Records streamed to disk layer by layer, and opened lazily (memory-mapped).
+
+The file is an ordinary safetensors file, written in place: the layout (every array's dtype,
+shape and byte range) is fixed before the first layer arrives, the header is written first with
+room to spare, each layer's slab is copied into a memory map of the file as soon as it is
+computed (and then dropped from memory), and the header is rewritten with the final metadata
+at the end. Why safetensors and not Zarr: one self-describing file that records already use,
+that other tools read, with no new dependency, and whose arrays are contiguous, so opening it
+lazily is one ``np.memmap`` per array (zero-copy; a slice reads only its pages). Zarr's chunked
+stores would add compression, which float16 attention barely benefits from, at the price of a
+folder of many files and a dependency.
+
+>>> writer = RecordWriter(path, {"self.attention": ("float16", (30, 9, 8192, 8192))}, meta)  # doctest: +SKIP
+>>> writer.write_layer("self.attention", 3, layer_array)                                      # doctest: +SKIP
+>>> writer.close(final_meta)                                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AttnscopeError
+
+DTYPE_CODES = {"float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
+               "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+NUMPY_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items()}
+HEADER_SLACK = 64 * 1024  # room for the final metadata, which grows a little after the layout is fixed
+METADATA_KEY = "attnscope"
+
+
+def _header(layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str, Any]) -> tuple[dict, int]:
+    """The safetensors header for ``layout`` (name -> (dtype name, shape)), and the data's size in bytes."""
+    header: dict[str, Any] = {"__metadata__": {METADATA_KEY: json.dumps(meta)}}
+    offset = 0
+    for name, (dtype, shape) in layout.items():
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": DTYPE_CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    return header, offset
+
+
+class RecordWriter:
+    """Writes one record file in place, an array slab at a time (see the module docstring)."""
+
+    def __init__(self, path: Path, layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str, Any]) -> None:
+        self.path, self.layout = path, dict(layout)
+        header, data_size = _header(self.layout, meta)
+        encoded = json.dumps(header).encode()
+        self.header_size = (len(encoded) + HEADER_SLACK + 7) // 8 * 8  # safetensors aligns the data to 8 bytes
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(struct.pack("<Q", self.header_size))
+            handle.write(encoded.ljust(self.header_size, b" "))
+            handle.truncate(8 + self.header_size + data_size)  # sparse until written
+        self.maps = {name: self._map(name, header[name]["data_offsets"][0], mode="r+") for name in self.layout}
+
+    def _map(self, name: str, begin: int, mode: str) -> np.memmap:
+        dtype, shape = self.layout[name]
+        return np.memmap(self.path, dtype=dtype, mode=mode, offset=8 + self.header_size + begin, shape=tuple(shape))
+
+    def write_layer(self, name: str, index: int, values: np.ndarray) -> None:
+        """Copy ``values`` into slab ``index`` of the array ``name`` (its leading axis)."""
+        self.maps[name][index] = values
+
+    def write(self, name: str, values: np.ndarray) -> None:
+        self.maps[name][...] = values
+
+    def close(self, meta: Mapping[str, Any]) -> Path:
+        """Flush every array and write the final metadata into the reserved header."""
+        for array in self.maps.values():
+            array.flush()
+        self.maps.clear()
+        header, _ = _header(self.layout, meta)
+        encoded = json.dumps(header).encode()
+        if len(encoded) > self.header_size:
+            raise AttnscopeError(f"the metadata of {self.path} outgrew its reserved header")
+        with open(self.path, "r+b") as handle:
+            handle.seek(8)
+            handle.write(encoded.ljust(self.header_size, b" "))
+        return self.path
+
+
+def open_arrays(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The metadata and memory-mapped, read-only arrays of a record file (any safetensors record)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            (header_size,) = struct.unpack("<Q", handle.read(8))
+            if header_size > min(size - 8, 100 * 2**20):
+                raise ValueError("header size out of range")
+            header = json.loads(handle.read(header_size))
+        meta_text = header.pop("__metadata__", {}).get(METADATA_KEY)
+        if meta_text is None:
+            raise AttnscopeError(f"{path} is not an attnscope record")
+        meta = json.loads(meta_text)
+        arrays = {name: _mapped(path, 8 + header_size, entry, size) for name, entry in header.items()}
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
+        raise AttnscopeError(f"cannot open record {path}: {error}") from None
+    if meta.get("complete") is False:
+        raise AttnscopeError(f"{path} was not finished (the capture that wrote it stopped early)")
+    return meta, arrays
+
+
+def _mapped(path: Path, data_start: int, entry: Mapping[str, Any], file_size: int) -> np.ndarray:
+    dtype = NUMPY_DTYPES[entry["dtype"]]
+    begin, end = entry["data_offsets"]
+    shape = tuple(int(n) for n in entry["shape"])
+    if end - begin != math.prod(shape) * dtype.itemsize or data_start + end > file_size:
+        raise ValueError(f"array {entry} does not fit the file")
+    if math.prod(shape) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=data_start + begin, shape=shape)

@@ -1,0 +1,147 @@
+"""Planned capture (selection, statistics, top-k, overview, streaming) against full capture.
+
+The reference is always the full ``[layer, head, q_pos, k_pos]`` matrix of an ordinary capture
+(itself tested against ``output_attentions=True``), and statistics computed from it directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnscope import load_model
+from attnscope.capture.extract import extract, extract_corpus
+from attnscope.capture.plan import CapturePlan, MemoryEstimate, QuerySelection, check_memory, estimate_capture_memory
+from attnscope.capture.rows import distance_bin_edges
+from attnscope.errors import AttnscopeError
+from attnscope.record import AttentionRecord
+
+TEXTS = ["The cat sat on the mat because it was tired, and the dog slept by the door all afternoon.",
+         "Attention heads often look at the previous token or at punctuation marks in the sentence.",
+         "Hello."]
+
+
+def reference_statistics(matrix: np.ndarray, special: np.ndarray, causal: bool) -> dict[str, np.ndarray]:
+    """Row statistics computed directly from ``[layer, head, q, k]``, one loop per row."""
+    n_layers, n_heads, n, _ = matrix.shape
+    out = {name: np.full((n_layers, n_heads, n), np.nan) for name in
+           ("first", "special", "self", "prev", "next", "entropy", "distance", "max_weight")}
+    for q in range(n):
+        row = matrix[:, :, q, :].astype(np.float64)
+        out["first"][:, :, q] = row[..., 0]
+        out["special"][:, :, q] = row[..., special].sum(-1)
+        out["self"][:, :, q] = row[..., q]
+        if q > 0:
+            out["prev"][:, :, q] = row[..., q - 1]
+        if q + 1 < n and not causal:
+            out["next"][:, :, q] = row[..., q + 1]
+        positive = np.where(row > 0, row, 1.0)
+        out["entropy"][:, :, q] = -(row * np.log(positive)).sum(-1)
+        out["distance"][:, :, q] = (row * np.abs(q - np.arange(n))).sum(-1)
+        out["max_weight"][:, :, q] = row.max(-1)
+    return out
+
+
+def reference_histogram(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``[layer, head, bin]``: mass at each distance bin, summed over ``rows``."""
+    n = matrix.shape[-1]
+    edges = distance_bin_edges(n)
+    hist = np.zeros((*matrix.shape[:2], len(edges)))
+    for q in rows:
+        for k in range(n):
+            b = next(i for i, (lo, hi) in enumerate(edges) if lo <= abs(q - k) <= hi)
+            hist[:, :, b] += matrix[:, :, q, k]
+    return hist
+
+
+@pytest.fixture(scope="module", params=["llama", "bert"])
+def model(request, tiny_model_dir):
+    return load_model(str(tiny_model_dir(request.param)))
+
+
+def test_statistics_equal_the_full_matrix(model):
+    plan = CapturePlan(attention=False, statistics=True, chunk=5)  # chunks smaller than the input
+    planned = list(extract_corpus(model, TEXTS, batch_size=3, plan=plan, progress=False))
+    for text, record in zip(TEXTS, planned):
+        full = extract(model, text)
+        assert record.is_partial and record.layers_held == tuple(range(full.n_layers))
+        expected = reference_statistics(full.attention, full.special_mask.astype(bool), full.model.causal)
+        for name, values in record.statistics.items():
+            np.testing.assert_allclose(values, expected[name], atol=1e-5, err_msg=name)
+        rows = np.arange(len(full.tokens))
+        np.testing.assert_allclose(record.held("distance_histogram"), reference_histogram(full.attention, rows),
+                                   atol=1e-5)
+
+
+def test_selection_keeps_only_the_chosen_rows_layers_and_heads(model):
+    layers, heads = (1,), (0, 2)
+    plan = CapturePlan(layers=layers, heads=heads, queries=QuerySelection.parse("every:3"), chunk=4)
+    for text in TEXTS[:2]:
+        full = extract(model, text)
+        record = extract(model, text, plan=plan)
+        positions = np.arange(0, len(full.tokens), 3)
+        np.testing.assert_array_equal(record.query_positions, positions)
+        assert record.held().shape == (1, 2, len(positions), len(full.tokens))
+        expected = full.attention[np.ix_(layers, heads, positions)]
+        np.testing.assert_allclose(record.held(), expected, atol=1e-6)
+        np.testing.assert_allclose(record.head_rows(1, 2), full.attention[1, 2, positions], atol=1e-6)
+        with pytest.raises(AttnscopeError, match="partial"):
+            record.attention  # noqa: B018 - the consumer that assumes [L, H, T, T] is told clearly
+        with pytest.raises(AttnscopeError, match="not in this record"):
+            record.head_rows(0, 0)
+
+
+def test_top_k_and_overview(model):
+    text = TEXTS[0]
+    full = extract(model, text)
+    plan = CapturePlan(attention=False, top_k=4, overview=3, queries=QuerySelection.parse("last:5"), chunk=7)
+    record = extract(model, text, plan=plan)
+    n = len(full.tokens)
+    rows = np.arange(n - 5, n)
+    weights, indices = record.held("topk_weights"), record.held("topk_indices")
+    expected = np.sort(full.attention[:, :, rows], axis=-1)[..., ::-1][..., :4]
+    np.testing.assert_allclose(weights, expected, atol=1e-6)
+    picked = np.take_along_axis(full.attention[:, :, rows], indices.astype(np.int64), axis=-1)
+    np.testing.assert_allclose(picked, weights, atol=1e-6)
+    blocks = -(-n // 3)
+    overview = np.zeros((*full.attention.shape[:2], blocks, blocks))
+    for i in range(blocks):
+        for j in range(blocks):
+            overview[:, :, i, j] = full.attention[:, :, 3 * i : 3 * i + 3, 3 * j : 3 * j + 3].sum(-1).mean(-1)
+    np.testing.assert_allclose(record.held("overview"), overview, atol=1e-6)
+    np.testing.assert_allclose(record.held("overview").sum(-1), 1.0, atol=1e-5)
+
+
+def test_planned_record_saves_loads_and_opens_lazily(model, tmp_path):
+    plan = CapturePlan(layers=(0,), statistics=True, top_k=3)
+    record = extract(model, TEXTS[1], plan=plan)
+    path = record.save(tmp_path / "rec.safetensors")
+    for again in (AttentionRecord.load(path), AttentionRecord.open(path)):
+        assert again.selection == record.selection
+        assert again.holdings() == record.holdings()
+        for key, value in record.arrays.items():
+            np.testing.assert_array_equal(np.asarray(again.arrays[key]), value, err_msg=key)
+    lazy = AttentionRecord.open(path)
+    assert isinstance(lazy.arrays["self.attention" if "self.attention" in lazy.arrays else "encoder.attention"].base,
+                      np.memmap)
+
+
+def test_query_selection_parsing():
+    assert QuerySelection.parse("last").positions(5).tolist() == [4]
+    assert QuerySelection.parse("last:2").positions(5).tolist() == [3, 4]
+    assert QuerySelection.parse("span:1:3").positions(5).tolist() == [1, 2]
+    assert QuerySelection.parse("0,-1").positions(5).tolist() == [0, 4]
+    for bad in ("every:0", "span:x", "", "7"):
+        with pytest.raises(AttnscopeError):
+            QuerySelection.parse(bad).positions(5)
+
+
+def test_memory_estimate_refuses_with_one_clear_line():
+    full = estimate_capture_memory(None, n_layers=30, n_heads=9, length=4096)
+    stats = estimate_capture_memory(CapturePlan(attention=False, statistics=True), n_layers=30, n_heads=9,
+                                    length=4096)
+    assert full.kept == 30 * 9 * 4096 * 4096 * 4  # the whole float32 matrix of every layer
+    assert stats.total < full.total / 50
+    with pytest.raises(AttnscopeError, match=r"needs about .* GiB .* available; keep less with --stats"):
+        check_memory(full, what="capturing", available=8 * 2**30)
+    check_memory(MemoryEstimate(kept=1, working=1), what="capturing", available=8 * 2**30)
