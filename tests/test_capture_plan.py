@@ -145,3 +145,29 @@ def test_memory_estimate_refuses_with_one_clear_line():
     with pytest.raises(AttnscopeError, match=r"needs about .* GiB .* available; keep less with --stats"):
         check_memory(full, what="capturing", available=8 * 2**30)
     check_memory(MemoryEstimate(kept=1, working=1), what="capturing", available=8 * 2**30)
+
+
+@pytest.mark.parametrize("float16", [False, True])
+def test_streamed_record_equals_planned_capture(model, tmp_path, float16):
+    from attnscope.capture.extract import extract_to_file
+
+    plan = CapturePlan(heads=(1, 3), statistics=True, top_k=5, overview=4, chunk=6)
+    in_memory = extract(model, TEXTS[0], plan=plan)
+    streamed = extract_to_file(model, TEXTS[0], path=tmp_path / "long.safetensors", plan=plan, float16=float16,
+                               progress=False)
+    assert streamed.selection == in_memory.selection and streamed.tokens == in_memory.tokens
+    assert streamed.model == in_memory.model
+    tolerance = 1e-3 if float16 else 1e-6
+    for key, value in in_memory.arrays.items():
+        np.testing.assert_allclose(np.asarray(streamed.arrays[key], dtype=np.float64), value, atol=tolerance,
+                                   err_msg=key)
+    if float16:
+        assert streamed.held("attention").dtype == np.float16
+
+
+def test_streaming_everything_equals_full_capture(model, tmp_path):
+    from attnscope.capture.extract import extract_to_file
+
+    full = extract(model, TEXTS[1])
+    streamed = extract_to_file(model, TEXTS[1], path=tmp_path / "all.safetensors", progress=False)
+    np.testing.assert_allclose(streamed.held(), full.attention, atol=1e-6)

@@ -303,16 +303,8 @@ class AttentionRecord:
         return path
 
     def _metadata(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": asdict(self.model),
-            "tokens": list(self.tokens),
-            "target_tokens": None if self.target_tokens is None else list(self.target_tokens),
-            "kv_expanded": self.kv_expanded,
-            "level": self.level,
-            "text": list(self.text),
-            "selection": None if self.selection is None else self.selection.to_json(),
-        }
+        return record_metadata(self.model, self.tokens, target_tokens=self.target_tokens, kv_expanded=self.kv_expanded,
+                               level=self.level, text=self.text, selection=self.selection)
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionRecord:
@@ -399,6 +391,22 @@ class AttentionRecord:
                     arrays[f"{kind}.{field_name}"] = aggregate_to_words(matrix, query_groups, key_groups)
         return replace(self, tokens=words, target_tokens=target_words, arrays=arrays, level="word",
                        kv_expanded=False)
+
+
+def record_metadata(model: ModelInfo, tokens: tuple[str, ...], *, target_tokens: tuple[str, ...] | None = None,
+                    kv_expanded: bool = False, level: str = "token", text: tuple[str, ...] = (),
+                    selection: Selection | None = None) -> dict[str, Any]:
+    """The JSON metadata a record file carries beside its arrays."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": asdict(model),
+        "tokens": list(tokens),
+        "target_tokens": None if target_tokens is None else list(target_tokens),
+        "kv_expanded": kv_expanded,
+        "level": level,
+        "text": list(text),
+        "selection": None if selection is None else selection.to_json(),
+    }
 
 
 def _word_level_ids(special_mask: np.ndarray, groups: list[list[int]]) -> np.ndarray:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from .plan import CapturePlan
-from .rows import BatchFacts, RowCapture, RowCollector
+from .rows import Allocate, BatchFacts, RowCapture, RowCollector
 
 ATTN_IMPLEMENTATION = "attnscope"
 
@@ -87,6 +87,7 @@ class CaptureSession:
     stop_after: frozenset[tuple[str, int]] | None = None
     plan: CapturePlan | None = None
     facts: BatchFacts | None = None
+    sink: Sink | None = None
     captured: dict[tuple[str, int], SiteCapture | RowCapture] = field(default_factory=dict)
 
     def layers(self, kind: str) -> list[Any]:
@@ -102,6 +103,14 @@ class CaptureSession:
 def main_kind(sites: Iterable[AttentionSite]) -> str:
     """The input side's kind of attention: ``encoder`` for encoder-decoders, else ``self``."""
     return "encoder" if any(site.kind == "encoder" for site in sites) else "self"
+
+
+class Sink(Protocol):
+    """Where a streaming capture puts each site's results as they are produced (``capture.stream``)."""
+
+    def allocate(self, site: AttentionSite) -> Allocate: ...
+
+    def finish(self, site: AttentionSite, captured: RowCapture) -> RowCapture: ...
 
 
 class CaptureComplete(Exception):
@@ -136,6 +145,7 @@ def capture(
     stop_when_complete: bool = False,
     plan: CapturePlan | None = None,
     facts: BatchFacts | None = None,
+    sink: Sink | None = None,
 ) -> Iterator[CaptureSession]:
     """Activate a capture session for the forward passes run inside the block.
 
@@ -146,8 +156,9 @@ def capture(
 
     With a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in
     query chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused.
+    A ``sink`` receives each site's results as soon as they are computed (streaming to disk).
     """
-    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts)
+    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink)
     if stop_when_complete:
         session.stop_after = frozenset((s.kind, s.layer) for s in sites.values() if session.records_site(s))
     token = _ACTIVE_SESSION.set(session)
@@ -163,7 +174,7 @@ def expand_kv_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
     return states if group == 1 else states.repeat_interleave(group, dim=1)
 
 
-def attention_probabilities(
+def attention_scores(
     query: torch.Tensor,
     key: torch.Tensor,
     attention_mask: torch.Tensor | None,
@@ -171,11 +182,12 @@ def attention_probabilities(
     position_bias: torch.Tensor | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scaling + bias + mask) in float32.
+    """q k^T * scaling (+ softcap, bias, mask): the logits of attention, ``[batch, head, q_pos, k_pos]``.
 
     ``query``: ``[batch, head, q_pos, d_head]``; ``key`` already expanded to ``head``;
     ``attention_mask``: additive float or boolean (True = keep), broadcastable to
-    ``[batch, head, q_pos, k_pos]``. Returns ``[batch, head, q_pos, k_pos]``.
+    ``[batch, head, q_pos, k_pos]``. Masked logits are the dtype's minimum (finite, so that
+    ``0 * logit`` stays 0).
     """
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [batch, head, q_pos, k_pos]
     if softcap is not None:
@@ -188,7 +200,19 @@ def attention_probabilities(
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
-    return torch.softmax(scores.float(), dim=-1)
+    return scores
+
+
+def attention_probabilities(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    position_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """softmax(:func:`attention_scores`) in float32, ``[batch, head, q_pos, k_pos]``."""
+    return torch.softmax(attention_scores(query, key, attention_mask, scaling, position_bias, softcap).float(), dim=-1)
 
 
 def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
@@ -272,7 +296,9 @@ def attnscope_attention(
 
 
 def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:
-    """Store what was captured at ``site``; stop the forward once every wanted site is in."""
+    """Store what was captured at ``site`` (after the sink took it); stop the forward once every wanted site is in."""
+    if session.sink is not None and isinstance(captured, RowCapture):
+        captured = session.sink.finish(site, captured)
     session.captured[(site.kind, site.layer)] = captured
     if session.stop_after is not None and session.stop_after <= session.captured.keys():
         raise CaptureComplete
@@ -299,17 +325,23 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
     k_len = keys.shape[2]
     implicit_causal = attention_mask is None and site.causal and q_len == k_len
     norms = value_norms(values, site) if session.norms else None
-    collector = RowCollector(plan, facts, n_heads=n_heads, n_keys=k_len, causal=site.causal, value_norms=norms)
+    collector = RowCollector(plan, facts, n_heads=n_heads, n_keys=k_len, causal=site.causal, value_norms=norms,
+                             allocate=None if session.sink is None else session.sink.allocate(site))
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
     for start in range(0, q_len, plan.chunk):
         end = min(start + plan.chunk, q_len)
         k_seen = end if implicit_causal else k_len
-        mask = causal_mask(end - start, start, k_seen) if implicit_causal else (
-            None if attention_mask is None else attention_mask[:, :, start:end, :k_seen])
-        probs = attention_probabilities(query[:, :, start:end], keys[:, :, :k_seen], mask, scaling,
-                                        None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap"))
-        collector.add(start, probs)
+        mask = None if attention_mask is None else attention_mask[:, :, start:end, :k_seen]
+        scores = attention_scores(query[:, :, start:end], keys[:, :, :k_seen], mask, scaling,
+                                  None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap")).float()
+        if implicit_causal:  # only the chunk's own square holds future keys
+            future = ~causal_mask(end - start, 0, end - start)[0, 0]
+            scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
+        log_probs = torch.log_softmax(scores, dim=-1) if plan.statistics else None
+        probs = log_probs.exp() if log_probs is not None else torch.softmax(scores, dim=-1)
+        del scores
+        collector.add(start, probs, log_probs)
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
     _keep(session, site, collector.finish(n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=query.shape[-1],
                                           scaling=scaling))
@@ -323,7 +355,8 @@ def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Ten
         assert session.facts is not None
         norms = value_norms(values.detach(), site) if session.norms else None
         collector = RowCollector(session.plan, session.facts, n_heads=probs.shape[1], n_keys=probs.shape[-1],
-                                 causal=site.causal, value_norms=norms)
+                                 causal=site.causal, value_norms=norms,
+                                 allocate=None if session.sink is None else session.sink.allocate(site))
         for start in range(0, probs.shape[2], session.plan.chunk):
             collector.add(start, probs[:, :, start : start + session.plan.chunk].detach())
         return collector.finish(n_heads=probs.shape[1], n_kv_heads=n_kv_heads, d_head=query.shape[-1],

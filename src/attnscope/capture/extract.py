@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import partial
 from itertools import chain, islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,8 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
 from .attention import CaptureComplete, CaptureSession, capture, main_kind
-from .plan import CapturePlan, check_memory, estimate_capture_memory
-from .planned import batch_facts, planned_records
+from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
+from .planned import StreamingSink, batch_facts, planned_records
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .tokens import Encoded, Item, Side, encode_side, encode_sides, split_item, target_side
@@ -117,6 +119,52 @@ def extract_corpus(
           concurrent_map(default_workers(parallel_batches, several_batches)) as run_each):
         for window in filter(None, windows):
             yield from window_records(encode_window(loaded, window, limit), batch_size, run, run_each, bar.update)
+
+
+def extract_to_file(
+    model: LoadedModel | str,
+    text: str,
+    pair: str | None = None,
+    *,
+    path: str | Path,
+    plan: CapturePlan | None = None,
+    norms: bool = False,
+    float16: bool = False,
+    max_length: int | None = None,
+    progress: bool = True,
+) -> AttentionRecord:
+    """Capture one input straight into the record file ``path``, layer by layer, and return it
+    opened lazily (:meth:`AttentionRecord.open`): for inputs whose attention does not fit in memory.
+
+    ``plan`` says what to keep (default: everything, computed in query chunks); attention rows and
+    top-k keys go into the memory-mapped file as they are computed, so memory holds one layer's
+    chunk at a time. ``float16`` stores attention, norms and top-k weights in half precision.
+
+    >>> rec = extract_to_file("smollm2", long_text, path="long.safetensors",
+    ...                       plan=CapturePlan(attention=False, statistics=True, top_k=32))  # doctest: +SKIP
+    """
+    from tqdm.auto import tqdm
+
+    loaded = as_loaded(model)
+    plan = plan or FULL_PLAN
+    plan.check_against(n_main_layers(loaded), n_heads=10**9)
+    limit = min(max_length or loaded.max_length, loaded.max_length)
+    encoded = encode_window(loaded, [(0, (text, pair))], limit)[0]
+    check_batch_memory(loaded, [encoded], replace(plan, attention=False, top_k=0, statistics=True), qkv=False,
+                       norms=False)
+    sink = StreamingSink(Path(path), encoded, plan, kind=main_kind(loaded.sites.values()),
+                         n_layers=n_main_layers(loaded), norms=norms, float16=float16)
+    with (tqdm(total=len(sink.layers), unit="layer", desc="capturing", disable=not progress) as bar,
+          torch.inference_mode(),
+          capture(loaded.sites, norms=norms, stop_when_complete=True, plan=plan, facts=batch_facts([encoded], plan),
+                  sink=sink) as session):
+        sink.on_layer = bar.update
+        try:
+            loaded.model.base_model(**model_inputs(loaded, [encoded]))
+        except CaptureComplete:
+            pass
+    sink.close(model_info(loaded, session))
+    return AttentionRecord.open(path)
 
 
 def window_records(encoded: list[Encoded], batch_size: int, run: Callable[[list[Encoded]], list[AttentionRecord]],

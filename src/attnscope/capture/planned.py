@@ -8,12 +8,17 @@ objects per layer for the whole batch; :func:`planned_records` cuts them into on
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from ..record import AttentionRecord, ModelInfo, Selection
+from ..models.adapters import AttentionSite
+from ..record import AttentionRecord, ModelInfo, Selection, record_metadata
 from .plan import CapturePlan
-from .rows import ROW_STATISTICS, BatchFacts, RowCapture, distance_bin_edges
+from .rows import ROW_STATISTICS, Allocate, BatchFacts, RowCapture, distance_bin_edges
+from .stream import RecordWriter
 from .tokens import Encoded
 
 
@@ -68,3 +73,93 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
         blocks = -(-length // plan.overview)
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
     return arrays
+
+
+class StreamingSink:
+    """Streams a planned capture of ONE input into one record file, layer by layer.
+
+    Attention rows, norms and top-k keys are written straight into the memory-mapped file by the
+    collector (:meth:`allocate`), so a layer's rows never sit in memory as a whole; statistics, the
+    histogram and the overview (small) are written when the layer finishes (:meth:`finish`).
+    """
+
+    def __init__(self, path: Path, encoded: Encoded, plan: CapturePlan, *, kind: str, n_layers: int,
+                 norms: bool, float16: bool) -> None:
+        self.path, self.encoded, self.plan, self.kind, self.norms = path, encoded, plan, kind, norms
+        self.layers = plan.layer_numbers(n_layers)
+        self.float_dtype = "float16" if float16 else "float32"
+        self.writer: RecordWriter | None = None
+        self.on_layer: Callable[[int], object] = lambda n: None  # hears of every layer written
+
+    def layout(self, n_kept_heads: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every array of the record file: name -> (dtype, shape)."""
+        length = len(self.encoded.source.input_ids)
+        rows = len(self.plan.queries.positions(length))
+        lead, kind, plan = (len(self.layers), n_kept_heads), self.kind, self.plan
+        layout: dict[str, tuple[str, tuple[int, ...]]] = {}
+        if plan.attention:
+            layout[f"{kind}.attention"] = (self.float_dtype, (*lead, rows, length))
+            if self.norms:
+                layout[f"{kind}.norms"] = (self.float_dtype, (*lead, rows, length))
+        if plan.statistics:
+            layout.update({f"{kind}.stat_{name}": ("float32", (*lead, rows)) for name in ROW_STATISTICS})
+            layout[f"{kind}.distance_histogram"] = ("float32", (*lead, len(distance_bin_edges(length))))
+        if plan.top_k:
+            index_dtype = "int16" if length < 2**15 else "int32"  # -1 marks an empty slot
+            layout[f"{kind}.topk_indices"] = (index_dtype, (*lead, rows, plan.top_k))
+            layout[f"{kind}.topk_weights"] = (self.float_dtype, (*lead, rows, plan.top_k))
+        if plan.overview:
+            blocks = -(-length // plan.overview)
+            layout[f"{kind}.overview"] = ("float32", (*lead, blocks, blocks))
+        for name, values in self.input_arrays().items():
+            layout[name] = (values.dtype.name, values.shape)
+        return layout
+
+    def input_arrays(self) -> dict[str, np.ndarray]:
+        from .extract import _side_arrays
+
+        arrays = _side_arrays("input", self.encoded.source)
+        arrays["input.query_positions"] = self.plan.queries.positions(len(self.encoded.source.input_ids))
+        return arrays
+
+    def _writer(self, n_kept_heads: int) -> RecordWriter:
+        if self.writer is None:
+            self.writer = RecordWriter(self.path, self.layout(n_kept_heads), {"complete": False})
+            for name, values in self.input_arrays().items():
+                self.writer.write(name, values)
+        return self.writer
+
+    def allocate(self, site: AttentionSite) -> Allocate:
+        index = self.layers.index(site.layer)
+
+        def allocate(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
+            slab = self._writer(shape[1]).maps[f"{self.kind}.{field_name}"][index]
+            tensor = torch.from_numpy(slab)[None]  # [1, head, row, ...], backed by the file
+            if fill != 0:  # the file starts as zeros
+                tensor.fill_(fill)
+            return tensor
+
+        return allocate
+
+    def finish(self, site: AttentionSite, captured: RowCapture) -> RowCapture:
+        """Write the layer's small arrays and flush it; keep only what model facts need."""
+        writer = self._writer(len(captured.heads))
+        index = self.layers.index(site.layer)
+        for name, values in captured.statistics.items():
+            writer.write_layer(f"{self.kind}.stat_{name}", index, values[0].numpy())
+        if captured.distance_histogram is not None:
+            writer.write_layer(f"{self.kind}.distance_histogram", index, captured.distance_histogram[0].numpy())
+        if captured.overview is not None:
+            writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].numpy())
+        for array in writer.maps.values():
+            array.flush()
+        self.on_layer(1)
+        return RowCapture(rows=captured.rows, heads=captured.heads, n_heads=captured.n_heads,
+                          n_kv_heads=captured.n_kv_heads, d_head=captured.d_head, scaling=captured.scaling)
+
+    def close(self, info: ModelInfo) -> Path:
+        assert self.writer is not None, "no layer was captured"
+        heads = tuple(self.plan.head_numbers(info.n_heads))
+        meta = record_metadata(info, self.encoded.source.tokens, text=self.encoded.text,
+                               selection=Selection(self.layers, heads, self.plan.describe()))
+        return self.writer.close(meta)

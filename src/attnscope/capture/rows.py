@@ -23,6 +23,7 @@ bins of :func:`distance_bin_edges` (0, 1, 2, 3-4, 5-8, ...).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,71 +96,100 @@ class RowCapture:
     overview: torch.Tensor | None = None
 
 
+Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
+"""``allocate(field, shape, dtype, fill)``: where a collector keeps a large field (attention rows,
+norms, top-k); streaming capture hands out views of the record file being written."""
+
+
+def new_tensor(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
+    return torch.full(shape, fill, dtype=dtype)
+
+
 class RowCollector:
     """Receives one site's probabilities chunk by chunk and keeps what the plan asks for."""
 
     def __init__(self, plan: CapturePlan, facts: BatchFacts, *, n_heads: int, n_keys: int, causal: bool,
-                 value_norms: torch.Tensor | None = None) -> None:
+                 value_norms: torch.Tensor | None = None, allocate: Allocate | None = None) -> None:
         self.plan, self.facts, self.causal, self.n_keys = plan, facts, causal, n_keys
+        plan.check_against(n_layers=10**9, n_heads=n_heads)
         self.heads = plan.head_numbers(n_heads)
         self.head_index = torch.tensor(self.heads)
         self.rows = facts.rows
         self.row_lookup = {int(p): i for i, p in enumerate(self.rows)}
+        allocate = allocate or new_tensor
         batch, n_rows, n_kept_heads = len(facts.lengths), len(self.rows), len(self.heads)
         shape = (batch, n_kept_heads, n_rows)
         self.value_norms = None if value_norms is None else value_norms[:, self.head_index]  # [batch, head, k_pos]
-        self.attention = torch.zeros((*shape, n_keys)) if plan.attention else None
-        self.norms = torch.zeros((*shape, n_keys)) if plan.attention and value_norms is not None else None
+        wants_norms = plan.attention and value_norms is not None
+        self.attention = allocate("attention", (*shape, n_keys), torch.float32, 0.0) if plan.attention else None
+        self.norms = allocate("norms", (*shape, n_keys), torch.float32, 0.0) if wants_norms else None
         self.statistics = {name: torch.full(shape, float("nan")) for name in ROW_STATISTICS} if plan.statistics else {}
         self.bins = torch.from_numpy(distance_bin_edges(n_keys))
         self.histogram = torch.zeros((batch, n_kept_heads, len(self.bins))) if plan.statistics else None
         self.membership = facts.membership()  # [batch, row]
         if plan.top_k:
-            self.topk_indices = torch.full((*shape, plan.top_k), -1, dtype=torch.int32)
-            self.topk_weights = torch.zeros((*shape, plan.top_k))
+            self.topk_indices = allocate("topk_indices", (*shape, plan.top_k), torch.int32, -1)
+            self.topk_weights = allocate("topk_weights", (*shape, plan.top_k), torch.float32, 0.0)
         if plan.overview:
             blocks = -(-n_keys // plan.overview)
             self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks))
             self.overview_rows = torch.zeros((batch, 1, blocks, 1))
 
     # ---- per chunk ---------------------------------------------------------------------------
-    def add(self, start: int, probs: torch.Tensor) -> None:
+    def add(self, start: int, probs: torch.Tensor, log_probs: torch.Tensor | None = None) -> None:
         """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
-        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0)."""
-        probs = probs.index_select(1, self.head_index)  # [batch, kept_head, chunk, k_seen]
+        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), and their
+        logarithms if at hand (they make the entropy cheaper)."""
+        probs, log_probs = (self._kept_heads(t) for t in (probs, log_probs))
         if self.plan.overview:
             self._add_overview(start, probs)
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
-        local = torch.tensor(positions) - start
         slots = torch.tensor([self.row_lookup[p] for p in positions])
-        rows = probs.index_select(2, local)  # [batch, kept_head, n, k_seen]
+        rows, log_rows = (self._rows(t, start, positions) for t in (probs, log_probs))
         k_seen = rows.shape[-1]
-        if self.attention is not None:
-            self.attention[:, :, slots, :k_seen] = rows
+        if self.attention is not None:  # buffers may be float16 views of a file being written
+            self.attention[:, :, slots, :k_seen] = rows.to(self.attention.dtype)
         if self.norms is not None and self.value_norms is not None:
-            self.norms[:, :, slots, :k_seen] = rows * self.value_norms[:, :, None, :k_seen]
+            self.norms[:, :, slots, :k_seen] = (rows * self.value_norms[:, :, None, :k_seen]).to(self.norms.dtype)
         if self.plan.statistics:
-            self._add_statistics(slots, torch.tensor(positions), rows)
+            self._add_statistics(slots, torch.tensor(positions), rows, log_rows)
         if self.plan.top_k:
             self._add_top_k(slots, rows)
 
-    def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+    def _kept_heads(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """``tensor`` restricted to the kept heads (no copy when every head is kept)."""
+        if tensor is None or len(self.heads) == tensor.shape[1]:
+            return tensor
+        return tensor.index_select(1, self.head_index)
+
+    @staticmethod
+    def _rows(tensor: torch.Tensor | None, start: int, positions: list[int]) -> torch.Tensor | None:
+        """The chunk's selected rows (a view when they are all of them)."""
+        if tensor is None or len(positions) == tensor.shape[2]:
+            return tensor
+        return tensor.index_select(2, torch.tensor(positions) - start)
+
+    def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                        log_rows: torch.Tensor | None) -> None:
         """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``."""
         k_seen = rows.shape[-1]
-        keys = torch.arange(k_seen)
+        keys = torch.arange(k_seen, dtype=torch.float32)
         special = self.facts.special[:, :k_seen].float()  # [batch, k_seen]
         stats = self.statistics
         stats["first"][:, :, slots] = rows[..., 0]
         stats["special"][:, :, slots] = torch.einsum("bhnk,bk->bhn", rows, special)
-        stats["entropy"][:, :, slots] = torch.special.entr(rows).sum(-1)
-        distance = (positions[:, None] - keys[None, :]).abs().float()  # [n, k_seen]
-        stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
+        entropy = -(rows * log_rows).sum(-1) if log_rows is not None else torch.special.entr(rows).sum(-1)
+        stats["entropy"][:, :, slots] = entropy
+        if self.causal:  # every key is at or before the query: sum p |q - k| = q - sum p k
+            stats["distance"][:, :, slots] = positions.float() - torch.matmul(rows, keys)
+        else:
+            distance = (positions[:, None] - keys[None, :]).abs()  # [n, k_seen]
+            stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
         stats["max_weight"][:, :, slots] = rows.amax(-1)
-        offsets = {"self": 0, "prev": -1} if self.causal else {"self": 0, "prev": -1, "next": 1}
         lengths = torch.tensor(self.facts.lengths)[:, None, None]  # [batch, 1, 1]: each item's own keys
-        for name, offset in offsets.items():
+        for name, offset in {"self": 0, "prev": -1, **({} if self.causal else {"next": 1})}.items():
             target = positions + offset
             valid = (target >= 0) & (target < lengths)  # [batch, 1, n]
             gathered = rows.gather(-1, target.clamp(0, k_seen - 1).expand(*rows.shape[:2], -1)[..., None])[..., 0]
@@ -172,27 +202,29 @@ class RowCollector:
         ``q + low .. q + high`` (the second range only where ``low > 0``)."""
         assert self.histogram is not None
         k_seen = rows.shape[-1]
-        prefix = torch.nn.functional.pad(rows.cumsum(-1), (1, 0))  # [b, h, n, k_seen + 1]: mass of keys < j
+        prefix = rows.cumsum(-1)  # [b, h, n, k_seen]: mass of keys <= j
         low, high = self.bins[:, 0], self.bins[:, 1]
         q = positions[:, None]  # [n, 1]
 
-        def mass(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # keys first..last, [n, bin]
-            lo = first.clamp(0, k_seen)
-            hi = (last + 1).clamp(0, k_seen).maximum(lo)
-            index = torch.cat([lo, hi], dim=1).expand(*rows.shape[:2], -1, -1)
-            taken = prefix.gather(-1, index)
-            return taken[..., lo.shape[1]:] - taken[..., : lo.shape[1]]
+        def mass(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # keys first..last, [b, h, n, bin]
+            before = first.clamp(0, k_seen)  # keys < before are not counted ...
+            through = (last + 1).clamp(0, k_seen).maximum(before)  # ... keys < through are
+            index = (torch.cat([before, through], dim=1) - 1).expand(*rows.shape[:2], -1, -1)
+            taken = torch.where(index >= 0, prefix.gather(-1, index.clamp(min=0)), torch.zeros(()))
+            return taken[..., before.shape[1]:] - taken[..., : before.shape[1]]
 
-        per_row = mass(q - high, q - low) + torch.where(low > 0, mass(q + low, q + high), torch.zeros(()))
+        per_row = mass(q - high, q - low)
+        if not self.causal:
+            per_row = per_row + torch.where(low > 0, mass(q + low, q + high), torch.zeros(()))
         weights = self.membership[:, slots]  # [batch, n]: rows that belong to each item
         self.histogram += torch.einsum("bhnc,bn->bhc", per_row, weights)
 
     def _add_top_k(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         k = min(self.plan.top_k, rows.shape[-1])
         weights, indices = rows.topk(k, dim=-1)
-        indices = torch.where(weights > 0, indices, torch.full((), -1)).to(torch.int32)
-        self.topk_weights[:, :, slots, :k] = weights
-        self.topk_indices[:, :, slots, :k] = indices
+        indices = torch.where(weights > 0, indices, torch.full((), -1))
+        self.topk_weights[:, :, slots, :k] = weights.to(self.topk_weights.dtype)
+        self.topk_indices[:, :, slots, :k] = indices.to(self.topk_indices.dtype)
 
     def _add_overview(self, start: int, probs: torch.Tensor) -> None:
         """Block sums of every query row (the overview keeps all rows, not just the selected ones)."""
