@@ -45,3 +45,24 @@ def test_smollm2_capture_matches_eager_and_declares_grouped_heads(smollm2):
     expected = torch.cat(out.attentions).numpy()
     np.testing.assert_allclose(record.attention, expected, atol=1e-5, rtol=0)
     assert np.all(np.triu(record.attention, k=1) == 0)
+
+
+def test_planned_capture_of_smollm2_equals_its_full_capture(smollm2, tmp_path):
+    """Statistics, top-k and selected rows of a chunked, streamed capture against the full matrix."""
+    from attnscope.capture.extract import extract_to_file
+    from attnscope.capture.plan import CapturePlan, QuerySelection
+
+    text = "The cat sat on the mat because it was tired, and then the cat slept for a long time by the door."
+    full = extract(smollm2, text)
+    plan = CapturePlan(layers=(0, 7, 29), queries=QuerySelection.parse("every:2"), statistics=True, top_k=8,
+                       overview=5, chunk=7)
+    streamed = extract_to_file(smollm2, text, path=tmp_path / "rec.safetensors", plan=plan, progress=False)
+    rows = np.arange(0, len(full.tokens), 2)
+    matrix = full.attention[[0, 7, 29]][:, :, rows]  # [layer, head, row, k]
+    np.testing.assert_allclose(streamed.held(), matrix, atol=1e-5)
+    np.testing.assert_allclose(streamed.statistics["first"], matrix[..., 0], atol=1e-5)
+    np.testing.assert_allclose(streamed.statistics["max_weight"], matrix.max(-1), atol=1e-5)
+    distance = np.abs(rows[:, None] - np.arange(len(full.tokens))[None, :])
+    np.testing.assert_allclose(streamed.statistics["distance"], (matrix * distance).sum(-1), atol=1e-4)
+    np.testing.assert_allclose(streamed.held("topk_weights"), -np.sort(-matrix, axis=-1)[..., :8], atol=1e-5)
+    assert np.isnan(streamed.statistics["next"]).all()  # causal: no next token to attend to

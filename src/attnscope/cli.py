@@ -108,6 +108,7 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("text", nargs="?", help="one text to extract")
     source.add_argument("--file", "-f", type=Path,
                         help="a file of inputs: one text per line, or .jsonl with {\"text\": ..., \"pair\": ...}")
+    source.add_argument("--document", "-d", type=Path, help="a text file read as ONE input (a long document)")
     parser.add_argument("--pair", "-p", help="second sentence / target text for the single TEXT")
     parser.add_argument("--out", "-o", type=Path, default=Path("records"),
                         help="folder for the record files (default: ./records)")
@@ -115,8 +116,15 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--norms", action="store_true", help="also record ||alpha f(x)|| (Kobayashi et al. 2020)")
     parser.add_argument("--float16", action="store_true", help="store arrays as float16 (half the size)")
     parser.add_argument("--batch-size", type=int, default=16, help="inputs per forward pass (default: 16)")
-    parser.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (default: model limit)")
+    parser.add_argument("--max-tokens", "--max-length", dest="max_length", type=int,
+                        help="truncate inputs to this many tokens (default and upper bound: the model's limit)")
+    parser.add_argument("--stream", action="store_true",
+                        help="write each record layer by layer as it is computed (one input at a time; memory holds "
+                        "one layer's chunk); open it lazily with attnscope.AttentionRecord.open")
     add_model_arguments(parser)
+    from .capture.options import add_plan_arguments
+
+    add_plan_arguments(parser)
 
 
 def read_inputs(path: Path) -> list[tuple[str, str | None]]:
@@ -132,6 +140,14 @@ def read_inputs(path: Path) -> list[tuple[str, str | None]]:
     if not items:
         raise AttnscopeError(f"{path} holds no inputs")
     return items
+
+
+def read_document(path: Path) -> str:
+    """A whole text file as one input."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
 
 
 def _jsonl_item(path: Path, number: int, line: str) -> tuple[str, str | None]:
@@ -151,16 +167,28 @@ def _run_extract(args: argparse.Namespace) -> int:
     from .capture.extract import extract_corpus
     from .capture.tokens import split_item
 
-    items = read_inputs(args.file) if args.file else [(args.text, args.pair)]
+    from .capture.options import plan_from_args
+
+    items = read_inputs(args.file) if args.file else [(read_document(args.document), None)] if args.document else [
+        (args.text, args.pair)]
     for index, item in enumerate(items):
         split_item(item, index)  # reject bad input before the model loads
+    plan = plan_from_args(args)
+    if args.stream and args.qkv:
+        raise AttnscopeError("--stream keeps attention, norms and figures; capture --qkv without --stream")
     loaded = load_from_args(args)
-    written = [
-        record.save(args.out / f"record_{index:06d}.safetensors", float16=args.float16)
-        for index, record in enumerate(extract_corpus(loaded, items, batch_size=args.batch_size, qkv=args.qkv,
-                                                      norms=args.norms, max_length=args.max_length,
-                                                      progress=len(items) > 1))
-    ]
+    paths = [args.out / f"record_{index:06d}.safetensors" for index in range(len(items))]
+    if args.stream:
+        from .capture.extract import extract_to_file
+
+        for item, path in zip(items, paths):
+            extract_to_file(loaded, *item, path=path, plan=plan, norms=args.norms, float16=args.float16,
+                            max_length=args.max_length)
+        written = paths
+    else:
+        records = extract_corpus(loaded, items, batch_size=args.batch_size, qkv=args.qkv, norms=args.norms,
+                                 max_length=args.max_length, progress=len(items) > 1, plan=plan)
+        written = [record.save(path, float16=args.float16) for path, record in zip(paths, records)]
     print(f"wrote {len(written)} record(s) to {args.out}/ (load with attnscope.AttentionRecord.load)")
     return 0
 
@@ -173,7 +201,10 @@ COMMANDS = (
   attnscope extract "I went to the store." --pair "At the store, I bought fresh strawberries."
   attnscope extract --file sentences.txt --out records/ --norms --dtype bfloat16
   attnscope extract --file pairs.jsonl --qkv     # lines like {"text": "...", "pair": "..."}
-then in Python: attnscope.AttentionRecord.load("records/record_000000.safetensors")""",
+  attnscope extract --model smollm2 --document long.txt --stats --top-k 32 --stream --float16 -o long/
+  attnscope extract "The cat sat." --model smollm2 --layers 0-3 --queries last
+then in Python: attnscope.AttentionRecord.load("records/record_000000.safetensors")
+(or AttentionRecord.open(...) to map a large record lazily; rec.holdings() says what it holds)""",
             _extract_arguments, _run_extract),
     Command("models", "list built-in model aliases and whether they are installed", """examples:
   attnscope models

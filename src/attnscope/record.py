@@ -40,7 +40,9 @@ from .errors import AttnscopeError
 FORMAT_VERSION = 1
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
 QKV_FIELDS = ("queries", "keys", "values")
-ROW_FIELDS = ("attention", "norms", "topk_indices", "topk_weights")  # [layer, head, row, ...] in a partial record
+HELD_LABELS = {"attention": "attention rows", "norms": "norm-weighted rows", "stat_": "row statistics",
+               "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview",
+               "queries": "queries", "keys": "keys", "values": "values"}
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,8 @@ class AttentionRecord:
         """One line saying what the record holds."""
         if self.selection is None:
             return "complete: every layer, head and query"
-        kept = sorted({key.split(".", 1)[1].split("_")[0] for key in self.arrays
-                       if key.startswith(f"{self.model.main_kind}.")})
+        fields = {key.split(".", 1)[1] for key in self.arrays if key.startswith(f"{self.model.main_kind}.")}
+        kept = [label for prefix, label in HELD_LABELS.items() if any(f.startswith(prefix) for f in fields)]
         return f"partial: {self.selection.describe()}; holds {', '.join(kept)}"
 
     def require_complete(self, purpose: str) -> None:

@@ -1,0 +1,135 @@
+"""Long inputs at bounded memory: SmolLM2 on real text of 512 to 8,192 tokens.
+
+Run from the repository root (``make bench-long``)::
+
+    .venv/bin/python benchmarks/long.py                    # 512, 1024, 2048, 4096, 8192 tokens
+    .venv/bin/python benchmarks/long.py --lengths 512,1024  # a quick look
+
+The text is the shipped Brown sample (``src/attnscope/data/brown_sample.txt``) joined into one
+document and cut to each length in SmolLM2's tokens. For each length, in one process, side by side:
+
+(a) plain   the base model's forward pass under ``torch.inference_mode`` with attnscope's attention
+            function outside any capture (it delegates to PyTorch's fused SDPA): nothing is kept;
+(b) stats   ``extract(..., plan=CapturePlan(attention=False, statistics=True))``: per-row
+            statistics of every layer and head, computed in query chunks of 256;
+(c) layer   ``extract(..., plan=CapturePlan(layers=(15,)))``: the full ``[head, q, k]`` attention of
+            one layer, in memory (float32);
+(d) top32   ``extract_to_file(..., plan=CapturePlan(attention=False, top_k=32), float16=True)``:
+            the 32 strongest keys of every row of every layer and head, streamed to disk; its size
+            on disk is ``sparse_bytes``.
+
+Peak memory is the process's peak resident set size during each variant alone (``VmHWM`` of
+``/proc/self/status``, reset before each variant by writing 5 to ``/proc/self/clear_refs``), so it
+includes the model's own weights (about 0.6 GB in float32). ``stats_memory_exponent`` is the slope
+of log(peak RSS of (b)) against log(length) over all lengths. Timing is wall clock; each variant runs
+once per length after one warm-up of (a) and (b) at the shortest length.
+The last line is one JSON object of figures; the CPU is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnscope import load_model
+from attnscope.capture.extract import extract, extract_to_file
+from attnscope.capture.plan import CapturePlan
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "attnscope" / "data" / "brown_sample.txt"
+LENGTHS = (512, 1024, 2048, 4096, 8192)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def measure(run) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(seconds, peak RSS in MB) of ``run()`` alone."""
+    reset_peak()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start, peak_mb()
+
+
+def document_ids(tokenizer) -> list[int]:  # type: ignore[no-untyped-def]
+    text = " ".join(line.strip() for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip())
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    model = load_model("smollm2")
+    ids = document_ids(model.tokenizer)
+    texts = {n: model.tokenizer.decode(ids[: n - 1]) for n in lengths}  # the tokenizer adds no BOS here
+    middle_layer = 15
+
+    def plain(n: int) -> None:
+        encoded = model.tokenizer(texts[n], return_tensors="pt")
+        with torch.inference_mode():
+            model.model.base_model(**encoded)
+
+    stats_plan = CapturePlan(attention=False, statistics=True)
+    extract(model, texts[lengths[0]], plan=stats_plan, max_length=lengths[0])  # warm-up
+    plain(lengths[0])
+    figures: dict[str, list] = {key: [] for key in ("tokens", "plain_s", "plain_peak_mb", "stats_s", "stats_peak_mb",
+                                                      "layer_s", "layer_peak_mb", "sparse_s", "sparse_peak_mb",
+                                                      "sparse_bytes")}
+    with tempfile.TemporaryDirectory() as folder:
+        for n in lengths:
+            tokens = len(model.tokenizer(texts[n])["input_ids"])
+            plain_s, plain_mb = measure(lambda: plain(n))
+            stats_s, stats_mb = measure(lambda: extract(model, texts[n], plan=stats_plan, max_length=n))
+            layer_s, layer_mb = measure(lambda: extract(model, texts[n], plan=CapturePlan(layers=(middle_layer,)),
+                                                        max_length=n))
+            path = Path(folder) / f"top32_{n}.safetensors"
+            sparse_s, sparse_mb = measure(lambda: extract_to_file(
+                model, texts[n], path=path, plan=CapturePlan(attention=False, top_k=32), float16=True,
+                max_length=n, progress=False))
+            row = dict(tokens=tokens, plain_s=plain_s, plain_peak_mb=plain_mb, stats_s=stats_s, stats_peak_mb=stats_mb,
+                       layer_s=layer_s, layer_peak_mb=layer_mb, sparse_s=sparse_s, sparse_peak_mb=sparse_mb,
+                       sparse_bytes=path.stat().st_size)
+            for key, value in row.items():
+                figures[key].append(round(value, 2) if isinstance(value, float) else value)
+            print(json.dumps({"length": n, **{k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}}),
+                  flush=True)
+            path.unlink()
+    exponent = float(np.polyfit(np.log(figures["tokens"]), np.log(figures["stats_peak_mb"]), 1)[0])
+    summary = {
+        "cpu": cpu_name(),
+        "lengths": figures["tokens"],
+        **{key: figures[key] for key in figures if key != "tokens"},
+        "stats_over_plain_at_max": round(figures["stats_s"][-1] / figures["plain_s"][-1], 2),
+        "stats_memory_exponent": round(exponent, 3),
+        "targets": {"stats_peak_mb_at_8192": "< 4096", "stats_over_plain_at_max": "<= 2",
+                    "stats_memory_exponent": "<= 1.2", "sparse_bytes_at_8192": "< 1e9"},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
