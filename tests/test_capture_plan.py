@@ -171,3 +171,19 @@ def test_streaming_everything_equals_full_capture(model, tmp_path):
     full = extract(model, TEXTS[1])
     streamed = extract_to_file(model, TEXTS[1], path=tmp_path / "all.safetensors", progress=False)
     np.testing.assert_allclose(streamed.held(), full.attention, atol=1e-6)
+
+
+@pytest.mark.parametrize("alias", ["minilm", "smollm2", "toy-translator"])
+def test_each_alias_knows_its_real_limit_and_truncates_with_a_warning(alias):
+    from attnscope.models.registry import ALIASES
+
+    if not ALIASES[alias].installed:
+        pytest.skip(f"{alias} is not installed or built")
+    loaded = load_model(alias)
+    assert loaded.max_length == ALIASES[alias].max_tokens
+    text = "word " * (ALIASES[alias].max_tokens + 10)
+    plan = CapturePlan(attention=False, statistics=True, layers=(0,))
+    why = "the model's limit" if loaded.max_length <= 40 else f"chosen; the model takes up to {loaded.max_length}"
+    with pytest.warns(UserWarning, match=rf"truncated to {min(40, loaded.max_length)} \({why}\)"):
+        record = extract(loaded, text, plan=plan, max_length=40)
+    assert len(record.tokens) == min(40, loaded.max_length)

