@@ -187,3 +187,25 @@ def test_each_alias_knows_its_real_limit_and_truncates_with_a_warning(alias):
     with pytest.warns(UserWarning, match=rf"truncated to {min(40, loaded.max_length)} \({why}\)"):
         record = extract(loaded, text, plan=plan, max_length=40)
     assert len(record.tokens) == min(40, loaded.max_length)
+
+
+def test_partial_statistics_equal_head_statistics_of_the_full_matrix(tiny_model_dir):
+    """The per-head means of a stats-only record against analysis.head_statistics on the full record."""
+    from attnscope.analysis import head_statistics, partial_statistics
+
+    model = load_model(str(tiny_model_dir("bert")))
+    full = extract(model, TEXTS[0])
+    record = extract(model, TEXTS[0], plan=CapturePlan(attention=False, statistics=True, chunk=6))
+    table = partial_statistics(record).set_index(["layer", "head"])
+    expected = head_statistics(full)
+    for ours, theirs in (("self", "self"), ("prev", "prev"), ("next", "next"), ("entropy", "entropy"),
+                         ("max_weight", "max_weight")):
+        np.testing.assert_allclose(table[ours].to_numpy().reshape(expected[theirs].shape), expected[theirs],
+                                   atol=1e-5, err_msg=ours)
+    # head_statistics divides the distance sum by the number of queries: the same mean over all rows
+    np.testing.assert_allclose(table["distance"].to_numpy().reshape(expected["mean_distance"].shape),
+                               expected["mean_distance"], atol=1e-4)
+    shares = table.filter(like="dist_").to_numpy()
+    np.testing.assert_allclose(shares.sum(1), 1.0, atol=1e-6)
+    with pytest.raises(AttnscopeError, match="head statistics"):
+        head_statistics(record)

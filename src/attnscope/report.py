@@ -61,5 +61,6 @@ class TopAttention:
 
 def top_attention(record: AttentionRecord) -> TopAttention:
     """The most-attended key for every query, in every layer and head of ``record``'s input side."""
+    record.require_complete("the top-attention report")
     attention = record.attention  # [layer, head, q_pos, k_pos]
     return TopAttention(record, attention.argmax(axis=-1), attention.max(axis=-1))

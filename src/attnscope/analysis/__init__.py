@@ -13,6 +13,7 @@ Everything here takes records (or arrays), never a model. Layers and heads are 0
 from __future__ import annotations
 
 from .corpus import CorpusReport, analyze_corpus, brown_pairs, corpus_items
+from .partial import partial_statistics
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
 from .rollout import Flow, Rollout, attention_flow, attention_rollout
 from .stats import HeadStatistics, describe_statistics, head_statistics, statistic_names
@@ -35,6 +36,7 @@ __all__ = [
     "corpus_items",
     "describe_statistics",
     "head_statistics",
+    "partial_statistics",
     "pattern_names",
     "statistic_names",
 ]

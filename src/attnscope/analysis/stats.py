@@ -210,6 +210,7 @@ def head_statistics(record: AttentionRecord, context: TokenContext | None = None
     Norm-weighted (``norm_*``) statistics are included when the record holds norms (extract with
     ``norms=True``). Attention: ``[layer, head, q_pos, k_pos]``; every value: ``[layer, head]``.
     """
+    record.require_complete("head statistics (for a partial record: attnscope.analysis.partial_statistics)")
     ctx = context or token_context(record)
     attention = np.asarray(record.attention, dtype=np.float64)
     key_masks = np.stack([s.keys(ctx) for s in MASS_STATISTICS.values()])  # [set, q_pos, k_pos]

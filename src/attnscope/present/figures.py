@@ -48,6 +48,7 @@ class Matrices:
 
 def matrices(record: AttentionRecord, kind: str | None = None, norms: bool = False) -> Matrices:
     """The attention (or, with ``norms=True``, the norms) of ``kind`` (default: the input side's)."""
+    record.require_complete("the attention figures")
     kind = kind or record.model.main_kind
     if kind not in record.kinds:
         raise AttnscopeError(f"this record has no {kind} attention; it has {', '.join(record.kinds)}")

@@ -135,6 +135,7 @@ def build_payload(record: AttentionRecord, views: str | list[str] | tuple[str, .
 
     ``norms=False`` leaves the record's norms out (smaller page, no norm toggle).
     """
+    record.require_complete("the head, model and neuron views")
     chosen, notes = resolve_views(views, record)
     sides = {"input": _side(record.tokens, record.special_mask, record.sentence_ids)}
     if record.target_tokens is not None:
