@@ -140,7 +140,7 @@ def test_memory_estimate_refuses_with_one_clear_line():
     full = estimate_capture_memory(None, n_layers=30, n_heads=9, length=4096)
     stats = estimate_capture_memory(CapturePlan(attention=False, statistics=True), n_layers=30, n_heads=9,
                                     length=4096)
-    assert full.kept == 30 * 9 * 4096 * 4096 * 4  # the whole float32 matrix of every layer
+    assert full.kept == 2 * 30 * 9 * 4096 * 4096 * 4  # the whole float32 matrix of every layer, stacked once
     assert stats.total < full.total / 50
     with pytest.raises(AttnscopeError, match=r"needs about .* GiB .* available; keep less with --stats"):
         check_memory(full, what="capturing", available=8 * 2**30)

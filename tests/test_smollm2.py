@@ -66,3 +66,14 @@ def test_planned_capture_of_smollm2_equals_its_full_capture(smollm2, tmp_path):
     np.testing.assert_allclose(streamed.statistics["distance"], (matrix * distance).sum(-1), atol=1e-4)
     np.testing.assert_allclose(streamed.held("topk_weights"), -np.sort(-matrix, axis=-1)[..., :8], atol=1e-5)
     assert np.isnan(streamed.statistics["next"]).all()  # causal: no next token to attend to
+
+
+def test_an_input_too_long_to_capture_whole_is_refused_before_running(capsys):
+    """Issue 19.6: 4,000 tokens of full capture need ~35 GB; one line says so, and how to keep less."""
+    from attnscope.cli import main
+
+    text = " ".join(["The cat sat on the mat because it was tired."] * 400)  # about 4,400 tokens
+    assert main(["report", text, "--model", "smollm2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("attnscope: error: capturing 1 input(s) of up to 4")
+    assert "GiB" in error[0] and "--stats" in error[0] and "--max-tokens" in error[0]

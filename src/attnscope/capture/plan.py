@@ -200,7 +200,8 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
     if plan.attention:
         per_row += length * (4 + (4 if norms else 0))
     per_row += plan.top_k * 8 + (32 if plan.statistics else 0)
-    kept = batch * layers * heads * rows * per_row
+    # x2: the per-layer captures are stacked into one array, then cut per input (a copy each time)
+    kept = 2 * batch * layers * heads * rows * per_row
     if qkv:
         kept += batch * layers * n_heads * length * d_head * 4 * 3
     if plan.overview:
