@@ -243,8 +243,8 @@ def check_memory(estimate: MemoryEstimate, *, what: str, headroom: float = 0.8,
         return
     raise AttnscopeError(
         f"{what} needs about {_gib(estimate.total)} of memory ({_gib(estimate.kept)} kept, {_gib(estimate.working)} "
-        f"while computing) but {_gib(available)} is available; keep less with --stats, --top-k K, --layers, "
-        "--heads or --queries (e.g. --queries last), or shorten the input with --max-tokens")
+        f"while computing) but {_gib(available)} is available; keep less (attnscope extract with --stats, --top-k K, "
+        "--layers, --heads or --queries last; attnscope view --long) or shorten the input (--max-tokens)")
 
 
 def _gib(n_bytes: int) -> str:
