@@ -249,6 +249,7 @@
   /* options.hash: read the starting state from the page address (standalone files, not notebooks);
    * options.onChange(app): called after every draw (the explorer keeps its address in step). */
   NS.mount = function mount(root, payload, options) {
+    if (payload.format === "attnscope.longview") return NS.mountLong(root, payload, options);
     const app = new App(root, payload);
     app.onChange = options && options.onChange;
     NS.instances[root.id] = app;
