@@ -37,7 +37,13 @@ class LongAttention:
 
 def synthetic_long_attention(tokens: int, layers: int, heads: int, *, k: int = 16, block: int = 32,
                              causal: bool = True, random_keys: int = 6, seed: int = 0) -> LongAttention:
-    """Sink + diagonal + random keys + an even rest per row; top-k and overview computed exactly."""
+    """Sink + diagonal + random keys + an even rest per row; top-k and overview computed exactly.
+
+    Every sparse key of a row is among its top ``k`` (so ``k >= 2 + random_keys``); rows list only
+    those keys, the rest (weight 0 in ``weights``) is the even share.
+    """
+    if k < 2 + random_keys:
+        raise ValueError("k must hold the sink, the diagonal and the random keys of every row")
     rng = np.random.default_rng(seed)
     cells = math.ceil(tokens / block)
     overview = np.zeros((layers, heads, cells, cells))

@@ -36,7 +36,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from ..errors import AttnscopeError
-from .html import AttentionView
+from .html import SCRIPTS, STYLES, AttentionView, static_text
 from .payload import PackedArray, pack_float16, pack_uint16
 
 FORMAT = "attnscope.longview"
@@ -166,7 +166,9 @@ def build_long_payload(tokens: Sequence[str], overview: np.ndarray, block: int, 
     budget = max_mb * 1e6 * 3 / 4  # bytes before base64
     page_overview = _overview(overview, block, len(tokens), budget / 4)
     thumbnails = _thumbnails(overview, block, len(tokens))
-    used = _packed_bytes(page_overview) + _packed_bytes(thumbnails) + len(json.dumps(tokens))
+    # the scripts and styles, the tokens and about as much again for their special flags
+    page_frame = len(static_text(SCRIPTS)) + len(static_text(STYLES)) + len(json.dumps(tokens)) * 2
+    used = _packed_bytes(page_overview) + _packed_bytes(thumbnails) + page_frame * 3 / 4
     top_k = _top_k(topk_indices, topk_weights, budget - used)
     return LongPayload(
         format=FORMAT,
@@ -232,7 +234,7 @@ def _top_k(indices: np.ndarray, weights: np.ndarray, budget: float) -> TopK:
     while True:
         packed = [[_pack_rows(indices[layer, head, :, :k], weights[layer, head, :, :k]) for head in
                    range(indices.shape[1])] for layer in range(indices.shape[0])]
-        size = sum(len(i["data"]) + len(w["data"]) for row in packed for i, w in row) * 3 / 4
+        size = _packed_bytes(packed)
         if size <= budget or k == 1:
             break
         k -= 1
@@ -279,6 +281,7 @@ def unpack_top_k(indices: PackedArray, weights: PackedArray) -> tuple[np.ndarray
 
 
 def _packed_bytes(section: Any) -> float:
+    """Bytes ``section`` takes in the page, counted before base64 (the budget's unit)."""
     return len(json.dumps(section)) * 3 / 4
 
 

@@ -121,14 +121,7 @@
         `layers ${compactList(p.layers)} \u00b7 heads ${compactList(p.heads)} (0-indexed)`));
       for (const note of p.notes) header.append(el("div", "as-note", note));
       const bar = el("div", "as-toolbar");
-      this.tabs = el("div", "as-tabs");
-      for (const name of p.views) {
-        const tab = el("button", "as-tab", VIEW_NAMES[name]);
-        tab.type = "button";
-        tab.dataset.view = name;
-        tab.addEventListener("click", () => this.setView(name));
-        this.tabs.append(tab);
-      }
+      this.tabs = NS.tabs(p.views.map((name) => [name, VIEW_NAMES[name]]), (name) => this.setView(name));
       const [layerLabel, layerSelect] = NS.control("select", "Layer", "layer");
       p.layers.forEach((layer, i) => layerSelect.append(new Option(String(layer), String(i))));
       layerSelect.addEventListener("change", () => this.setLayer(Number(layerSelect.value)));
@@ -163,32 +156,10 @@
       for (const [name, panel] of Object.entries(this.panels)) panel.hidden = name !== this.state.view;
     }
 
-    /* Draw the current panel once what it needs is decoded; a newer request wins. */
-    async draw() {
-      const ticket = ++this.drawCount;
+    /* Draw the current panel once what it needs is decoded; a newer request wins (app.js). */
+    draw() {
       const view = this.views[this.state.view];
-      try {
-        const data = await view.prepare();
-        if (ticket !== this.drawCount) return;
-        view.render(data);
-        this.status.textContent = "";
-        this.markDrawn();
-      } catch (error) {
-        this.status.textContent = `attnscope: cannot draw this view: ${error.message}`;
-        throw error;
-      }
-    }
-
-    markDrawn() {
-      const done = this.root.dataset.drawn ? this.root.dataset.drawn.split(" ") : [];
-      if (!done.includes(this.state.view)) {
-        // reading a pixel makes the browser rasterize the canvas now, so the mark is truly "drawn"
-        this.views[this.state.view].canvas.getContext("2d").getImageData(0, 0, 1, 1);
-        if (!done.length) performance.mark(`attnscope:${this.root.id}:drawn`);
-        done.push(this.state.view);
-        this.root.dataset.drawn = done.join(" ");
-      }
-      this.root.dataset.view = this.state.view;
+      return NS.drawLatest(this, () => view.prepare(), (data) => view.render(data));
     }
 
     setView(name) { this.state.view = name; this.syncControls(); return this.draw(); }

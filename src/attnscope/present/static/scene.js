@@ -277,5 +277,18 @@
     return [label, input];
   }
 
-  Object.assign(NS, { element, control, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor, FONT });
+  /* A row of tab buttons: views = [[name, text], ...] (data-view=name); click calls choose(name). */
+  function tabs(views, choose) {
+    const row = element("div", "as-tabs");
+    for (const [name, text] of views) {
+      const tab = element("button", "as-tab", text);
+      tab.type = "button";
+      tab.dataset.view = name;
+      tab.addEventListener("click", () => choose(name));
+      row.append(tab);
+    }
+    return row;
+  }
+
+  Object.assign(NS, { element, control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor, FONT });
 })((window.AttnscopeViews = window.AttnscopeViews || {}));
