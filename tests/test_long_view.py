@@ -84,7 +84,8 @@ def attention():
 
 
 def payload_of(attention, **options):
-    return build_long_payload(attention.tokens, attention.overview, attention.block, attention.indices,
+    indices = np.where(attention.weights > 0, attention.indices, -1)  # the capture's -1: the row has fewer keys
+    return build_long_payload(attention.tokens, attention.overview, attention.block, indices,
                               attention.weights, layers=[3, 4], heads=[0, 2, 5], causal=True,
                               special_mask=np.arange(len(attention.tokens)) == 0, **options)
 

@@ -164,7 +164,7 @@ def build_long_payload(tokens: Sequence[str], overview: np.ndarray, block: int, 
     special = np.asarray(special_mask, dtype=bool)
     _check(tokens, overview, block, topk_indices, topk_weights, layers, heads, special)
     budget = max_mb * 1e6 * 3 / 4  # bytes before base64
-    page_overview = _overview(overview, block, len(tokens), budget / 4)
+    page_overview = _overview(overview, block, len(tokens), budget / 3)
     thumbnails = _thumbnails(overview, block, len(tokens))
     # the scripts and styles, the tokens and about as much again for their special flags
     page_frame = len(static_text(SCRIPTS)) + len(static_text(STYLES)) + len(json.dumps(tokens)) * 2
@@ -209,11 +209,20 @@ def _check(tokens: list[str], overview: np.ndarray, block: int, indices: np.ndar
 
 
 def _overview(overview: np.ndarray, block: int, tokens: int, budget: float) -> Overview:
-    """The overview at the finest grouping that fits ``budget`` bytes (float16) and MAX_OVERVIEW cells."""
-    layers, heads, cells = overview.shape[0], overview.shape[1], overview.shape[2]
+    """The overview at the finest grouping of blocks that fits ``budget`` packed bytes and MAX_OVERVIEW cells."""
+    cells = overview.shape[-1]
     factor = math.ceil(cells / MAX_OVERVIEW)
-    while factor < cells and layers * heads * math.ceil(cells / factor) ** 2 * 2 > budget:
-        factor += 1
+    while True:
+        section = _pack_overview(overview, block, tokens, factor)
+        size = _packed_bytes(section)
+        if size <= budget or factor >= cells:
+            return section
+        # packed bytes grow about as the cells, (cells / factor) ** 2: jump close to the factor that fits
+        factor = min(cells, max(factor + 1, math.floor(factor * math.sqrt(size / budget))))
+
+
+def _pack_overview(overview: np.ndarray, block: int, tokens: int, factor: int) -> Overview:
+    layers, heads = overview.shape[:2]
     page = coarsen_overview(overview, block, tokens, factor) if factor > 1 else overview
     mean = page.mean(axis=1)  # [layer, R, R]: the mean of the heads' block averages = block average of their mean
     return Overview(block=block * factor, source_block=block, size=page.shape[-1],
@@ -243,17 +252,26 @@ def _top_k(indices: np.ndarray, weights: np.ndarray, budget: float) -> TopK:
 
 
 def _keys_that_fit(indices: np.ndarray, weights: np.ndarray, budget: float) -> int:
-    """Keys per query whose packed size, estimated from up to 8 heads spread over the record, fits ``budget``."""
+    """Keys per query whose packed size, estimated from up to 16 heads spread over the record, fits ``budget``."""
     layers, heads = indices.shape[:2]
-    spread = np.linspace(0, layers * heads - 1, min(8, layers * heads)).round().astype(int)
-    per_rank = np.zeros(indices.shape[-1])
+    spread = np.linspace(0, layers * heads - 1, min(16, layers * heads)).round().astype(int)
+    first_ranks = np.zeros(indices.shape[-1])  # [r]: packed bytes of ranks 0..r
     for flat in spread:
         layer, head = divmod(int(flat), heads)
-        rows_i, rows_w = _rank_major(indices[layer, head], weights[layer, head])
-        per_rank += [len(zlib.compress(i.tobytes(), 6)) + len(zlib.compress(w.tobytes(), 6))
-                     for i, w in zip(rows_i, rows_w, strict=True)]
-    per_rank *= layers * heads / len(spread)
-    return max(1, int(np.searchsorted(np.cumsum(per_rank), budget, side="right")))
+        for slab in _rank_major(indices[layer, head], weights[layer, head]):
+            first_ranks += _prefix_bytes(slab)
+    first_ranks *= layers * heads / len(spread)
+    return max(1, int(np.searchsorted(first_ranks, budget, side="right")))
+
+
+def _prefix_bytes(slab: np.ndarray) -> np.ndarray:
+    """Deflated bytes of the first 1, 2, ... rows of ``slab [k, q_pos]``, from one stream flushed after each row."""
+    stream = zlib.compressobj(6)
+    sizes, total = [], 0
+    for row in slab:
+        total += len(stream.compress(row.tobytes())) + len(stream.flush(zlib.Z_SYNC_FLUSH))
+        sizes.append(total)
+    return np.asarray(sizes, dtype=np.float64)
 
 
 def _rank_major(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

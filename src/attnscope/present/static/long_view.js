@@ -249,7 +249,9 @@
       const last = (start) => Math.min(app.tokens, Math.ceil(start + span)) - 1;
       const source = this.mode === "overview"
         ? `overview: blocks of ${app.payload.overview.block} tokens (mean over a block's queries of their summed weight on a key block, per token pair)`
-        : `top ${app.payload.top_k.k} keys of each query (exact weights; other keys blank)`;
+        : app.state.head === "mean"
+          ? `mean over the heads of the top ${app.payload.top_k.k} keys of each query (a key outside a head's top-k counts 0; other keys blank)`
+          : `top ${app.payload.top_k.k} keys of each query (exact weights; other keys blank)`;
       scene.text(8, 12, `layer ${app.layerName()} \u00b7 ${app.headLabel()} (0-indexed) \u00b7 queries ${Math.floor(q0)}\u2013${last(q0)} (down) \u00d7 keys ${Math.floor(k0)}\u2013${last(k0)} (across)`,
         { size: 12, weight: "bold" });
       scene.text(8, 30, source, { size: 11, color: "#555" });
@@ -456,7 +458,9 @@
           if (weights[at] > 0 && keys[at] === key) { weight += weights[at] / data.rows.length; found = true; }
         }
       }
-      const text = found ? `${pair}: weight ${weight.toFixed(4)}` : `${pair}: not among the query's top ${app.payload.top_k.k} keys`;
+      const k = app.payload.top_k.k;
+      const what = data.rows.length > 1 ? `mean over the heads of their top-${k} weights` : "weight";
+      const text = found ? `${pair}: ${what} ${weight.toFixed(4)}` : `${pair}: not among the query's top ${k} keys`;
       return { query, key, weight: found ? weight : null, text };
     }
 
