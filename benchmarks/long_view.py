@@ -39,44 +39,21 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' synthetic attention
-from tests.long_attention import synthetic_long_attention  # noqa: E402
+from render import CHROMIUM, CHROMIUM_ARGS, log, time_in_page
 
-from attnscope.present import long_view  # noqa: E402
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-ROOT_ID = "attnscope-view"
-APP = f'AttnscopeViews.instances["{ROOT_ID}"]'
-
-
-def log(message: str) -> None:
-    print(message, flush=True)
+from attnscope.present import long_view
+from tests.long_attention import synthetic_long_attention
 
 
 def measure(browser: Any, path: Path) -> dict[str, float]:
     """One fresh load: ms to the drawn heatmap, then zoom, model view and window head view timings."""
-    page = browser.new_page(viewport={"width": 1200, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(path.as_uri())
-    # a function, not an expression string: the page's Content-Security-Policy forbids eval
-    page.wait_for_function(f"() => document.getElementById('{ROOT_ID}').dataset.drawn", timeout=120_000)
-    timings = page.evaluate(f"""async () => {{
-        const app = {APP};
-        const load = performance.getEntriesByName('attnscope:{ROOT_ID}:drawn')[0].startTime;
-        const flush = (view) => app.views[view].canvas.getContext('2d').getImageData(0, 0, 1, 1);
+    return time_in_page(browser, path, """
         let t = performance.now(); await app.views.heatmap.setZoom(4000, 3968, 64); flush('heatmap');
         const zoom = performance.now() - t;
         t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
         app.setWindow(4000, 128);
         t = performance.now(); await app.setView('window'); flush('window'); const window = performance.now() - t;
-        return {{view_load_ms: load, zoom_ms: zoom, model_view_ms: model, window_ms: window}};
-    }}""")
-    page.close()
-    if errors:
-        raise SystemExit(f"the page reported errors: {errors}")
-    return timings
+        return {view_load_ms: load, zoom_ms: zoom, model_view_ms: model, window_ms: window};""", height=1000)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ if not CHROMIUM.exists():
     pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from .test_views_browser import APP, Page  # noqa: E402  (after the skips: needs playwright)
+from .test_views_browser import APP, Page
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 TOKENS, K, BLOCK = 8192, 16, 32
@@ -181,7 +181,7 @@ def test_window_head_view_draws_the_top_k_lines_of_its_tokens(opened):
 
 
 def test_clicking_the_heatmap_picks_the_window(opened):
-    attention, page = opened
+    _, page = opened
     point = page.js(f"{HEATMAP}.cellPoint(6000, 5900)")
     page.page.mouse.click(point["x"], point["y"])
     start = page.js(f"{APP}.state.window.start")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import cache
 from importlib import resources
@@ -244,7 +245,7 @@ def payload_schema() -> dict[str, Any]:
     return dict(json.loads(text))
 
 
-def to_json(payload: Payload) -> str:
+def to_json(payload: Mapping[str, Any]) -> str:
     """Compact JSON, safe inside ``<script type="application/json">``: every ``<`` is ``\\u003c``,
     so neither ``</script>`` nor ``<!--`` can end or confuse the element."""
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
