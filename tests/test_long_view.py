@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnscope import AttnscopeError
-from attnscope.present import build_long_payload, downsample_attention, long_view, long_view_schema
+from attnscope.present import build_long_payload, downsample_attention, long_view, long_view_schema, top_k_rows
 from attnscope.present.longview import coarsen_overview, unpack_top_k
 from attnscope.present.payload import unpack
 
@@ -153,3 +153,16 @@ def test_arrays_that_do_not_fit_together_give_one_clear_error(attention, change,
                  "heads": [0, 2, 5], "causal": True, "special_mask": [False] * 300} | change
     with pytest.raises(AttnscopeError, match=message):
         long_view(**arguments)
+
+
+def test_top_k_rows_are_each_rows_strongest_keys_in_order():
+    rng = np.random.default_rng(3)
+    matrix = rng.random((2, 3, 9, 11))  # [layer, head, q, k]
+    indices, weights = top_k_rows(matrix, 4)
+    assert indices.shape == weights.shape == (2, 3, 9, 4)
+    for layer, head, query in np.ndindex(2, 3, 9):
+        row = matrix[layer, head, query]
+        expected = sorted(range(11), key=lambda key: -row[key])[:4]
+        assert list(indices[layer, head, query]) == expected
+        np.testing.assert_array_equal(weights[layer, head, query], row[expected])
+    assert top_k_rows(matrix, 50)[0].shape[-1] == 11  # k is capped by the number of keys

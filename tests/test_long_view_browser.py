@@ -189,3 +189,39 @@ def test_clicking_the_heatmap_picks_the_window(opened):
     assert start == round((clicked["query"] + clicked["key"]) / 2 - 32)
     assert page.page.input_value("[data-role=window-start]") == str(start)
     page.close()
+
+
+def test_a_real_512_token_record_reads_back_from_the_page(minilm, browser):
+    """The default model's attention over 512 tokens of Brown-corpus text, drawn from its own overview
+    and top-k rows: what the page says at a cell is the record's weight."""
+    import warnings
+
+    from attnscope import extract_corpus
+    from attnscope.data import brown_sentences
+    from attnscope.present import downsample_attention, top_k_rows
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cut to the model's 512 tokens is intended
+        record = next(extract_corpus(minilm, [" ".join(brown_sentences(80))], max_length=512, progress=False))
+    attention = record.attention  # [layer, head, q_pos, k_pos]
+    indices, weights = top_k_rows(attention, K)
+    path = long_view(record.tokens, downsample_attention(attention, 16), 16, indices, weights,
+                     layers=range(record.n_layers), heads=range(record.n_heads), causal=False,
+                     special_mask=record.special_mask).save(ARTIFACTS / "long_view_minilm.html")
+    page = Page(browser, path)
+    page.page.select_option("[data-role=layer]", "2")
+    page.page.select_option("[data-role=head]", "7")
+    page.wait(f"{HEATMAP}.scene.ofType('text')[0].text.includes('layer 2 \u00b7 head 7')")
+    assert page.js(f"{HEATMAP}.mode") == "top-k"  # 512 tokens fit the 640 px plot: token resolution at once
+    page.js(f"{HEATMAP}.setZoom(200, 190, 40)")
+    page.wait(f"{HEATMAP}.zoom.span === 40 && {HEATMAP}.scene.ofType('text').some(t => t.meta && t.meta.role === 'label')")
+    checked = 0
+    for query in (205, 210, 221):
+        in_sight = [int(key) for key in indices[2, 7, query] if 190 <= key < 230]  # strongest first
+        for key in in_sight[:2]:
+            shown = hover_cell(page, query, key)
+            assert shown["weight"] == pytest.approx(attention[2, 7, query, key], rel=F16)
+            assert record.tokens[key] in shown["text"]
+            checked += 1
+    assert checked >= 3
+    page.close(ARTIFACTS / "long_view_minilm.png")

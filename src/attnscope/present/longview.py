@@ -109,6 +109,15 @@ def downsample_attention(matrix: np.ndarray, block: int) -> np.ndarray:
     return _regroup(np.asarray(matrix, dtype=np.float64), block, np.ones(matrix.shape[-2]))
 
 
+def top_k_rows(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``k`` strongest keys: ``[..., q, k_pos]`` -> indices and weights ``[..., q, k]``, strongest
+    first (ties: the earlier key first). For short records whose full attention is at hand; long inputs
+    get these rows from the capture."""
+    k = min(k, matrix.shape[-1])
+    order = np.argsort(-matrix, axis=-1, kind="stable")[..., :k]
+    return order, np.take_along_axis(matrix, order, axis=-1)
+
+
 def coarsen_overview(overview: np.ndarray, block: int, tokens: int, factor: int) -> np.ndarray:
     """An overview of ``block``-token blocks ``[..., R, R]`` -> the overview of ``block * factor``-token
     blocks, exactly as :func:`downsample_attention` would give it from the full matrix (each query
