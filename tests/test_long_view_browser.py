@@ -225,3 +225,25 @@ def test_a_real_512_token_record_reads_back_from_the_page(minilm, browser):
             checked += 1
     assert checked >= 3
     page.close(ARTIFACTS / "long_view_minilm.png")
+
+
+def test_a_five_token_page_draws_every_panel(browser, tmp_path):
+    rng = np.random.default_rng(0)
+    attention = rng.random((1, 2, 5, 5))
+    attention /= attention.sum(axis=-1, keepdims=True)  # bidirectional rows summing to 1
+    indices, weights = np.argsort(-attention, axis=-1), -np.sort(-attention, axis=-1)
+    tokens = ["[CLS]", "a", "b", "c", "[SEP]"]
+    path = long_view(tokens, attention, 1, indices, weights, layers=[0], heads=[0, 1], causal=False,
+                     special_mask=[True, False, False, False, True]).save(tmp_path / "five.html")
+    page = Page(browser, path)
+    assert page.js(f"{HEATMAP}.mode") == "top-k"
+    labels = page.js(f"{HEATMAP}.scene.ofType('text').filter(t => t.meta && t.meta.role === 'label').map(t => t.text)")
+    assert labels == tokens + tokens  # queries, then keys
+    assert hover_cell(page, 3, 1)["weight"] == pytest.approx(attention[0, 0, 3, 1], rel=F16)
+    for view in ("model", "window"):
+        page.page.click(f"button[data-view={view}]")
+        page.wait_view(view)
+    assert page.js(f"{APP}.state.window") == {"start": 0, "width": 5}
+    drawn = len(page.js(f"{APP}.views.window.lines()"))
+    assert drawn == int((np.rint(attention[0, 0] * 255) >= 1).sum()) > 20  # head 0: every pair is in its top 5
+    page.close()

@@ -179,7 +179,7 @@
     }
     /* The window head view's tokens: `width` tokens from `start` (clamped to the input). */
     setWindow(start, width) {
-      const w = Math.max(2, Math.min(this.payload.window.max_width, width, this.tokens));
+      const w = Math.max(1, Math.min(this.payload.window.max_width, width, this.tokens));
       this.state.window = { start: Math.max(0, Math.min(this.tokens - w, Math.round(start))), width: w };
       this.views.window.syncInputs();
     }
