@@ -171,6 +171,8 @@ def build_long_payload(tokens: Sequence[str], overview: np.ndarray, block: int, 
     """The JSON-ready payload of :func:`long_view` (schema: ``longview.schema.json``)."""
     tokens = list(tokens)
     special = np.asarray(special_mask, dtype=bool)
+    # tensors or memory-mapped arrays from a record become numpy arrays (read once, here)
+    overview, topk_indices, topk_weights = (np.asarray(a) for a in (overview, topk_indices, topk_weights))
     _check(tokens, overview, block, topk_indices, topk_weights, layers, heads, special)
     budget = max_mb * 1e6 * 3 / 4  # bytes before base64
     page_overview = _overview(overview, block, len(tokens), budget / 3)
