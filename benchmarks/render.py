@@ -91,9 +91,10 @@ def bertviz_pages(record: attnscope.AttentionRecord) -> tuple[str, str]:
     return head, model
 
 
-def measure_ours(browser: Any, path: Path) -> dict[str, float]:
-    """One fresh load of our page: load time to the drawn head view, then interaction timings."""
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+def time_in_page(browser: Any, path: Path, steps: str, height: int = 900) -> dict[str, float]:
+    """One fresh load of our page until its first view has drawn, then the JS ``steps`` (a function body
+    that sees ``app``, ``load`` (ms from navigation to drawn) and ``flush(view)``, and returns timings)."""
+    page = browser.new_page(viewport={"width": 1200, "height": height})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(path.as_uri())
@@ -103,17 +104,23 @@ def measure_ours(browser: Any, path: Path) -> dict[str, float]:
         const app = {APP};
         const load = performance.getEntriesByName('attnscope:{ROOT_ID}:drawn')[0].startTime;
         const flush = (view) => app.views[view].canvas.getContext('2d').getImageData(0, 0, 1, 1);
-        let t = performance.now(); await app.setLayer(3); flush('head'); const layer = performance.now() - t;
-        const head = app.views.head;
-        t = performance.now(); head.setHover({{side: 'query', pos: 100}}); flush('head'); const hover = performance.now() - t;
-        head.setHover(null);
-        t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
-        return {{load_ms: load, layer_ms: layer, hover_ms: hover, model_view_ms: model}};
+        {steps}
     }}""")
     page.close()
     if errors:
         raise SystemExit(f"our page reported errors: {errors}")
     return timings
+
+
+def measure_ours(browser: Any, path: Path) -> dict[str, float]:
+    """One fresh load of our page: load time to the drawn head view, then interaction timings."""
+    return time_in_page(browser, path, """
+        let t = performance.now(); await app.setLayer(3); flush('head'); const layer = performance.now() - t;
+        const head = app.views.head;
+        t = performance.now(); head.setHover({{side: 'query', pos: 100}}); flush('head'); const hover = performance.now() - t;
+        head.setHover(null);
+        t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
+        return {load_ms: load, layer_ms: layer, hover_ms: hover, model_view_ms: model};""")
 
 
 def measure_bertviz(browser: Any, path: Path, timeout_s: float, deps: Path | None) -> tuple[float | None, str | None]:

@@ -1,8 +1,10 @@
 """Presentation: records drawn as interactive HTML views and static matplotlib figures.
 
 Python packs a record into a JSON payload (``payload.py``, schema ``payload.schema.json``); JS
-shipped in ``static/`` draws it (head, model and neuron views). ``figures.py`` draws static
-heatmaps with matplotlib. Presentation computes no science: it draws what the record holds.
+shipped in ``static/`` draws it (head, model and neuron views). Long inputs (thousands of tokens)
+get their own page, drawn from a block-averaged overview and top-k rows (``longview.py``:
+``long_view``, schema ``longview.schema.json``). ``figures.py`` draws static heatmaps with
+matplotlib. Presentation computes no science: it draws what the record holds.
 
 >>> from attnscope.present import view, plot_head       # doctest: +SKIP
 >>> view(rec).save("views.html")                         # doctest: +SKIP
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .html import AttentionView, head_view, model_view, neuron_view, view
+from .longview import LONG_VIEWS, build_long_payload, downsample_attention, long_view, long_view_schema, top_k_rows
 from .payload import VIEWS, build_payload, payload_schema
 
 # the figures need matplotlib (an optional extra): imported on first use
@@ -21,10 +24,15 @@ _FIGURES = ("FIGURES", "plot", "plot_grid", "plot_head", "plot_token_types", "sa
 
 __all__ = [
     "FIGURES",
+    "LONG_VIEWS",
     "VIEWS",
     "AttentionView",
+    "build_long_payload",
     "build_payload",
+    "downsample_attention",
     "head_view",
+    "long_view",
+    "long_view_schema",
     "model_view",
     "neuron_view",
     "payload_schema",
@@ -33,6 +41,7 @@ __all__ = [
     "plot_head",
     "plot_token_types",
     "save_figure",
+    "top_k_rows",
     "view",
 ]
 

@@ -19,13 +19,17 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import TYPE_CHECKING
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .payload import Payload, build_payload, to_json
 
+if TYPE_CHECKING:
+    from .longview import LongPayload
+
 # the order matters: later files use what earlier ones define on window.AttnscopeViews
-SCRIPTS = ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js")
+SCRIPTS = ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "long_view.js", "app.js")
 STYLES = ("views.css",)
 
 # No external resource may load: scripts and styles are inline, images are data:/blob: URLs.
@@ -64,9 +68,13 @@ def static_text(names: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True, eq=False)
 class AttentionView:
-    """The views of one record: ``_repr_html_`` for notebooks, :meth:`save` / :meth:`to_html` for files."""
+    """The views of one record: ``_repr_html_`` for notebooks, :meth:`save` / :meth:`to_html` for files.
 
-    payload: Payload
+    ``payload`` is a record's payload (``payload.schema.json``) or a long input's
+    (``longview.schema.json``, from :func:`attnscope.present.long_view`); the page draws either.
+    """
+
+    payload: Payload | LongPayload
 
     @property
     def views(self) -> list[str]:

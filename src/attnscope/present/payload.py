@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import cache
 from importlib import resources
@@ -62,10 +63,10 @@ KIND_SIDES = {"self": ("input", "input"), "encoder": ("input", "input"), "decode
 
 
 class PackedArray(TypedDict):
-    """A numeric array as base64 bytes: ``dtype`` ``uint8`` (decoded ``value * scale[index 0]``)
-    or ``float16`` (little-endian, decoded as is), C order, in ``shape``."""
+    """A numeric array as base64 bytes: ``dtype`` ``uint8`` (decoded ``value * scale[index 0]``),
+    ``float16`` or ``uint16`` (little-endian, decoded as is), C order, in ``shape``."""
 
-    dtype: Literal["uint8", "float16"]
+    dtype: Literal["uint8", "float16", "uint16"]
     shape: list[int]
     compression: Literal["deflate", "none"]
     data: str
@@ -213,7 +214,12 @@ def pack_float16(values: np.ndarray, compress: bool) -> PackedArray:
     return _pack(values.astype("<f2"), "float16", compress)
 
 
-def _pack(array: np.ndarray, dtype: Literal["uint8", "float16"], compress: bool) -> PackedArray:
+def pack_uint16(values: np.ndarray, compress: bool) -> PackedArray:
+    """Integers in [0, 65535] (e.g. key positions) as little-endian uint16."""
+    return _pack(values.astype("<u2"), "uint16", compress)
+
+
+def _pack(array: np.ndarray, dtype: Literal["uint8", "float16", "uint16"], compress: bool) -> PackedArray:
     raw = np.ascontiguousarray(array).tobytes()
     data = zlib.compress(raw, 6) if compress else raw
     return PackedArray(dtype=dtype, shape=list(array.shape), compression="deflate" if compress else "none",
@@ -225,8 +231,9 @@ def unpack(packed: PackedArray) -> np.ndarray:
     raw = base64.b64decode(packed["data"])
     if packed["compression"] == "deflate":
         raw = zlib.decompress(raw)
-    if packed["dtype"] == "float16":
-        return np.frombuffer(raw, dtype="<f2").astype(np.float32).reshape(packed["shape"])
+    if packed["dtype"] in ("float16", "uint16"):
+        little_endian = "<f2" if packed["dtype"] == "float16" else "<u2"
+        return np.frombuffer(raw, dtype=little_endian).astype(np.float32).reshape(packed["shape"])
     values = np.frombuffer(raw, dtype=np.uint8).reshape(packed["shape"]).astype(np.float32)
     scale = np.asarray(packed["scale"], dtype=np.float32)
     return values * scale.reshape(-1, *([1] * (values.ndim - 1)))
@@ -239,7 +246,7 @@ def payload_schema() -> dict[str, Any]:
     return dict(json.loads(text))
 
 
-def to_json(payload: Payload) -> str:
+def to_json(payload: Mapping[str, Any]) -> str:
     """Compact JSON, safe inside ``<script type="application/json">``: every ``<`` is ``\\u003c``,
     so neither ``</script>`` nor ``<!--`` can end or confuse the element."""
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")

@@ -52,14 +52,7 @@
         `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}, d_head ${m.d_head}; layers and heads are 0-indexed`));
       for (const note of p.notes) header.append(el("div", "as-note", note));
       const bar = el("div", "as-toolbar");
-      this.tabs = el("div", "as-tabs");
-      for (const name of p.views) {
-        const tab = el("button", "as-tab", VIEW_NAMES[name]);
-        tab.type = "button";
-        tab.dataset.view = name;
-        tab.addEventListener("click", () => this.setView(name));
-        this.tabs.append(tab);
-      }
+      this.tabs = NS.tabs(p.views.map((name) => [name, VIEW_NAMES[name]]), (name) => this.setView(name));
       bar.append(this.tabs);
       if (p.kinds.length > 1) {
         const [label, select] = NS.control("select", "Attention", "kind");
@@ -136,30 +129,8 @@
 
     /* Draw the current view once its arrays are decoded; a newer draw request wins. */
     async draw() {
-      const ticket = ++this.drawCount;
-      try {
-        await this.ensure();
-        if (ticket !== this.drawCount) return;
-        this.views[this.state.view].render();
-        this.status.textContent = "";
-        this.markDrawn();
-        if (this.onChange) this.onChange(this);
-      } catch (error) {
-        this.status.textContent = `attnscope: cannot draw this view: ${error.message}`;
-        throw error;
-      }
-    }
-
-    markDrawn() {
-      const done = this.root.dataset.drawn ? this.root.dataset.drawn.split(" ") : [];
-      if (!done.includes(this.state.view)) {
-        // reading a pixel makes the browser rasterize the canvas now, so the mark is truly "drawn"
-        this.views[this.state.view].canvas.getContext("2d").getImageData(0, 0, 1, 1);
-        if (!done.length) performance.mark(`attnscope:${this.root.id}:drawn`);
-        done.push(this.state.view);
-        this.root.dataset.drawn = done.join(" ");
-      }
-      this.root.dataset.view = this.state.view;
+      const drawn = await drawLatest(this, () => this.ensure(), () => this.views[this.state.view].render());
+      if (drawn && this.onChange) this.onChange(this);
     }
 
     // ---- actions ----------------------------------------------------------------------------
@@ -223,6 +194,40 @@
     }
   }
 
+  /* One draw of `app` (which has drawCount, status, root, state.view and views[name].canvas):
+   * await prepare(), then render(its result) unless a newer draw began meanwhile; true if drawn.
+   * When a view has drawn for the first time, root.dataset.drawn lists it, and the page's first
+   * drawing sets performance mark "attnscope:<root id>:drawn". */
+  async function drawLatest(app, prepare, render) {
+    const ticket = ++app.drawCount;
+    try {
+      const data = await prepare();
+      if (ticket !== app.drawCount) return false;
+      render(data);
+      app.status.textContent = "";
+      markDrawn(app);
+      return true;
+    } catch (error) {
+      app.status.textContent = `attnscope: cannot draw this view: ${error.message}`;
+      throw error;
+    }
+  }
+
+  function markDrawn(app) {
+    const root = app.root;
+    const view = app.state.view;
+    const done = root.dataset.drawn ? root.dataset.drawn.split(" ") : [];
+    if (!done.includes(view)) {
+      // reading a pixel makes the browser rasterize the canvas now, so the mark is truly "drawn"
+      app.views[view].canvas.getContext("2d").getImageData(0, 0, 1, 1);
+      if (!done.length) performance.mark(`attnscope:${root.id}:drawn`);
+      done.push(view);
+      root.dataset.drawn = done.join(" ");
+    }
+    root.dataset.view = view;
+  }
+  NS.drawLatest = drawLatest;
+
   /* The state a page address asks for, e.g. views.html#view=neuron&layer=2&head=3&query=5
    * (0-indexed; kind = index of the kind of attention; norms=1 for the norm toggle). */
   function stateFromHash(app, hash) {
@@ -249,6 +254,7 @@
   /* options.hash: read the starting state from the page address (standalone files, not notebooks);
    * options.onChange(app): called after every draw (the explorer keeps its address in step). */
   NS.mount = function mount(root, payload, options) {
+    if (payload.format === "attnscope.longview") return NS.mountLong(root, payload, options);
     const app = new App(root, payload);
     app.onChange = options && options.onChange;
     NS.instances[root.id] = app;

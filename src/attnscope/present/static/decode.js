@@ -2,7 +2,8 @@
  *
  * A packed array (payload.schema.json, $defs/packed) is base64 bytes, zlib-compressed when
  * compression is "deflate" (inflated by the browser's own DecompressionStream). uint8 arrays keep
- * their bytes (a view reads byte * scale[layer]); float16 arrays become a Float32Array.
+ * their bytes (a view reads byte * scale[layer]); float16 arrays become a Float32Array, uint16 arrays
+ * (key positions of the long view) a Uint16Array.
  */
 (function (NS) {
   "use strict";
@@ -78,16 +79,26 @@
     }
   }
 
-  async function unpack(packed) {
-    let bytes = base64Bytes(packed.data);
-    if (packed.compression === "deflate") bytes = await inflate(bytes);
-    if (packed.dtype === "uint8") return new ByteGrid(packed, bytes);
+  async function bytesOf(packed) {
+    const bytes = base64Bytes(packed.data);
+    return packed.compression === "deflate" ? inflate(bytes) : bytes;
+  }
+
+  /* A float16 or uint16 packed array as a flat Float32Array or Uint16Array (C order, packed.shape). */
+  async function unpackNumbers(packed) {
+    const bits = littleEndianUint16(await bytesOf(packed));
+    if (packed.dtype === "uint16") return bits;
     const table = float16Table();
-    const bits = littleEndianUint16(bytes);
     const values = new Float32Array(bits.length);
     for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];
-    return new VectorGrid(packed, values);
+    return values;
+  }
+
+  async function unpack(packed) {
+    if (packed.dtype === "uint8") return new ByteGrid(packed, await bytesOf(packed));
+    return new VectorGrid(packed, await unpackNumbers(packed));
   }
 
   NS.unpack = unpack;
+  NS.unpackNumbers = unpackNumbers;
 })((window.AttnscopeViews = window.AttnscopeViews || {}));

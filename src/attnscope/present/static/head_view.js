@@ -61,15 +61,20 @@
       const heads = this.app.nHeads();
       this.swatches.replaceChildren();
       for (let head = 0; head < heads; head++) {
-        const swatch = element("span", "as-swatch", String(head));
+        const swatch = element("span", "as-swatch", String(this.headName(head)));
         swatch.dataset.head = String(head);
         swatch.style.background = NS.headColor(head);
-        swatch.title = `head ${head} (0-indexed): click to show/hide, double-click to show only this head`;
+        swatch.title = `head ${this.headName(head)} (0-indexed): click to show/hide, double-click to show only this head`;
         swatch.addEventListener("click", () => this.app.toggleHead(head));
         swatch.addEventListener("dblclick", () => this.app.soloHead(head));
         this.swatches.append(swatch);
       }
       this.paintSwatches();
+    }
+
+    /* The model's number of head `head` (the long view's window may hold a subset of the heads). */
+    headName(head) {
+      return this.app.headName ? this.app.headName(head) : head;
     }
 
     paintSwatches() {
@@ -134,7 +139,7 @@
 
     drawCaption(scene, layout) {
       const app = this.app;
-      const heads = [...app.state.heads].sort((a, b) => a - b);
+      const heads = [...app.state.heads].sort((a, b) => a - b).map((head) => this.headName(head));
       const shownHeads = heads.length === app.nHeads() ? "all heads"
         : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
       scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.state.layer} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,

@@ -109,7 +109,15 @@
       ctx.fillStyle = s.color || "#222";
       ctx.textAlign = s.align || "left";
       ctx.textBaseline = "middle";
-      ctx.fillText(item.text, item.x, item.y);
+      if (!s.rotate) {
+        ctx.fillText(item.text, item.x, item.y);
+        return;
+      }
+      ctx.save(); // rotated text (the long view's key labels): turn about the text's anchor
+      ctx.translate(item.x, item.y);
+      ctx.rotate((s.rotate * Math.PI) / 180);
+      ctx.fillText(item.text, 0, 0);
+      ctx.restore();
     },
     image(ctx, item, view) {
       if (outside(item.y, item.y + item.h, view)) return;
@@ -212,7 +220,8 @@
     text(item) {
       const s = item.style;
       const alpha = s.alpha === undefined ? "" : ` opacity="${s.alpha}"`;
-      return `<text x="${round(item.x)}" y="${round(item.y)}" font-family="${FONT}" font-size="${s.size || 12}" ` +
+      const turn = s.rotate ? ` transform="rotate(${s.rotate} ${round(item.x)} ${round(item.y)})"` : "";
+      return `<text${turn} x="${round(item.x)}" y="${round(item.y)}" font-family="${FONT}" font-size="${s.size || 12}" ` +
         `font-weight="${s.weight || "normal"}" fill="${s.color || "#222"}" text-anchor="${ANCHOR[s.align || "left"]}" ` +
         `dominant-baseline="central"${alpha}>${escapeXml(item.text)}</text>`;
     },
@@ -268,5 +277,18 @@
     return [label, input];
   }
 
-  Object.assign(NS, { element, control, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor, FONT });
+  /* A row of tab buttons: views = [[name, text], ...] (data-view=name); click calls choose(name). */
+  function tabs(views, choose) {
+    const row = element("div", "as-tabs");
+    for (const [name, text] of views) {
+      const tab = element("button", "as-tab", text);
+      tab.type = "button";
+      tab.dataset.view = name;
+      tab.addEventListener("click", () => choose(name));
+      row.append(tab);
+    }
+    return row;
+  }
+
+  Object.assign(NS, { element, control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor, FONT });
 })((window.AttnscopeViews = window.AttnscopeViews || {}));
