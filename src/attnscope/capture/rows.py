@@ -228,7 +228,7 @@ class RowCollector:
 
     def _add_overview(self, start: int, probs: torch.Tensor) -> None:
         """Block sums of every query row (the overview keeps all rows, not just the selected ones)."""
-        block = self.plan.overview
+        block = min(self.plan.overview, self.n_keys)  # a block wider than the input is the whole input
         batch, heads, n, k_seen = probs.shape
         padded = torch.nn.functional.pad(probs, (0, -k_seen % block))
         key_blocks = padded.view(batch, heads, n, -1, block).sum(-1)  # [b, h, n, k_blocks_seen]

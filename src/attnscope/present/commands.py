@@ -15,21 +15,50 @@ def _input_arguments(parser: argparse.ArgumentParser) -> None:
     """TEXT (with --pair and the model options) or --record FILE."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("text", nargs="?", help="the text (first sentence)")
+    source.add_argument("--file", "-F", type=Path, help="a text file read as one input (e.g. a long document)")
     source.add_argument("--record", "-r", type=Path, help="a saved record (.safetensors from 'attnscope extract')")
     parser.add_argument("--pair", "-p", help="second sentence (encoders/decoders) or target text (encoder-decoders)")
+    parser.add_argument("--max-tokens", type=int, help="truncate the input to this many tokens (default: the model's limit)")
     add_model_arguments(parser)
 
 
-def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool) -> AttentionRecord:
+def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bool = False) -> AttentionRecord:
+    """The record to draw: loaded (``--record``, lazily), or captured from TEXT / ``--file``.
+
+    With ``long`` (or an input longer than :data:`LONG_VIEW_TOKENS`), the capture keeps what the
+    long view draws, an overview and the top-k keys of every query, never the whole matrix.
+    """
     if args.record is not None:
         if args.pair is not None:
             raise AttnscopeError("--pair goes with TEXT, not with --record")
-        return AttentionRecord.load(args.record)
+        return AttentionRecord.open(args.record)
     from ..capture.extract import extract
     from ..capture.tokens import split_item
+    from ..cli import read_document
 
-    split_item((args.text, args.pair), 0)  # reject bad input before the model loads
-    return extract(load_from_args(args), args.text, args.pair, qkv=qkv, norms=norms)
+    text = read_document(args.file) if args.file is not None else args.text
+    split_item((text, args.pair), 0)  # reject bad input before the model loads
+    loaded = load_from_args(args)
+    plan = long_view_plan(loaded, text, args.pair, args.max_tokens, force=long)
+    if plan is not None:
+        return extract(loaded, text, args.pair, plan=plan, max_length=args.max_tokens)
+    return extract(loaded, text, args.pair, qkv=qkv, norms=norms, max_length=args.max_tokens)
+
+
+LONG_VIEW_TOKENS = 512  # longer inputs get the long view: the line views are unreadable past this
+
+
+def long_view_plan(loaded, text: str, pair: str | None, max_tokens: int | None,  # type: ignore[no-untyped-def]
+                   *, force: bool = False, top_k: int = 32, overview_cells: int = 256):
+    """The capture plan of the long view (top-k keys of every query and an overview of about
+    ``overview_cells`` blocks a side), or None when the input is short enough for the line views."""
+    from ..capture.plan import CapturePlan
+
+    limit = min(max_tokens or loaded.max_length, loaded.max_length)
+    tokens = min(len(loaded.tokenizer(text, pair)["input_ids"]), limit)
+    if not force and (tokens <= LONG_VIEW_TOKENS or loaded.is_encoder_decoder):
+        return None
+    return CapturePlan(attention=False, top_k=top_k, overview=max(1, -(-tokens // overview_cells)))
 
 
 # ---- view ------------------------------------------------------------------------------------
@@ -42,18 +71,35 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out ||alpha f(x)|| (smaller file, no norm toggle)")
     parser.add_argument("--output", "-o", type=Path, default=Path("attnscope-views.html"),
                         help="the HTML file to write (default: attnscope-views.html)")
+    parser.add_argument("--long", action="store_true",
+                        help=f"the long view (zoomable heatmap, thumbnails, a window's lines) even for inputs of "
+                        f"{LONG_VIEW_TOKENS} tokens or fewer; longer inputs always get it")
 
 
 def _run_view(args: argparse.Namespace) -> int:
     from .html import view
 
     needs_vectors = args.kind in ("neuron", "all")
-    record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms)
+    record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
+    if record.is_partial:
+        return _write_long_view(record, args.output)
     page = view(record, args.kind, norms=not args.no_norms)
     path = page.save(args.output)
     size = path.stat().st_size / 1024
     print(f"wrote {path} ({size:,.0f} KB; {', '.join(page.views)} view{'s' if len(page.views) > 1 else ''}; "
           f"{len(record.tokens)} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
+    for note in page.payload["notes"]:
+        print(f"note: {note}")
+    return 0
+
+
+def _write_long_view(record: AttentionRecord, output: Path) -> int:
+    from .longview import long_view_of
+
+    page = long_view_of(record)
+    path = page.save(output)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
+          f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
     for note in page.payload["notes"]:
         print(f"note: {note}")
     return 0
@@ -93,6 +139,10 @@ COMMANDS = (
   attnscope view "I went to the store." --pair "At the store, I bought fresh strawberries." -o views.html
   attnscope view "The cat sat on the mat." --model smollm2 --kind head -o cat.html
   attnscope view --record records/record_000000.safetensors --kind model -o model.html
+  attnscope view --model smollm2 --file long.txt -o long.html     # up to 8,192 tokens: the long view
+  attnscope view "The cat sat on the mat." --long -o small-long.html
+Inputs over 512 tokens get the long view (a zoomable heatmap from a block-averaged overview and
+each query's 32 strongest keys, thumbnails of every head, the lines of a window of tokens).
 The file needs no network: scripts, styles and data are inside. Hover tokens, click heads
 (double-click: only that head), export the current view as SVG or PNG.""", _view_arguments, _run_view),
     Command("plot", "draw a static figure (heatmap of a head, layers x heads grid, token types) as PNG/SVG/PDF",

@@ -36,6 +36,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..record import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text
 from .payload import PackedArray, pack_float16, pack_uint16
 
@@ -162,6 +163,25 @@ def long_view(tokens: Sequence[str], overview: np.ndarray, block: int, topk_indi
     return AttentionView(build_long_payload(tokens, overview, block, topk_indices, topk_weights, layers=layers,
                                             heads=heads, causal=causal, special_mask=special_mask, title=title,
                                             max_mb=max_mb))
+
+
+def long_view_of(record: AttentionRecord, *, title: str | None = None, max_mb: float = 36.0) -> AttentionView:
+    """The long view of a record captured with an overview and top-k keys for every query
+    (``CapturePlan(attention=False, top_k=32, overview=block)``, as ``attnscope view --long`` does)."""
+    kind = record.model.main_kind
+    overview, indices, weights = (record.get(kind, name) for name in ("overview", "topk_indices", "topk_weights"))
+    if overview is None or indices is None or weights is None:
+        raise AttnscopeError(f"the long view needs an overview and top-k keys, but this record is {record.holdings()}; "
+                             "capture it with attnscope view --long, or extract --overview BLOCK --top-k K")
+    if len(record.query_positions) != len(record.tokens):
+        raise AttnscopeError("the long view needs the top-k keys of every query; this record kept "
+                             f"{len(record.query_positions)} of {len(record.tokens)} query rows")
+    block = int((record.selection.plan if record.selection else {}).get("overview") or 0)
+    if block < 1:
+        raise AttnscopeError("this record does not say the overview's block size (capture it with a plan)")
+    return long_view(record.tokens, overview, block, indices, weights, layers=record.layers_held,
+                     heads=record.heads_held, causal=record.model.causal, special_mask=record.special_mask,
+                     title=title, max_mb=max_mb)
 
 
 def build_long_payload(tokens: Sequence[str], overview: np.ndarray, block: int, topk_indices: np.ndarray,

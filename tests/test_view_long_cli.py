@@ -1,0 +1,56 @@
+"""``attnscope view --long`` / ``--file``: the long view captured with a plan, end to end on minilm."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from attnscope.capture.extract import extract
+from attnscope.cli import main
+from attnscope.present.longview import LONG_VIEWS
+from attnscope.present.payload import unpack
+from attnscope.record import AttentionRecord
+
+
+def _payload(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="[^"]+-payload">(.*?)</script>', html, re.S)
+    assert match, "no payload in the page"
+    return json.loads(match.group(1))
+
+
+def test_view_long_writes_the_long_page_from_a_plan(tmp_path, capsys):
+    text = tmp_path / "doc.txt"
+    text.write_text("The cat sat on the mat. " * 40 + "Then it slept.", encoding="utf-8")
+    out = tmp_path / "long.html"
+    assert main(["view", "--file", str(text), "--long", "-o", str(out)]) == 0
+    assert "long view" in capsys.readouterr().out
+    payload = _payload(out.read_text(encoding="utf-8"))
+    assert payload["format"] == "attnscope.longview" and payload["views"] == list(LONG_VIEWS)
+    full = extract("minilm", text.read_text(encoding="utf-8"))
+    assert payload["tokens"] == list(full.tokens)
+    assert payload["layers"] == list(range(full.n_layers)) and payload["heads"] == list(range(full.n_heads))
+
+
+def test_view_of_a_partial_record_without_an_overview_says_what_it_needs(tmp_path, capsys):
+    records = tmp_path / "recs"
+    assert main(["extract", "The cat sat on the mat.", "--stats", "-o", str(records)]) == 0
+    record = next(records.glob("*.safetensors"))
+    assert main(["view", "--record", str(record), "-o", str(tmp_path / "v.html")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "needs an overview and top-k keys" in error[0]
+
+
+def test_a_saved_long_record_opens_lazily_in_the_view(tmp_path):
+    records = tmp_path / "recs"
+    assert main(["extract", "The cat sat on the mat.", "--top-k", "4", "--overview", "2", "-o", str(records)]) == 0
+    record = next(records.glob("*.safetensors"))
+    assert main(["view", "--record", str(record), "-o", str(tmp_path / "v.html")]) == 0
+    payload = _payload((tmp_path / "v.html").read_text(encoding="utf-8"))
+    saved = AttentionRecord.open(record)
+    assert payload["top_k"]["source_k"] == 4 and payload["overview"]["source_block"] == 2
+    assert len(payload["top_k"]["weights"]) == saved.model.n_layers  # one list per layer, one entry per head
+    first_head = unpack(payload["top_k"]["weights"][0][0])  # [k, q_pos], rank 0 strongest
+    np.testing.assert_allclose(first_head.T[:, : first_head.shape[0]], saved.held("topk_weights")[0, 0][:, : first_head.shape[0]],
+                               atol=1e-3)
