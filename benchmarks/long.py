@@ -64,11 +64,11 @@ def peak_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def measure(run) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(seconds, peak RSS in MB) of ``run()`` alone."""
+def measure(run, *args, **kwargs) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(seconds, peak RSS in MB) of ``run(*args, **kwargs)`` alone."""
     reset_peak()
     start = time.perf_counter()
-    run()
+    run(*args, **kwargs)
     return time.perf_counter() - start, peak_mb()
 
 
@@ -102,17 +102,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for n in lengths:
             tokens = len(model.tokenizer(texts[n])["input_ids"])
-            plain_s, plain_mb = measure(lambda: plain(n))
-            stats_s, stats_mb = measure(lambda: extract(model, texts[n], plan=stats_plan, max_length=n))
-            layer_s, layer_mb = measure(lambda: extract(model, texts[n], plan=CapturePlan(layers=(middle_layer,)),
-                                                        max_length=n))
+            plain_s, plain_mb = measure(plain, n)
+            stats_s, stats_mb = measure(extract, model, texts[n], plan=stats_plan, max_length=n)
+            layer_s, layer_mb = measure(extract, model, texts[n], plan=CapturePlan(layers=(middle_layer,)),
+                                        max_length=n)
             path = Path(folder) / f"top32_{n}.safetensors"
-            sparse_s, sparse_mb = measure(lambda: extract_to_file(
-                model, texts[n], path=path, plan=CapturePlan(attention=False, top_k=32), float16=True,
-                max_length=n, progress=False))
-            row = dict(tokens=tokens, plain_s=plain_s, plain_peak_mb=plain_mb, stats_s=stats_s, stats_peak_mb=stats_mb,
-                       layer_s=layer_s, layer_peak_mb=layer_mb, sparse_s=sparse_s, sparse_peak_mb=sparse_mb,
-                       sparse_bytes=path.stat().st_size)
+            sparse_s, sparse_mb = measure(extract_to_file, model, texts[n], path=path,
+                                          plan=CapturePlan(attention=False, top_k=32), float16=True, max_length=n,
+                                          progress=False)
+            row = {"tokens": tokens, "plain_s": plain_s, "plain_peak_mb": plain_mb, "stats_s": stats_s,
+                   "stats_peak_mb": stats_mb, "layer_s": layer_s, "layer_peak_mb": layer_mb, "sparse_s": sparse_s,
+                   "sparse_peak_mb": sparse_mb, "sparse_bytes": path.stat().st_size}
             for key, value in row.items():
                 figures[key].append(round(value, 2) if isinstance(value, float) else value)
             print(json.dumps({"length": n, **{k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}}),

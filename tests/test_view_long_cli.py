@@ -15,7 +15,7 @@ from attnscope.record import AttentionRecord
 
 
 def _payload(html: str) -> dict:
-    match = re.search(r'<script type="application/json" id="[^"]+-payload">(.*?)</script>', html, re.S)
+    match = re.search(r'<script type="application/json" id="[^"]+-payload">(.*?)</script>', html, re.DOTALL)
     assert match, "no payload in the page"
     return json.loads(match.group(1))
 

@@ -166,9 +166,8 @@ def _jsonl_item(path: Path, number: int, line: str) -> tuple[str, str | None]:
 
 def _run_extract(args: argparse.Namespace) -> int:
     from .capture.extract import extract_corpus
-    from .capture.tokens import split_item
-
     from .capture.options import plan_from_args
+    from .capture.tokens import split_item
 
     items = read_inputs(args.file) if args.file else [(read_document(args.document), None)] if args.document else [
         (args.text, args.pair)]

@@ -22,10 +22,10 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
 from .attention import CaptureComplete, CaptureSession, capture, main_kind
-from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
-from .planned import StreamingSink, batch_facts, planned_records
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
+from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
+from .planned import StreamingSink, batch_facts, planned_records
 from .tokens import Encoded, Item, Side, encode_side, encode_sides, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches

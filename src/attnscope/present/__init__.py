@@ -16,8 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from .html import AttentionView, head_view, model_view, neuron_view, view
-from .longview import (LONG_VIEWS, build_long_payload, downsample_attention, long_view, long_view_of, long_view_schema,
-                       top_k_rows)
+from .longview import (
+    LONG_VIEWS,
+    build_long_payload,
+    downsample_attention,
+    long_view,
+    long_view_of,
+    long_view_schema,
+    top_k_rows,
+)
 from .payload import VIEWS, build_payload, payload_schema
 
 # the figures need matplotlib (an optional extra): imported on first use
