@@ -142,7 +142,7 @@ def test_memory_estimate_refuses_with_one_clear_line():
                                     length=4096)
     assert full.kept == 2 * 30 * 9 * 4096 * 4096 * 4  # the whole float32 matrix of every layer, stacked once
     assert stats.total < full.total / 50
-    with pytest.raises(AttnscopeError, match=r"needs about .* GiB .* available; keep less with --stats"):
+    with pytest.raises(AttnscopeError, match=r"needs about .* GiB .* available; keep less \(attnscope extract with --stats"):
         check_memory(full, what="capturing", available=8 * 2**30)
     check_memory(MemoryEstimate(kept=1, working=1), what="capturing", available=8 * 2**30)
 

@@ -189,7 +189,9 @@ def attention_scores(
     ``[batch, head, q_pos, k_pos]``. Masked logits are the dtype's minimum (finite, so that
     ``0 * logit`` stays 0).
     """
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [batch, head, q_pos, k_pos]
+    scores = torch.matmul(query, key.transpose(2, 3))  # [batch, head, q_pos, k_pos]
+    if scaling != 1.0:
+        scores = scores * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if position_bias is not None:
@@ -333,7 +335,7 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
         end = min(start + plan.chunk, q_len)
         k_seen = end if implicit_causal else k_len
         mask = None if attention_mask is None else attention_mask[:, :, start:end, :k_seen]
-        scores = attention_scores(query[:, :, start:end], keys[:, :, :k_seen], mask, scaling,
+        scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, :k_seen], mask, 1.0,
                                   None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap")).float()
         if implicit_causal:  # only the chunk's own square holds future keys
             future = ~causal_mask(end - start, 0, end - start)[0, 0]
