@@ -308,7 +308,7 @@ def test_pre_hooks_that_rewrite_keyword_inputs_are_thread_local_too(tiny_llama):
 
     inputs = padded(tiny_llama)
     intact = hidden(tiny_llama, inputs)
-    make = lambda: local_hooks([tiny_llama.model.model.layers[1]], halve, pre=True)  # noqa: E731
+    make = lambda: local_hooks([tiny_llama.model.model.layers[1]], halve, pre=True)
     with make():
         expected_changed = hidden(tiny_llama, inputs)
     assert not torch.allclose(expected_changed, intact)

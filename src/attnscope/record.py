@@ -207,7 +207,7 @@ class AttentionRecord:
                 arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
         except (OSError, ValueError, RuntimeError, SafetensorError) as error:
             raise AttnscopeError(f"cannot read record {path}: {error}") from None
-        meta = check_record_parts(header, arrays, path)  # one AttnscopeError line naming what is wrong
+        meta = check_record_parts(header, arrays, path, FORMAT_VERSION)  # one AttnscopeError line naming the fault
         arrays = {key: v.astype(np.float32) if v.dtype == np.float16 else v for key, v in arrays.items()}
         return cls(
             model=ModelInfo(**meta["model"]),

@@ -42,14 +42,16 @@ class ArrayLike(Protocol):
     def __getitem__(self, index: Any) -> Any: ...
 
 
-def check_record_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
+def check_record_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path,
+                       format_version: int) -> dict[str, Any]:
     """The record metadata parsed from ``header``, once it and ``arrays`` are checked to agree.
 
-    ``arrays`` maps ``"<kind>.<field>"`` / ``"input.<field>"`` / ``"target.<field>"`` to arrays
-    (see :mod:`attnscope.record`). Raises AttnscopeError naming the first problem found.
+    ``format_version`` is the newest version this attnscope reads. ``arrays`` maps
+    ``"<kind>.<field>"`` / ``"input.<field>"`` / ``"target.<field>"`` to arrays (see
+    :mod:`attnscope.record`). Raises AttnscopeError naming the first problem found.
     """
     try:
-        meta = _parse_metadata(header)
+        meta = _parse_metadata(header, format_version)
         _check_arrays(meta, arrays)
     except _Damaged as problem:
         raise AttnscopeError(f"{path} is not a valid attnscope record: {problem}") from None
@@ -61,7 +63,7 @@ class _Damaged(Exception):
 
 
 # ---- metadata -------------------------------------------------------------------------------
-def _parse_metadata(header: str | None) -> dict[str, Any]:
+def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
     if header is None:
         raise _Damaged("a safetensors file without attnscope metadata")
     try:
@@ -70,11 +72,9 @@ def _parse_metadata(header: str | None) -> dict[str, Any]:
         raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(meta, dict):
         raise _Damaged(f"its metadata is a JSON {_json_type(meta)}, not an object")
-    from .record import FORMAT_VERSION  # here, not at the top: record.py imports this module
-
     version: Any = meta.get("format_version")
-    if _numeric(version) and version > FORMAT_VERSION:
-        raise _Damaged(f"format version {version} is newer than this attnscope reads ({FORMAT_VERSION}); "
+    if _numeric(version) and version > format_version:
+        raise _Damaged(f"format version {version} is newer than this attnscope reads ({format_version}); "
                        "upgrade attnscope")
     problem = schema_problem(meta, record_schema())
     if problem:
