@@ -344,3 +344,22 @@ def test_cli_turns_a_damaged_record_into_one_error_line(good_files, tmp_path, ca
     assert code == 2
     assert err.strip().count("\n") == 0 and err.startswith("attnscope: error: ") and "99" in err
     assert not (tmp_path / "v.html").exists()
+
+
+def test_checks_work_on_memory_mapped_arrays(good, tmp_path):
+    """What lazily loaded records will hand the checks: arrays that are read only where looked at."""
+    from attnscope.record import FORMAT_VERSION
+    from attnscope.record_checks import check_record_parts
+
+    record = good["bert"]
+    mapped = {}
+    for name, array in record.arrays.items():
+        np.save(tmp_path / f"{name}.npy", array)
+        mapped[name] = np.load(tmp_path / f"{name}.npy", mmap_mode="r")
+    header = json.dumps(record._metadata())
+    assert check_record_parts(header, mapped, "mapped", FORMAT_VERSION)["tokens"] == list(record.tokens)
+    damaged = np.load(tmp_path / "self.norms.npy", mmap_mode="r+")
+    damaged[1, 2, 3, 4] = np.inf
+    damaged.flush()
+    with pytest.raises(AttnscopeError, match=r"mapped is not a valid attnscope record: self.norms holds NaN .*layer 1"):
+        check_record_parts(header, mapped, "mapped", FORMAT_VERSION)
