@@ -203,15 +203,35 @@ def test_real_set_batches_and_held_out_maps():
     assert all(m.first_pass in PATTERNS for m in maps)
 
 
-def test_cohen_kappa_matches_scikit_learn():
-    from sklearn.metrics import cohen_kappa_score
+def test_cohen_kappa_on_a_worked_example():
+    # 50 items: both say yes 20, only the first 5, only the second 10, both no 15 -> p_o = 0.7,
+    # p_e = 0.5 * 0.6 + 0.5 * 0.4 = 0.5, kappa = (0.7 - 0.5) / (1 - 0.5) = 0.4
+    first = ["yes"] * 25 + ["no"] * 25
+    second = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
+    assert cohen_kappa(first, second) == pytest.approx(0.4, abs=1e-12)
+    assert cohen_kappa(first, first) == 1.0 and cohen_kappa(["a"] * 4, ["a"] * 4) == 1.0
+
+
+def test_score_gives_scikit_learns_figures():
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
     rng = np.random.default_rng(4)
-    names = list(PATTERNS)[:5]
-    first = [str(name) for name in rng.choice(names, 60)]
-    second = [a if rng.random() < 0.6 else str(rng.choice(names)) for a in first]
-    assert cohen_kappa(first, second) == pytest.approx(cohen_kappa_score(first, second), abs=1e-12)
-    assert cohen_kappa(first, first) == 1.0
+    names = list(PATTERNS)[:6]
+    for trial in range(20):
+        gold = [str(name) for name in rng.choice(names, 40 + trial)]
+        predicted = [g if rng.random() < 0.5 else str(rng.choice(names)) for g in gold]
+        result = score(gold, predicted)
+        classes = list(result.per_class)
+        reference = precision_recall_fscore_support(gold, predicted, labels=classes, zero_division=0.0)
+        for name, *figures in zip(classes, *reference):
+            ours = result.per_class[name]
+            assert [ours["precision"], ours["recall"], ours["f1"]] == pytest.approx(figures[:3], abs=5e-5)
+            assert ours["support"] == figures[3]
+        assert result.macro_f1 == pytest.approx(np.mean(reference[2]), abs=1e-4)
+        assert result.accuracy == pytest.approx(accuracy_score(gold, predicted), abs=5e-5)
+        matrix = confusion_matrix(gold, predicted, labels=classes)
+        assert all(result.confusion.get(g, {}).get(p, 0) == matrix[i, j]
+                   for i, g in enumerate(classes) for j, p in enumerate(classes))
 
 
 def test_agreement_figures_by_hand():

@@ -237,3 +237,82 @@ def test_unknown_sublayers_are_one_line_errors(tiny_bert):
         pass
     with pytest.raises(AttnscopeError, match="layer 7"), skip_sublayers(tiny_bert, ffn=[7]):
         pass
+
+
+# ---- threads -----------------------------------------------------------------------------------
+RUNS = 8
+
+
+def run_side_by_side(loaded, inputs, changed_block) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two threads run the same model at once, ``RUNS`` times each: one inside ``changed_block()``,
+    the other with no intervention. Returns (changed outputs, intact outputs)."""
+    import threading
+
+    both_inside = threading.Barrier(2, timeout=60)
+    outputs: dict[str, list[torch.Tensor]] = {"changed": [], "intact": []}
+
+    def run(name: str) -> None:
+        for _ in range(RUNS):
+            both_inside.wait()  # each run of one thread overlaps a run of the other
+            outputs[name].append(hidden(loaded, inputs))
+
+    def changed() -> None:
+        with changed_block():
+            run("changed")
+
+    threads = [threading.Thread(target=changed), threading.Thread(target=run, args=("intact",))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(outputs["changed"]) == len(outputs["intact"]) == RUNS
+    return outputs["changed"], outputs["intact"]
+
+
+@pytest.mark.parametrize("block", ["skip", "ablate", "corrupt"])
+def test_interventions_act_only_in_the_thread_that_asked(tiny_llama, block):
+    inputs = padded(tiny_llama)
+    intact = hidden(tiny_llama, inputs)
+    make = {"skip": lambda: skip_sublayers(tiny_llama, attention=[1], ffn=[0]),
+            "ablate": lambda: ablate_heads({1: None}),
+            "corrupt": lambda: corrupt_attention("uniform")}[block]
+    with make():
+        expected_changed = hidden(tiny_llama, inputs)
+    assert not torch.allclose(expected_changed, intact)
+    changed, unchanged = run_side_by_side(tiny_llama, inputs, make)
+    for run in range(RUNS):
+        torch.testing.assert_close(unchanged[run], intact, atol=0, rtol=0, msg=f"intact thread, run {run}")
+        torch.testing.assert_close(changed[run], expected_changed, atol=0, rtol=0, msg=f"changed thread, run {run}")
+    assert all(not module._forward_hooks for module in tiny_llama.model.modules())
+
+
+def test_nested_and_overlapping_skips_install_one_hook_and_remove_it_last(tiny_llama):
+    inputs = padded(tiny_llama)
+    ffn = tiny_llama.model.model.layers[0].mlp
+    with skip_sublayers(tiny_llama, ffn=[0]):
+        once = hidden(tiny_llama, inputs)
+        with skip_sublayers(tiny_llama, ffn=[0], attention=[1]):
+            assert len(ffn._forward_hooks) == 1
+        assert len(ffn._forward_hooks) == 1
+        torch.testing.assert_close(hidden(tiny_llama, inputs), once, atol=0, rtol=0)
+    assert not ffn._forward_hooks
+
+
+def test_pre_hooks_that_rewrite_keyword_inputs_are_thread_local_too(tiny_llama):
+    from attnscope.capture.hooks import local_hooks
+
+    def halve(_module, args, kwargs):  # LlamaDecoderLayer takes hidden_states as a keyword or first argument
+        if args:
+            return (args[0] * 0.5, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 0.5}
+
+    inputs = padded(tiny_llama)
+    intact = hidden(tiny_llama, inputs)
+    make = lambda: local_hooks([tiny_llama.model.model.layers[1]], halve, pre=True)
+    with make():
+        expected_changed = hidden(tiny_llama, inputs)
+    assert not torch.allclose(expected_changed, intact)
+    changed, unchanged = run_side_by_side(tiny_llama, inputs, make)
+    assert all(torch.equal(run, intact) for run in unchanged)
+    assert all(torch.equal(run, expected_changed) for run in changed)
+    assert not tiny_llama.model.model.layers[1]._forward_pre_hooks

@@ -115,6 +115,34 @@ def test_bootstrap_interval_is_around_the_paired_mean_difference():
     assert delta[1] == low[1] == high[1] == 0.0
 
 
+def direct_percentile_bootstrap(task, base, stats, n_resamples, seed):
+    """The paired percentile bootstrap from its definition: the same seeded ``[resample, example]``
+    draws for the base and every variant, the 2.5th and 97.5th percentiles of the changes."""
+    index = np.random.default_rng(seed).integers(0, base.shape[0], size=(n_resamples, base.shape[0]))
+    changes = np.array([task.summarise(variant[index]) - task.summarise(base[index]) for variant in stats])
+    return np.percentile(changes, [2.5, 97.5], axis=1)
+
+
+@pytest.mark.parametrize("budget", [1 << 24, 5000])  # 5000: resamples drawn in batches of 12
+def test_bootstrap_interval_equals_the_direct_computation(monkeypatch, budget):
+    class Ratio(Task):  # a corpus-level metric, like BLEU: the ratio of two summed statistics
+        def __init__(self) -> None:
+            pass
+
+        def summarise(self, stats: np.ndarray) -> np.ndarray:
+            return stats[..., 0].sum(-1) / stats[..., 1].sum(-1)
+
+    monkeypatch.setattr("attnscope.experiments.sweeps.BOOTSTRAP_BUDGET", budget)
+    rng = np.random.default_rng(2)
+    base = rng.random((200, 2)) + 0.1
+    stats = base[None] + rng.normal(scale=0.05, size=(5, 200, 2))  # [variant, example, column]
+    delta, low, high = bootstrap_deltas(Ratio(), base, stats, n_resamples=300, seed=7)
+    expected_low, expected_high = direct_percentile_bootstrap(Ratio(), base, stats, 300, 7)
+    np.testing.assert_allclose(low, expected_low, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(high, expected_high, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(delta, Ratio().summarise(stats) - Ratio().summarise(base), rtol=0, atol=1e-15)
+
+
 def test_sweep_result_tables_and_figure(tiny, tmp_path):
     import duckdb
     import pandas as pd

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AttnscopeError
+from .record_checks import check_record_parts
 
 FORMAT_VERSION = 1
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
@@ -319,9 +320,7 @@ class AttentionRecord:
                 arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
         except (OSError, ValueError, RuntimeError, SafetensorError) as error:
             raise AttnscopeError(f"cannot read record {path}: {error}") from None
-        if header is None:
-            raise AttnscopeError(f"{path} is a safetensors file but not an attnscope record")
-        meta = json.loads(header)
+        meta = check_record_parts(header, arrays, path, FORMAT_VERSION)  # one AttnscopeError line naming the fault
         arrays = {key: v.astype(np.float32) if v.dtype == np.float16 else v for key, v in arrays.items()}
         return cls._from_parts(meta, arrays)
 

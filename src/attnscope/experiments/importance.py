@@ -125,9 +125,18 @@ class PruningCurve:
                              "metric": [self.metric] * len(self.values), "value": self.values})
 
     def plot(self, path: str | Path | None = None) -> Any:
-        from .report import plot_pruning_curve
+        """Metric against the share of heads pruned (Michel et al. 2019's figure)."""
+        from .report import finish_figure, pyplot
 
-        return plot_pruning_curve(self, path)
+        plt = pyplot()
+        figure, axes = plt.subplots(figsize=(5.5, 3.6))
+        axes.plot(self.percent, self.values, marker="o")
+        axes.axhline(self.values[0], color="grey", linestyle=":", linewidth=1, label="intact model")
+        axes.set_xlabel(f"% of the {self.total_heads} heads pruned (by importance, recomputed each step)")
+        axes.set_ylabel(self.label or self.metric)
+        axes.set_title(f"{self.model}: iterative head pruning ({self.metric})", fontsize=9)
+        axes.legend(fontsize=7)
+        return finish_figure(figure, path)
 
     def step_within(self, tolerance: float = 0.01) -> int:
         """The last step whose metric is within ``tolerance`` (relative) of the intact model's."""

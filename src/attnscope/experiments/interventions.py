@@ -2,7 +2,8 @@
 
 Everything here either is an :class:`~attnscope.capture.attention.Intervention` (it acts inside
 the one registered attention function, on the probabilities or on the per-head outputs) or a
-context manager that registers forward hooks and removes them in ``finally``. All of them compose:
+context manager that activates forward hooks (:func:`~attnscope.capture.hooks.local_hooks`).
+All act in the current thread / async task only, are removed on exit, and compose:
 
 >>> with ablate_heads({3: [4, 7]}, mode="uniform"), skip_sublayers(model, ffn=[5]):   # doctest: +SKIP
 ...     model.model(**inputs)
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from ..capture.attention import Intervention, intervene
+from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
@@ -248,15 +250,12 @@ def skip_sublayers(loaded: LoadedModel, *, attention: Iterable[int] = (), ffn: I
     """Remove the chosen sublayers' contributions (their output becomes 0; the residual passes on).
 
     For post-LayerNorm models (BERT) the LayerNorm after the sublayer still applies to the residual.
-    The hooks are removed on exit, even after an error.
+    Like :func:`ablate_heads`, it acts in the current thread / async task only (other threads
+    running the same model at the same time are not changed) and is removed on exit, even after
+    an error.
     """
-    handles = [module.register_forward_hook(_zero_output)
-               for module in sublayer_modules(loaded, attention=attention, ffn=ffn, cross=cross, kind=kind)]
-    try:
+    with local_hooks(sublayer_modules(loaded, attention=attention, ffn=ffn, cross=cross, kind=kind), _zero_output):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def main_kind(loaded: LoadedModel) -> str:

@@ -1,8 +1,9 @@
-"""Figures, tables and the HTML summary of sweeps and pruning runs.
+"""Writers shared by the result types of experiments and probing: tables, figures, the HTML summary.
 
 Figures are matplotlib (Agg, no display needed); tables go to CSV, Parquet or DuckDB by suffix;
 the summary page is a fixed template filled with escaped text, a pandas table and links to the
-figures written beside it.
+figures written beside it. The result types import this module to draw and save themselves; it
+knows none of them, so the dependency goes one way.
 """
 
 from __future__ import annotations
@@ -11,22 +12,14 @@ import html
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from ..errors import AttnscopeError
 
-if TYPE_CHECKING:
-    from .importance import PruningCurve
-    from .sweeps import SweepResult
-
 TABLE_FORMATS = ("csv", "parquet", "duckdb")
-SWEEP_TITLES = {"heads": "one head ablated", "layers": "whole layer ablated",
-                "keep-one": "only this head kept in its layer"}
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,59 +28,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def _finish(figure: Any, path: str | Path | None) -> Any:
+def finish_figure(figure: Any, path: str | Path | None, dpi: int = 130) -> Any:
     """Lay out ``figure``; save it to ``path`` (and release it) when given."""
     figure.tight_layout()
     if path is not None:
-        figure.savefig(path, dpi=130)
-        _pyplot().close(figure)
+        figure.savefig(path, dpi=dpi)
+        pyplot().close(figure)
     return figure
-
-
-def plot_sweep(result: SweepResult, path: str | Path | None = None) -> Any:
-    """Layers x heads heatmap of the metric change; ``*`` marks cells whose 95% interval excludes 0.
-
-    Blue = the metric got better than the intact model, red = worse (whatever its direction).
-    Returns the matplotlib figure (saved to ``path`` when given).
-    """
-    plt = _pyplot()
-    rows = [layer for layer in range(result.delta.shape[0]) if np.isfinite(result.delta[layer]).any()]
-    rows = rows or list(range(result.delta.shape[0]))
-    delta, significant = result.delta[rows], result.significant[rows]  # only the layers that were swept
-    better = delta if result.higher_is_better else -delta  # > 0 means the ablation helped
-    limit = float(np.nanmax(np.abs(delta))) if np.isfinite(delta).any() else 1.0
-    n_rows, n_columns = delta.shape
-    figure, axes = plt.subplots(figsize=(1.2 + 0.55 * n_columns + 1.6, 0.9 + 0.45 * n_rows + 1.0))
-    image = axes.imshow(np.ma.masked_invalid(better), cmap="RdBu", vmin=-limit or -1, vmax=limit or 1, aspect="auto")
-    for row, column in zip(*np.nonzero(np.isfinite(delta))):
-        star = "*" if significant[row, column] else ""
-        dark = abs(delta[row, column]) > 0.6 * limit  # white text on the darkest cells
-        axes.text(column, row, f"{delta[row, column]:+.3g}{star}", ha="center", va="center", fontsize=6,
-                  color="white" if dark else "black")
-    axes.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if result.sweep != "layers" else ["all"])
-    axes.set_yticks(range(n_rows), [str(layer) for layer in rows])
-    axes.set_xlabel("head (0-indexed)" if result.sweep != "layers" else "all heads of the layer")
-    axes.set_ylabel("layer (0-indexed)")
-    axes.set_title(f"{result.model}: change in {result.metric} ({SWEEP_TITLES[result.sweep]}, {result.mode})\n"
-                   f"baseline {result.metric} = {result.baseline:.4g}, n = {result.n_examples}; "
-                   f"* = 95% bootstrap CI excludes 0", fontsize=9)
-    colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
-    colorbar.set_label(f"{result.metric} change ({'higher' if result.higher_is_better else 'lower'} is better; "
-                       "blue = better)", fontsize=7)
-    return _finish(figure, path)
-
-
-def plot_pruning_curve(curve: PruningCurve, path: str | Path | None = None) -> Any:
-    """Metric against the share of heads pruned (Michel et al. 2019's figure)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(5.5, 3.6))
-    axes.plot(curve.percent, curve.values, marker="o")
-    axes.axhline(curve.values[0], color="grey", linestyle=":", linewidth=1, label="intact model")
-    axes.set_xlabel(f"% of the {curve.total_heads} heads pruned (by importance, recomputed each step)")
-    axes.set_ylabel(curve.label or curve.metric)
-    axes.set_title(f"{curve.model}: iterative head pruning ({curve.metric})", fontsize=9)
-    axes.legend(fontsize=7)
-    return _finish(figure, path)
 
 
 def table_format(path: Path) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from .metrics import Batch, Task
 SWEEPS = ("heads", "layers", "keep-one")
 TOKEN_BUDGET = 1 << 12  # most (variants x batch x positions) side by side; larger groups ran slower (cache)
 CONFIDENCE = 0.95
+SWEEP_TITLES = {"heads": "one head ablated", "layers": "whole layer ablated",
+                "keep-one": "only this head kept in its layer"}
 
 
 @dataclass(frozen=True)
@@ -123,10 +126,39 @@ class SweepResult:
         return write_table(self.to_frame(), Path(path), table="ablation")
 
     def plot(self, path: str | Path | None = None) -> Any:
-        """The layers x heads heatmap (see :func:`attnscope.experiments.report.plot_sweep`)."""
-        from .report import plot_sweep
+        """Layers x heads heatmap of the metric change; ``*`` marks cells whose 95% interval excludes 0.
 
-        return plot_sweep(self, path)
+        Blue = the metric got better than the intact model, red = worse (whatever its direction).
+        Returns the matplotlib figure (saved to ``path`` when given).
+        """
+        from .report import finish_figure, pyplot
+
+        plt = pyplot()
+        rows = [layer for layer in range(self.delta.shape[0]) if np.isfinite(self.delta[layer]).any()]
+        rows = rows or list(range(self.delta.shape[0]))
+        delta, significant = self.delta[rows], self.significant[rows]  # only the layers that were swept
+        better = delta if self.higher_is_better else -delta  # > 0 means the ablation helped
+        limit = float(np.nanmax(np.abs(delta))) if np.isfinite(delta).any() else 1.0
+        n_rows, n_columns = delta.shape
+        figure, axes = plt.subplots(figsize=(1.2 + 0.55 * n_columns + 1.6, 0.9 + 0.45 * n_rows + 1.0))
+        image = axes.imshow(np.ma.masked_invalid(better), cmap="RdBu", vmin=-limit or -1, vmax=limit or 1,
+                            aspect="auto")
+        for row, column in zip(*np.nonzero(np.isfinite(delta))):
+            star = "*" if significant[row, column] else ""
+            dark = abs(delta[row, column]) > 0.6 * limit  # white text on the darkest cells
+            axes.text(column, row, f"{delta[row, column]:+.3g}{star}", ha="center", va="center", fontsize=6,
+                      color="white" if dark else "black")
+        axes.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if self.sweep != "layers" else ["all"])
+        axes.set_yticks(range(n_rows), [str(layer) for layer in rows])
+        axes.set_xlabel("head (0-indexed)" if self.sweep != "layers" else "all heads of the layer")
+        axes.set_ylabel("layer (0-indexed)")
+        axes.set_title(f"{self.model}: change in {self.metric} ({SWEEP_TITLES[self.sweep]}, {self.mode})\n"
+                       f"baseline {self.metric} = {self.baseline:.4g}, n = {self.n_examples}; "
+                       f"* = 95% bootstrap CI excludes 0", fontsize=9)
+        colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
+        colorbar.set_label(f"{self.metric} change ({'higher' if self.higher_is_better else 'lower'} is better; "
+                           "blue = better)", fontsize=7)
+        return finish_figure(figure, path)
 
     def _repr_html_(self) -> str:
         return str(self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -322,31 +354,40 @@ def _run_group(task: Task, batch: Batch, blocks: Sequence[nn.Module], kept: Any,
 
 
 # ---- statistics ------------------------------------------------------------------------------------------
-def bootstrap_indices(n_examples: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``[resample, example]`` indices drawn with replacement (seeded)."""
-    return np.random.default_rng(seed).integers(0, n_examples, size=(n_resamples, n_examples))
+BOOTSTRAP_BUDGET = 1 << 24  # most resampled statistics held at once (128 MB of float64)
 
 
 def bootstrap_deltas(task: Task, base: np.ndarray, stats: np.ndarray, n_resamples: int, seed: int
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Change of the metric per variant and its paired percentile bootstrap 95% interval.
+    """Change of the metric per variant and its paired percentile bootstrap 95% interval
+    (``scipy.stats.bootstrap`` over example indices, seeded, in batches of resamples that fit
+    :data:`BOOTSTRAP_BUDGET`).
 
     ``base`` ``[example, column]``, ``stats`` ``[variant, example, column]``; each resample draws
     the same examples for the intact model and every variant. Returns ``delta``, ``low``, ``high``
     (each ``[variant]``).
     """
+    from scipy.stats import DegenerateDataWarning, bootstrap
+
     delta = task.summarise(stats) - task.summarise(base)
     if n_resamples < 1:
         nan = np.full(len(stats), np.nan)
         return delta, nan, nan
-    index = bootstrap_indices(base.shape[0], n_resamples, seed)
-    base_resampled = task.summarise(base[index])  # [resample]
-    low, high = np.zeros(len(stats)), np.zeros(len(stats))
-    tail = 100 * (1 - CONFIDENCE) / 2
-    for row in range(len(stats)):
-        changes = task.summarise(stats[row][index]) - base_resampled  # [resample]
-        low[row], high[row] = np.percentile(changes, [tail, 100 - tail])
-    return delta, low, high
+
+    def changes(index: np.ndarray, axis: int = -1) -> np.ndarray:
+        """``[resample, example]`` indices -> metric change ``[variant, resample]``.
+
+        One variant at a time, laid out as the base is, so a variant equal to the base changes by
+        exactly 0 (summed in another layout it could be off by 1e-17, and "significant")."""
+        return np.stack([task.summarise(variant[index]) for variant in stats]) - task.summarise(base[index])
+
+    batch = max(1, BOOTSTRAP_BUDGET // max(1, stats[:, :1].size * base.shape[0]))
+    with warnings.catch_warnings():  # a metric that is NaN on some resamples gives a NaN bound, as before
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        interval = bootstrap((np.arange(base.shape[0]),), changes, n_resamples=n_resamples, batch=batch,
+                             vectorized=True, confidence_level=CONFIDENCE, method="percentile",
+                             rng=np.random.default_rng(seed)).confidence_interval
+    return delta, interval.low, interval.high
 
 
 def summarise_sweep(loaded: LoadedModel, task: Task, sweep: str, mode: str, kind: str, variants: Sequence[Variant],

@@ -1,8 +1,9 @@
 """Break the toy translator on purpose and watch what its translations lose.
 
 Corruptions and switched-off sublayers use :mod:`attnscope.experiments.interventions` (the one
-attention function for patterns, forward hooks that are always removed for sublayers). Each experiment is a context manager factory in ``EXPERIMENTS`` (name-keyed,
-so the CLI's choices come from it):
+attention function for patterns; for sublayers, forward hooks that act in the calling thread only
+and are always removed, :mod:`attnscope.capture.hooks`). Each experiment is a context manager
+factory in ``EXPERIMENTS`` (name-keyed, so the CLI's choices come from it):
 
 * ``uniform``: every source token gets the same cross-attention;
 * ``beginning``: only the first 3 source tokens, equally;
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..experiments.interventions import Pattern, corrupt_attention, skip_sublayers
 from ..models.adapters import find_modules
@@ -35,20 +37,9 @@ from ..models.loading import LoadedModel
 BEGINNING_TOKENS = 3
 
 
-@contextmanager
-def _forward_hooks(modules: list[nn.Module], hook: Callable[..., Any]) -> Iterator[None]:
-    """Register ``hook`` on every module for the duration of the block (always removed)."""
-    handles = [m.register_forward_hook(hook) for m in modules]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _identity(modules: list[nn.Module]) -> Any:
-    """Make ``modules`` pass their input through unchanged."""
-    return _forward_hooks(modules, lambda _m, inputs, _o: inputs[0])
+    """Make ``modules`` pass their input through unchanged (in this thread only)."""
+    return local_hooks(modules, lambda _m, inputs, _o: inputs[0])
 
 
 def _decoder_modules(loaded: LoadedModel, suffix: str) -> list[nn.Module]:
@@ -73,13 +64,9 @@ def _copy_source(loaded: LoadedModel) -> Iterator[None]:
         copied = encoded[:, index]
         return ((copied, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": copied})
 
-    handles = [blocks[("encoder", encoder_layers[-1])].register_forward_hook(keep),
-               blocks[("decoder", 0)].register_forward_pre_hook(replace, with_kwargs=True)]
-    try:
+    with (local_hooks([blocks[("encoder", encoder_layers[-1])]], keep),
+          local_hooks([blocks[("decoder", 0)]], replace, pre=True)):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager

@@ -255,9 +255,36 @@ class CorefResult:
 
     def save(self, folder: str | Path) -> Path:
         """Tables (CSV + DuckDB), the per-head chart and ``index.html`` in ``folder``; returns the page."""
-        from .report import write_coref_report
+        import pandas as pd
 
-        return write_coref_report(self, folder)
+        from ..experiments.report import write_summary
+        from .report import plot_head_grid, write_tables
+
+        folder = Path(folder)
+        headline = self.headline()
+        left_out = pd.DataFrame({"reason": list(self.left_out) + ["a pronoun or head word without word pieces"],
+                                 "items": list(self.left_out.values()) + [self.unaligned]})
+        write_tables({"head_accuracy": self.to_frame(), "items": self.items_frame(), "left_out": left_out},
+                     folder, "probe_coref")
+        plot_head_grid(self.accuracy, f"{self.model}: share of Winograd items whose pronoun attends more to its "
+                       f"antecedent than to the other candidate\nn = {headline['items']}, chance = 0.5, nearest "
+                       f"mention {headline['nearest_mention_acc']:.3f}; best head {headline['best_head']}: "
+                       f"permutation p = {headline['best_head_p_value']:.2g} (max over heads)",
+                       folder / "coref_heads.png", chance=0.5)
+        facts = {"model": self.model, "data": "Winograd schemas from BIG-bench winowhy (gold antecedents)",
+                 "items scored": headline["items"],
+                 "items left out": sum(self.left_out.values()) + self.unaligned,
+                 **{f"left out: {reason}": count for reason, count in self.left_out.items()},
+                 "best head": f"{headline['best_head']} ({headline['best_head_acc']:.3f})",
+                 "p-value of the best head (candidates swapped at random, max over heads)":
+                     headline["best_head_p_value"],
+                 "nearest-mention baseline": headline["nearest_mention_acc"],
+                 "same-head-word baseline": f"{headline['same_head_word_acc']} (a head word matched the pronoun in "
+                 f"{headline['same_head_word_matches']} items; otherwise it falls back to the nearest mention)",
+                 "layers and heads": "0-indexed (layer-head)"}
+        ranked = self.to_frame().sort_values("accuracy", ascending=False).head(20)
+        return write_summary(folder / "index.html", f"Coreference heads: {self.model}", facts, ["coref_heads.png"],
+                             ranked, "The 20 best heads")
 
     def _repr_html_(self) -> str:
         ranked = self.to_frame().sort_values("accuracy", ascending=False).head(10)

@@ -152,9 +152,33 @@ class DependencyResult:
 
     def save(self, folder: str | Path) -> Path:
         """Tables (CSV + DuckDB), charts and ``index.html`` in ``folder``; returns the page."""
-        from .report import write_dependency_report
+        import pandas as pd
 
-        return write_dependency_report(self, folder)
+        from ..experiments.report import write_summary
+        from .report import MAX_CHART_RELATIONS, plot_best_heads, plot_head_grid, write_tables
+
+        folder = Path(folder)
+        best = self.best_heads()
+        note = f"heads: {self.annotation}"
+        mismatches = {"kind": list(self.mismatches), "count": list(self.mismatches.values())}
+        write_tables({"best_heads": best, "head_accuracy": self.to_frame(), "offsets": self.offsets_frame(),
+                      "mismatches": pd.DataFrame(mismatches)}, folder, "probe_deps")
+        per_relation = best[best.relation != ANY_RELATION].head(MAX_CHART_RELATIONS)
+        plot_best_heads(per_relation, f"{self.model}: best single head per relation vs fixed-offset baseline "
+                        f"({len(per_relation)} most frequent relations)\n{note}", folder / "best_heads.png")
+        overall = self.accuracy(ANY_RELATION).max(axis=0)  # [layer, head], better of the two directions
+        plot_head_grid(overall, f"{self.model}: any relation, better direction per head\n{note}",
+                       folder / "any_relation_heads.png")
+        headline = self.headline()
+        facts = {"annotation": note, "model": self.model, "sentences": headline["sentences"],
+                 "arcs scored": headline["arcs"],
+                 "arcs left out (a word without word pieces)": headline["arcs_left_out"],
+                 "any relation: best head": f"{headline['any_relation_head']} ({headline['any_relation_direction']}) "
+                 f"{headline['any_relation_acc']:.3f} vs fixed offset {headline['any_relation_baseline']:.3f}",
+                 **{f"alignment: {kind}": count for kind, count in self.mismatches.items()},
+                 "layers and heads": "0-indexed (layer-head)"}
+        return write_summary(folder / "index.html", f"Dependency heads: {self.model} — {note}", facts,
+                             ["best_heads.png", "any_relation_heads.png"], best, "Best head per relation")
 
     def _repr_html_(self) -> str:
         return str(self.best_heads().to_html(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -169,7 +169,7 @@ def classification_accuracy(rows: dict[str, np.ndarray], features: str = "attent
     """Test accuracy of a logistic regression trained on the training sentences' rows."""
     inputs, labels, test = _inputs(rows, features), _trainable(rows), rows["test"]
     model = _classifier(seed).fit(inputs[~test], labels[~test])
-    return float((model.predict(inputs[test]) == labels[test]).mean())
+    return float(model.score(inputs[test], labels[test]))  # scikit-learn's accuracy
 
 
 def _trainable(rows: dict[str, np.ndarray]) -> np.ndarray:
@@ -229,9 +229,23 @@ class ProbeResult:
 
     def save(self, folder: str | Path) -> Path:
         """Tables (CSV + DuckDB), the chart and ``index.html`` in ``folder``; returns the page."""
-        from .report import write_probe_report
+        import pandas as pd
 
-        return write_probe_report(self, folder)
+        from ..experiments.report import write_summary
+        from .report import plot_probes, write_tables
+
+        folder = Path(folder)
+        frame = self.to_frame()
+        note = f"heads: {self.annotation}"
+        write_tables({"probes": frame, "sizes": pd.DataFrame({"size": list(self.sizes),
+                                                              "value": list(self.sizes.values())})},
+                     folder, "probe_edges")
+        plot_probes(frame, f"{self.model}: attention-only probes (logistic regression, test sentences)\n{note}",
+                    folder / "probes.png")
+        facts = {"annotation": note, "model": self.model, **self.sizes,
+                 "features": "every head's attention between the two words, both directions (word level)"}
+        return write_summary(folder / "index.html", f"Attention-only probes: {self.model} — {note}", facts,
+                             ["probes.png"], frame, "Probes and baselines")
 
     def _repr_html_(self) -> str:
         return str(self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -1,0 +1,333 @@
+"""Checks that a record file holds what its metadata says, before it becomes an AttentionRecord.
+
+A damaged or hand-edited file must not load as garbage nor crash deep inside numpy: every
+problem is refused with one :class:`~attnscope.errors.AttnscopeError` line that names it.
+In order:
+
+1. the metadata is JSON, an object, of a format version this attnscope reads;
+2. it follows the written schema ``record.schema.json`` (read by :func:`schema_problem`, a small
+   reader of exactly the keywords the schema uses, so jsonschema is not needed at run time);
+3. every array has the name, dtype and shape the model info and the tokens imply, read from
+   ``.shape``/``.dtype`` only (memory-mapped arrays are not read for this);
+4. floating arrays are finite and attention rows sum to 1 (read one layer at a time).
+
+Shapes use axis names: ``layer``, ``head``, ``q_pos``, ``k_pos``, ``pos``, ``d_head``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .errors import AttnscopeError
+
+TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
+ATTENTION_FIELDS = ("attention", "norms")  # [layer, head, q_pos, k_pos]
+VECTOR_FIELDS = ("queries", "keys", "values")  # [layer, head, pos, d_head]
+
+
+class ArrayLike(Protocol):
+    """What the checks need of an array: numpy arrays, memory maps and lazy shards all qualify."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __getitem__(self, index: Any) -> Any: ...
+
+
+def check_record_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path,
+                       format_version: int) -> dict[str, Any]:
+    """The record metadata parsed from ``header``, once it and ``arrays`` are checked to agree.
+
+    ``format_version`` is the newest version this attnscope reads. ``arrays`` maps
+    ``"<kind>.<field>"`` / ``"input.<field>"`` / ``"target.<field>"`` to arrays (see
+    :mod:`attnscope.record`). Raises AttnscopeError naming the first problem found.
+    """
+    try:
+        meta = _parse_metadata(header, format_version)
+        _check_arrays(meta, arrays)
+    except _Damaged as problem:
+        raise AttnscopeError(f"{path} is not a valid attnscope record: {problem}") from None
+    return meta
+
+
+class _Damaged(Exception):
+    """One problem of a record file, said in a few words."""
+
+
+# ---- metadata -------------------------------------------------------------------------------
+def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
+    if header is None:
+        raise _Damaged("a safetensors file without attnscope metadata")
+    try:
+        meta = json.loads(header, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
+    if not isinstance(meta, dict):
+        raise _Damaged(f"its metadata is a JSON {_json_type(meta)}, not an object")
+    version: Any = meta.get("format_version")
+    if _numeric(version) and version > format_version:
+        raise _Damaged(f"format version {version} is newer than this attnscope reads ({format_version}); "
+                       "upgrade attnscope")
+    problem = schema_problem(meta, record_schema())
+    if problem:
+        raise _Damaged(problem)
+    model = meta["model"]
+    if model["n_heads"] % model["n_kv_heads"]:
+        raise _Damaged(f"model info has {model['n_heads']} heads, not a multiple of its "
+                       f"{model['n_kv_heads']} key/value heads")
+    if meta["target_tokens"] is not None and not model["is_encoder_decoder"]:
+        raise _Damaged("target tokens in a record of a model that is not an encoder-decoder")
+    return meta
+
+
+def _refuse_constant(name: str) -> None:
+    """Python's json reads NaN and Infinity; JSON (and so the schema) has no such numbers."""
+    raise _Damaged(f"its metadata holds {name}, which is not JSON")
+
+
+@cache
+def record_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a record's metadata (``attnscope/record.schema.json``)."""
+    return json.loads(resources.files("attnscope").joinpath("record.schema.json").read_text(encoding="utf-8"))
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+               type(None): "null"}
+_ANNOTATIONS = {"$schema", "$id", "title", "description"}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def schema_problem(value: Any, schema: Mapping[str, Any], where: str = "the metadata") -> str | None:
+    """The first thing in ``value`` that breaks ``schema``, as ``"<where>: <problem>"``; None if it conforms.
+
+    Reads only the keywords ``record.schema.json`` uses (type, properties, required,
+    additionalProperties, items, enum, minimum, exclusiveMinimum, minItems) with JSON Schema's
+    meaning, and refuses a schema with any other: a keyword must never be ignored silently.
+    The tests check its verdicts against jsonschema's on every damaged file they build.
+    """
+    unknown = set(schema) - set(_KEYWORDS) - _ANNOTATIONS
+    if unknown:
+        raise ValueError(f"schema keyword(s) {sorted(unknown)} not supported by schema_problem")
+    for keyword, check in _KEYWORDS.items():
+        if keyword in schema:
+            problem = check(value, schema[keyword], schema, where)
+            if problem:
+                return problem
+    return None
+
+
+def _described(value: Any) -> str:
+    return "null" if value is None else f"{_json_type(value)} {json.dumps(value)[:40]}"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _type_problem(value: Any, wanted: str | list[str], _schema: Any, where: str) -> str | None:
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    actual = _json_type(value)
+    integral = actual == "number" and float(value).is_integer()  # 1.0 is an integer in JSON Schema
+    if actual in wanted or (actual == "integer" and "number" in wanted) or (integral and "integer" in wanted):
+        return None
+    return f"{where}: should be {' or '.join(wanted)}, not {_described(value)}"
+
+
+def _enum_problem(value: Any, allowed: list[Any], _schema: Any, where: str) -> str | None:
+    if any(value == option and type(value) is type(option) for option in allowed):
+        return None
+    return f"{where}: should be one of {', '.join(map(json.dumps, allowed))}, not {_described(value)}"
+
+
+def _minimum_problem(value: Any, bound: float, _schema: Any, where: str) -> str | None:
+    return f"{where}: should be at least {bound}, not {value}" if _numeric(value) and not value >= bound else None
+
+
+def _exclusive_minimum_problem(value: Any, bound: float, _schema: Any, where: str) -> str | None:
+    return f"{where}: should be more than {bound}, not {value}" if _numeric(value) and not value > bound else None
+
+
+def _min_items_problem(value: Any, bound: int, _schema: Any, where: str) -> str | None:
+    if isinstance(value, list) and len(value) < bound:
+        return f"{where}: should hold at least {bound} item(s), not {len(value)}"
+    return None
+
+
+def _required_problem(value: Any, names: list[str], _schema: Any, where: str) -> str | None:
+    missing = [repr(name) for name in names if isinstance(value, dict) and name not in value]
+    return f"{where}: missing {', '.join(missing)}" if missing else None
+
+
+def _additional_problem(value: Any, allowed: bool, schema: Mapping[str, Any], where: str) -> str | None:
+    if allowed or not isinstance(value, dict):
+        return None
+    extra = [repr(name) for name in sorted(set(value) - set(schema.get("properties", {})))]
+    return f"{where}: unexpected key(s) {', '.join(extra)}" if extra else None
+
+
+def _properties_problem(value: Any, properties: Mapping[str, Any], _schema: Any, where: str) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    prefix = "" if where == "the metadata" else f"{where}."
+    problems = (schema_problem(value[name], sub, f"{prefix}{name}") for name, sub in properties.items() if name in value)
+    return next(filter(None, problems), None)
+
+
+def _items_problem(value: Any, item_schema: Mapping[str, Any], _schema: Any, where: str) -> str | None:
+    if not isinstance(value, list):
+        return None
+    problems = (schema_problem(item, item_schema, f"{where}[{index}]") for index, item in enumerate(value))
+    return next(filter(None, problems), None)
+
+
+KeywordCheck = Callable[[Any, Any, Mapping[str, Any], str], str | None]  # (value, keyword's value, schema, where)
+_KEYWORDS: dict[str, KeywordCheck] = {
+    "type": _type_problem, "enum": _enum_problem, "minimum": _minimum_problem,
+    "exclusiveMinimum": _exclusive_minimum_problem, "minItems": _min_items_problem, "required": _required_problem,
+    "additionalProperties": _additional_problem, "properties": _properties_problem, "items": _items_problem,
+}
+
+
+# ---- arrays: names, dtypes, shapes ----------------------------------------------------------
+def _check_arrays(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> None:
+    expected = _expected_shapes(meta, arrays)
+    unknown = sorted(set(arrays) - set(expected))
+    if unknown:
+        raise _Damaged(f"unexpected array(s) {', '.join(unknown)} for this model and these tokens")
+    main = _main_kind(meta)
+    if f"{main}.attention" not in arrays:
+        raise _Damaged(f"no {main}.attention array")
+    for name, (kind_of_dtype, shape) in expected.items():
+        if name in arrays:
+            _check_array(name, arrays[name], kind_of_dtype, shape)
+        elif name.startswith(("input.", "target.")):
+            raise _Damaged(f"no {name} array")
+    for name in expected:
+        if name in arrays and name.split(".")[1] in (*ATTENTION_FIELDS, *VECTOR_FIELDS):
+            _check_values(name, arrays[name])
+
+
+def _main_kind(meta: dict[str, Any]) -> str:
+    return "encoder" if meta["model"]["is_encoder_decoder"] else "self"
+
+
+class Agreed(NamedTuple):
+    """A size the metadata does not give, taken from the first array that has it (``source``)."""
+
+    size: int
+    source: str
+
+
+# a str names a size the metadata does not give ("decoder layers"): all arrays with it must agree
+Shape = tuple[int | str | Agreed, ...]
+
+
+def _expected_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> dict[str, tuple[str, Shape]]:
+    """Every array name this record may hold -> (numpy dtype kind, expected shape).
+
+    Input-side sizes come from the model info and the tokens; an encoder-decoder's decoder layers
+    and heads are not in the model info, so ``decoder.*`` and ``cross.*`` only have to agree.
+    """
+    model = meta["model"]
+    n_tokens = len(meta["tokens"])
+    expected: dict[str, tuple[str, Shape]] = {f"input.{f}": (k, (n_tokens,)) for f, k in TOKEN_FIELDS.items()}
+    kv_heads = model["n_heads"] if meta["kv_expanded"] else model["n_kv_heads"]
+    main = (model["n_layers"], model["n_heads"], kv_heads, model["d_head"])
+    sides = {_main_kind(meta): (*main, n_tokens, n_tokens)}
+    targets = meta["target_tokens"]
+    if targets is not None:
+        expected.update({f"target.{f}": (k, (len(targets),)) for f, k in TOKEN_FIELDS.items()})
+        decoder = ("decoder layers", "decoder heads", "decoder heads", "decoder d_head")
+        sides["decoder"] = (*decoder, len(targets), len(targets))
+        sides["cross"] = (*decoder, len(targets), n_tokens)
+    for kind, (layers, heads, kv, d_head, q_len, k_len) in sides.items():
+        expected.update({f"{kind}.{f}": ("f", (layers, heads, q_len, k_len)) for f in ATTENTION_FIELDS})
+        expected[f"{kind}.queries"] = ("f", (layers, heads, q_len, d_head))
+        expected.update({f"{kind}.{f}": ("f", (layers, kv, k_len, d_head)) for f in ("keys", "values")})
+    return _bind_unknown_sizes(expected, arrays)
+
+
+def _bind_unknown_sizes(expected: dict[str, tuple[str, Shape]],
+                        arrays: Mapping[str, ArrayLike]) -> dict[str, tuple[str, Shape]]:
+    """Replace each named size by the one the first array holding it has (so the others must agree)."""
+    sizes: dict[str, Agreed] = {}
+    for name, (_, shape) in expected.items():
+        array = arrays.get(name)
+        if array is not None and len(array.shape) == len(shape):
+            for axis, size in zip(shape, array.shape):
+                if isinstance(axis, str):
+                    sizes.setdefault(axis, Agreed(int(size), name))
+    return {name: (kind, tuple(sizes.get(axis, axis) if isinstance(axis, str) else axis for axis in shape))
+            for name, (kind, shape) in expected.items()}
+
+
+_AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers", "heads", "queries", "keys"),
+         "queries": ("layers", "heads", "positions", "d_head"), "keys": ("layers", "heads", "positions", "d_head"),
+         "values": ("layers", "heads", "positions", "d_head")}
+_DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
+
+
+def _check_array(name: str, array: ArrayLike, kind_of_dtype: str, shape: Shape) -> None:
+    actual = np.dtype(array.dtype)
+    if not (actual.kind == kind_of_dtype or (kind_of_dtype == "i" and actual.kind == "u")):
+        raise _Damaged(f"{name} is {actual.name}, should be {_DTYPE_KINDS[kind_of_dtype]}")
+    if len(array.shape) != len(shape):
+        raise _Damaged(f"{name} has {len(array.shape)} dimensions {list(array.shape)}, should have {len(shape)}")
+    axes = _AXES.get(name.split(".")[1], ("tokens",))
+    for axis, size, wanted in zip(axes, array.shape, shape):
+        if isinstance(wanted, Agreed) and size != wanted.size:
+            raise _Damaged(f"{name} has {size} {axis} (shape {list(array.shape)}), {wanted.source} has {wanted.size}")
+        if isinstance(wanted, int) and size != wanted:
+            raise _Damaged(f"{name} has {size} {axis} (shape {list(array.shape)}), the metadata says {wanted}")
+
+
+# ---- values ---------------------------------------------------------------------------------
+def row_sum_tolerance(dtype: np.dtype, n_keys: int) -> float:
+    """How far a stored attention row may sum from 1.
+
+    float32 softmax rows sum to 1 within a few 1e-7; 1e-4 leaves room for aggregation (word
+    level) and interventions. float16 storage rounds each weight by at most 2**-11 of itself
+    (so the sum by at most 2**-11) and flushes weights below 2**-25 to 0 (at most 2**-25 per key).
+    """
+    if np.dtype(dtype).itemsize >= 4:
+        return 1e-4
+    return 2 * 2**-11 + n_keys * 2**-25
+
+
+def _check_values(name: str, array: ArrayLike) -> None:
+    """Finite values; attention and norms non-negative; attention rows summing to 1.
+
+    Records hold no padding (extraction cuts it off) and word-level rows are means of token rows,
+    so every stored attention row sums to 1. Read one layer at a time to bound memory.
+    """
+    field_name = name.split(".")[1]
+    tolerance = row_sum_tolerance(array.dtype, array.shape[-1])
+    for layer in range(array.shape[0]):
+        values = np.asarray(array[layer])
+        if not np.isfinite(values).all():
+            raise _Damaged(f"{name} holds NaN or infinite values (layer {layer}, 0-indexed)")
+        if field_name in ATTENTION_FIELDS and values.size and values.min() < 0:
+            raise _Damaged(f"{name} holds negative weights (layer {layer}, 0-indexed)")
+        if field_name == "attention" and values.size:
+            _check_rows(name, layer, values, tolerance)
+
+
+def _check_rows(name: str, layer: int, values: np.ndarray, tolerance: float) -> None:
+    """Rows of ``values`` ``[head, q_pos, k_pos]`` (one layer) sum to 1 within ``tolerance``."""
+    sums = values.sum(axis=-1, dtype=np.float64)  # [head, q_pos]
+    worst = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
+    if not math.isclose(sums[worst], 1.0, abs_tol=tolerance):
+        head, query = (int(i) for i in worst)
+        raise _Damaged(f"{name} rows should sum to 1, layer {layer} head {head} query {query} sums to "
+                       f"{sums[worst]:.6g} (0-indexed)")
