@@ -209,3 +209,27 @@ def test_partial_statistics_equal_head_statistics_of_the_full_matrix(tiny_model_
     np.testing.assert_allclose(shares.sum(1), 1.0, atol=1e-6)
     with pytest.raises(AttnscopeError, match="head statistics"):
         head_statistics(record)
+
+
+def test_damaged_or_unfinished_partial_records_are_refused(model, tmp_path):
+    from dataclasses import replace
+
+    from attnscope.capture.stream import RecordWriter
+
+    plan = CapturePlan(layers=(0,), statistics=True, top_k=3, overview=4)
+    record = extract(model, TEXTS[1], plan=plan)
+    kind = record.model.main_kind
+    arrays = dict(record.arrays)
+    arrays[f"{kind}.stat_first"] = arrays[f"{kind}.stat_first"][:, :, :-1]  # one row short
+    path = replace(record, arrays=arrays).save(tmp_path / "short.safetensors")
+    for read in (AttentionRecord.load, AttentionRecord.open):
+        with pytest.raises(AttnscopeError, match="stat_first has .* rows"):
+            read(path)
+    arrays = dict(record.arrays)
+    arrays[f"{kind}.overview"] = arrays[f"{kind}.overview"][:, :, :1, :1]
+    with pytest.raises(AttnscopeError, match="overview has 1 query blocks"):
+        AttentionRecord.load(replace(record, arrays=arrays).save(tmp_path / "overview.safetensors"))
+    unfinished = tmp_path / "unfinished.safetensors"
+    RecordWriter(unfinished, {"self.attention": ("float32", (1, 1, 2, 2))}, {"complete": False})
+    with pytest.raises(AttnscopeError, match="was not finished"):
+        AttentionRecord.open(unfinished)

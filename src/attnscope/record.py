@@ -333,7 +333,8 @@ class AttentionRecord:
         """
         from .capture.stream import open_arrays
 
-        meta, arrays = open_arrays(Path(path))
+        header, arrays = open_arrays(Path(path))
+        meta = check_record_parts(header, arrays, path, FORMAT_VERSION, values=False)  # shapes only: no full read
         return cls._from_parts(meta, arrays)
 
     @classmethod

@@ -43,16 +43,17 @@ class ArrayLike(Protocol):
 
 
 def check_record_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path,
-                       format_version: int) -> dict[str, Any]:
+                       format_version: int, *, values: bool = True) -> dict[str, Any]:
     """The record metadata parsed from ``header``, once it and ``arrays`` are checked to agree.
 
     ``format_version`` is the newest version this attnscope reads. ``arrays`` maps
     ``"<kind>.<field>"`` / ``"input.<field>"`` / ``"target.<field>"`` to arrays (see
-    :mod:`attnscope.record`). Raises AttnscopeError naming the first problem found.
+    :mod:`attnscope.record`). Raises AttnscopeError naming the first problem found. ``values=False``
+    checks names, dtypes and shapes only (a lazily opened record is not read whole).
     """
     try:
         meta = _parse_metadata(header, format_version)
-        _check_arrays(meta, arrays)
+        _check_arrays(meta, arrays, values)
     except _Damaged as problem:
         raise AttnscopeError(f"{path} is not a valid attnscope record: {problem}") from None
     return meta
@@ -200,20 +201,22 @@ _KEYWORDS: dict[str, KeywordCheck] = {
 
 
 # ---- arrays: names, dtypes, shapes ----------------------------------------------------------
-def _check_arrays(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> None:
+def _check_arrays(meta: dict[str, Any], arrays: Mapping[str, ArrayLike], values: bool = True) -> None:
     expected = _expected_shapes(meta, arrays)
     unknown = sorted(set(arrays) - set(expected))
     if unknown:
         raise _Damaged(f"unexpected array(s) {', '.join(unknown)} for this model and these tokens")
     main = _main_kind(meta)
-    if f"{main}.attention" not in arrays:
+    if f"{main}.attention" not in arrays and not meta.get("selection"):
         raise _Damaged(f"no {main}.attention array")
+    if meta.get("selection") and not any(name.startswith(f"{main}.") for name in arrays):
+        raise _Damaged(f"a partial record without any {main}.* array")
     for name, (kind_of_dtype, shape) in expected.items():
         if name in arrays:
             _check_array(name, arrays[name], kind_of_dtype, shape)
         elif name.startswith(("input.", "target.")):
             raise _Damaged(f"no {name} array")
-    for name in expected:
+    for name in expected if values else ():
         if name in arrays and name.split(".")[1] in (*ATTENTION_FIELDS, *VECTOR_FIELDS):
             _check_values(name, arrays[name])
 
@@ -255,7 +258,30 @@ def _expected_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> d
         expected.update({f"{kind}.{f}": ("f", (layers, heads, q_len, k_len)) for f in ATTENTION_FIELDS})
         expected[f"{kind}.queries"] = ("f", (layers, heads, q_len, d_head))
         expected.update({f"{kind}.{f}": ("f", (layers, kv, k_len, d_head)) for f in ("keys", "values")})
+    if meta.get("selection"):
+        expected = {name: value for name, value in expected.items() if not name.startswith(f"{_main_kind(meta)}.")}
+        expected.update(_partial_shapes(meta, n_tokens))
     return _bind_unknown_sizes(expected, arrays)
+
+
+def _partial_shapes(meta: dict[str, Any], n_tokens: int) -> dict[str, tuple[str, Shape]]:
+    """The input side's arrays of a partial record: ``[held layer, held head, row, ...]`` (see
+    :mod:`attnscope.capture.planned`); rows are the ``input.query_positions``."""
+    from .capture.rows import ROW_STATISTICS, distance_bin_edges
+
+    selection, kind = meta["selection"], _main_kind(meta)
+    lead: Shape = (len(selection["layers"]), len(selection["heads"]))
+    rows = "query rows"
+    shapes: dict[str, tuple[str, Shape]] = {"input.query_positions": ("i", (rows,))}
+    shapes.update({f"{kind}.{f}": ("f", (*lead, rows, n_tokens)) for f in ATTENTION_FIELDS})
+    shapes.update({f"{kind}.stat_{name}": ("f", (*lead, rows)) for name in ROW_STATISTICS})
+    shapes[f"{kind}.distance_histogram"] = ("f", (*lead, len(distance_bin_edges(n_tokens))))
+    shapes[f"{kind}.topk_indices"] = ("i", (*lead, rows, "top k"))
+    shapes[f"{kind}.topk_weights"] = ("f", (*lead, rows, "top k"))
+    block = selection["plan"].get("overview") or 0
+    blocks = -(-n_tokens // min(block, n_tokens)) if block else "overview blocks"
+    shapes[f"{kind}.overview"] = ("f", (*lead, blocks, blocks))
+    return shapes
 
 
 def _bind_unknown_sizes(expected: dict[str, tuple[str, Shape]],
@@ -274,7 +300,10 @@ def _bind_unknown_sizes(expected: dict[str, tuple[str, Shape]],
 
 _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers", "heads", "queries", "keys"),
          "queries": ("layers", "heads", "positions", "d_head"), "keys": ("layers", "heads", "positions", "d_head"),
-         "values": ("layers", "heads", "positions", "d_head")}
+         "values": ("layers", "heads", "positions", "d_head"),
+         "topk_indices": ("layers", "heads", "rows", "keys kept"), "topk_weights": ("layers", "heads", "rows", "keys kept"),
+         "overview": ("layers", "heads", "query blocks", "key blocks"),
+         "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",)}
 _DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
 
 
@@ -284,7 +313,8 @@ def _check_array(name: str, array: ArrayLike, kind_of_dtype: str, shape: Shape) 
         raise _Damaged(f"{name} is {actual.name}, should be {_DTYPE_KINDS[kind_of_dtype]}")
     if len(array.shape) != len(shape):
         raise _Damaged(f"{name} has {len(array.shape)} dimensions {list(array.shape)}, should have {len(shape)}")
-    axes = _AXES.get(name.split(".")[1], ("tokens",))
+    field_name = name.split(".")[1]
+    axes = _AXES.get(field_name, ("layers", "heads", "rows") if field_name.startswith("stat_") else ("tokens",))
     for axis, size, wanted in zip(axes, array.shape, shape):
         if isinstance(wanted, Agreed) and size != wanted.size:
             raise _Damaged(f"{name} has {size} {axis} (shape {list(array.shape)}), {wanted.source} has {wanted.size}")

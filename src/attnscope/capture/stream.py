@@ -87,8 +87,9 @@ class RecordWriter:
         return self.path
 
 
-def open_arrays(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The metadata and memory-mapped, read-only arrays of a record file (any safetensors record)."""
+def open_arrays(path: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """The metadata (JSON text) and memory-mapped, read-only arrays of a record file (any
+    safetensors record); a streamed file whose capture never finished is refused."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -99,13 +100,13 @@ def open_arrays(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         meta_text = header.pop("__metadata__", {}).get(METADATA_KEY)
         if meta_text is None:
             raise AttnscopeError(f"{path} is not an attnscope record")
-        meta = json.loads(meta_text)
+        unfinished = json.loads(meta_text).get("complete") is False
         arrays = {name: _mapped(path, 8 + header_size, entry, size) for name, entry in header.items()}
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as error:
         raise AttnscopeError(f"cannot open record {path}: {error}") from None
-    if meta.get("complete") is False:
+    if unfinished:
         raise AttnscopeError(f"{path} was not finished (the capture that wrote it stopped early)")
-    return meta, arrays
+    return meta_text, arrays
 
 
 def _mapped(path: Path, data_start: int, entry: Mapping[str, Any], file_size: int) -> np.ndarray:
