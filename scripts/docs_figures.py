@@ -3,7 +3,7 @@
 Each *group* runs the attnscope command that produces its figures and keeps them in
 ``docs/figures.json``: per group the figures, the command, the date, the CPU and the wall time.
 README.md's generated regions, marked ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->``, are
-then rendered from the Jinja2 template ``docs/figures/NAME.md`` with those figures and the
+then rendered from the Jinja2 template ``docs/templates/NAME.md`` with those figures and the
 benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when they run). Never
 edit a generated region by hand: ``tests/test_docs_figures.py`` checks that each equals its
 rendering, and re-runs the cheap producers (toy translator, view sizes, the Python example) to
@@ -39,10 +39,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 FIGURES = ROOT / "docs" / "figures.json"
-TEMPLATES = ROOT / "docs" / "figures"
+TEMPLATES = ROOT / "docs" / "templates"
 BENCH = ROOT / "docs" / "bench"
 IMAGES = ROOT / "docs" / "img"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_json: one cpu_name() for benchmarks and docs figures
 from bench_json import cpu_name
 
 REGION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.DOTALL)
@@ -123,7 +123,7 @@ def toy_translator(work: Path) -> dict[str, Any]:
             "corrupted": evaluated["corrupted"], "example": TOY_EXAMPLE,
             "example_intact": translate_with(loaded, [TOY_EXAMPLE])[0], "example_outputs": outputs,
             "pairs": len(made.train) + len(made.test), "subjects": len(toy_corpus.SUBJECTS),
-            "verbs": len(toy_corpus.VERBS)}
+            "verbs": len(toy_corpus.VERBS), "train_seconds": toy_training_seconds()}
 
 
 def toy_training_seconds() -> float:
@@ -154,7 +154,7 @@ def corpus_report(work: Path) -> dict[str, Any]:
     copy_image(work / "example_same_word.png", "analysis_example_same_word.png")
     with duckdb.connect(str(work / "heads.duckdb"), read_only=True) as db:
         inputs, uniform = db.execute(  # [CLS] and one [SEP], or a second [SEP] with a pair
-            "SELECT count(*), avg((CASE WHEN pair IS NULL THEN 2.0 ELSE 3.0 END) / n_tokens) FROM inputs").fetchone()
+            "SELECT count(*), avg((CASE WHEN pair IS NULL THEN 2.0 ELSE 3.0 END) / n_tokens) FROM inputs").fetchall()[0]
         by_layer = db.execute("""SELECT avg(cls), avg(sep), avg(norm_cls), avg(norm_sep)
                                  FROM head_stats GROUP BY layer ORDER BY layer""").fetchall()
     columns = ("cls", "sep", "norm_cls", "norm_sep")
@@ -228,8 +228,6 @@ def run_group(name: str) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"docs-figures-{name}-") as work:
         figures = GROUPS[name].produce(Path(work))
-    if name == "toy":
-        figures["train_seconds"] = toy_training_seconds()
     return {"command": GROUPS[name].command, "date": date.today().isoformat(), "cpu": cpu_name(),
             "seconds": round(time.perf_counter() - started, 1), "figures": figures}
 
@@ -289,15 +287,22 @@ def main(argv: list[str] | None = None) -> int:
         for name, group in GROUPS.items():
             print(f"{name:10s} {group.command}")
         return 0
-    figures = load_figures()
+    figures, failed = load_figures(), []
     for name in [] if args.render else (args.groups or list(GROUPS)):
         print(f"{name}: {GROUPS[name].command}", flush=True)
-        figures[name] = run_group(name)
+        try:
+            figures[name] = run_group(name)
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - report it, keep the group's last figures, go on
+            failed.append(name)
+            print(f"  FAILED, its figures are left as they were: {error}", flush=True)
+            continue
         print(f"  {figures[name]['seconds']} s", flush=True)
         FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")  # keep what is done so far
     README.write_text(render_readme(README.read_text(), figures, load_bench()))
     print(f"rendered {', '.join(region_names(README.read_text()))} into {README.relative_to(ROOT)}")
-    return 0
+    if failed:
+        print(f"failed: {', '.join(failed)} (the README quotes their previous figures)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
