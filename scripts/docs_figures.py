@@ -149,6 +149,8 @@ def corpus_report(work: Path) -> dict[str, Any]:
     printed = attnscope("heads", "brown", "-o", str(work))
     seconds = time.perf_counter() - started
     clearest = dict(re.findall(r"^\s+(\w+)\s+clearest heads \(layer-head\): (\S+?)[,\n]", printed, re.MULTILINE))
+    if "same_word" not in clearest:
+        raise SystemExit(f"no clearest same_word head in the output of 'attnscope heads brown':\n{printed}")
     for name in ("analysis_patterns", "analysis_head_map", "analysis_token_types"):
         copy_image(work / f"{name}.png", f"{name}.png")
     copy_image(work / "example_same_word.png", "analysis_example_same_word.png")
@@ -160,7 +162,7 @@ def corpus_report(work: Path) -> dict[str, Any]:
     columns = ("cls", "sep", "norm_cls", "norm_sep")
     per_layer = {name: [round(row[i], 3) for row in by_layer] for i, name in enumerate(columns)}
     middle = by_layer[1:-1]  # the layers between the first and the last
-    return {"inputs": inputs, "seconds": round(seconds), "same_word_head": clearest.get("same_word", ""),
+    return {"inputs": inputs, "seconds": round(seconds), "same_word_head": clearest["same_word"],
             # the share uniform attention would give the special tokens, mean over inputs
             "uniform_special_share": round(uniform, 3), "by_layer": per_layer,
             "middle_layers": [1, len(by_layer) - 2],
@@ -247,6 +249,12 @@ def load_bench() -> dict[str, Any]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(BENCH.glob("*.json"))}
 
 
+def _first_words(text: str, n: int) -> str:
+    """The first ``n`` words of ``text``, then " ..." if there were more."""
+    words = text.split()
+    return " ".join(words[:n]) + (" ..." if len(words) > n else "")
+
+
 def _environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -255,6 +263,7 @@ def _environment() -> Any:
                               extensions=["jinja2.ext.do"])
     environment.filters["fmt"] = lambda value, spec: format(value, spec)
     environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
+    environment.filters["words"] = _first_words
     return environment
 
 
