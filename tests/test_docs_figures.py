@@ -116,3 +116,17 @@ def test_every_number_in_the_readme_prose_is_generated_or_not_a_measurement():
     assert not stray, ("numbers outside README's generated regions (a figure must be rendered from "
                        "docs/figures.json by a template in docs/templates/; a fact that is no measurement goes in "
                        f"NOT_MEASURED): {stray}")
+
+
+def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path, monkeypatch, capsys):
+    import bench_json  # benchmarks/, put on sys.path by scripts/docs_figures.py
+
+    monkeypatch.setattr(bench_json, "DOCS_BENCH", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["render.py", "--loads", "3"])
+    bench_json.emit("render", {"load_ms": 512.5})
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"load_ms": 512.5}
+    kept = json.loads((tmp_path / "render.json").read_text())
+    assert kept["figures"] == {"load_ms": 512.5} and kept["command"] == "python benchmarks/render.py --loads 3"
+    assert kept["cpu"] == bench_json.cpu_name() and kept["cpu"].endswith("cores")
+    bench_json.emit("extract", {"sentences": 200}, keep=False)  # a --quick run leaves the README's figures alone
+    assert not (tmp_path / "extract.json").exists()
