@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long serve screenshots lint clean
+.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ bench-views: install-test
 	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1
 	$(BIN)/pip install --quiet "ipython>=8"
 	$(BIN)/python benchmarks/render.py
+
+# every figure README.md quotes, re-run (several minutes) into docs/figures.json, then the README's
+# generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench*)
+docs-figures: install-test
+	$(BIN)/python scripts/docs_figures.py
 
 screenshots: install-test
 	sh docs/img/screenshots.sh

@@ -30,7 +30,6 @@ alone gives 258 / 438 = 0.59), max_abs_diff <= 1e-5.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_json import emit
 from extract import CpuWatch
 
 import attnscope
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "other_cpu_share": {"sweep": round(sweep_busy, 3), "naive": round(naive_busy, 3)},
     }
     print(f"ratio {result['ratio']:.3f} (target <= 0.65), max abs diff {result['max_abs_diff']:.3g} (<= 1e-5)")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit("ablate", result, keep=not args.quick and args.sentences == 256)
     return 0
 
 

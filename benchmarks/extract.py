@@ -74,11 +74,9 @@ default GEMM (MKL), the float32 path most code runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -86,6 +84,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_json import emit
 
 import attnscope
 from attnscope.capture.linear import OneDNNLinear, PackedWeights
@@ -386,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if max(contention.values()) > CONTENTION_LIMIT:
         log(f"warning: other processes used more than {CONTENTION_LIMIT:.0%} of the cpus during a counted run; the figures are "
             "unreliable (see other_cpu_share_counted_runs); rerun on a quiet machine")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit("extract", result, keep=not args.quick and args.sentences is None)
     return 0
 
 

@@ -28,7 +28,6 @@ Last line: one JSON object with ``tokens``, ``layers``, ``ours_s``, ``networkx_s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_json import emit
 from extract import CpuWatch  # sibling benchmark script, not a package
 
 import attnscope
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_after": round(os.getloadavg()[0], 2),
     }
     print(f"speed-up {result['speedup']}x (target >= 20), max abs diff {result['max_abs_diff']:.3g} (<= 1e-6)")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit("flow", result)
     return 0
 
 

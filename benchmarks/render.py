@@ -40,15 +40,15 @@ load_ms <= 1500 at 512 tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from bench_json import emit
 
 import attnscope
 from attnscope.data import brown_sentences
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - wall, 1),
     }
     log(f"size ratio {result['size_ratio']} (target <= 0.25), load {result['load_ms']} ms (target <= 1500)")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit("render", result)
     return 0
 
 

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from bench_json import emit
 
 MIN_TOKENS, MAX_TOKENS = 32, 64
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     log(f"p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, {figures['throughput_per_s']} requests/s, "
         f"{figures['errors']} errors (targets: errors = 0, p95 < 5 x p50)")
-    print(json.dumps(figures))
+    emit("serve", figures)
     return 0
 
 

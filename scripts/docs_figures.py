@@ -1,0 +1,318 @@
+"""Regenerate every figure README.md quotes (``make docs-figures``), so none can go stale.
+
+Each *group* runs the attnscope command that produces its figures and keeps them in
+``docs/figures.json``: per group the figures, the command, the date, the CPU and the wall time.
+README.md's generated regions, marked ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->``, are
+then rendered from the Jinja2 template ``docs/templates/NAME.md`` with those figures and the
+benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when they run). Never
+edit a generated region by hand: ``tests/test_docs_figures.py`` checks that each equals its
+rendering, and re-runs the cheap producers (toy translator, view sizes, the Python example) to
+check they still give the recorded figures. The expensive ones (corpus report, classifier
+evaluation, ablation, probes) are re-run only here. Figures PNGs the README shows are copied into
+``docs/img`` from the same runs.
+
+    python scripts/docs_figures.py                 # every group, then render the README
+    python scripts/docs_figures.py toy views       # only these groups (the others keep their figures)
+    python scripts/docs_figures.py --render        # only render the README from the stored figures
+    python scripts/docs_figures.py --list          # the groups and their commands
+
+Run from the repository root with the project's virtualenv (``make docs-figures`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+FIGURES = ROOT / "docs" / "figures.json"
+TEMPLATES = ROOT / "docs" / "templates"
+BENCH = ROOT / "docs" / "bench"
+IMAGES = ROOT / "docs" / "img"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_json: one cpu_name() for benchmarks and docs figures
+from bench_json import cpu_name
+
+REGION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.DOTALL)
+
+# the README's examples: one pair, and the long input of the view-size figures (benchmarks/render.py's)
+EXAMPLE_TEXT = "I went to the store."
+EXAMPLE_PAIR = "At the store, I bought fresh strawberries."
+LONG_INPUT_SENTENCES = 80
+TOY_EXAMPLE = "i can eat apples"
+
+
+# ---- running commands ------------------------------------------------------------------------------
+def attnscope(*args: str) -> str:
+    """Run ``attnscope ARGS`` with this checkout's sources first; its stdout (fails loudly)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "attnscope", *args], check=False, capture_output=True, text=True, env=env,
+                          cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"attnscope {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def last_json(stdout: str) -> Any:
+    """The JSON object on the last non-empty line (what ``--json`` prints)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def copy_image(source: Path, name: str) -> None:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, IMAGES / name)
+
+
+# ---- producers: each returns {figure: value}; `work` is a fresh temporary folder --------------------
+def example_shape(work: Path) -> dict[str, Any]:
+    """The README's first Python example: the shape of a pair's attention on the default model."""
+    import attnscope
+
+    record = attnscope.extract(attnscope.load_model("minilm"), EXAMPLE_TEXT, EXAMPLE_PAIR, norms=True)
+    return {"attention_shape": list(record.attention.shape), "tokens": len(record.tokens)}
+
+
+def long_input() -> str:
+    """Brown sentences that make more than the default model's 512 tokens (cut to 512 on extraction)."""
+    from attnscope.data import brown_sentences
+
+    return " ".join(brown_sentences(LONG_INPUT_SENTENCES))
+
+
+def view_sizes(work: Path) -> dict[str, Any]:
+    """Size of ``attnscope view``'s file at the model's limit of 512 tokens, by option."""
+    variants = {"default": [], "head_no_norms": ["--kind", "head", "--no-norms"]}
+    figures: dict[str, Any] = {}
+    for name, options in variants.items():
+        path = work / f"{name}.html"
+        printed = attnscope("view", long_input(), "-o", str(path), *options)
+        figures["tokens"] = int(re.search(r"(\d+) tokens", printed).group(1))  # type: ignore[union-attr]
+        figures[f"{name}_mb"] = round(path.stat().st_size / 1e6, 1)
+    head_view = (ROOT / "src/attnscope/present/static/head_view.js").read_text()
+    figures["line_budget"] = int(re.search(r"LINE_BUDGET = (\d+)", head_view).group(1))  # type: ignore[union-attr]
+    return figures
+
+
+def toy_translator(work: Path) -> dict[str, Any]:
+    """``attnscope toy evaluate --json`` and ``toy corrupt`` on the README's sentence, plus the corpus' size."""
+    from attnscope.lab import corpus as toy_corpus
+    from attnscope.lab.experiments import BEGINNING_TOKENS, EXPERIMENTS, translate_with
+    from attnscope.lab.translator import TrainingSettings
+    from attnscope.models.loading import load_model
+
+    evaluated = last_json(attnscope("toy", "evaluate", "--json"))
+    loaded = load_model("toy-translator")
+    outputs = {name: translate_with(loaded, [TOY_EXAMPLE], name)[0] for name in EXPERIMENTS}
+    made = toy_corpus.make_corpus(0)
+    without_cross = translate_with(loaded, [pair.english for pair in made.test], "no-cross-attention")
+    settings = TrainingSettings()
+    return {"layers": settings.layers, "heads": settings.heads, "beginning_tokens": BEGINNING_TOKENS,
+            "no_cross_distinct_outputs": len(set(without_cross)),"exact_match": evaluated["exact_match"], "test_pairs": evaluated["test_pairs"],
+            "corrupted": evaluated["corrupted"], "example": TOY_EXAMPLE,
+            "example_intact": translate_with(loaded, [TOY_EXAMPLE])[0], "example_outputs": outputs,
+            "pairs": len(made.train) + len(made.test), "subjects": len(toy_corpus.SUBJECTS),
+            "verbs": len(toy_corpus.VERBS), "train_seconds": toy_training_seconds()}
+
+
+def toy_training_seconds() -> float:
+    from attnscope.lab.translator import cached_folder
+
+    return float(json.loads((cached_folder() / "training.json").read_text())["train_seconds"])
+
+
+def pattern_evaluation(work: Path) -> dict[str, Any]:
+    """``attnscope patterns --evaluate --json``: the classifier against the synthetic and labelled sets."""
+    summary = last_json(attnscope("patterns", "--evaluate", "--json"))
+    wanted = ("synthetic_macro_f1", "n_real", "real_macro_f1", "real_accuracy", "real_macro_f1_heldout",
+              "n_real_heldout", "real_macro_f1_cv", "cv_folds", "real_kovaleva_macro_f1", "real_macro_f1_vs_second",
+              "real_labeller_agreement", "real_macro_f1_agreed", "n_real_agreed")
+    return {key: summary[key] for key in wanted if key in summary}
+
+
+def corpus_report(work: Path) -> dict[str, Any]:
+    """``attnscope heads brown``: the corpus report's figures, and its PNGs copied into docs/img."""
+    import duckdb
+
+    started = time.perf_counter()
+    printed = attnscope("heads", "brown", "-o", str(work))
+    seconds = time.perf_counter() - started
+    clearest = dict(re.findall(r"^\s+(\w+)\s+clearest heads \(layer-head\): (\S+?)[,\n]", printed, re.MULTILINE))
+    if "same_word" not in clearest:
+        raise SystemExit(f"no clearest same_word head in the output of 'attnscope heads brown':\n{printed}")
+    for name in ("analysis_patterns", "analysis_head_map", "analysis_token_types"):
+        copy_image(work / f"{name}.png", f"{name}.png")
+    copy_image(work / "example_same_word.png", "analysis_example_same_word.png")
+    with duckdb.connect(str(work / "heads.duckdb"), read_only=True) as db:
+        inputs, uniform = db.execute(  # [CLS] and one [SEP], or a second [SEP] with a pair
+            "SELECT count(*), avg((CASE WHEN pair IS NULL THEN 2.0 ELSE 3.0 END) / n_tokens) FROM inputs").fetchall()[0]
+        by_layer = db.execute("""SELECT avg(cls), avg(sep), avg(norm_cls), avg(norm_sep)
+                                 FROM head_stats GROUP BY layer ORDER BY layer""").fetchall()
+    columns = ("cls", "sep", "norm_cls", "norm_sep")
+    per_layer = {name: [round(row[i], 3) for row in by_layer] for i, name in enumerate(columns)}
+    middle = by_layer[1:-1]  # the layers between the first and the last
+    return {"inputs": inputs, "seconds": round(seconds), "same_word_head": clearest["same_word"],
+            # the share uniform attention would give the special tokens, mean over inputs
+            "uniform_special_share": round(uniform, 3), "by_layer": per_layer,
+            "middle_layers": [1, len(by_layer) - 2],
+            **{f"middle_{name}": round(sum(row[i] for row in middle) / len(middle), 3)
+               for i, name in enumerate(columns)}}
+
+
+def ablation(work: Path) -> dict[str, Any]:
+    """``attnscope ablate`` (every head of minilm, zeroed, cosine): the heatmap and its summary figures."""
+    import pandas as pd
+
+    printed = attnscope("ablate", "-o", str(work))
+    copy_image(work / "ablation_heads.png", "ablation_heads.png")
+    table = pd.read_csv(work / "ablation_heads.csv")
+    examples = re.search(r"\((\d+) examples\)", printed)
+    drop = table.assign(drop=-table["delta"]).groupby("layer")["drop"]
+    last = int(table["layer"].max())
+    per_layer = drop.mean()
+    return {"examples": int(examples.group(1)) if examples else None,
+            "cells": len(table), "last_layer": last,
+            "last_layer_min_drop": round(float(drop.min()[last]), 2), "last_layer_max_drop": round(float(drop.max()[last]), 2),
+            "last_over_layers_1_2": round(float(per_layer[last] / per_layer[[1, 2]].mean()))}
+
+
+def probe(action: str) -> Callable[[Path], dict[str, Any]]:
+    """``attnscope probe ACTION --json``: its headline figures, wall time and PNGs."""
+    images = {"deps": {"best_heads.png": "probing_deps_best_heads.png"}, "coref": {"coref_heads.png": "probing_coref_heads.png"},
+              "edges": {"probes.png": "probing_edges.png"}}[action]
+
+    def produce(work: Path) -> dict[str, Any]:
+        started = time.perf_counter()
+        headline = last_json(attnscope("probe", action, "-o", str(work), "--json"))
+        for source, target in images.items():
+            copy_image(work / source, target)
+        return {**headline, "seconds": round(time.perf_counter() - started)}
+
+    return produce
+
+
+@dataclass(frozen=True)
+class Group:
+    command: str  # what a reader would type to get the same figures
+    produce: Callable[[Path], dict[str, Any]]
+    timings: tuple[str, ...] = ()  # figures that are wall times: machine-dependent, not compared by the tests
+
+
+GROUPS: dict[str, Group] = {
+    "example": Group(f'attnscope.extract(load_model("minilm"), "{EXAMPLE_TEXT}", "{EXAMPLE_PAIR}", norms=True)',
+                     example_shape),
+    "views": Group(f"attnscope view <first {LONG_INPUT_SENTENCES} Brown sentences, cut to 512 tokens> "
+                   "[--kind head --no-norms]", view_sizes),
+    "toy": Group(f'attnscope toy evaluate --json; attnscope toy corrupt "{TOY_EXAMPLE}"', toy_translator,
+                 ("train_seconds",)),
+    "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
+    "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
+    "ablation": Group("attnscope ablate -o out/", ablation),
+    "deps": Group("attnscope probe deps -o out/deps --json", probe("deps"), ("seconds",)),
+    "coref": Group("attnscope probe coref -o out/coref --json", probe("coref"), ("seconds",)),
+    "edges": Group("attnscope probe edges -o out/edges --json", probe("edges"), ("seconds",)),
+}
+
+
+def run_group(name: str) -> dict[str, Any]:
+    """Run one group's producer: ``{command, date, cpu, seconds, figures}``."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"docs-figures-{name}-") as work:
+        figures = GROUPS[name].produce(Path(work))
+    return {"command": GROUPS[name].command, "date": date.today().isoformat(), "cpu": cpu_name(),
+            "seconds": round(time.perf_counter() - started, 1), "figures": figures}
+
+
+def compared(name: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """A group's figures without its wall times (what must be reproduced exactly)."""
+    return {key: value for key, value in figures.items() if key not in GROUPS[name].timings}
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+def load_figures() -> dict[str, Any]:
+    return json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+
+
+def load_bench() -> dict[str, Any]:
+    """``docs/bench/NAME.json`` -> NAME: ``{figures, cpu, date, command}`` as the benchmarks wrote them."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(BENCH.glob("*.json"))}
+
+
+def _first_words(text: str, n: int) -> str:
+    """The first ``n`` words of ``text``, then " ..." if there were more."""
+    words = text.split()
+    return " ".join(words[:n]) + (" ..." if len(words) > n else "")
+
+
+def _environment() -> Any:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    environment = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
+                              autoescape=False,  # Markdown, not HTML
+                              extensions=["jinja2.ext.do"])
+    environment.filters["fmt"] = lambda value, spec: format(value, spec)
+    environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
+    environment.filters["words"] = _first_words
+    return environment
+
+
+def render_region(name: str, figures: dict[str, Any], bench: dict[str, Any]) -> str:
+    """The text of region ``name``: its template with every group's figures (``toy.figures.exact_match``...)."""
+    text = _environment().get_template(f"{name}.md").render(**figures, bench=bench)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def render_readme(readme: str, figures: dict[str, Any], bench: dict[str, Any]) -> str:
+    """``readme`` with every generated region replaced by its rendering."""
+    return REGION.sub(lambda m: m.group(1) + render_region(m.group("name"), figures, bench) + m.group(4), readme)
+
+
+def region_names(readme: str) -> list[str]:
+    return [match.group("name") for match in REGION.finditer(readme)]
+
+
+# ---- command line -----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"groups to re-run (default: all): {', '.join(GROUPS)}")
+    parser.add_argument("--render", action="store_true", help="only render the README from docs/figures.json")
+    parser.add_argument("--list", action="store_true", help="list the groups and their commands")
+    args = parser.parse_args(argv)
+    unknown = set(args.groups) - set(GROUPS)
+    if unknown:
+        parser.error(f"unknown group(s) {', '.join(sorted(unknown))}; choose from {', '.join(GROUPS)}")
+    if args.list:
+        for name, group in GROUPS.items():
+            print(f"{name:10s} {group.command}")
+        return 0
+    figures, failed = load_figures(), []
+    for name in [] if args.render else (args.groups or list(GROUPS)):
+        print(f"{name}: {GROUPS[name].command}", flush=True)
+        try:
+            figures[name] = run_group(name)
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - report it, keep the group's last figures, go on
+            failed.append(name)
+            print(f"  FAILED, its figures are left as they were: {error}", flush=True)
+            continue
+        print(f"  {figures[name]['seconds']} s", flush=True)
+        FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")  # keep what is done so far
+    README.write_text(render_readme(README.read_text(), figures, load_bench()))
+    print(f"rendered {', '.join(region_names(README.read_text()))} into {README.relative_to(ROOT)}")
+    if failed:
+        print(f"failed: {', '.join(failed)} (the README quotes their previous figures)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

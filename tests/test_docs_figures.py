@@ -1,0 +1,132 @@
+"""The README's figures cannot go stale: each sits in a generated region rendered from
+docs/figures.json (or docs/bench/*.json), and the cheap producers still give the recorded figures.
+
+The expensive producers (corpus report, classifier evaluation, ablation, probes) are re-run by
+``make docs-figures`` only; see scripts/docs_figures.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "scripts" / "docs_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+docs = _load_script()
+README = docs.README.read_text(encoding="utf-8")
+
+
+def _difference(expected: str, actual: str) -> str:
+    lines = difflib.unified_diff(actual.splitlines(), expected.splitlines(), "README.md", "rendered", lineterm="", n=1)
+    return "\n".join(list(lines)[:40])
+
+
+def test_readme_generated_regions_equal_their_rendering_from_the_stored_figures():
+    rendered = docs.render_readme(README, docs.load_figures(), docs.load_bench())
+    assert rendered == README, ("a generated region of README.md differs from its rendering: edit the template in "
+                                "docs/templates/ and run `make docs-figures`, never the region\n"
+                                + _difference(rendered, README))
+
+
+def test_a_figure_edited_by_hand_inside_a_region_is_caught():
+    exact_match = docs.load_figures()["toy"]["figures"]["corrupted"]["uniform"]
+    quoted = f"| {exact_match:.3f} |"
+    assert quoted in README
+    edited = README.replace(quoted, "| 0.042 |", 1)
+    assert docs.render_readme(edited, docs.load_figures(), docs.load_bench()) != edited
+
+
+def test_every_template_has_exactly_one_region_and_every_region_a_template():
+    names = docs.region_names(README)
+    assert len(names) == len(set(names)), f"a region appears twice: {names}"
+    assert sorted(names) == sorted(path.stem for path in docs.TEMPLATES.glob("*.md"))
+
+
+def test_every_group_is_recorded_with_its_command_date_and_cpu():
+    figures = docs.load_figures()
+    assert set(figures) == set(docs.GROUPS)
+    for name, group in figures.items():
+        assert group["command"] == docs.GROUPS[name].command, name
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", group["date"]) and group["cpu"] and group["figures"], name
+
+
+def test_benchmark_figures_name_the_cpu_they_were_measured_on():
+    kept = sorted(docs.BENCH.glob("*.json"))
+    assert {path.stem for path in kept} >= {"extract", "ablate", "render", "serve"}
+    for path in kept:
+        figures = json.loads(path.read_text())
+        assert figures["cpu"] and figures["date"] and figures["figures"], path.name
+        assert figures["cpu"] in README, f"the README does not name the CPU of {path.name}"
+
+
+@pytest.mark.parametrize("group", ["example", "views", "toy"])
+def test_cheap_producers_still_give_the_recorded_figures(group, tmp_path):
+    """Re-run the command behind a group: its figures must equal those the README was rendered from.
+
+    (the toy translator trains on first use, ~20 s, then its evaluation takes ~15 s)"""
+    recorded = docs.load_figures()[group]["figures"]
+    produced = docs.GROUPS[group].produce(tmp_path)
+    assert docs.compared(group, produced) == docs.compared(group, recorded), (
+        f"the figures of '{group}' changed: run `python scripts/docs_figures.py {group}` and read the README's text "
+        "around them")
+
+
+# Numbers the README may state outside generated regions: facts that no run of attnscope measures.
+NOT_MEASURED = (
+    (r"(?:et al\.|Zuidema) \(?\d{4}\)?", "a citation's year"),
+    (r"\b[01]-indexed", "indexing convention"),
+    (r"Python >= [\d.]+|torch [\d.]+", "requirements"),
+    (r"MiniLM-L6-v2|SmolLM2(?:-135M-Instruct)?|GPT-2|\bT5\b|\b[45]xx\b", "names"),
+    (r"\d+ layers x \d+ heads(?: \(\d+ kv heads\))?|\d+\+\d+ layers x \d+ heads|\d+ query heads, \d+ kv heads",
+     "the architecture of a shipped model (its config)"),
+    (r"exit code 2|80/20|1/n|head 2\.3", "behaviour, settings and the example the screenshot shows"),
+)
+
+
+def _prose_outside_regions(readme: str) -> str:
+    """The README without generated regions, code (blocks, indented, spans) and link targets."""
+    text = docs.REGION.sub("", readme)
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("    "))
+    text = re.sub(r"`[^`]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def test_every_number_in_the_readme_prose_is_generated_or_not_a_measurement():
+    prose = _prose_outside_regions(README)
+    for pattern, _reason in NOT_MEASURED:
+        prose = re.sub(pattern, "", prose)
+    stray = [line.strip() for line in prose.splitlines() if re.search(r"(?<![A-Za-z_])\d", line)]  # not uint8
+    assert not stray, ("numbers outside README's generated regions (a figure must be rendered from "
+                       "docs/figures.json by a template in docs/templates/; a fact that is no measurement goes in "
+                       f"NOT_MEASURED): {stray}")
+
+
+def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path, monkeypatch, capsys):
+    import bench_json  # benchmarks/, put on sys.path by scripts/docs_figures.py
+
+    monkeypatch.setattr(bench_json, "DOCS_BENCH", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["render.py", "--loads", "3"])
+    bench_json.emit("render", {"load_ms": 512.5})
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"load_ms": 512.5}
+    kept = json.loads((tmp_path / "render.json").read_text())
+    assert kept["figures"] == {"load_ms": 512.5} and kept["command"] == "python benchmarks/render.py --loads 3"
+    assert kept["cpu"] == bench_json.cpu_name() and kept["cpu"].endswith("cores")
+    bench_json.emit("extract", {"sentences": 200}, keep=False)  # a --quick run leaves the README's figures alone
+    assert not (tmp_path / "extract.json").exists()
