@@ -39,12 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json, render.py and long_view.py (page timer)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # long_view.py imports the tests' synthetic data
+
+from bench_json import emit
+
 from attnscope import load_model
 from attnscope.capture.extract import extract, extract_to_file
 from attnscope.capture.plan import CapturePlan
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # render.py and long_view.py: the Chromium page timer
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # long_view.py imports the tests' synthetic data
 DATA = Path(__file__).resolve().parents[1] / "src" / "attnscope" / "data" / "brown_sample.txt"
 LENGTHS = (512, 1024, 2048, 4096, 8192)
 
@@ -159,7 +162,7 @@ def main() -> None:
                     "stats_memory_exponent": "<= 1.2", "sparse_bytes_at_8192": "< 1e9",
                     "view_load_ms_at_max": "< 2000"},
     }
-    print(json.dumps(summary))
+    emit("long", summary, keep=lengths == list(LENGTHS))
 
 
 if __name__ == "__main__":

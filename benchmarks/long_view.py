@@ -27,7 +27,6 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' synthetic attention
+from bench_json import emit
 from render import CHROMIUM, CHROMIUM_ARGS, log, time_in_page
 
 from attnscope.present import long_view
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - wall, 1),
     }
     log(f"html {result['html_mb']} MB (target < 40), view load {result['view_load_ms']} ms (target < 2000)")
-    sys.stdout.write(json.dumps(result) + "\n")
+    emit("long_view", result, keep=(args.tokens, args.layers, args.heads) == (8192, 30, 9))
     return 0
 
 
