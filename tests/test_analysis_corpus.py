@@ -30,6 +30,22 @@ def report(minilm, tmp_path_factory):
                           progress=False)
 
 
+def test_findings_name_only_heads_where_the_score_applied():
+    """Issue 19.1: a pattern measurable on fewer heads than the findings list filled it with NaN heads."""
+    from attnscope.analysis.corpus import _findings
+    from attnscope.analysis.patterns import EVIDENCE, CorpusPatterns, HeadPatterns
+
+    evidence = {name: np.full((2, 2), np.nan) for name in EVIDENCE}  # [layer, head]: nothing applies ...
+    evidence["uniformity"] = np.array([[0.2, 0.1], [0.4, 0.3]])  # ... but uniformity everywhere
+    evidence["same_word"] = np.array([[np.nan, 0.05], [np.nan, np.nan]])  # and same word on one head only
+    labels = np.full((2, 2), "heterogeneous", dtype=object)
+    counted = CorpusPatterns.from_heads([HeadPatterns(labels, np.zeros((2, 2)), evidence)] * 2)
+    findings = {finding.pattern: finding for finding in _findings(counted, {})}
+    assert [(h["layer"], h["head"], h["mean_score"]) for h in findings["same_word"].heads] == [(0, 1, 0.05)]
+    assert [(h["layer"], h["head"]) for h in findings["bag_of_words"].heads] == [(1, 0), (1, 1), (0, 0)]
+    assert findings["previous_word"].heads == []
+
+
 def test_report_writes_html_figures_and_database(report):
     assert report.n_inputs == len(ITEMS) and report.model == "minilm"
     for name in ("analysis_patterns", "analysis_token_types", "analysis_head_map"):

@@ -136,6 +136,14 @@ def test_frame_and_top_name_heads_zero_indexed(stats):
     assert "0-indexed" in stats._repr_html_()
 
 
+def test_top_names_only_heads_where_the_statistic_applied():
+    """Issue 19.1: asking for more heads than were measured listed unmeasured (NaN) heads too."""
+    values = np.array([[np.nan, -0.2], [np.nan, -0.5]])  # [layer, head]; two heads measured, both negative
+    stats = HeadStatistics({"same_word": values})
+    assert stats.top("same_word", 3) == [(0, 1, pytest.approx(-0.2)), (1, 1, pytest.approx(-0.5))]
+    assert HeadStatistics({"same_word": np.full((2, 2), np.nan)}).top("same_word") == []
+
+
 def test_statistics_of_a_real_record_are_shares(minilm):
     from attnscope import extract
 

@@ -27,7 +27,7 @@ from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads
-from .stats import head_statistics
+from .stats import head_statistics, largest_measured
 from .store import DEFAULT_DB, HeadStore
 from .tokens import token_context
 
@@ -138,9 +138,9 @@ class _Collector:
 
     def _keep_examples(self, input_id: int, record: AttentionRecord, patterns: HeadPatterns) -> None:
         for pattern in VIG_PATTERNS:
-            score = np.nan_to_num(patterns.evidence[FINDING_SCORE[pattern]], nan=-1.0)
+            score = patterns.evidence[FINDING_SCORE[pattern]]
             best = self.best.setdefault(pattern, np.full(score.shape, -np.inf))
-            for layer, head in zip(*np.nonzero(score > best)):
+            for layer, head in zip(*np.nonzero(np.isfinite(score) & (score > best))):  # maps where it applies
                 best[layer, head] = score[layer, head]
                 self.examples[(pattern, int(layer), int(head))] = Example(
                     float(score[layer, head]), np.array(record.attention[layer, head]), record.tokens, input_id, record)
@@ -160,15 +160,11 @@ def _findings(patterns: CorpusPatterns, examples: dict[tuple[str, int, int], Exa
     shares = patterns.counts / np.maximum(patterns.counts.sum(axis=-1, keepdims=True), 1)  # [layer, head, class]
     for pattern in VIG_PATTERNS:
         score = patterns.mean_evidence[FINDING_SCORE[pattern]]
-        if np.all(np.isnan(score)):
-            findings.append(Finding(pattern, FINDING_SCORE[pattern], []))
-            continue
-        ranked = np.argsort(np.where(np.isnan(score), -np.inf, score), axis=None)[::-1][:FINDING_HEADS]
-        heads = [{"layer": int(layer), "head": int(head), "mean_score": float(score[layer, head]),
+        heads = [{"layer": layer, "head": head, "mean_score": float(score[layer, head]),
                   "share_labelled": float(shares[layer, head, order.index(pattern)]),
-                  "example_input": examples[(pattern, int(layer), int(head))].input_id
-                  if (pattern, int(layer), int(head)) in examples else None}
-                 for layer, head in zip(*np.unravel_index(ranked, score.shape))]
+                  "example_input": examples[(pattern, layer, head)].input_id
+                  if (pattern, layer, head) in examples else None}
+                 for layer, head in largest_measured(score, FINDING_HEADS)]
         findings.append(Finding(pattern, FINDING_SCORE[pattern], heads))
     return findings
 

@@ -147,6 +147,14 @@ def normalized_rows(norms: np.ndarray) -> np.ndarray:
     return np.divide(norms, totals, out=np.zeros_like(norms), where=totals > 0)
 
 
+def largest_measured(grid: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """The ``(layer, head)`` cells of the ``n`` largest finite values of ``grid`` ``[layer, head]``,
+    largest first; cells where the score never applied (NaN) are never named."""
+    cells = np.argwhere(np.isfinite(grid))  # [cell, 2]
+    order = np.argsort(-grid[tuple(cells.T)], kind="stable")[:n]
+    return [(int(layer), int(head)) for layer, head in cells[order]]
+
+
 @dataclass(frozen=True, eq=False)
 class HeadStatistics:
     """Statistics per ``[layer, head]`` (0-indexed): one record's, or means over ``n_inputs`` records.
@@ -180,10 +188,10 @@ class HeadStatistics:
         return pd.DataFrame(columns)
 
     def top(self, name: str, n: int = 10) -> list[tuple[int, int, float]]:
-        """The ``n`` heads with the largest value of ``name``: ``(layer, head, value)``, NaNs last."""
+        """The ``n`` heads with the largest value of ``name``: ``(layer, head, value)``; heads where the
+        statistic did not apply (NaN) are left out, so fewer than ``n`` may come back."""
         values = self[name]
-        order = np.argsort(np.where(np.isnan(values), -np.inf, values), axis=None)[::-1][:n]
-        return [(int(l), int(h), float(values[l, h])) for l, h in zip(*np.unravel_index(order, values.shape))]
+        return [(layer, head, float(values[layer, head])) for layer, head in largest_measured(values, n)]
 
     def _repr_html_(self) -> str:
         caption = f"{self.model}: statistics per head (layers and heads 0-indexed), {self.n_inputs} input(s)"
