@@ -29,7 +29,7 @@ from attnscope.analysis.patterns import (
 )
 from attnscope.analysis.synthetic import synthetic_set
 from attnscope.analysis.tokens import token_context
-from tests.test_analysis_stats import N, make_record, uniform
+from tests.test_analysis_stats import SINK_TOKENS, N, causal_record, make_record, sink_map, uniform
 
 
 def line(offset: int) -> np.ndarray:
@@ -68,6 +68,22 @@ def test_causal_maps_use_causal_templates():
     labels = labels_of(line(-1), columns(0), np.ones((N, N)), causal=True)
     assert labels == ["previous_word", "vertical", "bag_of_words"]  # first-token sink counts as vertical
     assert "next_word" not in pattern_names(causal=True) and "delimiter" not in pattern_names(causal=True)
+
+
+def test_a_causal_sink_on_a_repeated_first_word_is_vertical_not_same_word():
+    """Issue 19.2: on "The cat sat on the mat.", heads that park on the sink "The" were labelled
+    same_word because the later "the" parks there too (more than the average row)."""
+    n = len(SINK_TOKENS)
+    heavier = sink_map(n, 0.6)
+    heavier[4] = sink_map(n, 0.95)[4]  # "the" leans on the sink harder than the other rows
+    previous = line(-1)[:n, :n]
+    previous[4] = 0.0
+    previous[4, 0] = 1.0  # a previous-word head whose "the" looks at "The" instead
+    patterns = classify_heads(causal_record(np.stack([sink_map(n, 0.9), heavier, previous])))
+    assert patterns.labels[0].tolist() == ["vertical", "vertical", "previous_word"]
+    assert np.isnan(patterns.evidence["same_word"]).all()
+    repeated = causal_record(np.stack([line(-1)[:n, :n]]), ("A", " cat", " saw", " the", " cat", " sat", "."))
+    assert np.isfinite(pattern_evidence(repeated.attention, token_context(repeated))["same_word"]).all()
 
 
 def test_every_label_belongs_to_a_kovaleva_type():

@@ -28,13 +28,16 @@ cell is darkest in most rows and how dark it is, so each structure gets three sc
 * ``_top1``: the share of queries whose largest key belongs to it;
 * ``_top2``: the share of queries whose two largest keys include one of it.
 
-Structures: ``previous_word``/``next_word``/``diagonal`` (the key at offset -1/+1/0);
+Structures: ``previous_word``/``next_word``/``diagonal`` (the key at offset -1/+1/0; in causal
+models never the first position, the attention sink, so the second token's pull to the sink is
+not read as a previous-word line);
 ``delimiter`` (special tokens; causal models: NaN, folded into vertical); ``vertical`` (per head,
 its two most-attended candidate columns, non-special keys or in causal models any key, or the
 punctuation if that holds more); ``same_word``/``same_word_other_sentence`` (other occurrences of
-the query's word, over queries whose word has one; NaN when no word repeats; scored on attention
-minus each key's mean over the scored rows, so that a column that happens to sit on a repeated
-word, such as the first-token sink of causal models, does not count). Column structures
+the query's word, over queries whose word has one; NaN when no word repeats; never the sink of a
+causal model, where "The" at position 0 gets the attention of every query, a later "the" too;
+scored on attention minus each key's mean over the scored rows, so that a column that happens to
+sit on a repeated word does not count). Column structures
 leave out the band ``|q_pos - k_pos| <= 1``, so that a line never also passes for a column. Two
 more scores: ``uniformity``, the histogram intersection ``sum_k min(a_k, u_k)`` of each row with a
 uniform row over the own sentence or over all visible keys (the larger), averaged; ``block``, the
@@ -327,9 +330,9 @@ def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.n
     off_band = np.abs(np.arange(ctx.n)[:, None] - np.arange(ctx.n)[None, :]) > 1
     specials = np.broadcast_to(ctx.special[None, :], (ctx.n, ctx.n))
     masks = {
-        "previous_word": np.eye(ctx.n, k=-1, dtype=bool),
+        "previous_word": np.eye(ctx.n, k=-1, dtype=bool) & ~ctx.sink[None, :],  # the sink is no line's key
         "next_word": np.eye(ctx.n, k=1, dtype=bool) & ctx.allowed,
-        "diagonal": np.eye(ctx.n, dtype=bool),
+        "diagonal": np.eye(ctx.n, dtype=bool) & ~ctx.sink[None, :],
         "delimiter": specials & ctx.allowed & off_band & (not ctx.causal),  # causal: folded into vertical
         "vertical": _vertical_columns(attention, ctx, off_band, rows)[:, :, None, :] & off_band & ctx.allowed,
         "same_word_other_sentence": ctx.same_word_other_sentence,
