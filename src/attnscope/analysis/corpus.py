@@ -283,8 +283,8 @@ def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
     template = environment.get_template("report.html.j2")
     columns = ["layer", "head", "pattern", "pattern_share", "stable", "entropy", "uniform_entropy", "cls", "sep",
                "sink", "punct", "prev", "next", "self", "mean_distance"]
-    columns = [c for c in columns if c in ("pattern", "stable") or report.summary[c].notna().any()]  # measured here
     columns += [c for c in ("norm_cls", "norm_sep", "norm_punct") if c in report.summary]
+    columns = [c for c in columns if c in ("pattern", "stable") or report.summary[c].notna().any()]  # measured here
     rows = report.summary[columns].assign(stable=report.summary["stable"].map({True: "yes", False: "no"}))
     rows = rows.to_dict(orient="records")
     shares = report.patterns.shares()
