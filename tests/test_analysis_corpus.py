@@ -30,6 +30,33 @@ def report(minilm, tmp_path_factory):
                           progress=False)
 
 
+def test_findings_name_only_heads_where_the_score_applied():
+    """Issue 19.1: a pattern measurable on fewer heads than the findings list filled it with NaN heads."""
+    from attnscope.analysis.corpus import _findings
+    from attnscope.analysis.patterns import EVIDENCE, CorpusPatterns, HeadPatterns
+
+    evidence = {name: np.full((2, 2), np.nan) for name in EVIDENCE}  # [layer, head]: nothing applies ...
+    evidence["uniformity"] = np.array([[0.2, 0.1], [0.4, 0.3]])  # ... but uniformity everywhere
+    evidence["same_word"] = np.array([[np.nan, 0.05], [np.nan, np.nan]])  # and same word on one head only
+    labels = np.full((2, 2), "heterogeneous", dtype=object)
+    counted = CorpusPatterns.from_heads([HeadPatterns(labels, np.zeros((2, 2)), evidence)] * 2)
+    findings = {finding.pattern: finding for finding in _findings(counted, {})}
+    assert [(h["layer"], h["head"], h["mean_score"]) for h in findings["same_word"].heads] == [(0, 1, 0.05)]
+    assert [(h["layer"], h["head"]) for h in findings["bag_of_words"].heads] == [(1, 0), (1, 1), (0, 0)]
+    assert findings["previous_word"].heads == []
+
+
+def test_token_types_of_a_model_without_special_tokens_leave_them_out():
+    """A causal LM without [CLS]/[SEP] had NaN there, which made "other" NaN on every layer."""
+    from attnscope.analysis.corpus import _token_type_means
+
+    summary = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "cls": [np.nan] * 4, "sep": [np.nan] * 4,
+                            "punct": [0.1, 0.2, 0.3, 0.4]})
+    means = _token_type_means(summary, "")
+    assert set(means) == {"punctuation", "other"}
+    np.testing.assert_allclose(means["other"], [[0.9, 0.8], [0.7, 0.6]])
+
+
 def test_report_writes_html_figures_and_database(report):
     assert report.n_inputs == len(ITEMS) and report.model == "minilm"
     for name in ("analysis_patterns", "analysis_token_types", "analysis_head_map"):
@@ -74,6 +101,23 @@ def test_database_holds_one_row_per_head_and_input(report):
         assert "sep" in store.metrics() and "label" not in store.metrics()
 
 
+def test_report_gives_each_head_its_modal_label_share_and_stability(report):
+    """Issue 19.3: the per-head label comes with the share of inputs that carried it, and whether the
+    head is stable (a share of at least 85% over enough inputs)."""
+    counts = report.patterns.counts  # [layer, head, class]
+    with HeadStore(report.database) as store:
+        labels = store.query("SELECT * FROM head_labels ORDER BY layer, head")
+        rule = store.query("SELECT value FROM meta WHERE key = 'stable_rule'").value[0]
+        per_input = store.query("SELECT layer, head, label, count(*) AS n FROM head_stats GROUP BY ALL")
+    assert len(labels) == 72 and "85%" in rule
+    modal = per_input.sort_values(["layer", "head", "n"], ascending=[True, True, False]).groupby(["layer", "head"]).head(1)
+    assert np.allclose(labels["share"], modal.sort_values(["layer", "head"])["n"].to_numpy() / len(ITEMS))
+    assert np.allclose(labels["share"], counts.max(axis=-1).ravel() / len(ITEMS))
+    assert not labels["stable"].any()  # 4 inputs are too few to call a head stable
+    assert (report.summary["pattern_share"].to_numpy() == labels["share"].to_numpy()).all()
+    assert "stable" in report.summary and "are <b>stable</b>" in report.html.read_text()
+
+
 def test_top_heads_in_a_layer_range(report):
     with HeadStore(report.database) as store:
         top = store.top("cls", 3, layers=(3, 5))
@@ -88,7 +132,8 @@ def test_top_heads_in_a_layer_range(report):
 def test_parquet_export_round_trips(report, tmp_path):
     with HeadStore(report.database) as store:
         paths = store.export_parquet(tmp_path / "parquet")
-        assert {p.name for p in paths} == {"head_stats.parquet", "inputs.parquet", "meta.parquet"}
+        assert [p.name for p in paths] == ["head_stats.parquet", "inputs.parquet", "meta.parquet",
+                                           "head_labels.parquet"]
         back = store.query(f"SELECT count(*) AS n FROM '{paths[0]}'")
     assert back.n[0] == 72 * len(ITEMS)
 

@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 
 from attnscope.analysis.evaluate import (
+    STABILITY_SPLIT,
     LabelledMap,
     _agreement_figures,
     cohen_kappa,
+    evaluate_stability,
     evaluate_synthetic,
     predict_real,
     real_labels,
     score,
     second_labels,
+    stability_texts,
 )
 from attnscope.analysis.patterns import (
     CAUSAL_THRESHOLDS,
@@ -22,6 +25,7 @@ from attnscope.analysis.patterns import (
     PATTERNS,
     THRESHOLDS,
     CorpusPatterns,
+    HeadPatterns,
     classify_heads,
     decide,
     pattern_evidence,
@@ -29,7 +33,7 @@ from attnscope.analysis.patterns import (
 )
 from attnscope.analysis.synthetic import synthetic_set
 from attnscope.analysis.tokens import token_context
-from tests.test_analysis_stats import N, make_record, uniform
+from tests.test_analysis_stats import SINK_TOKENS, N, causal_record, make_record, sink_map, uniform
 
 
 def line(offset: int) -> np.ndarray:
@@ -68,6 +72,22 @@ def test_causal_maps_use_causal_templates():
     labels = labels_of(line(-1), columns(0), np.ones((N, N)), causal=True)
     assert labels == ["previous_word", "vertical", "bag_of_words"]  # first-token sink counts as vertical
     assert "next_word" not in pattern_names(causal=True) and "delimiter" not in pattern_names(causal=True)
+
+
+def test_a_causal_sink_on_a_repeated_first_word_is_vertical_not_same_word():
+    """Issue 19.2: on "The cat sat on the mat.", heads that park on the sink "The" were labelled
+    same_word because the later "the" parks there too (more than the average row)."""
+    n = len(SINK_TOKENS)
+    heavier = sink_map(n, 0.6)
+    heavier[4] = sink_map(n, 0.95)[4]  # "the" leans on the sink harder than the other rows
+    previous = line(-1)[:n, :n]
+    previous[4] = 0.0
+    previous[4, 0] = 1.0  # a previous-word head whose "the" looks at "The" instead
+    patterns = classify_heads(causal_record(np.stack([sink_map(n, 0.9), heavier, previous])))
+    assert patterns.labels[0].tolist() == ["vertical", "vertical", "previous_word"]
+    assert np.isnan(patterns.evidence["same_word"]).all()
+    repeated = causal_record(np.stack([line(-1)[:n, :n]]), ("A", " cat", " saw", " the", " cat", " sat", "."))
+    assert np.isfinite(pattern_evidence(repeated.attention, token_context(repeated))["same_word"]).all()
 
 
 def test_every_label_belongs_to_a_kovaleva_type():
@@ -131,9 +151,24 @@ def test_corpus_patterns_count_labels_per_head():
     corpus = CorpusPatterns.from_heads([first, second])
     assert corpus.n_inputs == 2
     assert corpus.labels[0].tolist() == ["previous_word", "delimiter"]  # tie broken by class order
-    assert corpus.confidence[0].tolist() == [1.0, 0.5]
+    assert corpus.confidence[0].tolist() == [1.0, 0.5] and corpus.share[0].tolist() == [1.0, 0.5]
+    assert not corpus.stable.any()  # two inputs say too little
+    assert corpus.share_of(np.array([["delimiter", "bag_of_words"]], dtype=object))[0].tolist() == [0.0, 0.5]
     assert corpus.shares()["previous_word"] == 0.5
     assert corpus.mean_evidence["previous_word"][0, 0] == pytest.approx(1.0)
+
+
+def test_a_head_is_stable_when_its_modal_label_holds_on_85_percent_of_the_inputs():
+    steady = classify_heads(make_record(np.stack([line(-1), line(-1), line(-1)])))
+    other = classify_heads(make_record(np.stack([line(-1), uniform(), uniform()])))
+    # head 0: always previous_word; head 1: 17 of 20 (85%); head 2: 16 of 20 (80%)
+    inputs = [steady] * 16 + [HeadPatterns(np.array([["previous_word", "previous_word", "bag_of_words"]], dtype=object),
+                                           np.ones((1, 3)), steady.evidence)] + [other] * 3
+    corpus = CorpusPatterns.from_heads(inputs)
+    assert corpus.share[0].tolist() == pytest.approx([1.0, 0.85, 0.8])
+    assert corpus.stable[0].tolist() == [True, True, False]
+    frame = corpus.to_frame()
+    assert frame["stable"].tolist() == [True, True, False] and (frame["inputs"] == 20).all()
 
 
 def test_line_contrast_and_column_darkness_by_hand():
@@ -194,6 +229,37 @@ def test_a_column_that_never_reaches_mid_grey_is_not_a_delimiter():
     assert decided(**{**pale, "uniformity": 0.4}, delimiter_dark=0.05) == "heterogeneous"
 
 
+def confidence_of(**scores: float) -> tuple[str, float]:
+    evidence = {name: np.full((1, 1), scores.get(name, np.nan)) for name in EVIDENCE}
+    labels, confidence = decide(evidence, is_pair=False)
+    return str(labels[0, 0]), float(confidence[0, 0])
+
+
+def test_confidence_falls_to_a_coin_toss_where_a_label_flips():
+    """Issue 19.3: heads whose column sits at the column_dark threshold flip between delimiter and
+    bag_of_words from one input to the next; both labels must then say they are unsure."""
+    pale = {"delimiter": 0.6, "delimiter_top1": 0.8, "uniformity": 0.6}
+    at = THRESHOLDS["column_dark"]
+    below, above = confidence_of(**pale, delimiter_dark=at - 0.01), confidence_of(**pale, delimiter_dark=at + 0.01)
+    assert (below[0], above[0]) == ("bag_of_words", "delimiter")
+    assert below[1] < 0.6 and above[1] < 0.6
+    darker = [confidence_of(**pale, delimiter_dark=at + step)[1] for step in (0.01, 0.05, 0.1, 0.2, 0.4)]
+    assert darker == sorted(darker) and darker[-1] > 0.95  # grows smoothly with the distance from the threshold
+    assert confidence_of(**{**pale, "delimiter": 0.31}, delimiter_dark=at + 0.4)[1] < 0.6  # mass just past its threshold
+    # a near tie between two lines is unsure which line it is
+    assert confidence_of(previous_word=0.6, previous_word_top1=0.8, diagonal=0.3, diagonal_top1=0.79)[1] < 0.6
+    assert confidence_of(previous_word=0.6, previous_word_top1=0.8, diagonal=0.1, diagonal_top1=0.1)[1] > 0.95
+
+
+def test_synthetic_confidence_is_higher_on_right_labels():
+    confidences = {True: [], False: []}
+    for item in synthetic_set(seed=0):
+        patterns = classify_heads(item.record)
+        for gold, label, confidence in zip(item.labels, patterns.labels[0], patterns.confidence[0]):
+            confidences[gold == label].append(confidence)
+    assert np.mean(confidences[True]) > np.mean(confidences[False]) + 0.1
+
+
 def test_real_set_batches_and_held_out_maps():
     maps = real_labels()
     assert {m.batch for m in maps} == {1, 2, 3, 4}
@@ -248,6 +314,40 @@ def test_agreement_figures_by_hand():
     assert figures["real_macro_f1_vs_second"] == 1.0  # the classifier says what the second labeller said
     assert figures["n_real_agreed"] == 2 and figures["real_macro_f1_agreed"] == 1.0
     assert _agreement_figures(maps, predicted, {}) == {}
+
+
+def counted(*heads: dict[str, int]) -> CorpusPatterns:
+    """A corpus count of one layer whose heads got the given label counts."""
+    counts = np.zeros((1, len(heads), len(PATTERNS)), dtype=np.int64)
+    for head, labels in enumerate(heads):
+        for label, n in labels.items():
+            counts[0, head, list(PATTERNS).index(label)] = n
+    return CorpusPatterns(counts)
+
+
+def test_stability_out_of_sample_by_hand():
+    deciding = counted({"previous_word": 20}, {"previous_word": 18, "bag_of_words": 2},
+                       {"previous_word": 10, "bag_of_words": 10})
+    held_out = counted({"previous_word": 9, "diagonal": 1}, {"previous_word": 3, "bag_of_words": 7},
+                       {"previous_word": 10})
+    figures = evaluate_stability(deciding, held_out)
+    assert (figures["n_stable_heads"], figures["n_heads"], figures["n_stability_heldout"]) == (2, 3, 10)
+    assert figures["stable_heldout_share"] == pytest.approx((0.9 + 0.3) / 2)  # the label the report gave
+    assert figures["stable_heldout_share_min"] == pytest.approx(0.3)
+    assert figures["stable_heldout_modal_share"] == pytest.approx((0.9 + 0.7) / 2)  # their own held-out mode
+    assert figures["stable_same_modal_label_heldout"] == pytest.approx(0.5)
+    assert figures["heldout_modal_share_all"] == pytest.approx((0.9 + 0.7 + 1.0) / 3, abs=1e-4)  # rounded
+    assert figures["unstable_heldout_share"] == pytest.approx(1.0)
+
+
+def test_stability_texts_split_the_brown_sample_and_leave_out_the_labelled_sentences():
+    from attnscope.data import brown_sentences
+
+    maps = real_labels()
+    deciding, held_out = stability_texts(maps)
+    labelled = {m.text for m in maps} | {m.pair for m in maps if m.pair}
+    assert deciding == brown_sentences()[:STABILITY_SPLIT] and not set(deciding) & set(held_out)
+    assert not set(held_out) & labelled and len(held_out) > 0.9 * (len(brown_sentences()) - STABILITY_SPLIT)
 
 
 def test_second_labels_cover_the_real_set():

@@ -120,9 +120,56 @@ def test_causal_records_have_no_next_token_and_a_smaller_uniform_baseline():
     causal_uniform /= causal_uniform.sum(axis=1, keepdims=True)
     stats = head_statistics(make_record(np.stack([causal_uniform]), causal=True))
     assert np.isnan(stats["next"]).all()
-    expected = np.mean([math.log(q + 1) for q in range(N)])  # query q sees q + 1 keys
+    expected = np.mean([math.log(q + 1) for q in range(1, N)])  # query q sees q + 1 keys; query 0 only itself
     assert stats["uniform_entropy"][0, 0] == pytest.approx(expected)
     assert stats["entropy"][0, 0] == pytest.approx(expected, rel=1e-5)
+
+
+# a causal input whose first token "The" (the attention sink) repeats as "the" at position 4
+SINK_TOKENS = ("The", " cat", " sat", " on", " the", " mat", ".")
+
+
+def causal_record(attention: np.ndarray, tokens: tuple[str, ...] = SINK_TOKENS) -> AttentionRecord:
+    """A record of a 1-layer causal model without special tokens; heads are ``attention`` ``[head, q, k]``."""
+    n = len(tokens)
+    info = ModelInfo("hand", "hand", 1, attention.shape[0], attention.shape[0], 4, True, False, 0.5)
+    arrays = {"self.attention": attention[None].astype(np.float32), "input.token_ids": np.arange(n),
+              "input.special_mask": np.zeros(n, dtype=bool), "input.sentence_ids": np.zeros(n, dtype=np.int64),
+              "input.word_ids": np.arange(n)}
+    return AttentionRecord(model=info, tokens=tokens, arrays=arrays)
+
+
+def sink_map(n: int, on_sink: float = 1.0) -> np.ndarray:
+    """Causal ``[q_pos, k_pos]``: ``on_sink`` of every row on position 0, the rest spread evenly over its keys."""
+    matrix = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None] * (1.0 - on_sink)
+    matrix[:, 0] += on_sink
+    return matrix
+
+
+def test_the_sink_of_a_causal_model_is_its_own_statistic_and_no_other_key():
+    """Issue 19.2: "the" looking at the first token "The" (the sink) was counted as same-word attention,
+    the second token's look at the sink as previous-token attention, and so on."""
+    n = len(SINK_TOKENS)
+    causal_uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    record = causal_record(np.stack([sink_map(n), causal_uniform]))
+    ctx = token_context(record)
+    assert ctx.sink.tolist() == [True] + [False] * (n - 1) and not ctx.same_word.any()
+    stats = head_statistics(record, ctx)
+    assert stats["sink"][0].tolist() == pytest.approx([1.0, np.mean(1 / np.arange(1, n + 1))])
+    assert np.isnan(stats["same_word"]).all()  # the only repeat is the sink: nothing to measure
+    assert value(stats, "prev", 0) == 0.0  # queries 2-6 have a previous token other than the sink
+    assert value(stats, "self", 0) == 0.0  # query 0's own position is the sink
+    assert value(stats, "prev", 1) == pytest.approx(np.mean(1 / np.arange(3, n + 1)))
+    assert value(stats, "max_weight", 0) == 1.0 and value(stats, "entropy", 0) == pytest.approx(0.0, abs=1e-6)
+    assert value(stats, "mean_distance", 0) == pytest.approx(np.mean(np.arange(1, n)))  # queries 1-6
+    repeated = causal_record(np.stack([causal_uniform]), ("A", " cat", " saw", " the", " cat", " sat", "."))
+    assert sorted(zip(*token_context(repeated).same_word.nonzero())) == [(4, 1)]  # repeats off the sink still count
+
+
+def test_bidirectional_models_have_no_sink():
+    stats = head_statistics(make_record(np.stack([all_to_cls()])))
+    assert not token_context(make_record(np.stack([all_to_cls()]))).sink.any()
+    assert np.isnan(stats["sink"]).all() and value(stats, "cls", 0) == pytest.approx(1.0)
 
 
 def test_row_entropy_in_nats():
@@ -134,6 +181,14 @@ def test_frame_and_top_name_heads_zero_indexed(stats):
     assert list(frame.columns[:2]) == ["layer", "head"] and len(frame) == 2
     assert stats.top("sep", 1) == [(0, 1, pytest.approx(0.25))]
     assert "0-indexed" in stats._repr_html_()
+
+
+def test_top_names_only_heads_where_the_statistic_applied():
+    """Issue 19.1: asking for more heads than were measured listed unmeasured (NaN) heads too."""
+    values = np.array([[np.nan, -0.2], [np.nan, -0.5]])  # [layer, head]; two heads measured, both negative
+    stats = HeadStatistics({"same_word": values})
+    assert stats.top("same_word", 3) == [(0, 1, pytest.approx(-0.2)), (1, 1, pytest.approx(-0.5))]
+    assert HeadStatistics({"same_word": np.full((2, 2), np.nan)}).top("same_word") == []
 
 
 def test_statistics_of_a_real_record_are_shares(minilm):

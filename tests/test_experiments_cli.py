@@ -51,7 +51,14 @@ def test_ablate_writes_heatmap_table_and_summary(tiny_model_dir, texts, tmp_path
     assert (out / "ablation_heads.png").read_bytes()[:4] == b"\x89PNG"
     summary = (out / "summary.html").read_text()
     assert "0-indexed" in summary and "ablation_heads.png" in summary and "prefix caching" in summary
-    assert "most harmful: layer 1 head" in stdout
+    # issue 19.1: only layer 1 was ablated and every head hurts cosine to the intact model, so the
+    # least harmful head of layer 1 is "most helpful" (an empty cell of layer 0, read as 0, won before)
+    assert (table["delta"] < 0).all()
+    lines = {line.split(":")[0]: line for line in stdout.splitlines() if line.startswith("most ")}
+    for name, row in (("most harmful", table["delta"].idxmin()), ("most helpful (or least harmful)",
+                                                                   table["delta"].idxmax())):
+        assert lines[name].startswith(f"{name}: layer 1 head {table['head'][row]}: {table['delta'][row]:+.4g} [")
+    assert "nan" not in stdout.lower()
 
 
 def test_ablate_whole_layers_of_a_decoder_into_duckdb(tiny_model_dir, texts, tmp_path, capsys):

@@ -4,6 +4,7 @@ sentence-transformers' embeddings); bootstrap intervals behave as defined."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import numpy as np
@@ -163,6 +164,22 @@ def test_sweep_result_tables_and_figure(tiny, tmp_path):
     assert (tmp_path / "heat.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(AttnscopeError, match="csv, .parquet or .duckdb"):
         result.save(tmp_path / "t.xlsx")
+
+
+def test_extremes_of_a_partial_sweep_are_measured_cells_even_when_every_head_hurts(tiny):
+    """Issue 19.1: unmeasured cells (NaN) were filled with 0 before the arg-max, so an empty cell beat
+    every head that hurts."""
+    loaded = tiny["bert"]
+    result = run_sweep(loaded, prepare_metric("cosine", loaded, TEXTS), "heads", layers=[1], progress=False,
+                       n_resamples=50)
+    measured = result.delta[1]
+    assert np.isnan(result.delta[0]).all() and (measured < 0).all()  # every ablation lowers cosine to the intact model
+    extremes = result.extremes()
+    assert extremes == {"worst": (1, int(np.argmin(measured))), "best": (1, int(np.argmax(measured)))}
+    flipped = dataclasses.replace(result, higher_is_better=False)  # for a loss, lower is better
+    assert flipped.extremes() == {"worst": (1, int(np.argmax(measured))), "best": (1, int(np.argmin(measured)))}
+    with pytest.raises(AttnscopeError, match="no variant"):
+        dataclasses.replace(result, delta=np.full_like(result.delta, np.nan)).extremes()
 
 
 def test_user_function_metric_is_registered_and_used(tiny):

@@ -77,3 +77,22 @@ def test_an_input_too_long_to_capture_whole_is_refused_before_running(capsys):
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("attnscope: error: capturing 1 input(s) of up to 4")
     assert "GiB" in error[0] and "--stats" in error[0] and "--max-tokens" in error[0]
+
+
+TEXTS = ("The cat sat on the mat because it was tired.", "A cat sat on my mat because it was tired.")
+
+
+def test_the_sink_is_not_same_word_attention_on_either_sentence(smollm2):
+    """Issue 19.2: "The cat sat on the mat ..." got 57 of 270 heads labelled same_word (a later "the"
+    looking at the sink "The"), "A cat sat on my mat ..." none. Both must now get few, and about as many."""
+    from attnscope.analysis.patterns import classify_heads
+    from attnscope.analysis.stats import head_statistics
+
+    counts = {}
+    for text in TEXTS:
+        record = extract(smollm2, text)
+        counts[text] = int((classify_heads(record).labels == "same_word").sum())
+        stats = head_statistics(record)
+        assert np.isnan(stats["same_word"]).all()  # no word repeats off the sink
+        assert np.nanmean(stats["sink"]) > 0.5  # where SmolLM2's heads park their attention
+    assert max(counts.values()) <= 270 // 50 and abs(counts[TEXTS[0]] - counts[TEXTS[1]]) <= 3, counts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from .patterns import EVIDENCE, PATTERNS
+from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
 from .stats import describe_statistics, statistic_names
 
 DEFAULT_OUT = Path("report")
@@ -52,13 +52,17 @@ def _run_patterns(args: argparse.Namespace) -> int:
 def _run_evaluation(args: argparse.Namespace) -> int:
     from ..capture.extract import extract_corpus
     from ..models.registry import DEFAULT_MODEL
-    from .evaluate import evaluation_summary, real_labels
+    from .evaluate import count_patterns, evaluate_stability, evaluation_summary, real_labels, stability_texts
 
     if args.model != DEFAULT_MODEL:
         raise AttnscopeError(f"the labelled real maps are of the default model; drop --model (got {args.model!r})")
     maps = real_labels()
-    records = list(extract_corpus(load_from_args(args), [(m.text, m.pair) for m in maps], progress=False))
+    loaded = load_from_args(args)
+    records = list(extract_corpus(loaded, [(m.text, m.pair) for m in maps], progress=False))
     summary = evaluation_summary(records, maps)
+    deciding, held_out = (count_patterns(extract_corpus(loaded, [(text, None) for text in texts], progress=False))
+                          for texts in stability_texts(maps))
+    summary["stability"] = evaluate_stability(deciding, held_out)
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -74,7 +78,12 @@ def _run_evaluation(args: argparse.Namespace) -> int:
               f"{agreement['kappa']:.2f}, macro-F1 {agreement['macro_f1']:.3f} one against the other (what the "
               f"labels leave open); the classifier against the second: {summary['real_macro_f1_vs_second']:.3f}")
     print(f"the same as Kovaleva et al.'s five types: synthetic {summary['synthetic_kovaleva_macro_f1']:.3f}, "
-          f"real {summary['real_kovaleva_macro_f1']:.3f}\n")
+          f"real {summary['real_kovaleva_macro_f1']:.3f}")
+    stability = summary["stability"]
+    print(f"stable heads ({stability['stable_rule']}, {stability['n_stability_deciding']} Brown sentences): "
+          f"{stability['n_stable_heads']} of {stability['n_heads']}; on {stability['n_stability_heldout']} held-out "
+          f"sentences they keep their label on {_share(stability['stable_heldout_share'])} of inputs (all heads' "
+          f"most common label: {_share(stability['heldout_modal_share_all'])})\n")
     for name in ("synthetic", "real"):
         print(f"{name}: {'class':26s} precision recall    f1  support")
         for label, values in summary[f"{name}_per_class"].items():
@@ -82,6 +91,10 @@ def _run_evaluation(args: argparse.Namespace) -> int:
                   f"{values['f1']:5.2f} {values['support']:8d}")
         print()
     return 0
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
 
 
 # ---- heads ----------------------------------------------------------------------------------
@@ -154,6 +167,8 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     print(f"analysed {report.n_inputs} inputs with {report.model} in {time.perf_counter() - start:.0f} s "
           f"(layers and heads 0-indexed)")
     print(f"report:   {report.html}\ndatabase: {report.database}")
+    stable = report.patterns.stable
+    print(f"stable heads (most common label on >= {STABLE_SHARE:.0%} of inputs): {int(stable.sum())} of {stable.size}")
     for finding in report.findings:
         heads = ", ".join(f"{h['layer']}-{h['head']}" for h in finding.heads) or "not measurable here"
         print(f"  {finding.pattern:26s} clearest heads (layer-head): {heads}")

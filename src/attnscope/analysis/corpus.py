@@ -26,8 +26,8 @@ import numpy as np
 from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
-from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads
-from .stats import head_statistics
+from .patterns import PATTERNS, STABLE_MIN_INPUTS, STABLE_SHARE, CorpusPatterns, HeadPatterns, classify_heads
+from .stats import head_statistics, largest_measured
 from .store import DEFAULT_DB, HeadStore
 from .tokens import token_context
 
@@ -60,6 +60,8 @@ VIG_PATTERNS = ("previous_word", "next_word", "same_word", "same_word_other_sent
 FINDING_SCORE = {name: name for name in VIG_PATTERNS} | {"bag_of_words": "uniformity"}
 TOKEN_TYPES = {"[CLS]": "cls", "[SEP]": "sep", "punctuation": "punct"}
 FINDING_HEADS = 3
+STABLE_RULE = (f"a head is stable when its most common label is carried by at least {STABLE_SHARE:.0%} of the "
+               f"inputs (and the corpus has at least {STABLE_MIN_INPUTS})")
 
 
 @dataclass
@@ -138,9 +140,9 @@ class _Collector:
 
     def _keep_examples(self, input_id: int, record: AttentionRecord, patterns: HeadPatterns) -> None:
         for pattern in VIG_PATTERNS:
-            score = np.nan_to_num(patterns.evidence[FINDING_SCORE[pattern]], nan=-1.0)
+            score = patterns.evidence[FINDING_SCORE[pattern]]
             best = self.best.setdefault(pattern, np.full(score.shape, -np.inf))
-            for layer, head in zip(*np.nonzero(score > best)):
+            for layer, head in zip(*np.nonzero(np.isfinite(score) & (score > best))):  # maps where it applies
                 best[layer, head] = score[layer, head]
                 self.examples[(pattern, int(layer), int(head))] = Example(
                     float(score[layer, head]), np.array(record.attention[layer, head]), record.tokens, input_id, record)
@@ -160,25 +162,24 @@ def _findings(patterns: CorpusPatterns, examples: dict[tuple[str, int, int], Exa
     shares = patterns.counts / np.maximum(patterns.counts.sum(axis=-1, keepdims=True), 1)  # [layer, head, class]
     for pattern in VIG_PATTERNS:
         score = patterns.mean_evidence[FINDING_SCORE[pattern]]
-        if np.all(np.isnan(score)):
-            findings.append(Finding(pattern, FINDING_SCORE[pattern], []))
-            continue
-        ranked = np.argsort(np.where(np.isnan(score), -np.inf, score), axis=None)[::-1][:FINDING_HEADS]
-        heads = [{"layer": int(layer), "head": int(head), "mean_score": float(score[layer, head]),
+        heads = [{"layer": layer, "head": head, "mean_score": float(score[layer, head]),
                   "share_labelled": float(shares[layer, head, order.index(pattern)]),
-                  "example_input": examples[(pattern, int(layer), int(head))].input_id
-                  if (pattern, int(layer), int(head)) in examples else None}
-                 for layer, head in zip(*np.unravel_index(ranked, score.shape))]
+                  "example_input": examples[(pattern, layer, head)].input_id
+                  if (pattern, layer, head) in examples else None}
+                 for layer, head in largest_measured(score, FINDING_HEADS)]
         findings.append(Finding(pattern, FINDING_SCORE[pattern], heads))
     return findings
 
 
 def _token_type_means(summary: Any, prefix: str) -> dict[str, np.ndarray] | None:
+    """Token type -> ``[layer, head]`` mean share of attention, for the types the inputs had (a model
+    without [CLS]/[SEP], such as a causal LM, has NaN there), and ``other`` for the rest."""
     if f"{prefix}cls" not in summary:
         return None
     layers = int(summary["layer"].max()) + 1
     grid = {name: summary[f"{prefix}{column}"].to_numpy().reshape(layers, -1) for name, column in TOKEN_TYPES.items()}
-    grid["other"] = 1.0 - sum(grid.values())
+    grid = {name: values for name, values in grid.items() if np.isfinite(values).any()}
+    grid["other"] = 1.0 - np.nansum(list(grid.values()), axis=0) if grid else np.ones((layers, len(summary) // layers))
     return grid
 
 
@@ -204,11 +205,12 @@ def analyze_corpus(records: Iterable[AttentionRecord], out_dir: str | Path, *, t
     numeric = [c for c in head_rows.columns if c not in ("input_id", "label", "kovaleva")]
     summary = head_rows[numeric].groupby(["layer", "head"], as_index=False).mean()
     summary.insert(2, "pattern", patterns.labels.ravel())
-    summary.insert(3, "pattern_share", patterns.confidence.ravel())
+    summary.insert(3, "pattern_share", patterns.share.ravel())
+    summary.insert(4, "stable", patterns.stable.ravel())
     database = out / DEFAULT_DB
     meta = {"model": collector.model, "inputs": str(len(inputs)), "attnscope": _version(),
-            "layers_heads": "0-indexed"}
-    HeadStore.create(database, head_rows, inputs, meta).close()
+            "layers_heads": "0-indexed", "stable_rule": STABLE_RULE}
+    HeadStore.create(database, head_rows, inputs, meta, head_labels=patterns.to_frame()).close()
     findings = _findings(patterns, collector.examples)
     figures = _write_figures(out, patterns, summary, findings, collector.examples)
     findings = [replace(f, example=figures[f"example_{f.pattern}"].name) if f"example_{f.pattern}" in figures else f
@@ -279,14 +281,17 @@ def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
     environment = Environment(loader=PackageLoader("attnscope.analysis", "templates"),
                               autoescape=select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
-    columns = ["layer", "head", "pattern", "pattern_share", "entropy", "uniform_entropy", "cls", "sep", "punct",
-               "prev", "next", "self", "mean_distance"]
+    columns = ["layer", "head", "pattern", "pattern_share", "stable", "entropy", "uniform_entropy", "cls", "sep",
+               "sink", "punct", "prev", "next", "self", "mean_distance"]
     columns += [c for c in ("norm_cls", "norm_sep", "norm_punct") if c in report.summary]
-    rows = report.summary[columns].to_dict(orient="records")
+    columns = [c for c in columns if c in ("pattern", "stable") or report.summary[c].notna().any()]  # measured here
+    rows = report.summary[columns].assign(stable=report.summary["stable"].map({True: "yes", False: "no"}))
+    rows = rows.to_dict(orient="records")
     shares = report.patterns.shares()
     report.html.write_text(template.render(
         model=report.model, n_inputs=report.n_inputs, figures={k: v.name for k, v in report.figures.items()},
         findings=report.findings, columns=columns, rows=rows, database=report.database.name,
+        stable_rule=STABLE_RULE, n_stable=int(report.patterns.stable.sum()), n_heads=report.patterns.stable.size,
         views={pattern: Markup(fragment) for pattern, fragment in views.items()},
         pattern_rows=[{"name": n, "kovaleva": p.kovaleva, "source": p.source, "description": p.description,
                        "share": shares[n]} for n, p in PATTERNS.items()],

@@ -7,6 +7,10 @@
   second, independent labelling of the same maps (``labels/minilm_real_second.tsv``) measures how
   far two labellers agree: the yardstick for the classifier's score against either.
 
+:func:`evaluate_stability` checks the corpus report's *stable* heads out of sample: stability is
+decided on one part of the shipped Brown sample, and the labels of those heads are counted on
+another part (without the sentences of the labelled real set, on which the rules were developed).
+
 :func:`calibrate` is how the thresholds in :data:`~attnscope.analysis.patterns.THRESHOLDS` were
 chosen: a grid search for the best macro-F1 on a synthetic set drawn with another seed than the
 one the tests and ``--evaluate`` score (the real set played no part in it).
@@ -25,7 +29,17 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
-from .patterns import KOVALEVA_TYPES, PATTERNS, THRESHOLDS, classify_heads, decide, pattern_evidence, thresholds_for
+from .patterns import (
+    KOVALEVA_TYPES,
+    PATTERNS,
+    STABLE_SHARE,
+    THRESHOLDS,
+    CorpusPatterns,
+    classify_heads,
+    decide,
+    pattern_evidence,
+    thresholds_for,
+)
 from .synthetic import SyntheticInput, synthetic_set
 from .tokens import token_context
 
@@ -391,3 +405,51 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
         "real_set": f"labels/{REAL_LABELS}",
     })
     return summary
+
+
+# ---- stable heads, out of sample ----------------------------------------------------------------
+STABILITY_SPLIT = 1000  # Brown sample sentences [0, 1000) decide which heads are stable; the rest are held out
+
+
+def stability_texts(maps: Sequence[LabelledMap] = ()) -> tuple[list[str], list[str]]:
+    """The shipped Brown sample split in two: the sentences that decide which heads are stable
+    (the first :data:`STABILITY_SPLIT`) and the held-out rest, without any sentence of ``maps``
+    (the labelled real set, which the rules were developed on)."""
+    from ..data import brown_sentences
+
+    sentences = brown_sentences()
+    seen = {m.text for m in maps} | {m.pair for m in maps if m.pair}
+    return sentences[:STABILITY_SPLIT], [text for text in sentences[STABILITY_SPLIT:] if text not in seen]
+
+
+def count_patterns(records: Iterable[AttentionRecord]) -> CorpusPatterns:
+    """The labels of every head on every record, counted (records are released one by one)."""
+    return CorpusPatterns.from_heads(classify_heads(record) for record in records)
+
+
+def evaluate_stability(deciding: CorpusPatterns, held_out: CorpusPatterns) -> dict[str, Any]:
+    """How well the corpus report's *stable* call (on ``deciding``) holds on ``held_out`` inputs.
+
+    ``stable_heldout_share`` is the target figure: for the heads stable on ``deciding``, the mean
+    share of held-out inputs that carry the label the report gave them. ``stable_heldout_modal_share``
+    takes each head's own most common held-out label instead; ``heldout_modal_share_all`` is the same
+    over every head, stable or not.
+    """
+    stable = deciding.stable
+    carried = held_out.share_of(deciding.labels)  # [layer, head]
+    same_label = held_out.labels == deciding.labels
+
+    def mean(values: np.ndarray) -> float | None:
+        return round(float(values.mean()), 4) if values.size else None
+
+    return {
+        "stable_rule": f"modal label share >= {STABLE_SHARE} on the deciding inputs",
+        "n_stability_deciding": deciding.n_inputs, "n_stability_heldout": held_out.n_inputs,
+        "n_heads": int(stable.size), "n_stable_heads": int(stable.sum()),
+        "stable_heldout_share": mean(carried[stable]),
+        "stable_heldout_share_min": round(float(carried[stable].min()), 4) if stable.any() else None,
+        "stable_heldout_modal_share": mean(held_out.share[stable]),
+        "stable_same_modal_label_heldout": mean(same_label[stable].astype(float)),
+        "heldout_modal_share_all": mean(held_out.share),
+        "unstable_heldout_share": mean(carried[~stable]),
+    }

@@ -28,13 +28,16 @@ cell is darkest in most rows and how dark it is, so each structure gets three sc
 * ``_top1``: the share of queries whose largest key belongs to it;
 * ``_top2``: the share of queries whose two largest keys include one of it.
 
-Structures: ``previous_word``/``next_word``/``diagonal`` (the key at offset -1/+1/0);
+Structures: ``previous_word``/``next_word``/``diagonal`` (the key at offset -1/+1/0; in causal
+models never the first position, the attention sink, so the second token's pull to the sink is
+not read as a previous-word line);
 ``delimiter`` (special tokens; causal models: NaN, folded into vertical); ``vertical`` (per head,
 its two most-attended candidate columns, non-special keys or in causal models any key, or the
 punctuation if that holds more); ``same_word``/``same_word_other_sentence`` (other occurrences of
-the query's word, over queries whose word has one; NaN when no word repeats; scored on attention
-minus each key's mean over the scored rows, so that a column that happens to sit on a repeated
-word, such as the first-token sink of causal models, does not count). Column structures
+the query's word, over queries whose word has one; NaN when no word repeats; never the sink of a
+causal model, where "The" at position 0 gets the attention of every query, a later "the" too;
+scored on attention minus each key's mean over the scored rows, so that a column that happens to
+sit on a repeated word does not count). Column structures
 leave out the band ``|q_pos - k_pos| <= 1``, so that a line never also passes for a column. Two
 more scores: ``uniformity``, the histogram intersection ``sum_k min(a_k, u_k)`` of each row with a
 uniform row over the own sentence or over all visible keys (the larger), averaged; ``block``, the
@@ -77,14 +80,22 @@ Rule 1 before 2, ``_contrast`` and ``_dark`` follow the written labelling rules 
 on many rows"). ``_contrast`` grows with the number of ordinary keys (a line can weigh at most
 that many times the mean), so short inputs need a darker line to pass.
 
-**Confidence** says how far the deciding score lies past its threshold: ``0.5 + 0.5 * (score -
-threshold) / (1 - threshold)``, clipped to [0, 1], for a label that passed a threshold; for
-*heterogeneous* ``0.5 + 0.5 * (1 - closest)``, where ``closest`` is the largest ratio of a score to
-its threshold. 0.5 is a coin toss at a boundary.
+**Confidence** falls smoothly to 0.5 (a coin toss) wherever a small change of the scores would
+change the label. Each condition of a rule has a *margin*: how far its score lies from its
+threshold, in units of :data:`MARGIN_WIDTH` (0.1 of a share; a tenth of a ratio threshold). A
+rule's margin is that of its closest condition (of its strongest alternative, for "or"); the
+label's margin is the smaller of the margin of the rule that gave it and the distance by which
+each earlier rule failed (a delimiter head whose column is mid-grey on 29% of rows, against 30%,
+is a coin toss between bag_of_words and delimiter, whatever its uniformity), and for rule 3 also
+the winner's lead in ``_top1`` over the runner-up. Confidence is ``0.5 + 0.5 tanh(margin)``: 0.88
+one width past every threshold, 0.98 two widths past. *heterogeneous* gets the distance to the
+closest rule.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -327,9 +338,9 @@ def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.n
     off_band = np.abs(np.arange(ctx.n)[:, None] - np.arange(ctx.n)[None, :]) > 1
     specials = np.broadcast_to(ctx.special[None, :], (ctx.n, ctx.n))
     masks = {
-        "previous_word": np.eye(ctx.n, k=-1, dtype=bool),
+        "previous_word": np.eye(ctx.n, k=-1, dtype=bool) & ~ctx.sink[None, :],  # the sink is no line's key
         "next_word": np.eye(ctx.n, k=1, dtype=bool) & ctx.allowed,
-        "diagonal": np.eye(ctx.n, dtype=bool),
+        "diagonal": np.eye(ctx.n, dtype=bool) & ~ctx.sink[None, :],
         "delimiter": specials & ctx.allowed & off_band & (not ctx.causal),  # causal: folded into vertical
         "vertical": _vertical_columns(attention, ctx, off_band, rows)[:, :, None, :] & off_band & ctx.allowed,
         "same_word_other_sentence": ctx.same_word_other_sentence,
@@ -354,8 +365,52 @@ def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.n
 
 
 # ---- rules ----------------------------------------------------------------------------------
-def _confidence(score: np.ndarray | float, threshold: float) -> np.ndarray:
-    return np.clip(0.5 + 0.5 * (np.asarray(score) - threshold) / (1.0 - threshold), 0.0, 1.0)
+# how far a score must lie past its threshold for confidence 0.88 (0.5 + 0.5 tanh 1): a tenth of
+# the scale of a share; for a ratio threshold (a line's contrast) a tenth of the threshold
+MARGIN_WIDTH = 0.1
+
+
+def _width(threshold: float) -> float:
+    return MARGIN_WIDTH * max(1.0, threshold) if np.isfinite(threshold) else MARGIN_WIDTH
+
+
+@dataclass(frozen=True)
+class _Test:
+    """One condition of a rule, per head ``[layer, head]``: whether it ``holds``, and its ``margin``:
+    how far, in :data:`MARGIN_WIDTH` units, the scores lie from the threshold that would flip it
+    (> 0: holds by that much; < 0: fails by that much). ``&`` and ``|`` combine conditions: a
+    conjunction flips at its closest condition, a disjunction at its strongest."""
+
+    holds: np.ndarray
+    margin: np.ndarray
+
+    def __and__(self, other: _Test) -> _Test:
+        return _Test(self.holds & other.holds, np.minimum(self.margin, other.margin))
+
+    def __or__(self, other: _Test) -> _Test:
+        return _Test(self.holds | other.holds, np.maximum(self.margin, other.margin))
+
+
+def _above(score: np.ndarray, threshold: float) -> _Test:
+    """``score >= threshold``; a threshold of 0 or less on a share is switched off (no margin)."""
+    holds = score >= threshold
+    margin = (score - threshold) / _width(threshold)
+    return _Test(holds, np.where(holds, np.inf, margin) if threshold <= 0 else margin)
+
+
+def _below(score: np.ndarray, threshold: float) -> _Test:
+    """``score < threshold`` (an infinite threshold always holds, with no margin)."""
+    return _Test(score < threshold, (threshold - score) / _width(threshold))
+
+
+def _either(tests: Iterable[_Test]) -> _Test:
+    return functools.reduce(operator.or_, tests)
+
+
+def margin_confidence(margin: np.ndarray | float) -> np.ndarray:
+    """``0.5 + 0.5 tanh(margin)``: 0.5 at a threshold (a coin toss), 0.88 one :data:`MARGIN_WIDTH`
+    past it, 0.98 two widths past it."""
+    return 0.5 + 0.5 * np.tanh(np.maximum(np.asarray(margin, dtype=np.float64), 0.0))
 
 
 def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
@@ -363,7 +418,7 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     """Apply the rules of the module docstring to evidence ``name -> [layer, head]``.
 
     ``thresholds`` override the calibrated ones for the model kind. Returns labels (``[layer,
-    head]`` of str) and confidences (``[layer, head]`` floats).
+    head]`` of str) and confidences (``[layer, head]`` floats, see the module docstring).
     """
     t = {**thresholds_for(causal), **(thresholds or {})}
     shape = next(iter(evidence.values())).shape
@@ -371,12 +426,15 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     labels = np.full(shape, "heterogeneous", dtype=object)
     confidence = np.zeros(shape)
     undecided = np.ones(shape, dtype=bool)
+    blocked = np.full(shape, np.inf)  # how far the earlier rules, which failed, are from holding
 
-    def assign(mask: np.ndarray, label: np.ndarray | str, conf: np.ndarray) -> None:
-        chosen = mask & undecided
+    def assign(test: _Test, label: np.ndarray | str) -> None:
+        nonlocal blocked
+        chosen = test.holds & undecided
         labels[chosen] = label[chosen] if isinstance(label, np.ndarray) else label
-        confidence[chosen] = conf[chosen]
+        confidence[chosen] = margin_confidence(np.minimum(test.margin, blocked))[chosen]
         undecided[chosen] = False
+        blocked = np.where(test.holds, blocked, np.minimum(blocked, -test.margin))
 
     def best(names: tuple[str, ...], suffix: str) -> np.ndarray:
         return np.max([score[name + suffix] for name in names], axis=0)
@@ -384,51 +442,47 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     # a word whose other occurrence is the darkest key of most of its rows, and mid-grey, names the
     # head even under a column and a line (labelling rule 1 comes first)
     for name in SAME:
-        strong = (score[f"{name}_top1"] >= t["same_strong_top1"]) & (score[name] >= DARK_WEIGHT)
-        assign(strong, name, _confidence(score[f"{name}_top1"], t["same_strong_top1"]))
+        assign(_above(score[f"{name}_top1"], t["same_strong_top1"]) & _above(score[name], DARK_WEIGHT), name)
 
     column_top1 = best(COLUMNS, "_top1")
     line_top1 = best(LINES, "_top1")
-    line_seen = np.max([(score[f"{name}_top2"] >= t["vd_line_top2"]) & (score[name] >= t["vd_line_mass"])
-                        for name in LINES], axis=0)
+    line_seen = _either(_above(score[f"{name}_top2"], t["vd_line_top2"]) & _above(score[name], t["vd_line_mass"])
+                        for name in LINES)
     line_contrast = best(LINES, "_contrast")
-    line_stands_out = line_contrast >= t["vd_line_contrast"]
-    assign((column_top1 >= t["vd_column_top1"]) & ((line_top1 >= t["vd_line_top1"]) | line_seen | line_stands_out),
-           "vertical_diagonal", _confidence(np.minimum(column_top1, np.maximum(line_top1, 0.25)), 0.25))
+    line_stands_out = _above(line_contrast, t["vd_line_contrast"])
+    assign(_above(column_top1, t["vd_column_top1"]) & (_above(line_top1, t["vd_line_top1"]) | line_seen
+                                                      | line_stands_out), "vertical_diagonal")
 
     # after vertical+diagonal: a column and a line over every row describe a head better than
     # the few rows whose word repeats
     for name in SAME:
-        passes = (score[f"{name}_top2"] >= t["same_top2"]) & (score[name] >= t["same_mass"])
-        assign(passes, name, _confidence(score[f"{name}_top2"], t["same_top2"]))
+        assign(_above(score[f"{name}_top2"], t["same_top2"]) & _above(score[name], t["same_mass"]), name)
 
     # block: rows keep to their own sentence unevenly, with no line in sight (not even a faint one)
-    no_line = (line_top1 < t["dominant_top1"]) & (line_contrast < t["block_line_contrast"])
+    no_line = _below(line_top1, t["dominant_top1"]) & _below(line_contrast, t["block_line_contrast"])
     if is_pair:  # ... even when a column is the darkest cell of some rows, if not of most
-        keeps = (score["block_share"] >= t["block_share"]) & (column_top1 < t["block_column_top1"])
-        assign(keeps & no_line & (score["uniformity"] < t["uniform"]), "block",
-               _confidence(score["block_share"], t["block_share"]))
+        keeps = _above(score["block_share"], t["block_share"]) & _below(column_top1, t["block_column_top1"])
+        assign(keeps & no_line & _below(score["uniformity"], t["uniform"]), "block")
 
     single = (*LINES, *COLUMNS)
     top1 = np.stack([score[f"{name}_top1"] for name in single])  # [structure, layer, head]
     winner = top1.argmax(axis=0)
-    winner_top1 = top1.max(axis=0)
+    winner_top1, runner_up_top1 = np.sort(top1, axis=0)[-1], np.sort(top1, axis=0)[-2]
     winner_mass = np.take_along_axis(np.stack([score[name] for name in single]), winner[None], axis=0)[0]
     # a column must also be dark (mid-grey) on enough rows; a pale one is the background of a bag of words
     dark = np.stack([np.ones(shape) if name in LINES else score[f"{name}_dark"] for name in single])
     winner_dark = np.take_along_axis(dark, winner[None], axis=0)[0]
-    assign((winner_top1 >= t["dominant_top1"]) & (winner_mass >= t["dominant_mass"]) & (winner_dark >= t["column_dark"]),
-           np.array(single, dtype=object)[winner], _confidence(winner_top1, t["dominant_top1"]))
-    assign(score["uniformity"] >= t["uniform"], "bag_of_words", _confidence(score["uniformity"], t["uniform"]))
+    # the winner's lead over the runner-up: a near tie could go to the other structure
+    lead = _Test(np.ones(shape, dtype=bool), (winner_top1 - runner_up_top1) / MARGIN_WIDTH)
+    assign(_above(winner_top1, t["dominant_top1"]) & _above(winner_mass, t["dominant_mass"])
+           & _above(winner_dark, t["column_dark"]) & lead, np.array(single, dtype=object)[winner])
+    assign(_above(score["uniformity"], t["uniform"]), "bag_of_words")
     if is_pair:
-        assign((score["block"] >= t["block"]) & no_line, "block", _confidence(score["block"], t["block"]))
+        assign(_above(score["block"], t["block"]) & no_line, "block")
     # a map whose only column is pale reads as even, if less so than rule 4's bag of words
-    pale = (score["uniformity"] >= t["uniform_pale"]) & (best(COLUMNS, "_dark") < t["column_dark"])
-    assign(pale, "bag_of_words", _confidence(score["uniformity"], t["uniform_pale"]))
-
-    closest = np.max([winner_top1 / t["dominant_top1"], score["uniformity"] / t["uniform"],
-                      (score["block"] / t["block"]) if is_pair else np.zeros(shape)], axis=0)
-    assign(undecided, "heterogeneous", np.clip(0.5 + 0.5 * (1.0 - closest), 0.0, 1.0))
+    assign(_above(score["uniformity"], t["uniform_pale"]) & _below(best(COLUMNS, "_dark"), t["column_dark"]),
+           "bag_of_words")
+    assign(_Test(undecided.copy(), np.full(shape, np.inf)), "heterogeneous")  # as sure as the closest rule is far
     return labels, confidence
 
 
@@ -498,11 +552,27 @@ def classify_heads(record: AttentionRecord, context: TokenContext | None = None,
     return HeadPatterns(labels, confidence, evidence, model=record.model.name, tokens=ctx.tokens, causal=ctx.causal)
 
 
+def _label_codes(labels: np.ndarray) -> np.ndarray:
+    """``[layer, head]`` label names -> their indices in :data:`PATTERNS`."""
+    index = {name: i for i, name in enumerate(PATTERNS)}
+    return np.vectorize(index.__getitem__, otypes=[np.int64])(labels)
+
+
+# A head is *stable* over a corpus when its most common label is carried by at least this share of
+# the inputs, counted over at least STABLE_MIN_INPUTS inputs. Checked out of sample by
+# `attnscope patterns --evaluate` (evaluate.evaluate_stability): on Brown sentences the report never
+# saw, a stable head keeps its label on a share of inputs close to this one.
+STABLE_SHARE = 0.85
+STABLE_MIN_INPUTS = 20
+
+
 @dataclass(frozen=True, eq=False)
 class CorpusPatterns:
     """Patterns per head over a corpus: ``counts`` ``[layer, head, class]`` of inputs per label
-    (classes in :data:`PATTERNS` order); the head's label is its most frequent one and its
-    confidence the share of inputs that got it."""
+    (classes in :data:`PATTERNS` order); the head's label is its most frequent one (its *modal*
+    label), ``share`` (also ``confidence``) the share of inputs that carried it, and the head is
+    ``stable`` when that share is at least :data:`STABLE_SHARE` over at least
+    :data:`STABLE_MIN_INPUTS` inputs."""
 
     counts: np.ndarray
     mean_evidence: dict[str, np.ndarray] = field(default_factory=dict)
@@ -519,8 +589,25 @@ class CorpusPatterns:
         return np.array(list(PATTERNS), dtype=object)[self.counts.argmax(axis=-1)]
 
     @property
-    def confidence(self) -> np.ndarray:
+    def share(self) -> np.ndarray:
+        """``[layer, head]``: the share of inputs that carried the head's modal label."""
         return self.counts.max(axis=-1) / np.maximum(self.counts.sum(axis=-1), 1)
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.share
+
+    @property
+    def stable(self) -> np.ndarray:
+        """``[layer, head]`` bool: the modal label's share is at least :data:`STABLE_SHARE` (never on
+        fewer than :data:`STABLE_MIN_INPUTS` inputs, where a share says little)."""
+        return (self.share >= STABLE_SHARE) & (self.n_inputs >= STABLE_MIN_INPUTS)
+
+    def share_of(self, labels: np.ndarray) -> np.ndarray:
+        """``[layer, head]``: the share of inputs on which each head got ``labels[layer, head]``
+        (e.g. the labels another corpus gave the heads)."""
+        carried = np.take_along_axis(self.counts, _label_codes(labels)[..., None], axis=-1)[..., 0]
+        return carried / np.maximum(self.counts.sum(axis=-1), 1)
 
     def shares(self) -> dict[str, float]:
         """Share of all (head, input) maps per class."""
@@ -528,12 +615,14 @@ class CorpusPatterns:
         return {name: float(v) for name, v in zip(PATTERNS, totals / max(totals.sum(), 1))}
 
     def to_frame(self) -> Any:
-        """One row per head: ``layer``, ``head`` (0-indexed), ``label``, ``share`` and the share of every class."""
+        """One row per head: ``layer``, ``head`` (0-indexed), modal ``label``, its ``share``, ``stable``,
+        ``inputs`` and the share of every class (``share_<label>``)."""
         import pandas as pd
 
         layers, heads = np.indices(self.counts.shape[:2])
         columns: dict[str, Any] = {"layer": layers.ravel(), "head": heads.ravel(), "label": self.labels.ravel(),
-                                   "share": self.confidence.ravel()}
+                                   "share": self.share.ravel(), "stable": self.stable.ravel(),
+                                   "inputs": np.full(layers.size, self.n_inputs)}
         shares = self.counts / np.maximum(self.counts.sum(axis=-1, keepdims=True), 1)
         columns.update({f"share_{name}": shares[..., i].ravel() for i, name in enumerate(PATTERNS)})
         return pd.DataFrame(columns)
@@ -545,9 +634,7 @@ class CorpusPatterns:
     @classmethod
     def add(cls, so_far: CorpusPatterns | None, item: HeadPatterns) -> CorpusPatterns:
         """``so_far`` with one more input's patterns counted (``None``: start from nothing)."""
-        index = {name: i for i, name in enumerate(PATTERNS)}
-        codes = np.vectorize(index.__getitem__)(item.labels)
-        one_hot = np.eye(len(PATTERNS), dtype=np.int64)[codes]  # [layer, head, class]
+        one_hot = np.eye(len(PATTERNS), dtype=np.int64)[_label_codes(item.labels)]  # [layer, head, class]
         sums = dict(so_far._evidence_sums) if so_far else {}
         seen = dict(so_far._evidence_counts) if so_far else {}
         for name, value in item.evidence.items():

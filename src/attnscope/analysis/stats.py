@@ -10,6 +10,14 @@ so both read as shares of what the query takes in. A statistic that cannot apply
 repeated word, a single sentence, ``next`` in a causal model) is NaN there, and corpus means skip
 it.
 
+Causal models park attention on their first position whatever its token is (the attention sink,
+see :mod:`attnscope.analysis.tokens`). ``sink`` measures that mass; every other key set of a
+single position or word (``self``, ``prev``, ``next``, ``punct``, ``same_word``...) leaves the
+sink out, so that the sink is not read as the second token's previous token, the first query's
+own position or another occurrence of its word. The [CLS]/[SEP] and sentence masses keep it (a
+BOS sink is a leading special token). Shape statistics are averaged over the queries that see
+more than one key (the first query of a causal model sees only itself: entropy 0, weight 1).
+
 Token types (``[CLS]``, ``[SEP]``, punctuation, same word) are defined in
 :mod:`attnscope.analysis.tokens`.
 
@@ -55,7 +63,7 @@ class ShapeStatistic:
 
 
 def _offset(ctx: TokenContext, offset: int) -> np.ndarray:
-    return np.eye(ctx.n, k=offset, dtype=bool) & ctx.allowed
+    return np.eye(ctx.n, k=offset, dtype=bool) & ctx.allowed & ~ctx.sink[None, :]
 
 
 def _columns(mask: np.ndarray, ctx: TokenContext) -> np.ndarray:
@@ -65,7 +73,9 @@ def _columns(mask: np.ndarray, ctx: TokenContext) -> np.ndarray:
 MASS_STATISTICS: dict[str, MassStatistic] = {s.name: s for s in (
     MassStatistic("cls", "mass on [CLS] (leading special tokens)", lambda c: _columns(c.cls, c)),
     MassStatistic("sep", "mass on [SEP] (other special tokens)", lambda c: _columns(c.sep, c)),
-    MassStatistic("punct", "mass on the punctuation tokens '.' and ','", lambda c: _columns(c.punct, c)),
+    MassStatistic("sink", "mass on the first token of causal models, the attention sink (NaN for bidirectional "
+                  "models)", lambda c: _columns(c.sink, c)),
+    MassStatistic("punct", "mass on the punctuation tokens '.' and ','", lambda c: _columns(c.punct & ~c.sink, c)),
     MassStatistic("self", "mass on the query's own position", lambda c: _offset(c, 0)),
     MassStatistic("prev", "mass on the previous token", lambda c: _offset(c, -1)),
     MassStatistic("next", "mass on the next token (NaN for causal models)", lambda c: _offset(c, 1)),
@@ -86,23 +96,36 @@ def row_entropy(attention: np.ndarray) -> np.ndarray:
     return terms.sum(axis=-1)
 
 
+def _choosing_rows(ctx: TokenContext) -> np.ndarray:
+    """[q_pos] bool: queries that see more than one key (whose rows say something about the head)."""
+    return ctx.allowed.sum(axis=1) > 1
+
+
+def _row_mean(per_query: np.ndarray, ctx: TokenContext) -> np.ndarray:
+    """``[..., q_pos]`` -> ``[...]`` mean over the choosing queries (NaN when there are none)."""
+    rows = _choosing_rows(ctx)
+    if not rows.any():
+        return np.full(per_query.shape[:-1], np.nan)
+    return per_query[..., rows].mean(axis=-1)
+
+
 def _entropy(attention: np.ndarray, ctx: TokenContext) -> np.ndarray:
-    return row_entropy(attention).mean(axis=-1)
+    return _row_mean(row_entropy(attention), ctx)
 
 
 def _uniform_entropy(attention: np.ndarray, ctx: TokenContext) -> np.ndarray:
-    baseline = np.log(ctx.allowed.sum(axis=1)).mean()  # a uniform row over the keys a query may see
+    baseline = _row_mean(np.log(ctx.allowed.sum(axis=1)), ctx)  # a uniform row over the keys a query may see
     return np.full(attention.shape[:2], baseline)
 
 
 def _mean_distance(attention: np.ndarray, ctx: TokenContext) -> np.ndarray:
     positions = np.arange(ctx.n)
     distance = np.abs(positions[:, None] - positions[None, :])  # [q_pos, k_pos]
-    return np.einsum("lhqk,qk->lh", attention, distance) / ctx.n
+    return _row_mean(np.einsum("lhqk,qk->lhq", attention, distance), ctx)
 
 
 def _max_weight(attention: np.ndarray, ctx: TokenContext) -> np.ndarray:
-    return attention.max(axis=-1).mean(axis=-1)
+    return _row_mean(attention.max(axis=-1), ctx)
 
 
 SHAPE_STATISTICS: dict[str, ShapeStatistic] = {s.name: s for s in (
@@ -147,6 +170,14 @@ def normalized_rows(norms: np.ndarray) -> np.ndarray:
     return np.divide(norms, totals, out=np.zeros_like(norms), where=totals > 0)
 
 
+def largest_measured(grid: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """The ``(layer, head)`` cells of the ``n`` largest finite values of ``grid`` ``[layer, head]``,
+    largest first; cells where the score never applied (NaN) are never named."""
+    cells = np.argwhere(np.isfinite(grid))  # [cell, 2]
+    order = np.argsort(-grid[tuple(cells.T)], kind="stable")[:n]
+    return [(int(layer), int(head)) for layer, head in cells[order]]
+
+
 @dataclass(frozen=True, eq=False)
 class HeadStatistics:
     """Statistics per ``[layer, head]`` (0-indexed): one record's, or means over ``n_inputs`` records.
@@ -180,10 +211,10 @@ class HeadStatistics:
         return pd.DataFrame(columns)
 
     def top(self, name: str, n: int = 10) -> list[tuple[int, int, float]]:
-        """The ``n`` heads with the largest value of ``name``: ``(layer, head, value)``, NaNs last."""
+        """The ``n`` heads with the largest value of ``name``: ``(layer, head, value)``; heads where the
+        statistic did not apply (NaN) are left out, so fewer than ``n`` may come back."""
         values = self[name]
-        order = np.argsort(np.where(np.isnan(values), -np.inf, values), axis=None)[::-1][:n]
-        return [(int(l), int(h), float(values[l, h])) for l, h in zip(*np.unravel_index(order, values.shape))]
+        return [(layer, head, float(values[layer, head])) for layer, head in largest_measured(values, n)]
 
     def _repr_html_(self) -> str:
         caption = f"{self.model}: statistics per head (layers and heads 0-indexed), {self.n_inputs} input(s)"

@@ -6,7 +6,10 @@ Tables (layers and heads 0-indexed):
 * ``head_stats``: one row per (``input_id``, ``layer``, ``head``): every statistic of
   :mod:`attnscope.analysis.stats` (``norm_*`` when norms were captured), the pattern ``label``,
   its ``kovaleva`` type and ``confidence``, and the pattern evidence (``ev_*``);
-* ``meta``: ``key``, ``value`` (model name, attnscope version, ...).
+* ``head_labels``: one row per (``layer``, ``head``): the head's most common (modal) ``label`` over the
+  inputs, the ``share`` of inputs that carried it, ``stable`` (see ``meta``'s ``stable_rule``),
+  ``inputs`` and the share of every label (``share_<label>``);
+* ``meta``: ``key``, ``value`` (model name, attnscope version, the stability rule, ...).
 
 >>> store = HeadStore("report/heads.duckdb")                                     # doctest: +SKIP
 >>> store.query("SELECT layer, head, avg(sep) AS sep FROM head_stats "
@@ -23,6 +26,7 @@ from ..errors import AttnscopeError
 DEFAULT_DB = "heads.duckdb"
 KEY_COLUMNS = ("input_id", "layer", "head")
 TEXT_COLUMNS = ("label", "kovaleva")
+TABLES = ("head_stats", "inputs", "meta", "head_labels")
 
 
 def _duckdb() -> Any:
@@ -47,8 +51,9 @@ class HeadStore:
             raise AttnscopeError(f"cannot open {self.path} as a DuckDB database: {error}") from None
 
     @classmethod
-    def create(cls, path: str | Path, head_rows: Any, inputs: Any, meta: dict[str, str]) -> HeadStore:
-        """Write the three tables from pandas DataFrames (replacing an existing file)."""
+    def create(cls, path: str | Path, head_rows: Any, inputs: Any, meta: dict[str, str],
+               head_labels: Any | None = None) -> HeadStore:
+        """Write the tables from pandas DataFrames (replacing an existing file); ``head_labels`` is optional."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
@@ -56,7 +61,10 @@ class HeadStore:
         import pandas as pd
 
         meta_frame = pd.DataFrame({"key": list(meta), "value": list(meta.values())})
-        for name, frame in (("head_stats", head_rows), ("inputs", inputs), ("meta", meta_frame)):
+        tables = {"head_stats": head_rows, "inputs": inputs, "meta": meta_frame, "head_labels": head_labels}
+        for name, frame in tables.items():
+            if frame is None:
+                continue
             store.connection.register("frame_view", frame)
             store.connection.execute(f"CREATE TABLE {name} AS SELECT * FROM frame_view")
             store.connection.unregister("frame_view")
@@ -107,7 +115,9 @@ class HeadStore:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        for table in ("head_stats", "inputs", "meta"):
+        present = {name for (name,) in self.connection.execute("SELECT table_name FROM information_schema.tables")
+                   .fetchall()}
+        for table in [name for name in TABLES if name in present]:  # head_labels is missing from older files
             target = folder / f"{table}.parquet"
             self.connection.execute(f"COPY {table} TO '{_sql_path(target)}' (FORMAT PARQUET)")
             written.append(target)

@@ -13,7 +13,10 @@ Definitions used by every statistic and pattern (documented once, here):
   without a letter or digit and special tokens never count. This finds repeated words, not related
   ones: Vig's "same or related word" is detected through its "same" half.
 * sentences come from ``record.sentence_ids`` (specials join the sentence they close).
-* causal models: a query may only see keys at or before it (``allowed``).
+* causal models: a query may only see keys at or before it (``allowed``), and the first position
+  is the *attention sink* (Xiao et al. 2023): heads park attention there whatever its token is, so
+  it counts only as itself (``sink``) and never as another occurrence of a word ("The" at position
+  0 is not what a later "the" looks for). Bidirectional models have no sink position.
 """
 
 from __future__ import annotations
@@ -69,6 +72,13 @@ class TokenContext:
         return np.tril(full) if self.causal else full
 
     @cached_property
+    def sink(self) -> np.ndarray:
+        """[pos] bool: the first position of a causal model (the attention sink); none for bidirectional models."""
+        first = np.zeros(self.n, dtype=bool)
+        first[:1] = self.causal
+        return first
+
+    @cached_property
     def same_sentence(self) -> np.ndarray:
         """[q_pos, k_pos] bool."""
         return self.sentence[:, None] == self.sentence[None, :]
@@ -79,7 +89,7 @@ class TokenContext:
         forms = np.array(self.word_form, dtype=object)
         counted = forms != ""
         equal = (forms[:, None] == forms[None, :]) & counted[:, None] & counted[None, :]
-        return equal & (self.word[:, None] != self.word[None, :]) & self.allowed
+        return equal & (self.word[:, None] != self.word[None, :]) & self.allowed & ~self.sink[None, :]
 
     @cached_property
     def same_word_other_sentence(self) -> np.ndarray:

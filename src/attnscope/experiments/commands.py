@@ -110,18 +110,15 @@ def _nan(result: Any) -> Any:
 
 
 def _extreme_cells(result: Any) -> dict[str, str]:
-    """The variants that hurt and help the metric most, as readable text."""
+    """The measured variants that hurt and help the metric most, as readable text."""
     import numpy as np
 
-    signed = result.delta if result.higher_is_better else -result.delta
-    filled = np.where(np.isnan(signed), 0.0, signed)
     described = {}
-    for name, index in (("worst", np.unravel_index(np.argmin(filled), filled.shape)),
-                        ("best", np.unravel_index(np.argmax(filled), filled.shape))):
-        layer, column = (int(i) for i in index)
+    for name, (layer, column) in result.extremes().items():
         where = f"layer {layer}" + ("" if result.sweep == "layers" else f" head {column}")
-        described[name] = (f"{where}: {result.delta[layer, column]:+.4g} "
-                           f"[{result.ci_low[layer, column]:+.4g}, {result.ci_high[layer, column]:+.4g}]")
+        low, high = result.ci_low[layer, column], result.ci_high[layer, column]
+        interval = f"[{low:+.4g}, {high:+.4g}]" if np.isfinite([low, high]).all() else "(no bootstrap interval)"
+        described[name] = f"{where}: {result.delta[layer, column]:+.4g} {interval}"
     return described
 
 

@@ -105,6 +105,17 @@ class SweepResult:
     def n_layers(self) -> int:
         return int(self.delta.shape[0])
 
+    def extremes(self) -> dict[str, tuple[int, int]]:
+        """The measured cells ``(layer, column)`` whose ablation hurt (``"worst"``) and helped (``"best"``,
+        or hurt least) the metric most, whatever its direction. Cells no variant ran (NaN) are never
+        chosen: filled with 0 they would beat every head that hurts."""
+        measured = np.isfinite(self.delta)
+        if not measured.any():
+            raise AttnscopeError("no variant of the sweep was measured")
+        better = (self.delta if self.higher_is_better else -self.delta)[measured]  # > 0: the ablation helped
+        cells = [(int(layer), int(column)) for layer, column in zip(*np.nonzero(measured))]
+        return {"worst": cells[int(np.argmin(better))], "best": cells[int(np.argmax(better))]}
+
     def to_frame(self) -> Any:
         """One row per variant: layer, head (-1 = the whole layer), metric value, change and interval."""
         import pandas as pd
