@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import __version__
+from .arguments import add_output_folder, index_list, positive_int
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
 
@@ -74,7 +76,7 @@ def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="the text (first sentence)")
     parser.add_argument("--pair", "-p", help="second sentence (encoders/decoders) or target text (encoder-decoders)")
-    parser.add_argument("--layers", type=_int_list, help="comma-separated 0-indexed layers to show (default: all)")
+    parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers to show (default: all)")
     add_model_arguments(parser)
 
 
@@ -95,13 +97,6 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(value: str) -> list[int]:
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-
-
 # ---- extract --------------------------------------------------------------------------------
 def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
@@ -109,59 +104,31 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--file", "-f", type=Path,
                         help="a file of inputs: one text per line, or .jsonl with {\"text\": ..., \"pair\": ...}")
     parser.add_argument("--pair", "-p", help="second sentence / target text for the single TEXT")
-    parser.add_argument("--out", "-o", type=Path, default=Path("records"),
-                        help="folder for the record files (default: ./records)")
+    add_output_folder(parser, "records", "the record files and index.jsonl (which input each file holds)")
     parser.add_argument("--qkv", action="store_true", help="also record queries, keys and values per head")
     parser.add_argument("--norms", action="store_true", help="also record ||alpha f(x)|| (Kobayashi et al. 2020)")
     parser.add_argument("--float16", action="store_true", help="store arrays as float16 (half the size)")
-    parser.add_argument("--batch-size", type=int, default=16, help="inputs per forward pass (default: 16)")
-    parser.add_argument("--max-length", type=int, help="truncate inputs to this many tokens (default: model limit)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="inputs per forward pass (default: 16)")
+    parser.add_argument("--max-length", type=positive_int,
+                        help="truncate inputs to this many tokens (default: model limit)")
     add_model_arguments(parser)
-
-
-def read_inputs(path: Path) -> list[tuple[str, str | None]]:
-    """Inputs from a text file (one per non-blank line) or a JSONL file (``text`` and optional ``pair``)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-    if path.suffix == ".jsonl":
-        items = [_jsonl_item(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    else:
-        items = [(line, None) for line in lines if line.strip()]
-    if not items:
-        raise AttnscopeError(f"{path} holds no inputs")
-    return items
-
-
-def _jsonl_item(path: Path, number: int, line: str) -> tuple[str, str | None]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise AttnscopeError(f"{path} line {number}: not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise AttnscopeError(f"{path} line {number}: expected an object with a \"text\" string")
-    pair = row.get("pair")
-    if pair is not None and not isinstance(pair, str):
-        raise AttnscopeError(f"{path} line {number}: \"pair\" must be a string")
-    return row["text"], pair
 
 
 def _run_extract(args: argparse.Namespace) -> int:
     from .capture.extract import extract_corpus
     from .capture.tokens import split_item
+    from .inputs import InputLine, read_input_lines
+    from .outputs import output_folder, save_records
 
-    items = read_inputs(args.file) if args.file else [(args.text, args.pair)]
-    for index, item in enumerate(items):
-        split_item(item, index)  # reject bad input before the model loads
-    loaded = load_from_args(args)
-    written = [
-        record.save(args.out / f"record_{index:06d}.safetensors", float16=args.float16)
-        for index, record in enumerate(extract_corpus(loaded, items, batch_size=args.batch_size, qkv=args.qkv,
-                                                      norms=args.norms, max_length=args.max_length,
-                                                      progress=len(items) > 1))
-    ]
-    print(f"wrote {len(written)} record(s) to {args.out}/ (load with attnscope.AttentionRecord.load)")
+    inputs = read_input_lines(args.file) if args.file else [InputLine(args.text, args.pair)]
+    for index, entry in enumerate(inputs):
+        split_item(entry.item, index)  # reject bad input before the model loads
+    with output_folder(args.out, overwrite=args.overwrite, command="extract") as out:
+        loaded = load_from_args(args)
+        records = extract_corpus(loaded, [entry.item for entry in inputs], batch_size=args.batch_size, qkv=args.qkv,
+                                 norms=args.norms, max_length=args.max_length, progress=len(inputs) > 1)
+        written = save_records(records, inputs, out, float16=args.float16)
+    print(f"wrote {written} record(s) and index.jsonl to {out}/ (load with attnscope.AttentionRecord.load)")
     return 0
 
 
@@ -205,19 +172,48 @@ def all_commands() -> tuple[Command, ...]:
     return tuple(commands)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse with attnscope's one error line (and the usage above it), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[no-untyped-def]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USER_ERROR, f"attnscope: error: {self.prog.removeprefix('attnscope ')}: {message}\n")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``only``, just that command gets its options (the others keep
+    their name and help line), so ``attnscope --help`` and ``attnscope COMMAND --help`` import nothing
+    another command needs (torch included)."""
+    parser = _Parser(
         prog="attnscope",
         description="See what a transformer's attention looks at: capture every layer and head offline.",
         epilog="Run 'attnscope COMMAND --help' for a command's options and examples.",
     )
+    parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in all_commands():
         sub = commands.add_parser(command.name, help=command.help, description=command.help, epilog=command.epilog,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        command.add_arguments(sub)
+        if only is None or command.name == only:
+            command.add_arguments(sub)
         sub.set_defaults(run=command.run)
     return parser
+
+
+def _command_named(argv: list[str]) -> str:
+    """The COMMAND in ``argv`` (the first word that is not an option; the top level's take no values), or ''."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
+def check_utf8(argv: list[str]) -> None:
+    """Refuse an argument that is not valid UTF-8 (Python keeps such bytes as lone surrogates)."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise AttnscopeError(f"argument {shown!r} is not valid UTF-8; attnscope reads text and file names "
+                                 "as UTF-8") from None
 
 
 class _Quiet:
@@ -232,19 +228,27 @@ class _Quiet:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        check_utf8(argv)
+        args = build_parser(_command_named(argv)).parse_args(argv)
         with _Quiet():
             return int(args.run(args))
     except AttnscopeError as error:
-        print(f"attnscope: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return _fail(str(error))
     except KeyboardInterrupt:
         print("attnscope: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second one at exit's flush
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # a file that passed the early checks but failed on writing (a full disk, /dev/full)
+        return _fail(f"{error.filename}: {error.strerror}" if error.filename else f"a file operation failed: {error}")
+
+
+def _fail(message: str) -> int:
+    print(f"attnscope: error: {message}", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -126,14 +126,33 @@ def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length
         for row, i in enumerate(rows):
             length = len(encoding["input_ids"][row])
             if length > max_length:
-                warnings.warn(f"input {indices[i]}: {length} tokens, truncated to the model's limit of {max_length}",
-                              stacklevel=3)
+                warn_truncated(f"input {indices[i]}", length, max_length)
                 truncated = tokenizer([texts[i][0]], None if seconds is None else [texts[i][1]],
                                       return_special_tokens_mask=True, truncation=True, max_length=max_length)
                 sides[i] = _side(tokenizer, truncated, 0, has_pair)
             else:
                 sides[i] = _side(tokenizer, encoding, row, has_pair)
     return [sides[i] for i in range(len(texts))]
+
+
+def warn_truncated(what: str, length: int, limit: int) -> None:
+    """Long inputs are cut, never silently: one warning naming the input and the limit."""
+    warnings.warn(f"{what}: {length} tokens, truncated to the limit of {limit} (the model's, or --max-length)",
+                  stacklevel=3)
+
+
+def ids_within(tokenizer: Any, texts: list[str], limit: int, what: str, *, target: bool = False) -> list[list[int]]:
+    """Token ids of each text (of the decoder's target text with ``target``), cut to ``limit`` tokens
+    with a warning naming ``what`` (and the text's position when there are several)."""
+    key = "text_target" if target else "text"
+    whole = tokenizer(**{key: texts})["input_ids"]
+    if all(len(ids) <= limit for ids in whole):
+        return [list(ids) for ids in whole]
+    cut = tokenizer(**{key: texts}, truncation=True, max_length=limit)["input_ids"]
+    for index, (full, kept) in enumerate(zip(whole, cut)):
+        if len(full) > len(kept):
+            warn_truncated(what if len(texts) == 1 else f"{what} {index}", len(full), limit)
+    return [list(ids) for ids in cut]
 
 
 def encode_side(tokenizer: Any, first: str, second: str | None, max_length: int, index: int) -> Side:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
+from ..capture.tokens import ids_within
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 
@@ -110,7 +111,7 @@ def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
         raise AttnscopeError(f"model {loaded.name!r} is not an encoder-decoder; the step debugger needs one")
     if not source.strip():
         raise AttnscopeError("source text is empty")
-    return loaded.tokenizer(source, return_tensors="pt", truncation=True, max_length=loaded.max_length)["input_ids"]
+    return torch.tensor([ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]])
 
 
 def step_forward(loaded: LoadedModel, source_ids: torch.Tensor, prefix_ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -140,6 +141,8 @@ def decode_steps(loaded: LoadedModel, source: str, *, beams: int = 1, top_k: int
     """
     source_ids = _source_ids(loaded, source)
     config = loaded.config
+    if not 1 <= max(top_k, beams) <= config.vocab_size or min(top_k, beams) < 1:
+        raise AttnscopeError(f"top_k and beams must be between 1 and the vocabulary size, {config.vocab_size}")
     start, eos = config.decoder_start_token_id, config.eos_token_id
     limit = max_steps or min(64, 2 * source_ids.shape[1] + 10)
     live: list[tuple[list[int], float, list[Step]]] = [([start], 0.0, [])]
