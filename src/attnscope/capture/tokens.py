@@ -145,7 +145,7 @@ def ids_within(tokenizer: Any, texts: list[str], limit: int, what: str, *, targe
     """Token ids of each text (of the decoder's target text with ``target``), cut to ``limit`` tokens
     with a warning naming ``what`` (and the text's position when there are several)."""
     key = "text_target" if target else "text"
-    whole = tokenizer(**{key: texts})["input_ids"]
+    whole = tokenizer(**{key: texts}, verbose=False)["input_ids"]  # our warning replaces transformers' own
     if all(len(ids) <= limit for ids in whole):
         return [list(ids) for ids in whole]
     cut = tokenizer(**{key: texts}, truncation=True, max_length=limit)["input_ids"]

@@ -83,8 +83,11 @@ class DecodeTrace:
         from rich.text import Text
 
         console = console or Console()
+        # colour alone marks the strongest source token; a file or a pipe gets it as text too
+        as_text = not console.is_terminal
         table = Table(title=f"{self.method} decoding of: {self.source}", show_lines=False)
-        for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)"):
+        for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)",
+                       *(["strongest source token (weight)"] if as_text else [])):
             table.add_column(column)
         for step in self.steps:
             weights = step.cross_attention.mean(axis=(0, 1))  # [source_pos]
@@ -94,7 +97,9 @@ class DecodeTrace:
                 source.append(f"{token} ", style=f"bold rgb({255 - level // 2},{255 - level},{255 - level})"
                               if weight == weights.max() else f"rgb({level},{level},{level})")
             candidates = ", ".join(f"{c.token} {c.probability:.2f}" for c in step.candidates)
-            table.add_row(str(step.index), " ".join(step.prefix), candidates, source)
+            top = int(weights.argmax())
+            strongest = [f"{self.source_tokens[top]} {float(weights[top]):.2f}"] if as_text else []
+            table.add_row(str(step.index), " ".join(step.prefix), candidates, source, *strongest)
         console.print(table)
         console.print(f"output: {self.output}")
 
