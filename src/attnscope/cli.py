@@ -140,7 +140,9 @@ COMMANDS = (
   attnscope extract "I went to the store." --pair "At the store, I bought fresh strawberries."
   attnscope extract --file sentences.txt --out records/ --norms --dtype bfloat16
   attnscope extract --file pairs.jsonl --qkv     # lines like {"text": "...", "pair": "..."}
-then in Python: attnscope.AttentionRecord.load("records/record_000000.safetensors")""",
+records/index.jsonl says which input (text, pair, file and line) each record file holds; the folder must be
+new or empty (--overwrite replaces an earlier run's files). Then in Python:
+  attnscope.AttentionRecord.load("records/record_000000.safetensors")""",
             _extract_arguments, _run_extract),
     Command("models", "list built-in model aliases and whether they are installed", """examples:
   attnscope models

@@ -66,7 +66,7 @@ def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers (default: all)")
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
     parser.add_argument("--naive", action="store_true",
                         help="one full forward pass per variant instead of reusing the layers below (slower, same numbers)")
     parser.add_argument("--format", choices=TABLE_FORMATS, default="csv", help="table format (default: csv)")

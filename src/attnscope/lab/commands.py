@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..arguments import add_output_folder, positive_int
+from ..arguments import add_output_folder, non_negative_int, positive_int
 from ..cli import Command
 from ..errors import AttnscopeError
 
@@ -16,7 +16,7 @@ DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "th
 def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser("train", help="train (or retrain) the toy translator and cache it")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=non_negative_int, default=0)
     translate = actions.add_parser("translate", help="translate, showing every decoding step")
     translate.add_argument("sentence")
     translate.add_argument("--beams", type=positive_int, default=1, help="beam width (1 = greedy)")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..arguments import add_output_folder, finite_float, positive_int
+from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 
@@ -50,7 +50,8 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     edges.add_argument("--no-reinit", action="store_true",
                        help="skip the re-initialised-weights baseline (saves a second pass over the corpus)")
     edges.add_argument("--test-share", type=finite_float, default=0.2, help="share of sentences held out (default: 0.2)")
-    edges.add_argument("--seed", type=int, default=0, help="seed of the split, pair sampling and re-init (default: 0)")
+    edges.add_argument("--seed", type=non_negative_int, default=0,
+                       help="seed of the split, pair sampling and re-init (default: 0)")
     _common(edges, "edges")
 
 
