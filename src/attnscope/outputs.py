@@ -18,7 +18,6 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from .errors import AttnscopeError

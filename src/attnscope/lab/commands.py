@@ -51,9 +51,8 @@ def _load_toy(name: str = "toy-translator"):  # type: ignore[no-untyped-def]
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from .stepper import decode_steps
-
     from ..outputs import check_output_file, writing
+    from .stepper import decode_steps
 
     if args.html:
         check_output_file(args.html)  # before the model loads
