@@ -81,6 +81,10 @@ CASES = {
     "--top-k over the vocabulary": bad("toy", "translate", "i can eat apples", "--top-k", "100000",
                                        expect="vocabulary size"),
     "zero --beams": bad("toy", "translate", "i can eat apples", "--beams", "0", expect="--beams"),
+    "zero --min-arcs (argparse's own refusal, in attnscope's one-line form)": bad("probe", "deps", "--min-arcs", "0",
+                                                                                  expect="probe deps: argument"),
+    "no command": bad(expect="required: COMMAND"),
+    "unknown command": bad("nosuch", expect="invalid choice"),
     # files and texts with nothing usable
     "empty text on JSONL line 4": bad("extract", "--file", "{empty_line_4}", expect="line 4"),
     "one-word sentences for probe deps": bad("probe", "deps", "--text", "{one_word_lines}", "-o", "{tmp}/deps",

@@ -179,7 +179,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[no-untyped-def]
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USER_ERROR, f"attnscope: error: {self.prog.removeprefix('attnscope ')}: {message}\n")
+        command = self.prog.removeprefix("attnscope").strip()  # "report", "probe deps", or "" at the top
+        self.exit(EXIT_USER_ERROR, f"attnscope: error: {command + ': ' if command else ''}{message}\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
