@@ -26,7 +26,7 @@ def test_primer_writes_its_figures(tmp_path):
     result = run("primer", "-o", str(tmp_path), "--format", "png", "--format", "svg")
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["position_encoding.png", "position_encoding.svg", "query_walkthrough.png",
-                     "query_walkthrough.svg"]
+    assert names == ["attnscope-manifest.json", "position_encoding.png", "position_encoding.svg",
+                     "query_walkthrough.png", "query_walkthrough.svg"]
     assert json.dumps(names)  # paths printed one per line
-    assert all(str(tmp_path / name) in result.stdout for name in names)
+    assert all(str(tmp_path / name) in result.stdout for name in names if name != "attnscope-manifest.json")

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import __version__
+from .arguments import add_output_folder, index_list, positive_int
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
 
@@ -75,7 +77,7 @@ def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="the text (first sentence)")
     parser.add_argument("--pair", "-p", help="second sentence (encoders/decoders) or target text (encoder-decoders)")
-    parser.add_argument("--layers", type=_int_list, help="comma-separated 0-indexed layers to show (default: all)")
+    parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers to show (default: all)")
     add_model_arguments(parser)
 
 
@@ -96,13 +98,6 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(value: str) -> list[int]:
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-
-
 # ---- extract --------------------------------------------------------------------------------
 def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
@@ -111,13 +106,12 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a file of inputs: one text per line, or .jsonl with {\"text\": ..., \"pair\": ...}")
     source.add_argument("--document", "-d", type=Path, help="a text file read as ONE input (a long document)")
     parser.add_argument("--pair", "-p", help="second sentence / target text for the single TEXT")
-    parser.add_argument("--out", "-o", type=Path, default=Path("records"),
-                        help="folder for the record files (default: ./records)")
+    add_output_folder(parser, "records", "the record files and index.jsonl (which input each file holds)")
     parser.add_argument("--qkv", action="store_true", help="also record queries, keys and values per head")
     parser.add_argument("--norms", action="store_true", help="also record ||alpha f(x)|| (Kobayashi et al. 2020)")
     parser.add_argument("--float16", action="store_true", help="store arrays as float16 (half the size)")
-    parser.add_argument("--batch-size", type=int, default=16, help="inputs per forward pass (default: 16)")
-    parser.add_argument("--max-tokens", "--max-length", dest="max_length", type=int,
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="inputs per forward pass (default: 16)")
+    parser.add_argument("--max-tokens", "--max-length", dest="max_length", type=positive_int,
                         help="truncate inputs to this many tokens (default and upper bound: the model's limit)")
     parser.add_argument("--stream", action="store_true",
                         help="write each record layer by layer as it is computed (one input at a time; memory holds "
@@ -128,68 +122,37 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
     add_plan_arguments(parser)
 
 
-def read_inputs(path: Path) -> list[tuple[str, str | None]]:
-    """Inputs from a text file (one per non-blank line) or a JSONL file (``text`` and optional ``pair``)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-    if path.suffix == ".jsonl":
-        items = [_jsonl_item(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    else:
-        items = [(line, None) for line in lines if line.strip()]
-    if not items:
-        raise AttnscopeError(f"{path} holds no inputs")
-    return items
-
-
-def read_document(path: Path) -> str:
-    """A whole text file as one input."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-
-
-def _jsonl_item(path: Path, number: int, line: str) -> tuple[str, str | None]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise AttnscopeError(f"{path} line {number}: not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise AttnscopeError(f"{path} line {number}: expected an object with a \"text\" string")
-    pair = row.get("pair")
-    if pair is not None and not isinstance(pair, str):
-        raise AttnscopeError(f"{path} line {number}: \"pair\" must be a string")
-    return row["text"], pair
-
-
 def _run_extract(args: argparse.Namespace) -> int:
     from .capture.extract import extract_corpus
     from .capture.options import plan_from_args
     from .capture.tokens import split_item
+    from .inputs import InputLine, read_document, read_input_lines
+    from .outputs import output_folder, record_name, save_records
 
-    items = read_inputs(args.file) if args.file else [(read_document(args.document), None)] if args.document else [
-        (args.text, args.pair)]
-    for index, item in enumerate(items):
-        split_item(item, index)  # reject bad input before the model loads
+    if args.file:
+        inputs = read_input_lines(args.file)
+    else:
+        inputs = [InputLine(read_document(args.document), None, str(args.document)) if args.document
+                  else InputLine(args.text, args.pair)]
+    for index, entry in enumerate(inputs):
+        split_item(entry.item, index)  # reject bad input before the model loads
     plan = plan_from_args(args)
     if args.stream and args.qkv:
         raise AttnscopeError("--stream keeps attention, norms and figures; capture --qkv without --stream")
-    loaded = load_from_args(args)
-    paths = [args.out / f"record_{index:06d}.safetensors" for index in range(len(items))]
-    if args.stream:
-        from .capture.extract import extract_to_file
+    with output_folder(args.out, overwrite=args.overwrite, command="extract") as out:
+        loaded = load_from_args(args)
+        if args.stream:
+            from .capture.extract import extract_to_file
 
-        for item, path in zip(items, paths):
-            extract_to_file(loaded, *item, path=path, plan=plan, norms=args.norms, float16=args.float16,
-                            max_length=args.max_length)
-        written = paths
-    else:
-        records = extract_corpus(loaded, items, batch_size=args.batch_size, qkv=args.qkv, norms=args.norms,
-                                 max_length=args.max_length, progress=len(items) > 1, plan=plan)
-        written = [record.save(path, float16=args.float16) for path, record in zip(paths, records)]
-    print(f"wrote {len(written)} record(s) to {args.out}/ (load with attnscope.AttentionRecord.load)")
+            records = (extract_to_file(loaded, *entry.item, path=out / record_name(index), plan=plan, norms=args.norms,
+                                       float16=args.float16, max_length=args.max_length)
+                       for index, entry in enumerate(inputs))
+        else:
+            records = extract_corpus(loaded, [entry.item for entry in inputs], batch_size=args.batch_size, qkv=args.qkv,
+                                     norms=args.norms, max_length=args.max_length, progress=len(inputs) > 1, plan=plan)
+        written = save_records(records, inputs, out, float16=args.float16, saved=args.stream)
+    print(f"wrote {written} record(s) and index.jsonl to {out}/ (load with attnscope.AttentionRecord.load, or "
+          "AttentionRecord.open for a lazy read)")
     return 0
 
 
@@ -203,7 +166,9 @@ COMMANDS = (
   attnscope extract --file pairs.jsonl --qkv     # lines like {"text": "...", "pair": "..."}
   attnscope extract --model smollm2 --document long.txt --stats --top-k 32 --stream --float16 -o long/
   attnscope extract "The cat sat." --model smollm2 --layers 0-3 --queries last
-then in Python: attnscope.AttentionRecord.load("records/record_000000.safetensors")
+records/index.jsonl says which input (text, pair, file and line) each record file holds; the folder must be
+new or empty (--overwrite replaces an earlier run's files). Then in Python:
+  attnscope.AttentionRecord.load("records/record_000000.safetensors")
 (or AttentionRecord.open(...) to map a large record lazily; rec.holdings() says what it holds)""",
             _extract_arguments, _run_extract),
     Command("models", "list built-in model aliases and whether they are installed", """examples:
@@ -236,19 +201,49 @@ def all_commands() -> tuple[Command, ...]:
     return tuple(commands)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse with attnscope's one error line (and the usage above it), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[no-untyped-def]
+        self.print_usage(sys.stderr)
+        command = self.prog.removeprefix("attnscope").strip()  # "report", "probe deps", or "" at the top
+        self.exit(EXIT_USER_ERROR, f"attnscope: error: {command + ': ' if command else ''}{message}\n")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``only``, just that command gets its options (the others keep
+    their name and help line), so ``attnscope --help`` and ``attnscope COMMAND --help`` import nothing
+    another command needs (torch included)."""
+    parser = _Parser(
         prog="attnscope",
         description="See what a transformer's attention looks at: capture every layer and head offline.",
         epilog="Run 'attnscope COMMAND --help' for a command's options and examples.",
     )
+    parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in all_commands():
         sub = commands.add_parser(command.name, help=command.help, description=command.help, epilog=command.epilog,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        command.add_arguments(sub)
+        if only is None or command.name == only:
+            command.add_arguments(sub)
         sub.set_defaults(run=command.run)
     return parser
+
+
+def _command_named(argv: list[str]) -> str:
+    """The COMMAND in ``argv`` (the first word that is not an option; the top level's take no values), or ''."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
+def check_utf8(argv: list[str]) -> None:
+    """Refuse an argument that is not valid UTF-8 (Python keeps such bytes as lone surrogates)."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise AttnscopeError(f"argument {shown!r} is not valid UTF-8; attnscope reads text and file names "
+                                 "as UTF-8") from None
 
 
 class _Quiet:
@@ -263,19 +258,27 @@ class _Quiet:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        check_utf8(argv)
+        args = build_parser(_command_named(argv)).parse_args(argv)
         with _Quiet():
             return int(args.run(args))
     except AttnscopeError as error:
-        print(f"attnscope: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return _fail(str(error))
     except KeyboardInterrupt:
         print("attnscope: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second one at exit's flush
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # a file that passed the early checks but failed on writing (a full disk, /dev/full)
+        return _fail(f"{error.filename}: {error.strerror}" if error.filename else f"a file operation failed: {error}")
+
+
+def _fail(message: str) -> int:
+    print(f"attnscope: error: {message}", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from ..arguments import add_output_folder, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
@@ -113,39 +114,43 @@ def _heads_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", nargs="?",
                         help="'brown' (2,000 sentences), 'brown-pairs' (500 pairs), a text file (one input per "
                         "line) or .jsonl ({\"text\": ..., \"pair\": ...}); omit to query an existing --db")
-    parser.add_argument("--out", "-o", type=Path, default=DEFAULT_OUT,
-                        help=f"folder for report.html, the figures and heads.duckdb (default: ./{DEFAULT_OUT})")
-    parser.add_argument("--limit", type=int, help="analyse only the first N inputs")
-    parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default: 32)")
+    add_output_folder(parser, str(DEFAULT_OUT), "report.html, the figures and heads.duckdb")
+    parser.add_argument("--limit", type=positive_int, help="analyse only the first N inputs")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="inputs per forward pass (default: 32)")
     parser.add_argument("--top", metavar="METRIC", choices=RANKABLE,
                         help="print the heads with the highest mean METRIC, e.g. sep, norm_cls, prev, entropy "
                         "(any statistic, confidence or ev_<evidence>)")
-    parser.add_argument("-n", type=int, default=10, help="how many heads --top prints (default: 10)")
+    parser.add_argument("-n", type=positive_int, default=10, help="how many heads --top prints (default: 10)")
     parser.add_argument("--layers", type=_layer_range, help="--top only in these layers, e.g. 3-5 (0-indexed)")
     parser.add_argument("--lowest", action="store_true", help="--top ranks from the lowest value")
     parser.add_argument("--db", type=Path, help="database to query (default: OUT/heads.duckdb)")
     parser.add_argument("--sql", help="run this SQL on the database and print the result "
                         "(tables: head_stats, inputs, meta)")
-    parser.add_argument("--parquet", type=Path, metavar="DIR", help="export the database's tables to DIR/*.parquet")
+    parser.add_argument("--parquet", type=Path, metavar="DIR",
+                        help="export the database's tables to DIR/*.parquet (a new or empty folder; --overwrite "
+                        "replaces an earlier export)")
     add_model_arguments(parser)
 
 
 def _run_heads(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
     from .store import DEFAULT_DB, HeadStore
 
     if args.corpus is None and not (args.top or args.sql or args.parquet):
         raise AttnscopeError("give a CORPUS to analyse, or --top/--sql/--parquet to query a database")
     database = args.db or args.out / DEFAULT_DB
     if args.corpus is not None:
-        database = _write_report(args).database
+        with output_folder(args.out, overwrite=args.overwrite, command="heads"):
+            database = _write_report(args).database
     with HeadStore(database) as store:
         if args.top:
             _print_top(store, args)
         if args.sql:
             print(store.query(args.sql).to_string(index=False))
         if args.parquet:
-            for path in store.export_parquet(args.parquet):
-                print(f"wrote {path}")
+            with output_folder(args.parquet, overwrite=args.overwrite, command="heads --parquet"):
+                for path in store.export_parquet(args.parquet):
+                    print(f"wrote {path}")
     return 0
 
 
@@ -159,8 +164,6 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     items = corpus_items(args.corpus, args.limit)
     for index, item in enumerate(items):
         split_item(item, index)  # reject bad input before the model loads
-    if args.batch_size < 1:
-        raise AttnscopeError("--batch-size must be at least 1")
     start = time.perf_counter()
     records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True, progress=False)
     report = analyze_corpus(records, args.out, total=len(items))

@@ -42,7 +42,7 @@ def corpus_items(corpus: str, limit: int | None = None) -> list[tuple[str, str |
     elif corpus == "brown-pairs":
         items = [(first, second) for first, second in brown_pairs()]
     else:
-        from ..cli import read_inputs
+        from ..inputs import read_inputs
 
         path = Path(corpus)
         if not path.is_file():

@@ -26,7 +26,7 @@ from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
-from .tokens import Encoded, Item, Side, encode_side, encode_sides, split_item, target_side
+from .tokens import Encoded, Item, Side, encode_side, encode_sides, ids_within, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
 
@@ -203,7 +203,7 @@ def encode_item(loaded: LoadedModel, item: Item, index: int, limit: int) -> Enco
     if second is None:
         decoder_ids = _greedy_target(loaded, source.input_ids, limit)
     else:
-        labels = tokenizer(text_target=second, truncation=True, max_length=limit)["input_ids"]
+        labels = ids_within(tokenizer, [second], limit, f"input {index}: target text", target=True)[0]
         decoder_ids = [start_id, *labels[:-1]] if labels and labels[-1] == tokenizer.eos_token_id else [start_id, *labels]
     return Encoded(index, (first, second or tokenizer.decode(decoder_ids, skip_special_tokens=True)), source,
                    target_side(tokenizer, decoder_ids, start_id))

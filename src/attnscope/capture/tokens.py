@@ -117,7 +117,6 @@ def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length
     """Tokenize many inputs with alignment, in one tokenizer call for the single texts and one for
     the pairs. Inputs over ``max_length`` tokens are truncated with a warning naming them and the
     limit (the model's own ``model_limit``, or a lower one the user chose)."""
-    why = "the model's limit" if model_limit in (None, max_length) else f"chosen; the model takes up to {model_limit}"
     sides: dict[int, Side] = {}
     for has_pair in (False, True):
         rows = [i for i, (_, second) in enumerate(texts) if (second is not None) == has_pair]
@@ -128,13 +127,34 @@ def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length
         for row, i in enumerate(rows):
             length = len(encoding["input_ids"][row])
             if length > max_length:
-                warnings.warn(f"input {indices[i]}: {length} tokens, truncated to {max_length} ({why})", stacklevel=3)
+                warn_truncated(f"input {indices[i]}", length, max_length, model_limit)
                 truncated = tokenizer([texts[i][0]], None if seconds is None else [texts[i][1]],
                                       return_special_tokens_mask=True, truncation=True, max_length=max_length)
                 sides[i] = _side(tokenizer, truncated, 0, has_pair)
             else:
                 sides[i] = _side(tokenizer, encoding, row, has_pair)
     return [sides[i] for i in range(len(texts))]
+
+
+def warn_truncated(what: str, length: int, limit: int, model_limit: int | None = None) -> None:
+    """Long inputs are cut, never silently: one warning naming the input and the limit, and whose it is
+    (the model's own ``model_limit``, or a lower one the user chose)."""
+    why = "the model's limit" if model_limit in (None, limit) else f"chosen; the model takes up to {model_limit}"
+    warnings.warn(f"{what}: {length} tokens, truncated to {limit} ({why})", stacklevel=3)
+
+
+def ids_within(tokenizer: Any, texts: list[str], limit: int, what: str, *, target: bool = False) -> list[list[int]]:
+    """Token ids of each text (of the decoder's target text with ``target``), cut to ``limit`` tokens
+    with a warning naming ``what`` (and the text's position when there are several)."""
+    key = "text_target" if target else "text"
+    whole = tokenizer(**{key: texts}, verbose=False)["input_ids"]  # our warning replaces transformers' own
+    if all(len(ids) <= limit for ids in whole):
+        return [list(ids) for ids in whole]
+    cut = tokenizer(**{key: texts}, truncation=True, max_length=limit)["input_ids"]
+    for index, (full, kept) in enumerate(zip(whole, cut)):
+        if len(full) > len(kept):
+            warn_truncated(what if len(texts) == 1 else f"{what} {index}", len(full), limit)
+    return [list(ids) for ids in cut]
 
 
 def encode_side(tokenizer: Any, first: str, second: str | None, max_length: int, index: int) -> Side:

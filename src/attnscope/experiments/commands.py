@@ -7,29 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..cli import Command, add_model_arguments, load_from_args, read_inputs
+from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int
+from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from .interventions import ablation_modes
-from .metrics import DEFAULT_EXAMPLES, METRICS, default_metric
-from .report import TABLE_FORMATS
-from .sweeps import SWEEPS
+
+# The registries behind the choices (metrics, ablation modes, sweeps) live beside torch code, so they
+# are imported inside the functions: listing the commands (``attnscope --help``) then needs no torch.
 
 
-def _layer_list(value: str) -> list[int]:
-    try:
-        return [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+def _data_arguments(parser: argparse.ArgumentParser, default_out: str, holds: str) -> None:
+    from .metrics import DEFAULT_EXAMPLES, METRICS
 
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return number
-
-
-def _data_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
     add_model_arguments(parser)
     parser.add_argument("--metric", choices=list(METRICS),
                         help="what to measure (default: cosine for encoders, loss for decoders, bleu for "
@@ -37,25 +25,36 @@ def _data_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--data", type=Path,
                         help="texts, one per line, or .jsonl with {\"text\": ..., \"pair\": ...} (pair = reference "
                         "target for encoder-decoders); default: the shipped Brown corpus sample")
-    parser.add_argument("-n", "--examples", type=_positive,
+    parser.add_argument("-n", "--examples", type=positive_int,
                         help=f"use the first N examples (default: {DEFAULT_EXAMPLES} Brown sentences, all of --data)")
-    parser.add_argument("--batch-size", type=_positive, default=32, help="examples per forward pass (default: 32)")
-    parser.add_argument("--out", "-o", type=Path, default=Path(default_out),
-                        help=f"output folder (default: ./{default_out})")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass (default: 32)")
+    add_output_folder(parser, default_out, holds)
 
 
-def _prepare(args: argparse.Namespace, default: Any = default_metric) -> tuple[Any, Any]:
+def _read_data(args: argparse.Namespace) -> list[tuple[str, str | None]] | None:
+    """The ``--data`` items (None: the shipped default); a bad file fails before the model loads."""
+    from ..inputs import read_inputs
+
+    return read_inputs(args.data) if args.data else None
+
+
+def _prepare(args: argparse.Namespace, items: list[tuple[str, str | None]] | None,
+             default: Any = None) -> tuple[Any, Any]:
     """The model and the prepared metric task named by the arguments."""
-    from .metrics import prepare_metric
+    from .metrics import default_metric, prepare_metric
 
-    items = read_inputs(args.data) if args.data else None  # bad files fail before the model loads
     loaded = load_from_args(args)
-    task = prepare_metric(args.metric or default(loaded), loaded, items, n=args.examples, batch_size=args.batch_size)
+    task = prepare_metric(args.metric or (default or default_metric)(loaded), loaded, items, n=args.examples,
+                          batch_size=args.batch_size)
     return loaded, task
 
 
 # ---- ablate ------------------------------------------------------------------------------------------
 def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
+    from .interventions import ablation_modes
+    from .report import TABLE_FORMATS
+    from .sweeps import SWEEPS
+
     parser.add_argument("--sweep", choices=SWEEPS, default="heads",
                         help="heads: each head alone; layers: all heads of each layer; keep-one: all heads of a "
                         "layer but one (default: heads)")
@@ -64,25 +63,31 @@ def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
                         "attention by a pattern (uniform = Kovaleva et al.'s disabled head) (default: zero)")
     parser.add_argument("--kind", choices=["self", "encoder", "decoder", "cross"],
                         help="attention to ablate (default: self, or encoder for encoder-decoders)")
-    parser.add_argument("--layers", type=_layer_list, help="comma-separated 0-indexed layers (default: all)")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers (default: all)")
+    parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
+                        help="bootstrap resamples for the 95%% intervals")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
     parser.add_argument("--naive", action="store_true",
                         help="one full forward pass per variant instead of reusing the layers below (slower, same numbers)")
     parser.add_argument("--format", choices=TABLE_FORMATS, default="csv", help="table format (default: csv)")
-    _data_arguments(parser, "ablation")
+    _data_arguments(parser, "ablation", "the heatmap, the table and summary.html")
 
 
 def _run_ablate(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
+
+    items = _read_data(args)
+    with output_folder(args.out, overwrite=args.overwrite, command="ablate"):
+        return _ablate(args, items)
+
+
+def _ablate(args: argparse.Namespace, items: list[tuple[str, str | None]] | None) -> int:
     from .report import write_summary
     from .sweeps import run_sweep
 
-    if args.bootstrap < 0:
-        raise AttnscopeError("--bootstrap must be 0 or more")
-    loaded, task = _prepare(args)
+    loaded, task = _prepare(args, items)
     result = run_sweep(loaded, task, args.sweep, mode=args.mode, kind=args.kind, layers=args.layers,
                        cached=False if args.naive else None, n_resamples=args.bootstrap, seed=args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"ablation_{args.sweep}"
     result.plot(args.out / f"{stem}.png")
     table = result.save(args.out / f"{stem}.{args.format}")
@@ -124,31 +129,40 @@ def _extreme_cells(result: Any) -> dict[str, str]:
 
 # ---- prune ---------------------------------------------------------------------------------------------
 def _prune_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--step", type=float, default=10.0, help="%% of all heads pruned per step (default: 10)")
-    parser.add_argument("--max-percent", type=float, default=90.0, help="stop at this %% of heads (default: 90)")
-    parser.add_argument("--percent", type=float,
+    parser.add_argument("--step", type=finite_float, default=10.0, help="%% of all heads pruned per step (default: 10)")
+    parser.add_argument("--max-percent", type=finite_float, default=90.0, help="stop at this %% of heads (default: 90)")
+    parser.add_argument("--percent", type=finite_float,
                         help="save the model pruned at this %% (a step of the curve; default: the largest step "
                         "whose metric is within --tolerance of the intact model's)")
-    parser.add_argument("--tolerance", type=float, default=0.01,
+    parser.add_argument("--tolerance", type=finite_float, default=0.01,
                         help="relative metric change allowed for the default --percent (default: 0.01)")
-    _data_arguments(parser, "pruning")
+    _data_arguments(parser, "pruning", "the pruning curve, importance.csv, pruned_model/ and summary.html")
 
 
 def _prune_default_metric(loaded: Any) -> str:
     """Importance needs a loss with a gradient: sentiment for encoders (cosine's is zero)."""
+    from .metrics import default_metric
+
     return "sentiment" if not loaded.causal and not loaded.is_encoder_decoder else default_metric(loaded)
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
+
+    wanted = _wanted_step(args)  # bad --percent, files or folders fail before the long work
+    items = _read_data(args)
+    with output_folder(args.out, overwrite=args.overwrite, command="prune"):
+        return _prune(args, items, wanted)
+
+
+def _prune(args: argparse.Namespace, items: list[tuple[str, str | None]] | None, wanted: int | None) -> int:
     from .importance import head_importance, physical_pruning_support, pruning_curve
     from .report import write_summary, write_table
 
-    wanted = _wanted_step(args)  # bad --percent fails before the long work
-    loaded, task = _prepare(args, _prune_default_metric)
+    loaded, task = _prepare(args, items, _prune_default_metric)
     initial = head_importance(loaded, task, progress=True)
     curve = pruning_curve(loaded, task, args.step, args.max_percent)
     step = int(curve.step_within(args.tolerance)) if wanted is None else wanted
-    args.out.mkdir(parents=True, exist_ok=True)
     curve.plot(args.out / "pruning_curve.png")
     write_table(curve.to_frame(), args.out / "pruning_curve.csv")
     write_table(initial.to_frame(), args.out / "importance.csv")
@@ -186,6 +200,8 @@ def _wanted_step(args: argparse.Namespace) -> int | None:
     """The curve step of ``--percent`` (None: choose by ``--tolerance``)."""
     if not 0 < args.step <= args.max_percent < 100:
         raise AttnscopeError("need 0 < --step <= --max-percent < 100")
+    if args.tolerance < 0:
+        raise AttnscopeError("--tolerance must be 0 or more")
     if args.percent is None:
         return None
     wanted = round(args.percent / args.step)

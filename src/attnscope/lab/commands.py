@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..arguments import add_output_folder, non_negative_int, positive_int
 from ..cli import Command
 from ..errors import AttnscopeError
 
@@ -15,11 +16,11 @@ DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "th
 def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser("train", help="train (or retrain) the toy translator and cache it")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=non_negative_int, default=0)
     translate = actions.add_parser("translate", help="translate, showing every decoding step")
     translate.add_argument("sentence")
-    translate.add_argument("--beams", type=int, default=1, help="beam width (1 = greedy)")
-    translate.add_argument("--top-k", type=int, default=5, help="candidates shown per step")
+    translate.add_argument("--beams", type=positive_int, default=1, help="beam width (1 = greedy)")
+    translate.add_argument("--top-k", type=positive_int, default=5, help="candidates shown per step")
     translate.add_argument("--html", type=Path, help="also write the step view as a self-contained HTML page")
     translate.add_argument("--model", "-m", default="toy-translator",
                            help="any encoder-decoder folder works too, e.g. a local MarianMT model")
@@ -50,14 +51,16 @@ def _load_toy(name: str = "toy-translator"):  # type: ignore[no-untyped-def]
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from ..outputs import check_output_file, writing
     from .stepper import decode_steps
 
-    if args.beams < 1 or args.top_k < 1:
-        raise AttnscopeError("--beams and --top-k must be at least 1")
+    if args.html:
+        check_output_file(args.html)  # before the model loads
     trace = decode_steps(_load_toy(args.model), args.sentence, beams=args.beams, top_k=args.top_k)
     trace.print_rich()
     if args.html:
-        print(f"step view: {trace.save_html(args.html)}")
+        with writing(args.html):
+            print(f"step view: {trace.save_html(args.html)}")
     return 0
 
 
@@ -95,16 +98,18 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _primer_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--out", type=Path, default=Path("primer"), help="output folder (default: ./primer)")
+    add_output_folder(parser, "primer", "the primer's figures")
     parser.add_argument("--format", action="append", choices=["png", "svg", "pdf"],
                         help="figure format, repeatable (default: png)")
 
 
 def _run_primer(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
     from .figures import write_primer_figures
 
-    for path in write_primer_figures(args.out, tuple(args.format or ["png"])):
-        print(path)
+    with output_folder(args.out, overwrite=args.overwrite, command="primer"):
+        for path in write_primer_figures(args.out, tuple(args.format or ["png"])):
+            print(path)
     return 0
 
 

@@ -129,6 +129,8 @@ def translate_with(loaded: LoadedModel, sentences: list[str], experiment: str | 
 
     if experiment is not None and experiment not in EXPERIMENTS:
         raise AttnscopeError(f"unknown experiment {experiment!r}; choose one of {', '.join(EXPERIMENTS)}")
+    if not sentences or any(not sentence.strip() for sentence in sentences):
+        raise AttnscopeError("every sentence to translate must have text (got an empty one)")
     with ExitStack() as stack:
         if experiment is not None:
             stack.enter_context(EXPERIMENTS[experiment].apply(loaded))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
+from ..capture.tokens import ids_within
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 
@@ -82,8 +83,11 @@ class DecodeTrace:
         from rich.text import Text
 
         console = console or Console()
+        # colour alone marks the strongest source token; a file or a pipe gets it as text too
+        as_text = not console.is_terminal
         table = Table(title=f"{self.method} decoding of: {self.source}", show_lines=False)
-        for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)"):
+        for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)",
+                       *(["strongest source token (weight)"] if as_text else [])):
             table.add_column(column)
         for step in self.steps:
             weights = step.cross_attention.mean(axis=(0, 1))  # [source_pos]
@@ -93,7 +97,9 @@ class DecodeTrace:
                 source.append(f"{token} ", style=f"bold rgb({255 - level // 2},{255 - level},{255 - level})"
                               if weight == weights.max() else f"rgb({level},{level},{level})")
             candidates = ", ".join(f"{c.token} {c.probability:.2f}" for c in step.candidates)
-            table.add_row(str(step.index), " ".join(step.prefix), candidates, source)
+            top = int(weights.argmax())
+            strongest = [f"{self.source_tokens[top]} {float(weights[top]):.2f}"] if as_text else []
+            table.add_row(str(step.index), " ".join(step.prefix), candidates, source, *strongest)
         console.print(table)
         console.print(f"output: {self.output}")
 
@@ -110,7 +116,7 @@ def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
         raise AttnscopeError(f"model {loaded.name!r} is not an encoder-decoder; the step debugger needs one")
     if not source.strip():
         raise AttnscopeError("source text is empty")
-    return loaded.tokenizer(source, return_tensors="pt", truncation=True, max_length=loaded.max_length)["input_ids"]
+    return torch.tensor([ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]])
 
 
 def step_forward(loaded: LoadedModel, source_ids: torch.Tensor, prefix_ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -140,6 +146,8 @@ def decode_steps(loaded: LoadedModel, source: str, *, beams: int = 1, top_k: int
     """
     source_ids = _source_ids(loaded, source)
     config = loaded.config
+    if not (1 <= top_k <= config.vocab_size and 1 <= beams <= config.vocab_size):
+        raise AttnscopeError(f"top_k and beams must be between 1 and the vocabulary size, {config.vocab_size}")
     start, eos = config.decoder_start_token_id, config.eos_token_id
     limit = max_steps or min(64, 2 * source_ids.shape[1] + 10)
     live: list[tuple[list[int], float, list[Step]]] = [([start], 0.0, [])]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..capture.tokens import ids_within
 from .corpus import ToyCorpus, make_corpus
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -118,9 +119,11 @@ def translate(model: Any, tokenizer: Any, sentences: list[str], batch_size: int 
               use_cache: bool = True) -> list[str]:
     """Greedy translations of ``sentences`` (``use_cache=False`` reruns the whole prefix at every step)."""
     outputs: list[str] = []
+    limit = min(tokenizer.model_max_length, model.config.max_position_embeddings)  # longer sources are cut, with a warning
+    source_ids = ids_within(tokenizer, sentences, limit, "sentence") if sentences else []
     with torch.inference_mode():
         for start in range(0, len(sentences), batch_size):
-            batch = tokenizer(sentences[start : start + batch_size], padding=True, return_tensors="pt")
+            batch = tokenizer.pad({"input_ids": source_ids[start : start + batch_size]}, return_tensors="pt")
             generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                        do_sample=False, num_beams=1, max_new_tokens=16, use_cache=use_cache)
             outputs.extend(tokenizer.batch_decode(generated, skip_special_tokens=True))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ def resolve_source(name: str) -> Path:
         alias = ALIASES[name]
         path = alias.locate()
         if path is None and alias.builder:
+            say_slow_step(f"building model {name!r} once, on first use (about a minute); later loads read it "
+                          f"from {cache_dir()}")
             path = alias.build()
         if path is None:
             raise AttnscopeError(f"model alias {name!r} is not installed; install it with: {alias.install}")
@@ -140,6 +143,8 @@ def convert_gguf(gguf_path: Path) -> Path:
         return folder
     import transformers
 
+    say_slow_step(f"converting {gguf_path.name} to float32 safetensors once (about 20 s for a 135M model); "
+                  f"later loads read {folder} in about a second")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -147,6 +152,8 @@ def convert_gguf(gguf_path: Path) -> Path:
         )
     except ImportError as error:
         raise AttnscopeError(f"reading GGUF needs extra packages: {error}; pip install gguf accelerate") from None
+    except Exception as error:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside transformers/gguf
+        raise AttnscopeError(f"cannot read {gguf_path} as a GGUF model: {_first_line(error)}") from None
     staging = folder.with_name(folder.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
@@ -217,14 +224,24 @@ def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implemen
                 folder, local_files_only=True, dtype=torch_dtype, attn_implementation=implementation,
                 output_loading_info=True,
             )
-    except (OSError, ValueError, KeyError, ImportError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise AttnscopeError(f"cannot load model {name!r} with attnscope's capture function: {first_line}") from None
+    except Exception as error:  # noqa: BLE001 - damaged weights, configs or tokenizers fail in many ways
+        raise AttnscopeError(f"cannot load model {name!r} with attnscope's capture function: "
+                             f"{_first_line(error)}") from None
     if loading_info.get("missing_keys"):
         missing = sorted(loading_info["missing_keys"])
         warnings.warn(f"model {name!r}: {len(missing)} weights missing from the checkpoint were initialised at "
                       f"random (e.g. {missing[0]}); its attention may not be the trained model's", stacklevel=3)
     return model.eval(), tokenizer
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def say_slow_step(message: str) -> None:
+    """One progress line on stderr before a step that takes tens of seconds, so the wait is not silent."""
+    print(f"attnscope: {message}...", file=sys.stderr, flush=True)
 
 
 class _quiet_transformers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..arguments import non_negative_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from ..record import ATTENTION_KINDS, AttentionRecord
@@ -34,7 +35,7 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
         return AttentionRecord.open(args.record)
     from ..capture.extract import extract
     from ..capture.tokens import split_item
-    from ..cli import read_document
+    from ..inputs import read_document
 
     text = read_document(args.file) if args.file is not None else args.text
     split_item((text, args.pair), 0)  # reject bad input before the model loads
@@ -77,14 +78,17 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_view(args: argparse.Namespace) -> int:
+    from ..outputs import check_output_file, writing
     from .html import view
 
+    check_output_file(args.output)  # before the model loads
     needs_vectors = args.kind in ("neuron", "all")
     record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
     if record.is_partial:
         return _write_long_view(record, args.output)
     page = view(record, args.kind, norms=not args.no_norms)
-    path = page.save(args.output)
+    with writing(args.output):
+        path = page.save(args.output)
     size = path.stat().st_size / 1024
     print(f"wrote {path} ({size:,.0f} KB; {', '.join(page.views)} view{'s' if len(page.views) > 1 else ''}; "
           f"{len(record.tokens)} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
@@ -112,8 +116,8 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
     _input_arguments(parser)
     parser.add_argument("--figure", "-f", choices=list(FIGURES), default="head",
                         help="; ".join(f"{name}: {text}" for name, text in FIGURES.items()) + " (default: head)")
-    parser.add_argument("--layer", "-l", type=int, help="layer, 0-indexed (head figure)")
-    parser.add_argument("--head", type=int, help="head, 0-indexed (head figure)")
+    parser.add_argument("--layer", "-l", type=non_negative_int, help="layer, 0-indexed (head figure)")
+    parser.add_argument("--head", type=non_negative_int, help="head, 0-indexed (head figure)")
     parser.add_argument("--attention", "-a", choices=ATTENTION_KINDS,
                         help="kind of attention (default: the input side's: self, or encoder for encoder-decoders)")
     parser.add_argument("--norms", action="store_true", help="draw ||alpha f(x)|| (Kobayashi et al. 2020) instead of alpha")
@@ -122,15 +126,18 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
+    from ..outputs import check_output_file, writing
     from .figures import plot, save_figure
 
     if args.output.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttnscopeError(f"cannot tell the format of {args.output}: use a .png, .svg or .pdf file name")
+    check_output_file(args.output)
     if args.figure == "head" and (args.layer is None or args.head is None):
         raise AttnscopeError("the head figure needs --layer and --head (0-indexed)")
     record = _record_from_args(args, qkv=False, norms=args.norms)
     figure = plot(record, args.figure, layer=args.layer, head=args.head, kind=args.attention, norms=args.norms)
-    print(f"wrote {save_figure(figure, args.output)}")
+    with writing(args.output):
+        print(f"wrote {save_figure(figure, args.output)}")
     return 0
 
 

@@ -16,16 +16,17 @@ Reading CoNLL-U needs ``conllu`` and parsing needs spaCy: ``pip install "attnsco
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 # public name -> module that defines it; imported on first use so `attnscope --help` stays fast
 _EXPORTS = {
-    "CorefItem": "coref", "CorefResult": "coref", "winowhy_items": "coref",
-    "DependencyResult": "dependencies", "ProbeResult": "probes",
-    "probe_coref": "run", "probe_dependencies": "run", "probe_edges": "run",
-    "Sentence": "treebank", "Treebank": "treebank", "load_treebank": "treebank", "parse_texts": "treebank",
-    "read_conllu": "treebank", "shipped_treebank": "treebank",
+    "CorefItem": ".coref", "CorefResult": ".coref", "winowhy_items": ".coref",
+    "DependencyResult": ".dependencies", "ProbeResult": ".probes",
+    "probe_coref": ".run", "probe_dependencies": ".run", "probe_edges": ".run",
+    "Sentence": ".treebank", "Treebank": ".treebank", "load_treebank": ".treebank", "parse_texts": ".treebank",
+    "read_conllu": ".treebank", "shipped_treebank": ".treebank",
 }
 
 __all__ = [
@@ -62,11 +63,4 @@ if TYPE_CHECKING:
     from .treebank import shipped_treebank as shipped_treebank
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

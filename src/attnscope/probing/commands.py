@@ -7,25 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return number
-
-
 def _common(parser: argparse.ArgumentParser, action: str) -> None:
     add_model_arguments(parser)
-    parser.add_argument("-o", "--out", type=Path, default=Path(f"probe_{action}"),
-                        help=f"output folder for tables, charts and index.html (default: ./probe_{action})")
-    parser.add_argument("--batch-size", type=_positive, default=16, help="sentences per forward pass (default: 16)")
+    add_output_folder(parser, f"probe_{action}", "tables, charts and index.html")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="sentences per forward pass (default: 16)")
     parser.add_argument("--json", action="store_true", help="print the headline figures as one JSON object (last line)")
 
 
@@ -34,7 +24,7 @@ def _trees(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--conllu", type=Path, help="a CoNLL-U treebank (e.g. Universal Dependencies), taken as gold")
     source.add_argument("--text", type=Path,
                         help="raw text, one sentence per line, parsed by spaCy (silver; needs attnscope[probing])")
-    parser.add_argument("-n", "--sentences", type=_positive,
+    parser.add_argument("-n", "--sentences", type=positive_int,
                         help="use the first N sentences (default: all; the shipped sample has 1,000)")
 
 
@@ -44,7 +34,7 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
                               description="Per relation, head and direction (dependent->head, head->dependent): "
                               "how often the most-attended word is the arc's other end (Clark et al. 2019).")
     _trees(deps)
-    deps.add_argument("--min-arcs", type=_positive, default=50,
+    deps.add_argument("--min-arcs", type=positive_int, default=50,
                       help="relations with fewer arcs stay out of the chart and JSON (default: 50)")
     _common(deps, "deps")
     coref = actions.add_parser("coref", help="coreference heads on Winograd schemas vs nearest mention",
@@ -59,14 +49,18 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     _trees(edges)
     edges.add_argument("--no-reinit", action="store_true",
                        help="skip the re-initialised-weights baseline (saves a second pass over the corpus)")
-    edges.add_argument("--test-share", type=float, default=0.2, help="share of sentences held out (default: 0.2)")
-    edges.add_argument("--seed", type=int, default=0, help="seed of the split, pair sampling and re-init (default: 0)")
+    edges.add_argument("--test-share", type=finite_float, default=0.2, help="share of sentences held out (default: 0.2)")
+    edges.add_argument("--seed", type=non_negative_int, default=0,
+                       help="seed of the split, pair sampling and re-init (default: 0)")
     _common(edges, "edges")
 
 
 def _run_probe(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
+
     run = {"deps": _deps, "coref": _coref, "edges": _edges}[args.action]
-    headline = run(args)
+    with output_folder(args.out, overwrite=args.overwrite, command=f"probe {args.action}"):
+        headline = run(args)
     if args.json:
         print(json.dumps(headline))
     return 0

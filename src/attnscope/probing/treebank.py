@@ -282,7 +282,14 @@ def load_treebank(conllu: str | Path | None = None, text: str | Path | None = No
     if conllu is not None and text is not None:
         raise AttnscopeError("give either a CoNLL-U file or a text file, not both")
     if conllu is not None:
-        return read_conllu(conllu).head(n)
+        return _with_arcs(read_conllu(conllu).head(n), conllu)
     if text is not None:
-        return read_text_file(text, n, progress=progress)
+        return _with_arcs(read_text_file(text, n, progress=progress), text)
     return shipped_treebank(n)
+
+
+def _with_arcs(treebank: Treebank, source: str | Path) -> Treebank:
+    """``treebank``, or an error if no sentence has an arc to score (every sentence is one word)."""
+    if not any(sentence.arcs() for sentence in treebank.sentences):
+        raise AttnscopeError(f"{source}: no sentence has two or more words, so there is no dependency arc to probe")
+    return treebank

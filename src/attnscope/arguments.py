@@ -1,0 +1,62 @@
+"""Argument types and options shared by every command, so each number is checked the same way.
+
+An argparse ``type`` that rejects a value makes the CLI print one ``attnscope: error:`` line and
+exit 2 before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+
+def positive_int(value: str) -> int:
+    """An integer of at least 1 (sizes, counts, lengths)."""
+    number = _int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    """An integer of at least 0 (0-indexed layers and heads, resample counts)."""
+    number = _int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {value}")
+    return number
+
+
+def finite_float(value: str) -> float:
+    """A float that is not nan or infinite."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value}")
+    return number
+
+
+def index_list(value: str) -> list[int]:
+    """Comma-separated 0-indexed layers or heads, at least one: ``"0,5"`` -> ``[0, 5]``."""
+    parts = [part for part in value.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated 0-indexed numbers like 0,5, got {value!r}")
+    return [non_negative_int(part.strip()) for part in parts]
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+
+
+def add_output_folder(parser: argparse.ArgumentParser, default: str, holds: str) -> None:
+    """``--out/-o FOLDER`` and ``--overwrite``, for commands that fill a folder (see :mod:`attnscope.outputs`)."""
+    parser.add_argument("--out", "-o", type=Path, default=Path(default),
+                        help=f"folder for {holds} (default: ./{default}); it must be new or empty")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the files an earlier attnscope run wrote in the folder (listed in its "
+                        "attnscope-manifest.json); other files are never removed")

@@ -1,0 +1,140 @@
+"""Bad input to any command ends in exactly one ``attnscope: error:`` line and exit code 2, never a
+traceback (issue 19, item 7): bad UTF-8, unwritable outputs, broken model files, numbers out of
+range, files with nothing usable, over-long toy inputs. Cases run through the real entry point
+``attnscope.cli.main`` in-process (an escaping exception fails the test); argv bytes need a process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from attnscope import cli
+
+from .conftest import SENTENCES
+
+LONG_ENGLISH = " ".join(["i can eat apples"] * 12)  # 48 words: over the toy translator's 32 positions
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """Damaged and awkward inputs, made once."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    made = {"file": root / "a-file", "garbage_gguf": root / "weights.gguf", "broken_model": root / "broken",
+            "empty_line_4": root / "inputs.jsonl", "one_word_lines": root / "words.txt", "texts": root / "texts.txt"}
+    made["file"].write_text("not a folder")
+    made["garbage_gguf"].write_bytes(b"this is not a GGUF file at all")
+    shutil.copytree(tiny_model_dir("bert"), made["broken_model"])
+    (made["broken_model"] / "model.safetensors").write_bytes(b"\x00" * 64)
+    made["empty_line_4"].write_text('{"text": "fine"}\n\n{"text": "also fine"}\n{"text": ""}\n')
+    made["one_word_lines"].write_text("Hello\nworld\n")
+    made["texts"].write_text("\n".join(SENTENCES) + "\n")
+    return made
+
+
+def bad(*args: str, expect: str) -> tuple[tuple[str, ...], str]:
+    return args, expect
+
+
+CASES = {
+    # output paths that cannot be written (checked before the model loads: the model named does not exist)
+    "extract into a file's sub-folder": bad("extract", "hi", "--out", "{file}/sub", "-m", "nope",
+                                            expect="cannot create output folder"),
+    "extract into /proc": bad("extract", "hi", "--out", "/proc/attnscope-x", "-m", "nope",
+                              expect="cannot create output folder"),
+    "ablate into a file": bad("ablate", "-o", "{file}", "-m", "nope", expect="is a file"),
+    "prune into a file's sub-folder": bad("prune", "-o", "{file}/sub", "-m", "nope", expect="cannot create"),
+    "heads into a file's sub-folder": bad("heads", "brown", "-o", "{file}/sub", "-m", "nope", expect="cannot create"),
+    "probe into a file's sub-folder": bad("probe", "deps", "-o", "{file}/sub", "-m", "nope", expect="cannot create"),
+    "primer into a file's sub-folder": bad("primer", "-o", "{file}/sub", expect="cannot create"),
+    "view into a file's sub-folder": bad("view", "hi", "-o", "{file}/sub/v.html", "-m", "nope",
+                                         expect="cannot create the folder"),
+    "plot into a file's sub-folder": bad("plot", "hi", "--layer", "0", "--head", "0", "-o", "{file}/sub/p.png",
+                                         "-m", "nope", expect="cannot create the folder"),
+    "toy step view onto a full disk": bad("toy", "translate", "i can eat apples", "--html", "/dev/full",
+                                          expect="cannot write /dev/full"),
+    # broken model files
+    "garbage .gguf": bad("report", "hi", "--model", "{garbage_gguf}", expect="cannot read"),
+    "corrupt model.safetensors": bad("report", "hi", "--model", "{broken_model}", expect="cannot load model"),
+    # numbers out of range
+    "negative --max-length": bad("extract", "hi", "--max-length", "-5", expect="--max-length"),
+    "zero --max-length": bad("extract", "hi", "--max-length", "0", expect="positive integer"),
+    "zero --batch-size": bad("extract", "hi", "--batch-size", "0", expect="--batch-size"),
+    "nan --tolerance": bad("prune", "--tolerance", "nan", expect="finite number"),
+    "nan --percent": bad("prune", "--percent", "nan", expect="finite number"),
+    "negative --tolerance": bad("prune", "--tolerance", "-1", "-m", "nope", expect="--tolerance must be 0 or more"),
+    "empty --layers (report)": bad("report", "hi", "--layers", "", expect="--layers"),
+    "negative --layers (ablate)": bad("ablate", "--layers", "0,-1", expect="--layers"),
+    "negative --bootstrap": bad("ablate", "--bootstrap", "-3", expect="--bootstrap"),
+    "negative --seed (ablate)": bad("ablate", "--seed", "-1", expect="--seed"),
+    "negative --seed (probe edges)": bad("probe", "edges", "--seed", "-1", expect="--seed"),
+    "negative --seed (toy train)": bad("toy", "train", "--seed", "-1", expect="--seed"),
+    "zero --limit": bad("heads", "brown", "--limit", "0", expect="--limit"),
+    "zero -n": bad("heads", "--top", "sep", "-n", "0", expect="-n"),
+    "negative --layer (plot)": bad("plot", "hi", "--layer", "-1", "--head", "0", expect="--layer"),
+    "nan --test-share": bad("probe", "edges", "--test-share", "nan", expect="--test-share"),
+    "--top-k over the vocabulary": bad("toy", "translate", "i can eat apples", "--top-k", "100000",
+                                       expect="vocabulary size"),
+    "zero --beams": bad("toy", "translate", "i can eat apples", "--beams", "0", expect="--beams"),
+    "zero --min-arcs (argparse's own refusal, in attnscope's one-line form)": bad("probe", "deps", "--min-arcs", "0",
+                                                                                  expect="probe deps: argument"),
+    "no command": bad(expect="required: COMMAND"),
+    "unknown command": bad("nosuch", expect="invalid choice"),
+    # files and texts with nothing usable
+    "empty text on JSONL line 4": bad("extract", "--file", "{empty_line_4}", expect="line 4"),
+    "one-word sentences for probe deps": bad("probe", "deps", "--text", "{one_word_lines}", "-o", "{tmp}/deps",
+                                             expect="no dependency arc"),
+    "empty sentence for toy corrupt": bad("toy", "corrupt", "", expect="empty"),
+    "empty sentence for toy translate": bad("toy", "translate", " ", expect="empty"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_exit_2(name, files, tmp_path, capsys):
+    args, expect = CASES[name]
+    code = exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert expect in lines[0], lines[0]
+
+
+def exit_code(args: list[str]) -> int:
+    try:
+        return cli.main(args)
+    except SystemExit as stop:  # argparse refusing a value exits from inside the parser
+        return int(stop.code or 0)
+
+
+@pytest.mark.parametrize("command", [["report"], ["extract"], ["view"], ["plot"], ["patterns"], ["toy", "translate"]])
+def test_an_argument_that_is_not_utf8_is_one_line(command):
+    result = subprocess.run([sys.executable, "-m", "attnscope", *command, b"caf\xe9"], check=False,
+                            capture_output=True, timeout=120)
+    err = result.stderr.decode("utf-8", "replace")
+    lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "not valid UTF-8" in lines[0] and "caf\\\\xe9" in lines[0]
+
+
+def test_over_long_toy_inputs_are_cut_with_a_warning_naming_the_limit(capsys):
+    assert cli.main(["toy", "corrupt", LONG_ENGLISH, "--mode", "uniform"]) == 0
+    err = capsys.readouterr().err
+    assert "attnscope: warning: sentence:" in err and "truncated to 32 (the model's limit)" in err
+    assert cli.main(["toy", "translate", LONG_ENGLISH]) == 0
+    assert "source text: 49 tokens, truncated to 32 (the model's limit)" in capsys.readouterr().err
+
+
+def test_an_over_long_encoder_decoder_target_is_cut_with_a_warning():
+    from attnscope import extract, load_model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = extract(load_model("toy-translator"), "i can eat apples", " ".join(["ich kann äpfel essen"] * 12))
+    messages = [str(w.message) for w in caught]
+    assert any("target text" in m and "truncated to 32 (the model's limit)" in m for m in messages), messages
+    assert record.target_tokens is not None and len(record.target_tokens) == 32

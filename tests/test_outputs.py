@@ -1,0 +1,108 @@
+"""Output folders never mix two runs, and --overwrite removes only what attnscope wrote (issue 19, item 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnscope import AttentionRecord
+from attnscope.errors import AttnscopeError
+from attnscope.outputs import MANIFEST, output_folder
+
+from .test_experiments_cli import one_error_line, run
+
+FOLDER_COMMANDS = {
+    "extract": ["extract", "hi"],
+    "ablate": ["ablate"],
+    "prune": ["prune"],
+    "heads": ["heads", "brown"],
+    "probe deps": ["probe", "deps"],
+    "probe coref": ["probe", "coref"],
+    "probe edges": ["probe", "edges"],
+    "primer": ["primer"],
+}
+
+
+def test_a_second_extract_into_the_same_folder_is_refused_and_the_first_run_kept(tmp_path, capsys):
+    sentences, pairs, out = tmp_path / "sentences.txt", tmp_path / "pairs.jsonl", tmp_path / "records"
+    sentences.write_text("I went to the store.\n\nThe cat sat.\nHello there.\n")
+    pairs.write_text('{"text": "I went home.", "pair": "It rained."}\n{"text": "Good night."}\n')
+    assert run(capsys, "extract", "--file", str(sentences), "--out", str(out))[0] == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    code, _, err = run(capsys, "extract", "--file", str(pairs), "--out", str(out))
+    assert code == 2 and "is not empty" in one_error_line(err) and "--overwrite" in one_error_line(err)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # nothing the user had is lost
+
+    assert run(capsys, "extract", "--file", str(pairs), "--out", str(out), "--overwrite")[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == ["attnscope-manifest.json", "index.jsonl",
+                                                     "record_000000.safetensors", "record_000001.safetensors"]
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert [(row["text"], row["pair"], row["line"]) for row in index] == [("I went home.", "It rained.", 1),
+                                                                          ("Good night.", None, 2)]
+    assert all(row["source"] == str(pairs) and row["model"] == "minilm" for row in index)
+    for row in index:  # each file holds the input the index names
+        assert AttentionRecord.load(out / row["file"]).text == tuple(t for t in (row["text"], row["pair"]) if t)
+
+
+def test_the_index_names_each_input_s_line_in_a_text_file(tmp_path, capsys):
+    sentences, out = tmp_path / "sentences.txt", tmp_path / "records"
+    sentences.write_text("\nFirst line.\n\n\nSecond line.\n")
+    assert run(capsys, "extract", "--file", str(sentences), "--out", str(out))[0] == 0
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert [(row["file"], row["text"], row["line"]) for row in index] == [
+        ("record_000000.safetensors", "First line.", 2), ("record_000001.safetensors", "Second line.", 5)]
+
+
+@pytest.mark.parametrize("command", list(FOLDER_COMMANDS))
+def test_every_folder_command_refuses_a_folder_with_the_user_s_files_even_with_overwrite(command, tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("years of work")
+    args = FOLDER_COMMANDS[command]
+    for extra in ([], ["--overwrite"]):
+        code, _, err = run(capsys, *args, "-o", str(folder), *extra)
+        assert code == 2, err
+        assert ("is not empty" if not extra else "no readable attnscope-manifest.json") in one_error_line(err)
+    assert [p.name for p in folder.iterdir()] == ["thesis.tex"]
+    assert (folder / "thesis.tex").read_text() == "years of work"
+
+
+def test_overwrite_removes_only_what_the_manifest_lists(tmp_path):
+    folder = tmp_path / "out"
+    with output_folder(folder, overwrite=False, command="test"):
+        (folder / "sub").mkdir()
+        (folder / "sub" / "a.csv").write_text("1")
+        (folder / "b.png").write_text("2")
+    assert json.loads((folder / MANIFEST).read_text())["files"] == ["b.png", "sub/a.csv"]
+
+    (folder / "notes.txt").write_text("the user's")
+    with pytest.raises(AttnscopeError, match="1 other file"), output_folder(folder, overwrite=True, command="test"):
+        pass
+    assert (folder / "b.png").exists() and (folder / "notes.txt").exists()  # refused before removing anything
+
+    (folder / "notes.txt").unlink()
+    with output_folder(folder, overwrite=True, command="test"):
+        assert list(folder.iterdir()) == []  # cleared, the run's own sub-folder too
+        (folder / "c.csv").write_text("3")
+    assert sorted(p.name for p in folder.iterdir()) == [MANIFEST, "c.csv"]
+
+
+def test_a_manifest_that_points_outside_its_folder_is_refused(tmp_path):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "x.csv").write_text("1")
+    (folder / MANIFEST).write_text(json.dumps({"files": ["x.csv", "../precious.txt"]}))
+    with pytest.raises(AttnscopeError, match="damaged"), output_folder(folder, overwrite=True, command="test"):
+        pass
+    assert outside.read_text() == "keep" and (folder / "x.csv").exists()
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "never"
+    code, _, err = run(capsys, "extract", "hi", "--out", str(out), "--model", "no-such-model")
+    assert code == 2 and "unknown model" in one_error_line(err)
+    assert not out.exists()
