@@ -78,7 +78,8 @@ def _whole_number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-Index = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]  # a 0-indexed layer or head
+# a 0-indexed layer or head (the bound before the validator, or the schema shows a raw "ge", not "minimum")
+Index = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]
 
 
 class StrictRequest(BaseModel):
@@ -124,7 +125,7 @@ class InterveneRequest(InputText):
         f"{name}: {text}" for name, text in service.MODES.items()))
     heads: list[HeadRef] = Field(default_factory=list, max_length=4096, description="heads to change")
     layers: list[Index] = Field(default_factory=list, max_length=1024,
-                              description="whole layers to change (all their heads; for 'skip' the sublayer)")
+                                description="whole layers to change (all their heads; for 'skip' the sublayer)")
     kind: Literal["self", "encoder", "decoder", "cross"] | None = Field(
         None, description="which attention the heads belong to (default: the input side's)")
 
