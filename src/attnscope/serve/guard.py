@@ -95,7 +95,8 @@ class AllowedHosts:
         return on_our_port and (name in self.names or (self.any_ip and _is_ip(name)))
 
     def describe(self) -> str:
-        shown = sorted(self.names) + [f"{name}:{port}" for name, port in self.ports]
+        bracketed = lambda name: f"[{name}]" if ":" in name else name  # IPv6, as written in a Host header
+        shown = sorted(map(bracketed, self.names)) + [f"{bracketed(name)}:{port}" for name, port in self.ports]
         return ", ".join(shown) + (" and any IP address" if self.any_ip else "")
 
 
