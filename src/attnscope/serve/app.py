@@ -8,11 +8,18 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``GET /api/models``: the models offered, the intervention modes and the pattern classes;
 * ``POST /api/analyze``: views payload, each head's pattern and statistics for one input;
 * ``POST /api/intervene``: the same input with heads ablated / corrupted or sublayers skipped;
-* ``GET /api/record``: one input's attention as plain JSON (the page links to it).
+* ``POST /api/record``: one input's attention as plain JSON (the page downloads it).
 
-Input the user can fix gets a 4xx with ``{"detail": "<one line>"}``: 404 for an unknown model,
-422 for anything else (empty or too long text, bad head indices, unknown mode). Every request is
-independent: an error in one never touches the models or the other requests.
+Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
+GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
+content type before the app sees a request (see there why).
+
+Input the user can fix gets a 4xx with ``{"detail": "<one line>"}``: 400 for a Host the server
+does not answer as, 404 for an unknown model, 413 for a body over 1 MB, 415 for a body that is
+not JSON, 422 for anything else (empty or too long text, bad head indices, unknown mode). The
+request models are strict (no number taken for a boolean or the reverse), so the OpenAPI schema
+says what the server accepts. Every request is independent: an error in one never touches the
+models or the other requests.
 """
 
 from __future__ import annotations
@@ -22,17 +29,23 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from . import service
+from .guard import MAX_BODY_BYTES, AllowedHosts, Guard
 from .pool import ModelPool, UnknownModel, default_choices
 
 MAX_TEXT_CHARS = 4000  # checked before tokenizing; the token limit (--max-tokens) is checked after
+# A text is empty when str.strip() leaves nothing (what extract and service.check_input check):
+# it must hold a character that is not white space in Python's sense, all of which lie below
+# U+10000. Written as \uXXXX escapes, which Python, Rust (pydantic) and JSON Schema read alike.
+WHITE_SPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace())
+NOT_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITE_SPACE) + "]"
 DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload grows quadratically
 
 # name -> (package, folder) of every asset the page may load
@@ -60,12 +73,28 @@ def _utf8(value: str | None) -> str | None:
     return value
 
 
-class InputText(BaseModel):
+def _whole_number(value: Any) -> Any:
+    """``2.0`` -> ``2``: JSON Schema counts a number with a zero fraction as an integer (a boolean never is)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# a 0-indexed layer or head (the bound before the validator, or the schema shows a raw "ge", not "minimum")
+Index = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]
+
+
+class StrictRequest(BaseModel):
+    """A request body: no coercion between types (``0`` is not ``false``), no unknown keys."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class InputText(StrictRequest):
     model: str | None = Field(None, description="a model name from GET /api/models (default: the server's first)")
-    text: str = Field(..., max_length=MAX_TEXT_CHARS, description="the text (first sentence)",
-                      examples=["I went to the store."])
-    pair: str | None = Field(None, max_length=MAX_TEXT_CHARS,
-                             description="second sentence (encoders, decoders) or target text (encoder-decoders)",
+    text: str = Field(..., min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
+                      description="the text (first sentence); not only spaces", examples=["I went to the store."])
+    pair: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
+                             description="second sentence (encoders, decoders) or target text (encoder-decoders); "
+                                         "leave it out rather than blank",
                              examples=["At the store, I bought fresh strawberries."])
 
     _check_text = field_validator("text", "pair")(_utf8)
@@ -75,17 +104,28 @@ class AnalyzeRequest(InputText):
     vectors: bool = Field(True, description="ship queries and keys for the neuron view")
 
 
-class HeadRef(BaseModel):
-    layer: int = Field(..., description="0-indexed layer")
-    head: int = Field(..., description="0-indexed head")
+class HeadRef(StrictRequest):
+    layer: Index = Field(..., description="0-indexed layer")
+    head: Index = Field(..., description="0-indexed head")
+
+
+# What service.check_change enforces, in the schema: at least one head or layer, and 'skip' takes
+# layers only (the mode defaults to 'zero'). Bounds that depend on the model are checked there.
+CHANGES_SOMETHING = {"anyOf": [
+    {"required": ["heads"], "properties": {"heads": {"minItems": 1},
+                                           "mode": {"enum": [mode for mode in service.MODES if mode != "skip"]}}},
+    {"required": ["layers"], "properties": {"layers": {"minItems": 1}, "heads": {"maxItems": 0}}},
+]}
 
 
 class InterveneRequest(InputText):
+    model_config = ConfigDict(json_schema_extra=CHANGES_SOMETHING)
+
     mode: Literal[tuple(service.MODES)] = Field("zero", description="; ".join(  # type: ignore[valid-type]
         f"{name}: {text}" for name, text in service.MODES.items()))
     heads: list[HeadRef] = Field(default_factory=list, max_length=4096, description="heads to change")
-    layers: list[int] = Field(default_factory=list, max_length=1024,
-                              description="whole layers to change (all their heads; for 'skip' the sublayer)")
+    layers: list[Index] = Field(default_factory=list, max_length=1024,
+                                description="whole layers to change (all their heads; for 'skip' the sublayer)")
     kind: Literal["self", "encoder", "decoder", "cross"] | None = Field(
         None, description="which attention the heads belong to (default: the input side's)")
 
@@ -94,17 +134,27 @@ class Problem(BaseModel):
     detail: str
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": Problem, "description": "the body is not UTF-8 JSON"},
-                                           404: {"model": Problem, "description": "unknown model"},
-                                           422: {"model": Problem, "description": "input the user can fix"}}
+# answers the guard gives to any request (see guard.py)
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "a Host header this server does not answer as, or a body that is not UTF-8"},
+    413: {"model": Problem, "description": f"a request body over {MAX_BODY_BYTES:,} bytes"}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    **REFUSALS,
+    404: {"model": Problem, "description": "unknown model"},
+    415: {"model": Problem, "description": "a body that is not sent as Content-Type: application/json"},
+    422: {"model": Problem, "description": "input the user can fix, including what depends on the model: more tokens "
+                                           "than the limit, a head, layer or attention kind the model does not have"}}
 
 
 def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = (), dtype: str = "float32",
-               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True, installed_aliases: bool = True) -> FastAPI:
+               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True, installed_aliases: bool = True,
+               hosts: AllowedHosts | None = None) -> FastAPI:
     """The explorer app serving the already ``loaded`` models, then ``models`` (aliases or folders),
     then (``installed_aliases``) every other installed alias; with only ``loaded``, just those.
 
-    ``preload`` loads the first model now, so the first request does not wait for it.
+    ``preload`` loads the first model now, so the first request does not wait for it. ``hosts``:
+    the Host names it answers to (default: the loopback names, ``localhost``, ``127.0.0.1`` and
+    ``[::1]``, on the port it is served on).
     """
     choices = default_choices(models, installed_aliases) if models or not loaded else []
     pool = ModelPool(choices, dtype=dtype, loaded=loaded)
@@ -117,6 +167,8 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     _add_error_handlers(app)
     _add_page_routes(app)
     _add_api_routes(app, pool, max_tokens)
+    json_paths = {route.path for route in app.routes if "POST" in getattr(route, "methods", ())}
+    app.add_middleware(Guard, hosts=hosts or AllowedHosts.listening_on(), json_paths=frozenset(json_paths))
     return app
 
 
@@ -140,6 +192,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _problem(422, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'cannot parse')})")
         where = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query"))
+        if first.get("type") in ("string_too_short", "string_pattern_mismatch"):  # the NOT_BLANK rule
+            return _problem(422, f"{where} is empty" + (" (leave it out instead)" if where == "pair" else ""))
         return _problem(422, f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg")))
 
     @app.exception_handler(Exception)
@@ -171,7 +225,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def checked(loaded: Any, request: InputText) -> None:
         service.check_input(loaded, request.text, request.pair, max_tokens)
 
-    @app.get("/api/models", summary="models offered, intervention modes and pattern classes")
+    @app.get("/api/models", summary="models offered, intervention modes and pattern classes", responses=REFUSALS)
     def models() -> dict[str, Any]:
         return {"default": pool.default, "max_tokens": max_tokens, "modes": service.MODES,
                 "classes": service.pattern_classes(),
@@ -196,12 +250,9 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
             checked(loaded, request)
             return JSONResponse(service.intervene(loaded, request.text, request.pair, change))
 
-    @app.get("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
-             responses=ERRORS)
-    def record(text: Annotated[str, Query(max_length=MAX_TEXT_CHARS)],
-               pair: Annotated[str | None, Query(max_length=MAX_TEXT_CHARS)] = None,
-               model: str | None = None) -> JSONResponse:
-        request = InputText(model=model, text=text, pair=pair)
+    @app.post("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
+              responses=ERRORS)
+    def record(request: InputText) -> JSONResponse:
         with pool.use(request.model or pool.default) as loaded:
             checked(loaded, request)
             return JSONResponse(service.record_json(loaded, request.text, request.pair))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..cli import Command
 from ..errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from .guard import AllowedHosts
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +17,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a model to offer: alias or local Hugging Face folder; repeat for more. The first is "
                         "loaded at start and is the page's default (default: every installed alias, minilm first)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default: 127.0.0.1, this machine only)")
+                        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every "
+                        "address, reachable from other machines by IP address or this machine's host name)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
+                        help="another name the page may be opened as (e.g. a DNS name of this machine, a reverse "
+                        "proxy's, or localhost:8080 for a forwarded port); repeat for more. Requests for any "
+                        "other name are refused, so that a web page cannot reach the server by DNS rebinding")
     parser.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="compute type of every model (bfloat16 is faster on CPUs with bf16 matmuls)")
@@ -33,22 +42,35 @@ def _check_can_listen(host: str, port: int) -> None:
         raise AttnscopeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
+def _allowed_hosts(host: str, extra: list[str]) -> AllowedHosts:
+    from .guard import AllowedHosts, split_host
+
+    for name in extra:
+        try:
+            split_host(name)
+        except ValueError:
+            raise AttnscopeError(f"--allow-host takes a host name or address with an optional :PORT, "
+                                 f"got {name!r}") from None
+    return AllowedHosts.listening_on(host, extra)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise AttnscopeError(f"--port must be between 0 and 65535, got {args.port}")
     if args.max_tokens < 2:
         raise AttnscopeError("--max-tokens must be at least 2")
+    hosts = _allowed_hosts(args.host, args.allow_host)
     _check_can_listen(args.host, args.port)  # before the model loads, and without uvicorn's own log line
     import uvicorn
 
     from .app import create_app
 
     print("attnscope: loading the first model...", flush=True)
-    app = create_app(args.model, dtype=args.dtype, max_tokens=args.max_tokens)
+    app = create_app(args.model, dtype=args.dtype, max_tokens=args.max_tokens, hosts=hosts)
     pool = app.state.pool
-    shown = "localhost" if args.host in ("127.0.0.1", "::1") else args.host
+    shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
     print(f"attnscope explorer: http://{shown}:{args.port}/  (models: {', '.join(pool.choices)}; "
-          f"API schema at /docs; Ctrl+C stops)", flush=True)
+          f"API schema at /docs; Ctrl+C stops)\nanswers as host {hosts.describe()}", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     except SystemExit as stop:  # uvicorn exits this way when it cannot bind the port

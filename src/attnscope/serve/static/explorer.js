@@ -1,6 +1,6 @@
 /* attnscope explorer: the page of `attnscope serve`.
  *
- * It asks the JSON API (/api/models, /api/analyze, /api/intervene), mounts the head / model /
+ * It asks the JSON API (/api/models, /api/analyze, /api/intervene, /api/record), mounts the head / model /
  * neuron views of present/static (AttnscopeViews.mount), and draws around them the pattern map,
  * the statistics table and the intervention panel. The page address keeps the state
  * (#model=..&text=..&pair=..&view=head&layer=2&head=3&norms=1&do=zero&heads=2.3&layers=&on=&show=changed)
@@ -22,14 +22,20 @@
   };
 
   // ---- talking to the server ----------------------------------------------------------------
-  async function api(path, body) {
+  /* GET `path`, or POST `body` as JSON (the server runs models only for JSON POSTs); the
+   * response, or an Error with the server's one-line detail. */
+  async function ask(path, body) {
     const options = body === undefined ? {} : {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     };
     const response = await fetch(path, options);
-    const data = await response.json().catch(() => ({ detail: `the server answered ${response.status}` }));
-    if (!response.ok) throw new Error(data.detail || `the server answered ${response.status}`);
-    return data;
+    if (response.ok) return response;
+    const data = await response.json().catch(() => ({}));
+    throw new Error(data.detail || `the server answered ${response.status}`);
+  }
+
+  async function api(path, body) {
+    return (await ask(path, body)).json();
   }
 
   function setStatus(text, isError) {
@@ -85,6 +91,20 @@
     return { model: $("model").value, text: $("text").value, pair: pair || null };
   }
 
+  /* The analysed input's attention as a JSON file (POST /api/record, saved through a blob: link). */
+  async function downloadRecord() {
+    if (!page.analysis) return;
+    await busy("preparing the JSON\u2026", async () => {
+      const { model, text, pair } = page.analysis;
+      const blob = await (await ask("/api/record", { model: model.name, text, pair })).blob();
+      const link = el("a");
+      link.href = URL.createObjectURL(blob);
+      link.download = `attention-${model.name}.json`;
+      link.click();
+      setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+    });
+  }
+
   async function analyze(fromAddress) {
     await busy("analyzing\u2026", async () => {
       const data = await api("/api/analyze", inputBody());
@@ -108,9 +128,6 @@
     mountViews(data.payload, fromAddress);
     drawPatternMap(data.patterns);
     drawStatistics(data);
-    const link = new URLSearchParams({ model: page.analysis.model.name, text: page.analysis.text });
-    if (page.analysis.pair) link.set("pair", page.analysis.pair);
-    $("json-link").href = `/api/record?${link}`;
     writeAddress();
   }
 
@@ -459,6 +476,7 @@
     $("input-form").addEventListener("submit", (event) => { event.preventDefault(); analyze(false); });
     $("add-head").addEventListener("click", addOpenHead);
     $("run-change").addEventListener("click", runChange);
+    $("json-link").addEventListener("click", downloadRecord);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));
