@@ -31,6 +31,11 @@ _EXPORTS = {
     "Intervention": "attnscope.capture.attention",
     "extract": "attnscope.capture.extract",
     "extract_corpus": "attnscope.capture.extract",
+    "extract_to_file": "attnscope.capture.extract",
+    "CapturePlan": "attnscope.capture.plan",
+    "QuerySelection": "attnscope.capture.plan",
+    "partial_statistics": "attnscope.analysis.partial",
+    "long_view": "attnscope.present.longview",
     "TopAttention": "attnscope.report",
     "view": "attnscope.present.html",
     "AttentionView": "attnscope.present.html",
@@ -47,9 +52,11 @@ __all__ = [
     "AttentionRecord",
     "AttentionView",
     "AttnscopeError",
+    "CapturePlan",
     "Intervention",
     "LoadedModel",
     "ModelInfo",
+    "QuerySelection",
     "TopAttention",
     "__version__",
     "attention_flow",
@@ -58,14 +65,18 @@ __all__ = [
     "classify_heads",
     "extract",
     "extract_corpus",
+    "extract_to_file",
     "head_statistics",
     "intervene",
     "load_model",
+    "long_view",
+    "partial_statistics",
     "top_attention",
     "view",
 ]
 
 if TYPE_CHECKING:
+    from .analysis.partial import partial_statistics as partial_statistics
     from .analysis.patterns import classify_heads as classify_heads
     from .analysis.rollout import attention_flow as attention_flow
     from .analysis.rollout import attention_rollout as attention_rollout
@@ -75,6 +86,9 @@ if TYPE_CHECKING:
     from .capture.attention import intervene as intervene
     from .capture.extract import extract as extract
     from .capture.extract import extract_corpus as extract_corpus
+    from .capture.extract import extract_to_file as extract_to_file
+    from .capture.plan import CapturePlan as CapturePlan
+    from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
@@ -82,6 +96,7 @@ if TYPE_CHECKING:
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
+    from .present.longview import long_view as long_view
     from .record import AttentionRecord as AttentionRecord
     from .record import ModelInfo as ModelInfo
     from .report import TopAttention as TopAttention

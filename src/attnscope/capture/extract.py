@@ -13,7 +13,6 @@ from dataclasses import replace
 from functools import partial
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
-from .tokens import Encoded, Item, Side, encode_side, encode_sides, ids_within, split_item, target_side
+from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
 
@@ -340,9 +339,9 @@ def _record(loaded: LoadedModel, info: ModelInfo, encoded: Encoded, row: int,
     n_target = len(encoded.target.input_ids) if encoded.target else 0
     query_len = {"self": n_source, "encoder": n_source, "decoder": n_target, "cross": n_target}
     key_len = {"self": n_source, "encoder": n_source, "decoder": n_target, "cross": n_source}
-    arrays: dict[str, np.ndarray] = _side_arrays("input", encoded.source)
+    arrays: dict[str, np.ndarray] = side_arrays("input", encoded.source)
     if encoded.target is not None:
-        arrays.update(_side_arrays("target", encoded.target))
+        arrays.update(side_arrays("target", encoded.target))
     for kind, fields in stacked.items():
         for name, values in fields.items():
             if name in ("attention", "norms"):
@@ -358,12 +357,3 @@ def _record(loaded: LoadedModel, info: ModelInfo, encoded: Encoded, row: int,
         kv_expanded=info.n_kv_heads != info.n_heads and any(f"{k}.keys" in arrays for k in stacked),
         text=encoded.text,
     )
-
-
-def _side_arrays(prefix: str, side: Side) -> dict[str, Any]:
-    return {
-        f"{prefix}.token_ids": np.array(side.input_ids, dtype=np.int64),
-        f"{prefix}.special_mask": np.array(side.special_mask, dtype=bool),
-        f"{prefix}.sentence_ids": np.array(side.sentence_ids, dtype=np.int64),
-        f"{prefix}.word_ids": np.array(side.word_ids, dtype=np.int64),
-    }

@@ -19,7 +19,7 @@ from ..record import AttentionRecord, ModelInfo, Selection, record_metadata
 from .plan import CapturePlan
 from .rows import ROW_STATISTICS, Allocate, BatchFacts, RowCapture, distance_bin_edges
 from .stream import RecordWriter
-from .tokens import Encoded
+from .tokens import Encoded, side_arrays
 
 
 def batch_facts(batch: list[Encoded], plan: CapturePlan) -> BatchFacts:
@@ -34,13 +34,11 @@ def batch_facts(batch: list[Encoded], plan: CapturePlan) -> BatchFacts:
 def planned_records(info: ModelInfo, batch: list[Encoded], layers: list[RowCapture],
                     plan: CapturePlan) -> list[AttentionRecord]:
     """One partial record per item of ``batch`` from the layers' batched captures."""
-    from .extract import _side_arrays
-
     facts = batch_facts(batch, plan)
     selection = Selection(plan.layer_numbers(info.n_layers), layers[0].heads, plan.describe())
     records = []
     for row, encoded in enumerate(batch):
-        arrays = _side_arrays("input", encoded.source)
+        arrays = side_arrays("input", encoded.source)
         arrays["input.query_positions"] = facts.selected[row]
         arrays.update(item_arrays(info.main_kind, layers, row, facts, plan))
         records.append(AttentionRecord(model=info, tokens=encoded.source.tokens, arrays=arrays, text=encoded.text,
@@ -116,9 +114,7 @@ class StreamingSink:
         return layout
 
     def input_arrays(self) -> dict[str, np.ndarray]:
-        from .extract import _side_arrays
-
-        arrays = _side_arrays("input", self.encoded.source)
+        arrays = side_arrays("input", self.encoded.source)
         arrays["input.query_positions"] = self.plan.queries.positions(len(self.encoded.source.input_ids))
         return arrays
 

@@ -6,6 +6,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import AttnscopeError
 
 Item = str | tuple[str, str | None]
@@ -185,3 +187,13 @@ def target_side(tokenizer: Any, decoder_ids: list[int], decoder_start_id: int | 
     special = [i in special_ids for i in decoder_ids]
     tokens = readable_tokens(tokenizer, decoder_ids)
     return Side(list(decoder_ids), tokens, special, [0] * len(decoder_ids), guess_word_ids(tokens, special))
+
+
+def side_arrays(prefix: str, side: Side) -> dict[str, Any]:
+    """A record's token arrays of one side: ``<prefix>.token_ids``, ``.special_mask``, ``.sentence_ids``, ``.word_ids``."""
+    return {
+        f"{prefix}.token_ids": np.array(side.input_ids, dtype=np.int64),
+        f"{prefix}.special_mask": np.array(side.special_mask, dtype=bool),
+        f"{prefix}.sentence_ids": np.array(side.sentence_ids, dtype=np.int64),
+        f"{prefix}.word_ids": np.array(side.word_ids, dtype=np.int64),
+    }

@@ -19,14 +19,10 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
-from .payload import Payload, build_payload, to_json
-
-if TYPE_CHECKING:
-    from .longview import LongPayload
+from .payload import LongPayload, Payload, build_payload, to_json
 
 # the order matters: later files use what earlier ones define on window.AttnscopeViews
 SCRIPTS = ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "long_view.js", "app.js")

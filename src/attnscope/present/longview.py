@@ -31,14 +31,14 @@ import zlib
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text
-from .payload import PackedArray, pack_float16, pack_uint16
+from .payload import LongPayload, Overview, PackedArray, Thumbnails, TopK, pack_float16, pack_uint16
 
 FORMAT = "attnscope.longview"
 VERSION = 1
@@ -56,50 +56,6 @@ THUMBNAIL = 48  # thumbnail cells per side, at most
 MAX_INDEX = 65535  # key positions are shipped as uint16
 
 
-class Overview(TypedDict):
-    """Per layer and head the overview ``[R, R]`` (float16), and per layer the mean over its heads."""
-
-    block: int
-    source_block: int
-    size: int
-    heads: list[list[PackedArray]]
-    mean: list[PackedArray]
-
-
-class Thumbnails(TypedDict):
-    block: int
-    size: int
-    data: PackedArray
-
-
-class TopK(TypedDict):
-    """Per layer and head: ``indices`` uint16 ``[k, q_pos]`` as differences along q_pos (mod 65536),
-    ``weights`` float16 ``[k, q_pos]``; rank 0 is each query's strongest key."""
-
-    k: int
-    source_k: int
-    indices: list[list[PackedArray]]
-    weights: list[list[PackedArray]]
-
-
-class LongPayload(TypedDict):
-    format: str
-    version: int
-    title: str
-    views: list[str]
-    notes: list[str]
-    tokens: list[str]
-    special: list[bool]
-    causal: bool
-    layers: list[int]
-    heads: list[int]
-    overview: Overview
-    thumbnails: Thumbnails
-    top_k: TopK
-    window: dict[str, int]
-
-
-# ---- block averages ------------------------------------------------------------------------------
 def downsample_attention(matrix: np.ndarray, block: int) -> np.ndarray:
     """Block-averaged attention: ``[..., q, k]`` -> ``[..., ceil(q/block), ceil(k/block)]``.
 

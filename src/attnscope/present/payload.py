@@ -110,6 +110,51 @@ class Payload(TypedDict):
     kinds: list[KindPayload]
 
 
+# ---- the long view's payload (present/longview.py; schema longview.schema.json) ----
+class Overview(TypedDict):
+    """Per layer and head the overview ``[R, R]`` (float16), and per layer the mean over its heads."""
+
+    block: int
+    source_block: int
+    size: int
+    heads: list[list[PackedArray]]
+    mean: list[PackedArray]
+
+
+class Thumbnails(TypedDict):
+    block: int
+    size: int
+    data: PackedArray
+
+
+class TopK(TypedDict):
+    """Per layer and head: ``indices`` uint16 ``[k, q_pos]`` as differences along q_pos (mod 65536),
+    ``weights`` float16 ``[k, q_pos]``; rank 0 is each query's strongest key."""
+
+    k: int
+    source_k: int
+    indices: list[list[PackedArray]]
+    weights: list[list[PackedArray]]
+
+
+class LongPayload(TypedDict):
+    format: str
+    version: int
+    title: str
+    views: list[str]
+    notes: list[str]
+    tokens: list[str]
+    special: list[bool]
+    causal: bool
+    layers: list[int]
+    heads: list[int]
+    overview: Overview
+    thumbnails: Thumbnails
+    top_k: TopK
+    window: dict[str, int]
+
+
+# ---- block averages ------------------------------------------------------------------------------
 def resolve_views(views: str | list[str] | tuple[str, ...], record: AttentionRecord) -> tuple[list[str], list[str]]:
     """``"all"``, one name or a list of names -> (views to ship, notes for the page).
 
