@@ -96,6 +96,9 @@ NOT_MEASURED = (
     (r"\d+ layers x \d+ heads(?: \(\d+ kv heads\))?|\d+\+\d+ layers x \d+ heads|\d+ query heads, \d+ kv heads",
      "the architecture of a shipped model (its config)"),
     (r"exit code 2|80/20|1/n|head 2\.3", "behaviour, settings and the example the screenshot shows"),
+    (r"\b4\d\d\b", "HTTP status codes"),
+    (r"over 1 MB|at most 4000 characters|≥ 0", "the explorer's limits (settings)"),
+    (r"falls to 0\.5", "a confidence of a coin toss, by definition"),
 )
 
 

@@ -1,7 +1,26 @@
-"""Capture: the one attention function, capture sessions, interventions and extraction into records."""
+"""Capture: the one attention function, capture sessions, interventions and extraction into records.
 
-from .attention import ATTN_IMPLEMENTATION, CaptureSession, Intervention, SiteCapture, capture, intervene
-from .extract import extract, extract_corpus
+Names are imported on first use, so the command line's option parsing (``capture.options``) and
+``--help`` do not pay for importing torch.
+"""
 
-__all__ = ["ATTN_IMPLEMENTATION", "CaptureSession", "Intervention", "SiteCapture", "capture", "extract",
-           "extract_corpus", "intervene"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {name: ".attention" for name in ("ATTN_IMPLEMENTATION", "CaptureSession", "Intervention", "SiteCapture",
+                                             "capture", "intervene")}
+_EXPORTS.update({name: ".extract" for name in ("extract", "extract_corpus", "extract_to_file")})
+_EXPORTS.update({name: ".plan" for name in ("CapturePlan", "QuerySelection")})
+
+__all__ = ["ATTN_IMPLEMENTATION", "CapturePlan", "CaptureSession", "Intervention", "QuerySelection", "SiteCapture",
+           "capture", "extract", "extract_corpus", "extract_to_file", "intervene"]
+
+if TYPE_CHECKING:
+    from .attention import ATTN_IMPLEMENTATION, CaptureSession, Intervention, SiteCapture, capture, intervene
+    from .extract import extract, extract_corpus, extract_to_file
+    from .plan import CapturePlan, QuerySelection
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
