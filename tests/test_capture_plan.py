@@ -233,3 +233,15 @@ def test_damaged_or_unfinished_partial_records_are_refused(model, tmp_path):
     RecordWriter(unfinished, {"self.attention": ("float32", (1, 1, 2, 2))}, {"complete": False})
     with pytest.raises(AttnscopeError, match="was not finished"):
         AttentionRecord.open(unfinished)
+
+
+def test_a_streamed_long_record_keeps_all_its_metadata(model, tmp_path):
+    """A long input's tokens and text make metadata far larger than a short one's (an 8,192-token
+    benchmark run once outgrew the header): the header reserves room for them."""
+    from attnscope.capture.extract import extract_to_file
+
+    text = " ".join(f"«Ünïcode» word{i} \"quoted\"" for i in range(2000))
+    record = extract_to_file(model, text, path=tmp_path / "long.safetensors", max_length=10**6, progress=False,
+                             plan=CapturePlan(attention=False, statistics=True, layers=(0,)))
+    again = AttentionRecord.open(tmp_path / "long.safetensors")
+    assert again.text == (text,) and again.tokens == record.tokens and len(record.tokens) > 500

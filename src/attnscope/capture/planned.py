@@ -120,7 +120,8 @@ class StreamingSink:
 
     def _writer(self, n_kept_heads: int) -> RecordWriter:
         if self.writer is None:
-            self.writer = RecordWriter(self.path, self.layout(n_kept_heads), {"complete": False})
+            bulk = {"tokens": self.encoded.source.tokens, "text": self.encoded.text}
+            self.writer = RecordWriter(self.path, self.layout(n_kept_heads), {"complete": False}, final_meta_hint=bulk)
             for name, values in self.input_arrays().items():
                 self.writer.write(name, values)
         return self.writer

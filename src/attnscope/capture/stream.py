@@ -49,11 +49,16 @@ def _header(layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str
 class RecordWriter:
     """Writes one record file in place, an array slab at a time (see the module docstring)."""
 
-    def __init__(self, path: Path, layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str, Any], *,
+                 final_meta_hint: Any = None) -> None:
+        """``final_meta_hint``: the bulky parts the final metadata will hold (tokens, text), so that
+        the header reserves room for them (twice their JSON: the metadata is a JSON string inside
+        the header's JSON, so its quotes and escapes are escaped again)."""
         self.path, self.layout = path, dict(layout)
         header, data_size = _header(self.layout, meta)
         encoded = json.dumps(header).encode()
-        self.header_size = (len(encoded) + HEADER_SLACK + 7) // 8 * 8  # safetensors aligns the data to 8 bytes
+        reserve = HEADER_SLACK + 2 * len(json.dumps(final_meta_hint).encode())
+        self.header_size = (len(encoded) + reserve + 7) // 8 * 8  # safetensors aligns the data to 8 bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as handle:
             handle.write(struct.pack("<Q", self.header_size))
