@@ -245,3 +245,13 @@ def test_a_streamed_long_record_keeps_all_its_metadata(model, tmp_path):
                              plan=CapturePlan(attention=False, statistics=True, layers=(0,)))
     again = AttentionRecord.open(tmp_path / "long.safetensors")
     assert again.text == (text,) and again.tokens == record.tokens and len(record.tokens) > 500
+
+
+def test_histogram_of_selected_rows_equals_the_full_matrix(model):
+    """Rows that are not contiguous (every 3rd, a span) within chunks of another width."""
+    full = extract(model, TEXTS[0])
+    for spec in ("every:3", "span:4:17", "0,5,6,20"):
+        plan = CapturePlan(attention=False, statistics=True, queries=QuerySelection.parse(spec), chunk=7)
+        record = extract(model, TEXTS[0], plan=plan)
+        expected = reference_histogram(full.attention, record.query_positions)
+        np.testing.assert_allclose(record.held("distance_histogram"), expected, atol=1e-5, err_msg=spec)

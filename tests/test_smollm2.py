@@ -66,6 +66,8 @@ def test_planned_capture_of_smollm2_equals_its_full_capture(smollm2, tmp_path):
     np.testing.assert_allclose(streamed.statistics["distance"], (matrix * distance).sum(-1), atol=1e-4)
     np.testing.assert_allclose(streamed.held("topk_weights"), -np.sort(-matrix, axis=-1)[..., :8], atol=1e-5)
     assert np.isnan(streamed.statistics["next"]).all()  # causal: no next token to attend to
+    positive = np.where(matrix > 0, matrix, 1.0)
+    np.testing.assert_allclose(streamed.statistics["entropy"], -(matrix * np.log(positive)).sum(-1), atol=1e-4)
 
 
 def test_an_input_too_long_to_capture_whole_is_refused_before_running(capsys):

@@ -340,10 +340,9 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
         if implicit_causal:  # only the chunk's own square holds future keys
             future = ~causal_mask(end - start, 0, end - start)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
-        log_probs = torch.log_softmax(scores, dim=-1) if plan.statistics else None
-        probs = log_probs.exp() if log_probs is not None else torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        collector.add(start, probs, scores if plan.statistics else None)
         del scores
-        collector.add(start, probs, log_probs)
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
     _keep(session, site, collector.finish(n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=query.shape[-1],
                                           scaling=scaling))

@@ -105,6 +105,43 @@ def new_tensor(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill
     return torch.full(shape, fill, dtype=dtype)
 
 
+def row_entropy(probs: torch.Tensor, logits: torch.Tensor | None, largest: torch.Tensor) -> torch.Tensor:
+    """``-sum p log p`` of each row ``[..., k]`` in nats; ``largest`` is each row's max of ``probs``.
+
+    With the logits ``s`` that ``p`` is the softmax of, ``log p = s - lse`` and ``lse = max(s) -
+    log(max(p))``, so the entropy is ``lse - sum p s``: one product with no logarithm over the row
+    (einsum, not ``(p * s).sum()``: no temporary). Masked logits are the dtype's finite minimum,
+    where ``p = 0``.
+    """
+    if logits is None:
+        return torch.special.entr(probs).sum(-1)
+    log_partition = logits.amax(-1) - largest.log()
+    return log_partition - torch.einsum("...k,...k->...", probs, logits)
+
+
+def prefix_sums_at(rows: torch.Tensor, positions: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``S[..., i, j] = sum of rows[..., i, k] over keys k <= positions[i] + offsets[j]`` (0 below key 0).
+
+    ``rows``: ``[batch, head, n, k]``; ``positions``: ``[n]`` sorted, within one chunk; ``offsets``:
+    ``[m]`` sorted. Cheaper than a cumulative sum over every key (sequential on CPU): the keys up to
+    each offset's common cut (the smallest position + offset) are summed in segments, read once in
+    all, and only the window from there to each row's own limit, at most the chunk's width, is
+    summed per row under a mask. Returns ``[batch, head, n, m]``.
+    """
+    n_keys = rows.shape[-1]
+    first, last = int(positions[0]), int(positions[-1])
+    cuts = [min(max(first + int(o), 0), n_keys) for o in offsets]  # keys < cut: the same for every row
+    segments = [rows[..., a:b].sum(-1) for a, b in zip([0, *cuts[:-1]], cuts)]
+    whole = torch.stack(segments, dim=-1).cumsum(-1)  # [b, h, n, m]: mass of keys < cut
+    windows = []
+    for cut, offset in zip(cuts, offsets):
+        stop = min(max(last + int(offset) + 1, cut), n_keys)
+        keys = torch.arange(cut, stop)
+        inside = (keys[None, :] <= (positions + offset)[:, None]).float()  # [n, window]
+        windows.append(torch.einsum("bhnw,nw->bhn", rows[..., cut:stop], inside))
+    return whole + torch.stack(windows, dim=-1)
+
+
 class RowCollector:
     """Receives one site's probabilities chunk by chunk and keeps what the plan asks for."""
 
@@ -136,25 +173,25 @@ class RowCollector:
             self.overview_rows = torch.zeros((batch, 1, blocks, 1))
 
     # ---- per chunk ---------------------------------------------------------------------------
-    def add(self, start: int, probs: torch.Tensor, log_probs: torch.Tensor | None = None) -> None:
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
         """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
-        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), and their
-        logarithms if at hand (they make the entropy cheaper)."""
-        probs, log_probs = (self._kept_heads(t) for t in (probs, log_probs))
+        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), and the logits
+        they are the softmax of, if at hand (they make the entropy cheaper)."""
+        probs, logits = (self._kept_heads(t) for t in (probs, logits))
         if self.plan.overview:
             self._add_overview(start, probs)
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
         slots = torch.tensor([self.row_lookup[p] for p in positions])
-        rows, log_rows = (self._rows(t, start, positions) for t in (probs, log_probs))
+        rows, row_logits = (self._rows(t, start, positions) for t in (probs, logits))
         k_seen = rows.shape[-1]
         if self.attention is not None:  # buffers may be float16 views of a file being written
             self.attention[:, :, slots, :k_seen] = rows.to(self.attention.dtype)
         if self.norms is not None and self.value_norms is not None:
             self.norms[:, :, slots, :k_seen] = (rows * self.value_norms[:, :, None, :k_seen]).to(self.norms.dtype)
         if self.plan.statistics:
-            self._add_statistics(slots, torch.tensor(positions), rows, log_rows)
+            self._add_statistics(slots, torch.tensor(positions), rows, row_logits)
         if self.plan.top_k:
             self._add_top_k(slots, rows)
 
@@ -172,7 +209,7 @@ class RowCollector:
         return tensor.index_select(2, torch.tensor(positions) - start)
 
     def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-                        log_rows: torch.Tensor | None) -> None:
+                        logits: torch.Tensor | None) -> None:
         """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``."""
         k_seen = rows.shape[-1]
         # per key: is it special, and its position; one pass over the rows gives both sums
@@ -182,17 +219,15 @@ class RowCollector:
         stats = self.statistics
         stats["first"][:, :, slots] = rows[..., 0]
         stats["special"][:, :, slots] = sums[..., 0]
-        # einsum, not (a * b).sum(): no [b, h, n, k] temporary, about 4x faster on CPU
-        entropy = (-torch.einsum("bhnk,bhnk->bhn", rows, log_rows) if log_rows is not None
-                   else torch.special.entr(rows).sum(-1))
-        stats["entropy"][:, :, slots] = entropy
+        largest = rows.amax(-1)
+        stats["max_weight"][:, :, slots] = largest
+        stats["entropy"][:, :, slots] = row_entropy(rows, logits, largest)
         if self.causal:  # every key is at or before the query: sum p |q - k| = q - sum p k
             stats["distance"][:, :, slots] = positions.float() - sums[..., 1]
         else:
             keys = torch.arange(k_seen, dtype=torch.float32)
             distance = (positions[:, None] - keys[None, :]).abs()  # [n, k_seen]
             stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
-        stats["max_weight"][:, :, slots] = rows.amax(-1)
         lengths = torch.tensor(self.facts.lengths)[:, None, None]  # [batch, 1, 1]: each item's own keys
         for name, offset in {"self": 0, "prev": -1, **({} if self.causal else {"next": 1})}.items():
             target = positions + offset
@@ -203,24 +238,21 @@ class RowCollector:
         self._add_histogram(slots, positions, rows)
 
     def _add_histogram(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
-        """Mass per distance bin from prefix sums over keys: keys ``q - high .. q - low`` and
-        ``q + low .. q + high`` (the second range only where ``low > 0``)."""
+        """Mass per distance bin, as differences of prefix sums: keys ``q - high .. q - low`` and
+        ``q + low .. q + high`` (the second range only where ``low > 0``, never for causal attention)."""
         assert self.histogram is not None
-        k_seen = rows.shape[-1]
-        prefix = rows.cumsum(-1)  # [b, h, n, k_seen]: mass of keys <= j
         low, high = self.bins[:, 0], self.bins[:, 1]
-        q = positions[:, None]  # [n, 1]
+        # S(q + o) for: left ranges end at q - low and start after q - high - 1; right ranges likewise
+        ends = [(-low, -high - 1)] if self.causal else [(-low, -high - 1), (high, low - 1)]
+        offsets = torch.unique(torch.cat([torch.cat(pair) for pair in ends]))
+        prefix = prefix_sums_at(rows, positions, offsets)  # [b, h, n, offset]
 
-        def mass(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # keys first..last, [b, h, n, bin]
-            before = first.clamp(0, k_seen)  # keys < before are not counted ...
-            through = (last + 1).clamp(0, k_seen).maximum(before)  # ... keys < through are
-            index = (torch.cat([before, through], dim=1) - 1).expand(*rows.shape[:2], -1, -1)
-            taken = torch.where(index >= 0, prefix.gather(-1, index.clamp(min=0)), torch.zeros(()))
-            return taken[..., before.shape[1]:] - taken[..., : before.shape[1]]
+        def at(offset: torch.Tensor) -> torch.Tensor:
+            return prefix[..., torch.searchsorted(offsets, offset)]
 
-        per_row = mass(q - high, q - low)
+        per_row = at(-low) - at(-high - 1)  # [b, h, n, bin]
         if not self.causal:
-            per_row = per_row + torch.where(low > 0, mass(q + low, q + high), torch.zeros(()))
+            per_row = per_row + torch.where(low > 0, at(high) - at(low - 1), torch.zeros(()))
         weights = self.membership[:, slots]  # [batch, n]: rows that belong to each item
         self.histogram += torch.einsum("bhnc,bn->bhc", per_row, weights)
 
