@@ -137,9 +137,7 @@ def pattern_evaluation(work: Path) -> dict[str, Any]:
     summary = last_json(attnscope("patterns", "--evaluate", "--json"))
     wanted = ("synthetic_macro_f1", "n_real", "real_macro_f1", "real_accuracy", "real_macro_f1_heldout",
               "n_real_heldout", "real_macro_f1_cv", "cv_folds", "real_kovaleva_macro_f1", "real_macro_f1_vs_second",
-              "real_labeller_agreement", "real_macro_f1_agreed", "n_real_agreed", "n_stability_deciding",
-              "n_stability_heldout", "n_heads", "n_stable_heads", "stable_heldout_share", "stable_heldout_share_min",
-              "heldout_modal_share_all")
+              "real_labeller_agreement", "real_macro_f1_agreed", "n_real_agreed", "stability")
     return {key: summary[key] for key in wanted if key in summary}
 
 
