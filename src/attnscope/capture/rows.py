@@ -241,7 +241,7 @@ class RowCollector:
         """Mass per distance bin, as differences of prefix sums: keys ``q - high .. q - low`` and
         ``q + low .. q + high`` (the second range only where ``low > 0``, never for causal attention)."""
         assert self.histogram is not None
-        low, high = self.bins[:, 0], self.bins[:, 1]
+        low, high = self.bins[:, 0].contiguous(), self.bins[:, 1].contiguous()
         # S(q + o) for: left ranges end at q - low and start after q - high - 1; right ranges likewise
         ends = [(-low, -high - 1)] if self.causal else [(-low, -high - 1), (high, low - 1)]
         offsets = torch.unique(torch.cat([torch.cat(pair) for pair in ends]))
