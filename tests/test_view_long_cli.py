@@ -54,3 +54,13 @@ def test_a_saved_long_record_opens_lazily_in_the_view(tmp_path):
     first_head = unpack(payload["top_k"]["weights"][0][0])  # [k, q_pos], rank 0 strongest
     np.testing.assert_allclose(first_head.T[:, : first_head.shape[0]], saved.held("topk_weights")[0, 0][:, : first_head.shape[0]],
                                atol=1e-3)
+
+
+def test_view_of_chosen_layers_and_heads_keeps_more_keys(tmp_path):
+    text = tmp_path / "doc.txt"
+    text.write_text("The cat sat on the mat. " * 60, encoding="utf-8")
+    out = tmp_path / "some.html"
+    assert main(["view", "--file", str(text), "--layers", "1", "--heads", "0,2", "-o", str(out)]) == 0
+    payload = _payload(out.read_text(encoding="utf-8"))
+    assert payload["layers"] == [1] and payload["heads"] == [0, 2]
+    assert payload["top_k"]["k"] == payload["top_k"]["source_k"] == 32  # two heads: every captured key fits

@@ -12,7 +12,7 @@ PLAN_HELP = """what to keep (long inputs: the full matrix grows with tokens squa
   (add --rows to keep the selected rows as well); nothing given keeps everything."""
 
 
-def _numbers(value: str) -> tuple[int, ...]:
+def number_list(value: str) -> tuple[int, ...]:
     """``"0,3,5"`` or ``"0-5"`` (inclusive) or a mix -> sorted unique numbers."""
     numbers: set[int] = set()
     try:
@@ -29,8 +29,8 @@ def _numbers(value: str) -> tuple[int, ...]:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """``--layers --heads --queries --stats --top-k --overview --rows --chunk``."""
     group = parser.add_argument_group("what to keep", PLAN_HELP)
-    group.add_argument("--layers", type=_numbers, help="0-indexed layers to keep, e.g. 0,5 or 0-3 (default: all)")
-    group.add_argument("--heads", type=_numbers, help="0-indexed heads to keep (default: all)")
+    group.add_argument("--layers", type=number_list, help="0-indexed layers to keep, e.g. 0,5 or 0-3 (default: all)")
+    group.add_argument("--heads", type=number_list, help="0-indexed heads to keep (default: all)")
     group.add_argument("--queries", type=str, help=f"query positions to keep: {QUERY_SPECS} (default: all)")
     group.add_argument("--stats", action="store_true",
                        help="per query: mass on the first token (sink), special tokens, previous/next/own "

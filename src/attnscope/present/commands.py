@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..arguments import non_negative_int
+from ..capture.options import number_list
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from ..record import ATTENTION_KINDS, AttentionRecord
@@ -40,7 +41,8 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
     text = read_document(args.file) if args.file is not None else args.text
     split_item((text, args.pair), 0)  # reject bad input before the model loads
     loaded = load_from_args(args)
-    plan = long_view_plan(loaded, text, args.pair, args.max_tokens, force=long)
+    plan = long_view_plan(loaded, text, args.pair, args.max_tokens, force=long,
+                          layers=getattr(args, "layers", None), heads=getattr(args, "heads", None))
     if plan is not None:
         return extract(loaded, text, args.pair, plan=plan, max_length=args.max_tokens)
     return extract(loaded, text, args.pair, qkv=qkv, norms=norms, max_length=args.max_tokens)
@@ -50,16 +52,20 @@ LONG_VIEW_TOKENS = 512  # longer inputs get the long view: the line views are un
 
 
 def long_view_plan(loaded, text: str, pair: str | None, max_tokens: int | None,  # type: ignore[no-untyped-def]
-                   *, force: bool = False, top_k: int = 32, overview_cells: int = 256):
+                   *, force: bool = False, top_k: int = 32, overview_cells: int = 256,
+                   layers: tuple[int, ...] | None = None, heads: tuple[int, ...] | None = None):
     """The capture plan of the long view (top-k keys of every query and an overview of about
-    ``overview_cells`` blocks a side), or None when the input is short enough for the line views."""
+    ``overview_cells`` blocks a side, for ``layers`` and ``heads``: all by default), or None when
+    the input is short enough for the line views and no selection asks for the long view."""
     from ..capture.plan import CapturePlan
 
     limit = min(max_tokens or loaded.max_length, loaded.max_length)
     tokens = min(len(loaded.tokenizer(text, pair)["input_ids"]), limit)
-    if not force and (tokens <= LONG_VIEW_TOKENS or loaded.is_encoder_decoder):
+    wanted = force or layers is not None or heads is not None
+    if not wanted and (tokens <= LONG_VIEW_TOKENS or loaded.is_encoder_decoder):
         return None
-    return CapturePlan(attention=False, top_k=top_k, overview=max(1, -(-tokens // overview_cells)))
+    return CapturePlan(layers=layers, heads=heads, attention=False, top_k=top_k,
+                       overview=max(1, -(-tokens // overview_cells)))
 
 
 # ---- view ------------------------------------------------------------------------------------
@@ -75,6 +81,10 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long", action="store_true",
                         help=f"the long view (zoomable heatmap, thumbnails, a window's lines) even for inputs of "
                         f"{LONG_VIEW_TOKENS} tokens or fewer; longer inputs always get it")
+    parser.add_argument("--layers", type=number_list,
+                        help="long view: only these 0-indexed layers, e.g. 0-5 (fewer heads leave the page room "
+                        "for more of each query's strongest keys)")
+    parser.add_argument("--heads", type=number_list, help="long view: only these 0-indexed heads")
 
 
 def _run_view(args: argparse.Namespace) -> int:
@@ -148,6 +158,7 @@ COMMANDS = (
   attnscope view --record records/record_000000.safetensors --kind model -o model.html
   attnscope view --model smollm2 --file long.txt -o long.html     # up to 8,192 tokens: the long view
   attnscope view "The cat sat on the mat." --long -o small-long.html
+  attnscope view --model smollm2 --file long.txt --layers 0-3 -o first-layers.html
 Inputs over 512 tokens get the long view (a zoomable heatmap from a block-averaged overview and
 each query's 32 strongest keys, thumbnails of every head, the lines of a window of tokens).
 The file needs no network: scripts, styles and data are inside. Hover tokens, click heads
