@@ -10,14 +10,18 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .arguments import add_output_folder, index_list, positive_int
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from .record import AttentionRecord
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
@@ -141,6 +145,7 @@ def _run_extract(args: argparse.Namespace) -> int:
         raise AttnscopeError("--stream keeps attention, norms and figures; capture --qkv without --stream")
     with output_folder(args.out, overwrite=args.overwrite, command="extract") as out:
         loaded = load_from_args(args)
+        records: Iterable[AttentionRecord]
         if args.stream:
             from .capture.extract import extract_to_file
 

@@ -42,8 +42,7 @@ FORMAT_VERSION = 1
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
 QKV_FIELDS = ("queries", "keys", "values")
 HELD_LABELS = {"attention": "attention rows", "norms": "norm-weighted rows", "stat_": "row statistics",
-               "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview",
-               "queries": "queries", "keys": "keys", "values": "values"}
+               "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview"}
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,11 @@ VECTOR_FIELDS = ("queries", "keys", "values")  # [layer, head, pos, d_head]
 class ArrayLike(Protocol):
     """What the checks need of an array: numpy arrays, memory maps and lazy shards all qualify."""
 
-    shape: tuple[int, ...]
-    dtype: np.dtype
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
 
     def __getitem__(self, index: Any) -> Any: ...
 

@@ -94,6 +94,14 @@ class CaptureSession:
         """Captures of ``kind``, ordered by layer."""
         return [self.captured[key] for key in sorted(k for k in self.captured if k[0] == kind)]
 
+    def collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int, n_keys: int) -> RowCollector:
+        """The :class:`RowCollector` of a planned capture at ``site`` (``values``: ``[batch, head, k_pos,
+        d_head]``, for norms); with a sink, its large fields are views of the file being written."""
+        assert self.plan is not None and self.facts is not None, "a planned capture needs the batch's facts"
+        norms = value_norms(values, site) if self.norms else None
+        return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
+                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site))
+
     def records_site(self, site: AttentionSite) -> bool:
         """Whether this session keeps anything of ``site`` (a plan keeps its layers of the input side)."""
         return self.record and (self.plan is None or (site.kind == main_kind(self.sites.values())
@@ -321,14 +329,12 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
     ``keys``/``values`` are expanded to the query heads. Without a mask, causal attention only
     computes the keys up to each chunk's last query (the rest would get weight 0).
     """
-    plan, facts = session.plan, session.facts
-    assert plan is not None and facts is not None, "a planned capture needs the batch's facts"
+    plan = session.plan
+    assert plan is not None
     batch, n_heads, q_len, _ = query.shape
     k_len = keys.shape[2]
     implicit_causal = attention_mask is None and site.causal and q_len == k_len
-    norms = value_norms(values, site) if session.norms else None
-    collector = RowCollector(plan, facts, n_heads=n_heads, n_keys=k_len, causal=site.causal, value_norms=norms,
-                             allocate=None if session.sink is None else session.sink.allocate(site))
+    collector = session.collector(site, values, n_heads=n_heads, n_keys=k_len)
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
     for start in range(0, q_len, plan.chunk):
@@ -353,11 +359,7 @@ def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Ten
                   values: torch.Tensor, probs: torch.Tensor, n_kv_heads: int,
                   scaling: float) -> SiteCapture | RowCapture:
     if session.plan is not None:  # a plan under interventions: the full matrix, then kept chunk by chunk
-        assert session.facts is not None
-        norms = value_norms(values.detach(), site) if session.norms else None
-        collector = RowCollector(session.plan, session.facts, n_heads=probs.shape[1], n_keys=probs.shape[-1],
-                                 causal=site.causal, value_norms=norms,
-                                 allocate=None if session.sink is None else session.sink.allocate(site))
+        collector = session.collector(site, values.detach(), n_heads=probs.shape[1], n_keys=probs.shape[-1])
         for start in range(0, probs.shape[2], session.plan.chunk):
             collector.add(start, probs[:, :, start : start + session.plan.chunk].detach())
         return collector.finish(n_heads=probs.shape[1], n_kv_heads=n_kv_heads, d_head=query.shape[-1],

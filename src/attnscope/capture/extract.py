@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
 from functools import partial
 from itertools import chain, islice
 from pathlib import Path
@@ -102,7 +101,7 @@ def extract_corpus(
     loaded = as_loaded(model)
     plan = None if plan is None or plan.keeps_everything else plan
     if plan is not None:
-        plan.check_against(n_main_layers(loaded), n_heads=10**9)
+        plan.check_against(n_layers=n_main_layers(loaded))
     limit = min(max_length or loaded.max_length, loaded.max_length)
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
     from tqdm.auto import tqdm
@@ -146,11 +145,10 @@ def extract_to_file(
 
     loaded = as_loaded(model)
     plan = plan or FULL_PLAN
-    plan.check_against(n_main_layers(loaded), n_heads=10**9)
+    plan.check_against(n_layers=n_main_layers(loaded))
     limit = min(max_length or loaded.max_length, loaded.max_length)
     encoded = encode_window(loaded, [(0, (text, pair))], limit)[0]
-    check_batch_memory(loaded, [encoded], replace(plan, attention=False, top_k=0, statistics=True), qkv=False,
-                       norms=False)
+    check_batch_memory(loaded, [encoded], plan, qkv=False, norms=norms, streamed=True)
     sink = StreamingSink(Path(path), encoded, plan, kind=main_kind(loaded.sites.values()),
                          n_layers=n_main_layers(loaded), norms=norms, float16=float16)
     with (tqdm(total=len(sink.layers), unit="layer", desc="capturing", disable=not progress) as bar,
@@ -158,10 +156,7 @@ def extract_to_file(
           capture(loaded.sites, norms=norms, stop_when_complete=True, plan=plan, facts=batch_facts([encoded], plan),
                   sink=sink) as session):
         sink.on_layer = bar.update
-        try:
-            loaded.model.base_model(**model_inputs(loaded, [encoded]))
-        except CaptureComplete:
-            pass
+        forward_until_captured(loaded, [encoded])
     sink.close(model_info(loaded, session))
     return AttentionRecord.open(path)
 
@@ -260,10 +255,7 @@ def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
     facts = batch_facts(batch, plan) if plan is not None else None
     with (torch.inference_mode(), linear_backend(packed),
           capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=True, plan=plan, facts=facts) as session):
-        try:
-            loaded.model.base_model(**model_inputs(loaded, batch))
-        except CaptureComplete:
-            pass  # every attention site is recorded; the rest of the forward pass is not needed
+        forward_until_captured(loaded, batch)
     if not session.captured:
         raise AttnscopeError(
             f"model {loaded.name!r} ran without calling attnscope's attention function; its architecture "
@@ -274,6 +266,14 @@ def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
         return planned_records(info, batch, session.layers(info.main_kind), plan)
     stacked = {kind: _stack(session, kind) for kind in _kinds(loaded)}
     return [_record(loaded, info, encoded, row, stacked) for row, encoded in enumerate(batch)]
+
+
+def forward_until_captured(loaded: LoadedModel, batch: list[Encoded]) -> None:
+    """Run the base model on ``batch`` inside a capture session that stops when complete."""
+    try:
+        loaded.model.base_model(**model_inputs(loaded, batch))
+    except CaptureComplete:
+        pass  # every attention site is recorded; the rest of the forward pass is not needed
 
 
 def linear_backend(packed: PackedWeights | None) -> AbstractContextManager[object]:
@@ -304,13 +304,14 @@ def n_main_layers(loaded: LoadedModel) -> int:
 
 
 def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CapturePlan | None, *, qkv: bool,
-                       norms: bool) -> None:
-    """Refuse a batch whose capture would not fit in the available memory (one clear line)."""
+                       norms: bool, streamed: bool = False) -> None:
+    """Refuse a batch whose capture would not fit in the available memory (one clear line);
+    ``streamed``: its rows go to a file, not to memory."""
     longest = max(e.length for e in batch)
     heads = (getattr(loaded.config, name, None) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
     n_heads = next((int(h) for h in heads if isinstance(h, int)), 16)
     estimate = estimate_capture_memory(plan, n_layers=n_main_layers(loaded) * len(_kinds(loaded)), n_heads=n_heads,
-                                       length=longest, batch=len(batch), qkv=qkv, norms=norms)
+                                       length=longest, batch=len(batch), qkv=qkv, norms=norms, streamed=streamed)
     what = f"capturing {len(batch)} input(s) of up to {longest} tokens on {loaded.name}"
     check_memory(estimate, what=what)
 

@@ -148,10 +148,10 @@ class CapturePlan:
     def wants_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
 
-    def check_against(self, n_layers: int, n_heads: int) -> None:
-        """Refuse layers or heads the model does not have, with one clear line."""
+    def check_against(self, n_layers: int | None = None, n_heads: int | None = None) -> None:
+        """Refuse layers or heads the model does not have, with one clear line (None: not checked)."""
         for name, chosen, limit in (("layer", self.layers, n_layers), ("head", self.heads, n_heads)):
-            bad = [number for number in chosen or () if number >= limit]
+            bad = [number for number in chosen or () if limit is not None and number >= limit]
             if bad:
                 raise AttnscopeError(f"{name} {bad[0]} does not exist: the model has {limit} {name}s (0-indexed)")
 
@@ -186,20 +186,21 @@ class MemoryEstimate:
 
 
 def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads: int, length: int, batch: int = 1,
-                            qkv: bool = False, norms: bool = False, d_head: int = 64) -> MemoryEstimate:
+                            qkv: bool = False, norms: bool = False, d_head: int = 64,
+                            streamed: bool = False) -> MemoryEstimate:
     """What capturing ``batch`` inputs of ``length`` tokens keeps and needs while running, in bytes.
 
     A rough upper bound from the shapes alone (float32 everywhere, as capture computes): the
-    model's own weights and activations are not included.
+    model's own weights and activations are not included. ``streamed``: attention rows, norms and
+    top-k keys go to a file as they are computed, so memory keeps none of them.
     """
     plan = plan or FULL_PLAN
     layers = len(plan.layer_numbers(n_layers))
     heads = len(plan.head_numbers(n_heads))
     rows = min(length, _selected_rows(plan.queries, length))
-    per_row = 0
-    if plan.attention:
-        per_row += length * (4 + (4 if norms else 0))
-    per_row += plan.top_k * 8 + (32 if plan.statistics else 0)
+    per_row = 32 if plan.statistics else 0
+    if not streamed:
+        per_row += plan.top_k * 8 + (length * (4 + (4 if norms else 0)) if plan.attention else 0)
     # x2: the per-layer captures are stacked into one array, then cut per input (a copy each time)
     kept = 2 * batch * layers * heads * rows * per_row
     if qkv:

@@ -50,9 +50,9 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
                 plan: CapturePlan) -> dict[str, np.ndarray]:
     """Item ``row``'s arrays, layers stacked: its own rows of the union, its own keys and blocks."""
     length = facts.lengths[row]
-    own_rows: np.ndarray | slice = np.searchsorted(layers[0].rows, facts.selected[row])
-    if len(own_rows) == len(layers[0].rows):  # every row is the item's: a view, not a copy of each layer
-        own_rows = slice(None)
+    positions = np.searchsorted(layers[0].rows, facts.selected[row])
+    # every row is the item's: a view, not a copy of each layer
+    own_rows = slice(None) if len(positions) == len(layers[0].rows) else positions
     arrays: dict[str, np.ndarray] = {}
 
     def stacked(get, cut) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -148,7 +148,7 @@ class RowCollector:
     def __init__(self, plan: CapturePlan, facts: BatchFacts, *, n_heads: int, n_keys: int, causal: bool,
                  value_norms: torch.Tensor | None = None, allocate: Allocate | None = None) -> None:
         self.plan, self.facts, self.causal, self.n_keys = plan, facts, causal, n_keys
-        plan.check_against(n_layers=10**9, n_heads=n_heads)
+        plan.check_against(n_heads=n_heads)
         self.heads = plan.head_numbers(n_heads)
         self.head_index = torch.tensor(self.heads)
         self.rows = facts.rows
@@ -177,14 +177,16 @@ class RowCollector:
         """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
         where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), and the logits
         they are the softmax of, if at hand (they make the entropy cheaper)."""
-        probs, logits = (self._kept_heads(t) for t in (probs, logits))
+        probs = self._kept_heads(probs)
+        logits = None if logits is None else self._kept_heads(logits)
         if self.plan.overview:
             self._add_overview(start, probs)
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
         slots = torch.tensor([self.row_lookup[p] for p in positions])
-        rows, row_logits = (self._rows(t, start, positions) for t in (probs, logits))
+        rows = self._rows(probs, start, positions)
+        row_logits = None if logits is None else self._rows(logits, start, positions)
         k_seen = rows.shape[-1]
         if self.attention is not None:  # buffers may be float16 views of a file being written
             self.attention[:, :, slots, :k_seen] = rows.to(self.attention.dtype)
@@ -195,16 +197,16 @@ class RowCollector:
         if self.plan.top_k:
             self._add_top_k(slots, rows)
 
-    def _kept_heads(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+    def _kept_heads(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` restricted to the kept heads (no copy when every head is kept)."""
-        if tensor is None or len(self.heads) == tensor.shape[1]:
+        if len(self.heads) == tensor.shape[1]:
             return tensor
         return tensor.index_select(1, self.head_index)
 
     @staticmethod
-    def _rows(tensor: torch.Tensor | None, start: int, positions: list[int]) -> torch.Tensor | None:
+    def _rows(tensor: torch.Tensor, start: int, positions: list[int]) -> torch.Tensor:
         """The chunk's selected rows (a view when they are all of them)."""
-        if tensor is None or len(positions) == tensor.shape[2]:
+        if len(positions) == tensor.shape[2]:
             return tensor
         return tensor.index_select(2, torch.tensor(positions) - start)
 

@@ -64,11 +64,13 @@ class RecordWriter:
             handle.write(struct.pack("<Q", self.header_size))
             handle.write(encoded.ljust(self.header_size, b" "))
             handle.truncate(8 + self.header_size + data_size)  # sparse until written
-        self.maps = {name: self._map(name, header[name]["data_offsets"][0], mode="r+") for name in self.layout}
+        self.maps = {name: self._map(name, header[name]["data_offsets"][0]) for name in self.layout}
 
-    def _map(self, name: str, begin: int, mode: str) -> np.memmap:
+    def _map(self, name: str, begin: int) -> np.memmap:
+        """Array ``name`` of the file being written, as a writable memory map."""
         dtype, shape = self.layout[name]
-        return np.memmap(self.path, dtype=dtype, mode=mode, offset=8 + self.header_size + begin, shape=tuple(shape))
+        return np.memmap(self.path, dtype=np.dtype(dtype), mode="r+", offset=8 + self.header_size + begin,
+                         shape=tuple(shape))
 
     def write_layer(self, name: str, index: int, values: np.ndarray) -> None:
         """Copy ``values`` into slab ``index`` of the array ``name`` (its leading axis)."""

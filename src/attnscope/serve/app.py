@@ -111,7 +111,7 @@ class HeadRef(StrictRequest):
 
 # What service.check_change enforces, in the schema: at least one head or layer, and 'skip' takes
 # layers only (the mode defaults to 'zero'). Bounds that depend on the model are checked there.
-CHANGES_SOMETHING = {"anyOf": [
+CHANGES_SOMETHING: dict[str, Any] = {"anyOf": [
     {"required": ["heads"], "properties": {"heads": {"minItems": 1},
                                            "mode": {"enum": [mode for mode in service.MODES if mode != "skip"]}}},
     {"required": ["layers"], "properties": {"layers": {"minItems": 1}, "heads": {"maxItems": 0}}},
@@ -167,7 +167,7 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     _add_error_handlers(app)
     _add_page_routes(app)
     _add_api_routes(app, pool, max_tokens)
-    json_paths = {route.path for route in app.routes if "POST" in getattr(route, "methods", ())}
+    json_paths = {getattr(route, "path", "") for route in app.routes if "POST" in getattr(route, "methods", ())}
     app.add_middleware(Guard, hosts=hosts or AllowedHosts.listening_on(), json_paths=frozenset(json_paths))
     return app
 
