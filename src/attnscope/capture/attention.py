@@ -213,18 +213,6 @@ def attention_scores(
     return scores
 
 
-def attention_probabilities(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    position_bias: torch.Tensor | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """softmax(:func:`attention_scores`) in float32, ``[batch, head, q_pos, k_pos]``."""
-    return torch.softmax(attention_scores(query, key, attention_mask, scaling, position_bias, softcap).float(), dim=-1)
-
-
 def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
     """Bool ``[batch or 1, 1, q_pos, k_pos]``: True where the mask lets a query see a key."""
     if attention_mask is None:
@@ -288,8 +276,8 @@ def attnscope_attention(
         return output, None
     if attention_mask is None and site.causal and query.shape[2] == keys.shape[2] > 1:
         attention_mask = causal_mask(query.shape[2], 0, keys.shape[2])  # the lazy mask left causality to us
-    probs = attention_probabilities(query, keys, attention_mask, scaling,
-                                    kwargs.get("position_bias"), kwargs.get("softcap"))
+    scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
+    probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
         allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2])
         for intervention in interventions:
