@@ -90,7 +90,7 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
 
     from long_view import measure as measure_page
     from playwright.sync_api import sync_playwright
-    from render import CHROMIUM, CHROMIUM_ARGS
+    from render import CHROMIUM, CHROMIUM_ARGS, fresh_loads
 
     from attnscope.present.commands import long_view_plan
     from attnscope.present.longview import long_view_of
@@ -102,7 +102,7 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
     build_s = time.perf_counter() - start
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        loads = [measure_page(browser, path)["view_load_ms"] for _ in range(3)]
+        loads = [run["view_load_ms"] for run in fresh_loads(browser, measure_page, path, 3)]
         browser.close()
     return {"view_load_ms_at_max": round(statistics.median(loads), 1), "view_html_mb": round(path.stat().st_size / 1e6, 1),
             "view_capture_and_build_s": round(build_s, 1), "view_top_k_in_page": page.payload["top_k"]["k"]}

@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' synthetic attention
 from bench_json import emit
-from render import CHROMIUM, CHROMIUM_ARGS, log, time_in_page
+from render import CHROMIUM, CHROMIUM_ARGS, fresh_loads, log, time_in_page
 
 from attnscope.present import long_view
 from tests.long_attention import synthetic_long_attention
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        runs = []
-        for index in range(args.loads):
-            runs.append(measure(browser, path))
-            log(f"  load {index + 1}/{args.loads}: " + ", ".join(f"{k} {v:.0f}" for k, v in runs[-1].items()))
+        runs = fresh_loads(browser, measure, path, args.loads)
         browser.close()
 
     median = {key: round(statistics.median(run[key] for run in runs), 1) for key in runs[0]}

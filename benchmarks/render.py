@@ -112,6 +112,15 @@ def time_in_page(browser: Any, path: Path, steps: str, height: int = 900) -> dic
     return timings
 
 
+def fresh_loads(browser: Any, measure: Any, path: Path, loads: int) -> list[dict[str, float]]:
+    """``measure(browser, path)`` on ``loads`` fresh loads of the page, each logged."""
+    runs = []
+    for index in range(loads):
+        runs.append(measure(browser, path))
+        log(f"  load {index + 1}/{loads}: " + ", ".join(f"{k} {v:.0f}" for k, v in runs[-1].items()))
+    return runs
+
+
 def measure_ours(browser: Any, path: Path) -> dict[str, float]:
     """One fresh load of our page: load time to the drawn head view, then interaction timings."""
     return time_in_page(browser, path, """
@@ -183,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        runs = []
-        for index in range(args.loads):
-            runs.append(measure_ours(browser, ours))
-            log(f"  load {index + 1}/{args.loads}: " + ", ".join(f"{k} {v:.0f}" for k, v in runs[-1].items()))
+        runs = fresh_loads(browser, measure_ours, ours, args.loads)
         bertviz_ms, bertviz_error = measure_bertviz(browser, bertviz_path, args.bertviz_timeout, None)
         log(f"bertviz offline: {bertviz_ms} ms; {bertviz_error}")
         local: dict[str, Any] = {}
