@@ -177,3 +177,26 @@ def test_cli_generate_bad_input_is_one_line(arguments, message, capsys):
     assert code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("attnscope: error:") and message in error
+
+
+def test_sliding_window_layers_keep_zeros_outside_the_window(tmp_path):
+    """A tiny random Gemma 3 (two sliding-window layers of 4 tokens, one global layer, one kv head):
+    the cache of a sliding layer holds only the window, and the rows still equal eager attention."""
+    import transformers
+
+    from attnscope.models.loading import resolve_source
+
+    config = transformers.Gemma3TextConfig(
+        vocab_size=30522, hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=101,
+        eos_token_id=102, architectures=["Gemma3ForCausalLM"])
+    torch.manual_seed(0)
+    transformers.Gemma3ForCausalLM(config).save_pretrained(tmp_path)
+    transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(tmp_path)
+    loaded = attnscope.load_model(str(tmp_path))
+    record = attnscope.generate(loaded, "The cat sat on the mat.", max_new_tokens=8)
+    expected = eager_attention(loaded, record.token_ids)
+    np.testing.assert_allclose(record.attention_matrix(), expected, atol=1e-5)
+    keys_seen = (record.attention_matrix() > 0).sum(-1)  # [layer, head, q_pos]
+    assert keys_seen[0].max() == 4 and keys_seen[2].max() == len(record.tokens)
