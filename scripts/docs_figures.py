@@ -52,6 +52,9 @@ EXAMPLE_TEXT = "I went to the store."
 EXAMPLE_PAIR = "At the store, I bought fresh strawberries."
 LONG_INPUT_SENTENCES = 80
 TOY_EXAMPLE = "i can eat apples"
+GENERATE_PROMPT = "Write one sentence about the sea."
+GENERATE_CHANGES = ("--ablate", "3:4,7")
+GENERATE_TOKENS = "32"
 
 
 # ---- running commands ------------------------------------------------------------------------------
@@ -202,6 +205,16 @@ def probe(action: str) -> Callable[[Path], dict[str, Any]]:
     return produce
 
 
+def generation(work: Path) -> dict[str, Any]:
+    """``attnscope generate`` on SmolLM2 (chat, greedy): the first steps, and the same prompt under an
+    intervention, side by side."""
+    common = ("generate", GENERATE_PROMPT, "--chat", "-n", GENERATE_TOKENS, "--json")
+    intact = last_json(attnscope(*common))
+    compared = last_json(attnscope(*common, *GENERATE_CHANGES))
+    return {"prompt": GENERATE_PROMPT, "new_tokens": int(GENERATE_TOKENS), "generated": intact["generated"],
+            "first_steps": intact["steps"][:6], "changes_flags": " ".join(GENERATE_CHANGES), **compared}
+
+
 @dataclass(frozen=True)
 class Group:
     command: str  # what a reader would type to get the same figures
@@ -219,6 +232,8 @@ GROUPS: dict[str, Group] = {
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
     "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
     "ablation": Group("attnscope ablate -o out/", ablation),
+    "generate": Group(f'attnscope generate "{GENERATE_PROMPT}" --chat -n {GENERATE_TOKENS} --json '
+                      f'[{" ".join(GENERATE_CHANGES)}]', generation),
     "deps": Group("attnscope probe deps -o out/deps --json", probe("deps"), ("seconds",)),
     "coref": Group("attnscope probe coref -o out/coref --json", probe("coref"), ("seconds",)),
     "edges": Group("attnscope probe edges -o out/edges --json", probe("edges"), ("seconds",)),
@@ -264,6 +279,7 @@ def _environment() -> Any:
     environment.filters["fmt"] = lambda value, spec: format(value, spec)
     environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
     environment.filters["words"] = _first_words
+    environment.filters["token"] = lambda token: json.dumps(token, ensure_ascii=False)  # quoted, "\n" visible
     return environment
 
 
