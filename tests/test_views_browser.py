@@ -344,3 +344,30 @@ def test_long_input_draws_the_strongest_lines_within_the_budget(minilm, open_pag
     page.hover_token("query", query)  # hovering still shows every line of that token
     assert len(page.lines()) == expected_lines(record.attention[0, :, query])
     page.close()
+
+
+def test_view_opens_on_the_layer_and_heads_asked(pair, open_page, artifacts):
+    record, _ = pair
+    path = view(record, layer=4, heads=[1, 5], include_layers=[0, 2, 4]).save(artifacts / "views_start.html")
+    page = open_page(path)
+    assert page.js(f"{APP}.state.layer") == 2 and page.js(f"[...{APP}.state.heads]") == [1, 5]
+    assert page.page.input_value("[data-role=layer]") == "2"
+    assert page.js("[...document.querySelector('[data-role=layer]').options].map(o => o.text)") == ["0", "2", "4"]
+    lines = page.lines()
+    assert {line["head"] for line in lines} == {1, 5}
+    assert len(lines) == expected_lines(record.attention[4, [1, 5]])
+    caption = page.js(f"{APP}.views.head.scene.ofType('text').find(t => t.text.includes('self-attention')).text")
+    assert "layer 4 " in caption and "heads 1, 5" in caption
+    page.close()
+
+
+def test_double_clicking_the_only_head_shown_brings_all_heads_back(pair, open_page):
+    record, path = pair
+    page = open_page(path)
+    square = "div[data-view=head] span[data-head='5']"
+    page.page.dblclick(square)
+    assert {line["head"] for line in page.lines()} == {5}
+    page.page.dblclick(square)
+    assert page.js(f"[...{APP}.state.heads].length") == record.n_heads
+    assert len(page.lines()) == expected_lines(record.attention[0])
+    page.close()

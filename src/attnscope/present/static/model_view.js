@@ -31,7 +31,7 @@
       });
       this.canvas.addEventListener("mousemove", (event) => {
         const hit = this.hit(event);
-        this.canvas.title = hit ? `layer ${hit.layer}, head ${hit.head} (0-indexed): click to open in the head view` : "";
+        this.canvas.title = hit ? `layer ${this.app.layerName(hit.layer)}, head ${hit.head} (0-indexed): click to open in the head view` : "";
       });
     }
 
@@ -57,7 +57,7 @@
       const selected = app.state.heads.size === 1 ? [...app.state.heads][0] : null;
       for (let layer = 0; layer < layout.layers; layer++) {
         const y = TOP + layer * (layout.size + GAP);
-        scene.text(LEFT - 8, y + layout.size / 2, `layer ${layer}`, { size: 11, align: "right", color: "#555" });
+        scene.text(LEFT - 8, y + layout.size / 2, `layer ${app.layerName(layer)}`, { size: 11, align: "right", color: "#555" });
         for (let head = 0; head < layout.heads; head++) {
           const x = LEFT + head * (layout.size + GAP);
           scene.image(x, y, layout.size, layout.size, this.thumbnail(grid, layer, head, layout), { layer, head });
