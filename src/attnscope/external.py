@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ SPECIAL_FORM = re.compile(r"^(\[[A-Z]+\]|<\|?[^<>\s|]+\|?>)$")
 
 
 def from_attentions(attentions: Any, tokens: Sequence[str], *, target_tokens: Sequence[str] | None = None,
-                    batch_index: int = 0, model: Any = None, causal: bool | None = None,
+                    batch_index: int = 0, model: Any = None, name: str | None = None, causal: bool | None = None,
                     special: Sequence[bool] | None = None, sentence_b_start: int | None = None,
                     word_ids: Sequence[int] | None = None, text: Sequence[str] = ()) -> AttentionRecord:
     """A record of attention computed elsewhere (see the module docstring for what ``attentions`` may be).
@@ -50,7 +51,8 @@ def from_attentions(attentions: Any, tokens: Sequence[str], *, target_tokens: Se
     input side attends only backwards (default: read from the weights, True when nothing above the
     diagonal is attended). ``special``: which tokens are special (default: tokens written like
     ``[CLS]``, ``<s>`` or ``<|endoftext|>``). ``sentence_b_start``: where the second sentence of a
-    pair starts, as in BertViz. ``word_ids``: the word of each token (default: ``##`` pieces join
+    pair starts, as in BertViz. ``name``: the model's name on pages and tables (default: ``model``'s
+    ``name_or_path``, the last folder of a local path, or ``external``). ``word_ids``: the word of each token (default: ``##`` pieces join
     the word before them; special tokens are words of their own, id -1).
     """
     kinds = _kinds_of(attentions)
@@ -68,7 +70,7 @@ def from_attentions(attentions: Any, tokens: Sequence[str], *, target_tokens: Se
     arrays.update(_side("input", tokens, special, sentence_b_start, word_ids))
     if targets is not None and is_seq2seq:
         arrays.update(_side("target", targets, None, None, None))
-    info = _model_info(model, main, causal=causal, is_encoder_decoder=is_seq2seq)
+    info = _model_info(model, name, main, causal=causal, is_encoder_decoder=is_seq2seq)
     return AttentionRecord(model=info, tokens=tokens, arrays=arrays, target_tokens=targets if is_seq2seq else None,
                            text=tuple(text))
 
@@ -180,13 +182,15 @@ def _word_ids(tokens: tuple[str, ...], special: np.ndarray) -> np.ndarray:
     return words
 
 
-def _model_info(model: Any, main: np.ndarray, *, causal: bool, is_encoder_decoder: bool) -> ModelInfo:
+def _model_info(model: Any, name: str | None, main: np.ndarray, *, causal: bool,
+                is_encoder_decoder: bool) -> ModelInfo:
     """What the record says of the model: shapes from the tensors, name and type from ``model`` if given."""
     config = getattr(model, "config", model)
     n_layers, n_heads = int(main.shape[0]), int(main.shape[1])
     d_head = _d_head(config, n_heads)
+    source = str(getattr(config, "name_or_path", "") or "external")
     return ModelInfo(
-        name=str(getattr(config, "name_or_path", "") or "external"),
+        name=name or (PurePath(source).name if PurePath(source).is_absolute() else source),  # no local paths
         model_type=str(getattr(config, "model_type", "") or "unknown"),
         n_layers=n_layers,
         n_heads=n_heads,
