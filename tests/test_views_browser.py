@@ -371,3 +371,21 @@ def test_double_clicking_the_only_head_shown_brings_all_heads_back(pair, open_pa
     assert page.js(f"[...{APP}.state.heads].length") == record.n_heads
     assert len(page.lines()) == expected_lines(record.attention[0])
     page.close()
+
+
+def test_model_and_neuron_views_name_their_colour_scales(pair, open_page):
+    _, path = pair
+    page = open_page(path)
+    page.page.click("button[data-view=model]")
+    page.wait_view("model")
+    scale = page.js(f"{APP}.views.model.scene.ofType('text').filter(t => t.meta && t.meta.role === 'scale').map(t => t.text)")
+    assert scale[:2] == ["0", "1"] and scale[2].startswith("opacity = \u03b1, each head in its own colour")
+    page.page.click("button[data-view=neuron]")
+    page.wait_view("neuron")
+    scale = page.js(f"{APP}.views.neuron.scene.ofType('text').filter(t => t.meta && t.meta.role === 'scale').map(t => t.text)")
+    assert scale[:2] == ["negative (orange)", "positive (blue)"]
+    # the scale's ends are the colours the strips use: the largest positive and negative q component
+    fills = page.js(f"{APP}.views.neuron.scene.ofType('rect').filter(r => r.style.fill && r.style.alpha === 1)"
+                    ".map(r => r.style.fill)")
+    assert {"rgb(31,119,180)", "rgb(255,127,14)"} <= set(fills)
+    page.close()

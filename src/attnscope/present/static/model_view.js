@@ -9,7 +9,7 @@
   "use strict";
 
   const LEFT = 64;
-  const TOP = 46;
+  const TOP = 66; // room for the title, the colour scale and the head numbers
   const GAP = 8;
   const MASKED = [225, 225, 225, 255];
 
@@ -51,6 +51,7 @@
       this.layout = layout;
       const scene = new NS.Scene(layout.width, layout.height);
       scene.text(8, 10, `${app.kind().label} \u00b7 layers x heads (0-indexed) \u00b7 ${app.weightName()}`, { size: 12, weight: "bold" });
+      this.drawScale(scene);
       for (let head = 0; head < layout.heads; head++) {
         scene.text(LEFT + head * (layout.size + GAP) + layout.size / 2, TOP - 10, `head ${head}`, { size: 11, align: "center", color: "#555" });
       }
@@ -67,6 +68,15 @@
       }
       this.scene = scene;
       this.surface.show(scene);
+    }
+
+    /* What the colours mean: each head in its own colour, opacity from 0 to the largest value. */
+    drawScale(scene) {
+      const app = this.app;
+      const steps = Array.from({ length: 11 }, (_, i) => ({ fill: "#444", alpha: i / 10 }));
+      const top = app.field() === "norms" ? "the layer's largest" : "1";
+      const name = `opacity = ${app.field() === "norms" ? "\u2016\u03b1f(x)\u2016" : "\u03b1"}, each head in its own colour (head colours as in the head view)`;
+      NS.colorScale(scene, 8, 30, steps, ["0", top], name);
     }
 
     thumbnail(grid, layer, head, layout) {

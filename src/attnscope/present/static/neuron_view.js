@@ -117,6 +117,7 @@
       scene.text(8, 28, `query: "${NS.label(queryToken, 40)}" (position ${n.query})${kind.causal ? " \u00b7 causal: later keys are masked" : ""}`,
         { size: 12 });
 
+      NS.signedScale(scene, x.product, 50);
       const vectorPeak = Math.max(maxAbs(n.q), ...n.keys.map((row) => maxAbs(row.k)));
       const productPeak = Math.max(...n.keys.map((row) => maxAbs(row.product)));
       const dotPeak = Math.max(...n.keys.map((row) => Math.abs(row.dot)));
