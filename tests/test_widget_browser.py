@@ -35,9 +35,12 @@ nbformat = pytest.importorskip("nbformat")
 
 TEXT = "I went to the store."
 CELLS = [
-    f"import attnscope\nrec = attnscope.extract(attnscope.load_model('minilm'), {TEXT!r})\nw = attnscope.widget(rec)\nw",
+    (f"import attnscope\nrec = attnscope.extract(attnscope.load_model('minilm'), {TEXT!r}, qkv=True)\n"
+     "w = attnscope.widget(rec)\nw"),
     "w.layer = 3\nw.heads = [5]",
     "print('selection', w.layer, w.heads, w.selected_token)",
+    "w.view = 'model'",
+    "w.view = 'neuron'\nw.selected_token = 4",
 ]
 LONG = 180_000  # ms: server start, first JupyterLab load, kernel start with torch
 APP = "AttnscopeViews.instances[document.querySelector('.attnscope-root').id]"
@@ -97,7 +100,7 @@ def jupyter(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def record(minilm):
-    return extract(minilm, TEXT)
+    return extract(minilm, TEXT, qkv=True)
 
 
 class Lab:
@@ -163,6 +166,22 @@ def test_widget_draws_and_follows_python_both_ways(browser, jupyter, record):
         if printed.split() == ["selection", "3", "[2]", "None"]:
             break
     assert printed.split() == ["selection", "3", "[2]", "None"]
+
+    lab.run_cell(3)  # w.view = 'model': every layer is fetched for the thumbnails
+    lab.wait("(document.querySelector('.attnscope-root').dataset.drawn || '').includes('model')")
+    assert lab.js(f"{APP}.views.model.scene.ofType('image').length") == record.n_layers * record.n_heads
+
+    lab.run_cell(4)  # w.view = 'neuron'; w.selected_token = 4: queries and keys of layer 3 are fetched
+    lab.wait("(document.querySelector('.attnscope-root').dataset.drawn || '').includes('neuron')")
+    lab.wait(f"{APP}.state.query === 4 && {APP}.views.neuron.displayed().length > 0")
+    rows = lab.js(f"{APP}.views.neuron.displayed()")
+    q = record.queries[3, 2, 4].astype(np.float64)  # layer 3, head 2 (the head chosen above), query 4
+    keys = record.keys[3, 2].astype(np.float64)  # [k_pos, d_head]
+    assert len(rows) == len(record.tokens)
+    for row in rows:
+        assert abs(row["qk"] - keys[row["k_pos"]] @ q) <= 0.02 * max(1.0, abs(keys[row["k_pos"]] @ q))  # float16 q, k
+        assert abs(row["recorded"] - record.attention[3, 2, 4, row["k_pos"]]) <= 0.5 / 255 + 1e-3
+    lab.page.screenshot(path=str(ARTIFACTS / "widget_jupyterlab_neuron.png"))
     assert lab.errors == [], lab.errors
     base = jupyter[0]
     assert all(url.startswith((base, "data:", "blob:")) for url in lab.requests), "a request left the machine"
