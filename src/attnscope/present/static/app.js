@@ -190,9 +190,7 @@
     }
     /* Double-click: only that head; double-clicking the only head shown brings every head back. */
     soloHead(head) {
-      const heads = this.state.heads;
-      const alone = heads.size === 1 && heads.has(head);
-      this.state.heads = alone ? new Set(Array.from({ length: this.nHeads() }, (_, h) => h)) : new Set([head]);
+      this.state.heads = NS.soloHeads(this.state.heads, head, this.nHeads());
       return this.draw();
     }
     /* The selected query token (null: none): the head view shows only its lines, the neuron view its row. */

@@ -19,6 +19,12 @@
 
   const element = NS.element;
 
+  /* The heads shown after double-clicking `head`: only it, or all `count` heads if it was already alone. */
+  NS.soloHeads = function soloHeads(shown, head, count) {
+    const alone = shown.size === 1 && shown.has(head);
+    return alone ? new Set(Array.from({ length: count }, (_, h) => h)) : new Set([head]);
+  };
+
   class HeadView {
     constructor(app, container) {
       this.app = app;
@@ -43,7 +49,9 @@
       this.canvas.addEventListener("mouseleave", () => this.setHover(null));
       // clicking a query token selects it (its lines stay shown); clicking it again clears the selection
       this.canvas.addEventListener("click", () => {
-        if (this.hover && this.hover.side === "query") app.selectToken(app.state.selected === this.hover.pos ? null : this.hover.pos);
+        if (this.hover && this.hover.side === "query" && app.selectToken) {
+          app.selectToken(app.state.selected === this.hover.pos ? null : this.hover.pos);
+        }
       });
     }
 
@@ -256,7 +264,7 @@
     /* The token whose lines are shown alone: the hovered one, else the selected query token. */
     focus() {
       const selected = this.app.state.selected;
-      return this.hover || (selected === null ? null : { side: "query", pos: selected });
+      return this.hover || (Number.isInteger(selected) ? { side: "query", pos: selected } : null);
     }
 
     setHover(hit) {
