@@ -59,6 +59,10 @@ def test_output_attentions_tuple_makes_the_same_record_as_extract(minilm_pair):
     for name, expected_values in theirs.values.items():
         np.testing.assert_allclose(ours.values[name], expected_values, atol=1e-5, equal_nan=True, err_msg=name)
     np.testing.assert_array_equal(classify_heads(rec).labels, classify_heads(captured).labels)
+    payload = view(rec).payload  # and every view draws it: head and model (no q/k, so no neuron view)
+    assert payload["views"] == ["head", "model"] and payload["model"]["d_head"] == 0
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(payload, payload_schema())
 
 
 def test_whole_output_object_and_model_facts(minilm_pair, minilm):

@@ -14,7 +14,7 @@ pytest.importorskip("anywidget", reason="the notebook extra is not installed (pi
 
 from attnscope import AttentionWidget, extract, load_model, widget
 from attnscope.present import view
-from attnscope.present.payload import unpack
+from attnscope.present.payload import payload_schema, unpack
 
 PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")
 STEP = 1 / 255
@@ -47,6 +47,8 @@ def test_payload_carries_no_weights_and_is_small(record):
     assert kind["vectors"]["queries"]["data"] == "" and kind["norms"]["lazy"]
     assert len(json.dumps(shown.payload)) < len(view(record).to_html()) / 20
     assert shown.payload["views"] == ["head", "model", "neuron"] and shown.view == "head"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(shown.payload, payload_schema())  # the written schema covers the lazy form
 
 
 def test_each_requested_layer_is_the_records(answered, record):
