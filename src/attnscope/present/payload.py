@@ -337,6 +337,11 @@ def _pack_vectors(queries: np.ndarray, keys: np.ndarray, n_kv_heads: int, shippi
                    n_kv_heads=n_kv_heads)
 
 
+# zlib level of a layer the widget asks for while the user waits: SmolLM2's layer 15 at 1,000 tokens
+# compresses in 120 ms at level 1 against 369 ms at level 6, for 561 KB against 414 KB
+FETCH_LEVEL = 1
+
+
 def layer_arrays(record: AttentionRecord, kind: str, field: str, layer: int, *, compress: bool = True) -> PackedArray:
     """One layer of one array, packed as the full payload packs it (leading axis of size 1).
 
@@ -349,25 +354,25 @@ def layer_arrays(record: AttentionRecord, kind: str, field: str, layer: int, *, 
         vectors = kind_vectors(record, kind, [layer])
         if vectors is None:
             raise AttnscopeError(f"the record holds no {field} for {kind} attention")
-        return pack_float16(vectors[0] if field == "queries" else vectors[1], compress)
+        return pack_float16(vectors[0] if field == "queries" else vectors[1], compress, level=FETCH_LEVEL)
     values = record.get(kind, field)
     if values is None or field not in ("attention", "norms"):
         raise AttnscopeError(f"the record holds no {kind} {field}")
     one = values[layer : layer + 1]  # [1, head, q_pos, k_pos]
-    return pack_uint8(one, np.ones(1) if field == "attention" else _layer_max(one), compress)
+    return pack_uint8(one, np.ones(1) if field == "attention" else _layer_max(one), compress, level=FETCH_LEVEL)
 
 
-def pack_uint8(values: np.ndarray, layer_max: np.ndarray, compress: bool) -> PackedArray:
+def pack_uint8(values: np.ndarray, layer_max: np.ndarray, compress: bool, *, level: int = 6) -> PackedArray:
     """``values`` ``[layer, ...]`` >= 0 -> uint8 ``round(255 * value / layer_max[layer])``."""
     scaled = values / layer_max.reshape(-1, *([1] * (values.ndim - 1)))
     quantized = np.rint(np.clip(scaled, 0.0, 1.0) * 255).astype(np.uint8)
-    packed = _pack(quantized, "uint8", compress)
+    packed = _pack(quantized, "uint8", compress, level)
     packed["scale"] = [float(top) / 255 for top in layer_max]
     return packed
 
 
-def pack_float16(values: np.ndarray, compress: bool) -> PackedArray:
-    return _pack(values.astype("<f2"), "float16", compress)
+def pack_float16(values: np.ndarray, compress: bool, *, level: int = 6) -> PackedArray:
+    return _pack(values.astype("<f2"), "float16", compress, level)
 
 
 def pack_uint16(values: np.ndarray, compress: bool) -> PackedArray:
@@ -375,9 +380,10 @@ def pack_uint16(values: np.ndarray, compress: bool) -> PackedArray:
     return _pack(values.astype("<u2"), "uint16", compress)
 
 
-def _pack(array: np.ndarray, dtype: Literal["uint8", "float16", "uint16"], compress: bool) -> PackedArray:
+def _pack(array: np.ndarray, dtype: Literal["uint8", "float16", "uint16"], compress: bool,
+          level: int = 6) -> PackedArray:
     raw = np.ascontiguousarray(array).tobytes()
-    data = zlib.compress(raw, 6) if compress else raw
+    data = zlib.compress(raw, level) if compress else raw
     return PackedArray(dtype=dtype, shape=list(array.shape), compression="deflate" if compress else "none",
                        data=base64.b64encode(data).decode("ascii"))
 
