@@ -1,4 +1,4 @@
-"""Bring your own attention: tensors computed elsewhere -> an :class:`~attnscope.record.AttentionRecord`.
+"""Bring your own attention: tensors computed elsewhere -> the parts of an :class:`~attnscope.record.AttentionRecord`.
 
 Users of BertViz and TransformerLens already hold attention tensors. This module turns them into a
 record, so every view, statistic and classifier of attnscope works on them:
@@ -13,7 +13,9 @@ record, so every view, statistic and classifier of attnscope works on them:
 Tensors may be torch tensors or numpy arrays; torch is not imported here. Only what the caller
 gives is known: the model's name and type come from ``model=`` (a transformers model or config)
 when given, ``d_head`` is 0 ("unknown") without one, and queries and keys are never held (so the
-neuron view is left out).
+neuron view is left out). The public way in is :meth:`AttentionRecord.from_attentions`, which
+builds the record from :func:`record_parts` (this module does not import ``record``, so the two
+do not import each other).
 
 >>> out = hf_model(**inputs, output_attentions=True)                                   # doctest: +SKIP
 >>> rec = AttentionRecord.from_attentions(out.attentions, tokenizer.convert_ids_to_tokens(inputs.input_ids[0]))
@@ -30,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from .errors import AttnscopeError
-from .record import AttentionRecord, ModelInfo
 
 # TransformerLens's name of the attention pattern of block ``layer``: [batch, head_index, query_pos, key_pos]
 PATTERN_KEY = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
@@ -40,11 +41,12 @@ SEQ2SEQ_FIELDS = {"encoder_attentions": "encoder", "decoder_attentions": "decode
 SPECIAL_FORM = re.compile(r"^(\[[A-Z]+\]|<\|?[^<>\s|]+\|?>)$")
 
 
-def from_attentions(attentions: Any, tokens: Sequence[str], *, target_tokens: Sequence[str] | None = None,
+def record_parts(attentions: Any, tokens: Sequence[str], *, target_tokens: Sequence[str] | None = None,
                     batch_index: int = 0, model: Any = None, name: str | None = None, causal: bool | None = None,
                     special: Sequence[bool] | None = None, sentence_b_start: int | None = None,
-                    word_ids: Sequence[int] | None = None, text: Sequence[str] = ()) -> AttentionRecord:
-    """A record of attention computed elsewhere (see the module docstring for what ``attentions`` may be).
+                    word_ids: Sequence[int] | None = None, text: Sequence[str] = ()) -> dict[str, Any]:
+    """The keyword arguments of an AttentionRecord for attention computed elsewhere (see the module
+    docstring for what ``attentions`` may be); ``model`` is a dict of ModelInfo's fields.
 
     ``tokens``: the input's tokens, one per key position of item ``batch_index`` (padding included);
     ``target_tokens``: the decoder's tokens of an encoder-decoder output. ``causal``: whether the
@@ -71,8 +73,8 @@ def from_attentions(attentions: Any, tokens: Sequence[str], *, target_tokens: Se
     if targets is not None and is_seq2seq:
         arrays.update(_side("target", targets, None, None, None))
     info = _model_info(model, name, main, causal=causal, is_encoder_decoder=is_seq2seq)
-    return AttentionRecord(model=info, tokens=tokens, arrays=arrays, target_tokens=targets if is_seq2seq else None,
-                           text=tuple(text))
+    return {"model": info, "tokens": tokens, "arrays": arrays, "target_tokens": targets if is_seq2seq else None,
+            "text": tuple(text)}
 
 
 # ---- what was handed in -> per kind, one [batch, head, q_pos, k_pos] tensor per layer ----------
@@ -183,23 +185,23 @@ def _word_ids(tokens: tuple[str, ...], special: np.ndarray) -> np.ndarray:
 
 
 def _model_info(model: Any, name: str | None, main: np.ndarray, *, causal: bool,
-                is_encoder_decoder: bool) -> ModelInfo:
-    """What the record says of the model: shapes from the tensors, name and type from ``model`` if given."""
+                is_encoder_decoder: bool) -> dict[str, Any]:
+    """ModelInfo's fields: shapes from the tensors, name and type from ``model`` if given."""
     config = getattr(model, "config", model)
     n_layers, n_heads = int(main.shape[0]), int(main.shape[1])
     d_head = _d_head(config, n_heads)
     source = str(getattr(config, "name_or_path", "") or "external")
-    return ModelInfo(
-        name=name or (PurePath(source).name if PurePath(source).is_absolute() else source),  # no local paths
-        model_type=str(getattr(config, "model_type", "") or "unknown"),
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_heads,  # attention is per query head
-        d_head=d_head,
-        causal=causal,
-        is_encoder_decoder=is_encoder_decoder,
-        scaling=d_head ** -0.5 if d_head else 1.0,  # only the neuron view uses it, and it needs q/k
-    )
+    return {
+        "name": name or (PurePath(source).name if PurePath(source).is_absolute() else source),  # no local paths
+        "model_type": str(getattr(config, "model_type", "") or "unknown"),
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_heads,  # attention is per query head
+        "d_head": d_head,
+        "causal": causal,
+        "is_encoder_decoder": is_encoder_decoder,
+        "scaling": d_head ** -0.5 if d_head else 1.0,  # only the neuron view uses it, and it needs q/k
+    }
 
 
 def _d_head(config: Any, n_heads: int) -> int:

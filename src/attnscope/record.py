@@ -292,14 +292,15 @@ class AttentionRecord:
         """A record of attention computed elsewhere: ``outputs.attentions`` of a transformers model
         called with ``output_attentions=True`` (a tuple of ``[batch, head, q_pos, k_pos]``), the whole
         output of an encoder-decoder (with ``target_tokens=``), or a TransformerLens ActivationCache's
-        ``blocks.{layer}.attn.hook_pattern`` entries. Options: see :func:`attnscope.external.from_attentions`.
+        ``blocks.{layer}.attn.hook_pattern`` entries. Options: see :func:`attnscope.external.record_parts`.
 
         >>> out = hf_model(**inputs, output_attentions=True)                      # doctest: +SKIP
         >>> rec = AttentionRecord.from_attentions(out.attentions, tokens)         # doctest: +SKIP
         """
-        from .external import from_attentions
+        from .external import record_parts
 
-        return from_attentions(attentions, tokens, **options)
+        parts = record_parts(attentions, tokens, **options)
+        return cls(**{**parts, "model": ModelInfo(**parts["model"])})
 
     # ---- save / load --------------------------------------------------------------------
     def save(self, path: str | Path, *, float16: bool = False) -> Path:
