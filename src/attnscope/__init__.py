@@ -41,6 +41,8 @@ _EXPORTS = {
     "TopAttention": "attnscope.report",
     "view": "attnscope.present.html",
     "AttentionView": "attnscope.present.html",
+    "widget": "attnscope.present.widget",
+    "AttentionWidget": "attnscope.present.widget",
     "classify_heads": "attnscope.analysis.patterns",
     "head_statistics": "attnscope.analysis.stats",
     "attention_rollout": "attnscope.analysis.rollout",
@@ -53,6 +55,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "AttentionRecord",
     "AttentionView",
+    "AttentionWidget",
     "AttnscopeError",
     "CapturePlan",
     "GenerationRecord",
@@ -77,6 +80,7 @@ __all__ = [
     "partial_statistics",
     "top_attention",
     "view",
+    "widget",
 ]
 
 if TYPE_CHECKING:
@@ -103,6 +107,8 @@ if TYPE_CHECKING:
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
     from .present.longview import long_view as long_view
+    from .present.widget import AttentionWidget as AttentionWidget
+    from .present.widget import widget as widget
     from .record import AttentionRecord as AttentionRecord
     from .record import ModelInfo as ModelInfo
     from .report import TopAttention as TopAttention

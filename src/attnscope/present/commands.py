@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..arguments import non_negative_int
 from ..capture.options import number_list
@@ -11,6 +15,9 @@ from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from ..record import ATTENTION_KINDS, AttentionRecord
 from .payload import VIEWS
+
+if TYPE_CHECKING:
+    from .html import AttentionView
 
 
 def _input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,10 +100,11 @@ def _run_view(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)  # before the model loads
     needs_vectors = args.kind in ("neuron", "all")
-    record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
+    with truncation_notes() as notes:
+        record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
     if record.is_partial:
-        return _write_long_view(record, args.output)
-    page = view(record, args.kind, norms=not args.no_norms)
+        return _write_long_view(record, args.output, notes)
+    page = with_notes(view(record, args.kind, norms=not args.no_norms), notes)
     with writing(args.output):
         path = page.save(args.output)
     size = path.stat().st_size / 1024
@@ -107,10 +115,32 @@ def _run_view(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_long_view(record: AttentionRecord, output: Path) -> int:
+@contextmanager
+def truncation_notes() -> Iterator[list[str]]:
+    """Inside the block, truncation warnings are still shown and also kept (as lines for the page)."""
+    from ..capture.tokens import TruncationWarning
+
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TruncationWarning)
+        yield notes
+    for warning in caught:
+        if issubclass(warning.category, TruncationWarning):
+            notes.append(f"the input was truncated: {warning.message}")
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def with_notes(page: AttentionView, notes: list[str]) -> AttentionView:
+    """``page`` with ``notes`` first among the lines it shows above the views."""
+    from .html import AttentionView
+
+    return AttentionView({**page.payload, "notes": [*notes, *page.payload["notes"]]})  # type: ignore[arg-type]
+
+
+def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) -> int:
     from .longview import long_view_of
 
-    page = long_view_of(record)
+    page = with_notes(long_view_of(record), notes)
     path = page.save(output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
           f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")

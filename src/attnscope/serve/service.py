@@ -36,12 +36,6 @@ MODES = {
 }
 PATTERN_OF_MODE = {"zero": "zero", "uniform": "uniform", "first": "beginning", "last": "end", "previous": "previous"}
 
-# Pattern map colours: lines warm, columns cool, blocks purple, same-word brown, no pattern grey;
-# a class added later gets a colour from SPARE_COLOURS.
-PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
-                   "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
-                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9"}
-SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
 TOP_TOKENS = 10
 
 
@@ -149,12 +143,10 @@ def model_summary(loaded: LoadedModel) -> dict[str, Any]:
 
 def pattern_classes() -> list[dict[str, str]]:
     """Every pattern class with its short name, Kovaleva type, description and map colour."""
-    from ..analysis.patterns import PATTERNS
+    from ..analysis.patterns import PATTERNS, pattern_colour
 
     return [{"name": p.name, "short": p.short, "kovaleva": p.kovaleva, "source": p.source,
-             "description": p.description,
-             "colour": PATTERN_COLOURS.get(p.name, SPARE_COLOURS[i % len(SPARE_COLOURS)])}
-            for i, p in enumerate(PATTERNS.values())]
+             "description": p.description, "colour": pattern_colour(p.name)} for p in PATTERNS.values()]
 
 
 def _finite(values: np.ndarray, digits: int = 4) -> list[Any]:

@@ -106,6 +106,11 @@
   }
 
   async function analyze(fromAddress) {
+    if (!$("text").value.trim()) {  // said here, without asking the server; what is shown stays
+      setStatus("nothing to analyse: type a text first (a second sentence is optional)", true);
+      $("text").focus();
+      return;
+    }
     await busy("analyzing\u2026", async () => {
       const data = await api("/api/analyze", inputBody());
       page.analysis = data;
@@ -474,6 +479,9 @@
     $("mode").addEventListener("change", note);
     $("model").addEventListener("change", describeModel);
     $("input-form").addEventListener("submit", (event) => { event.preventDefault(); analyze(false); });
+    $("text").addEventListener("keydown", (event) => {  // Enter writes a new line in the text area; Ctrl+Enter analyses
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); analyze(false); }
+    });
     $("add-head").addEventListener("click", addOpenHead);
     $("run-change").addEventListener("click", runChange);
     $("json-link").addEventListener("click", downloadRecord);
