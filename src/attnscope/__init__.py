@@ -41,6 +41,7 @@ _EXPORTS = {
     "TopAttention": "attnscope.report",
     "view": "attnscope.present.html",
     "AttentionView": "attnscope.present.html",
+    # not in __all__: they need the notebook extra, and `from attnscope import *` must work without it
     "widget": "attnscope.present.widget",
     "AttentionWidget": "attnscope.present.widget",
     "classify_heads": "attnscope.analysis.patterns",
@@ -55,7 +56,6 @@ __all__ = [
     "DEFAULT_MODEL",
     "AttentionRecord",
     "AttentionView",
-    "AttentionWidget",
     "AttnscopeError",
     "CapturePlan",
     "GenerationRecord",
@@ -80,7 +80,6 @@ __all__ = [
     "partial_statistics",
     "top_attention",
     "view",
-    "widget",
 ]
 
 if TYPE_CHECKING:
