@@ -100,8 +100,13 @@ class RowCapture:
     def cpu(self) -> RowCapture:
         """The same capture with every tensor on the CPU (itself when they already are): one copy per
         field, made once per batch before records are cut out of it."""
-        tensors = {name: value.cpu() for name, value in vars(self).items() if isinstance(value, torch.Tensor)}
-        return replace(self, statistics={name: value.cpu() for name, value in self.statistics.items()}, **tensors)
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.cpu()
+
+        return replace(self, attention=moved(self.attention), norms=moved(self.norms),
+                       statistics={name: value.cpu() for name, value in self.statistics.items()},
+                       distance_histogram=moved(self.distance_histogram), topk_indices=moved(self.topk_indices),
+                       topk_weights=moved(self.topk_weights), overview=moved(self.overview))
 
 
 Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
