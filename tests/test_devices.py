@@ -193,6 +193,19 @@ def test_every_ablation_mode_and_head_gates_follow_the_device(models, kind):
     forward(loaded, PLAN if kind != "bart" else None, changes=intervene(changes[2]))  # planned under a change
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_physical_pruning_follows_the_device(models, kind, tmp_path):
+    from attnscope.experiments.importance import prune_heads, save_pruned
+
+    loaded = models[kind]
+    with watched(loaded.input_device) as mode:
+        pruned = prune_heads(loaded, {"self": {0: [1, 2]}})
+        save_pruned(loaded, {"self": {1: [0]}}, tmp_path)
+    assert mode.factories == 5  # four slices of layer 0, one index for the saved zeros
+    (session, _), _ = forward(pruned)
+    assert session.layers("self")[0].attention.shape[1] < session.layers("self")[1].attention.shape[1]
+
+
 def test_the_step_debugger_follows_the_device(models):
     from attnscope.lab.stepper import _source_ids, step_forward
 
