@@ -33,6 +33,8 @@ _EXPORTS = {
     "extract_corpus": "attnscope.capture.extract",
     "extract_to_file": "attnscope.capture.extract",
     "CapturePlan": "attnscope.capture.plan",
+    "generate": "attnscope.capture.generate",
+    "GenerationRecord": "attnscope.generation",
     "QuerySelection": "attnscope.capture.plan",
     "partial_statistics": "attnscope.analysis.partial",
     "long_view": "attnscope.present.longview",
@@ -53,6 +55,7 @@ __all__ = [
     "AttentionView",
     "AttnscopeError",
     "CapturePlan",
+    "GenerationRecord",
     "Intervention",
     "LoadedModel",
     "ModelInfo",
@@ -66,6 +69,7 @@ __all__ = [
     "extract",
     "extract_corpus",
     "extract_to_file",
+    "generate",
     "head_statistics",
     "intervene",
     "load_model",
@@ -87,9 +91,11 @@ if TYPE_CHECKING:
     from .capture.extract import extract as extract
     from .capture.extract import extract_corpus as extract_corpus
     from .capture.extract import extract_to_file as extract_to_file
+    from .capture.generate import generate as generate
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
+    from .generation import GenerationRecord as GenerationRecord
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES

@@ -14,7 +14,7 @@ on each of them (see ``models.adapters``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -70,6 +70,7 @@ class SiteCapture:
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     norms: torch.Tensor | None = None
+    new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
 
     @property
     def n_heads(self) -> int:
@@ -88,6 +89,7 @@ class CaptureSession:
     plan: CapturePlan | None = None
     facts: BatchFacts | None = None
     sink: Sink | None = None
+    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None
     captured: dict[tuple[str, int], SiteCapture | RowCapture] = field(default_factory=dict)
 
     def layers(self, kind: str) -> list[Any]:
@@ -155,6 +157,7 @@ def capture(
     plan: CapturePlan | None = None,
     facts: BatchFacts | None = None,
     sink: Sink | None = None,
+    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None,
 ) -> Iterator[CaptureSession]:
     """Activate a capture session for the forward passes run inside the block.
 
@@ -166,8 +169,12 @@ def capture(
     With a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in
     query chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused.
     A ``sink`` receives each site's results as soon as they are computed (streaming to disk).
+    A ``step_sink`` receives every call's :class:`SiteCapture` instead of the session keeping the
+    last one per site (generation: one call per site and step; with ``norms``, only the norms of the
+    values each call adds are computed, as ``new_value_norms``).
     """
-    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink)
+    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink,
+                             step_sink=step_sink)
     if stop_when_complete:
         session.stop_after = frozenset((s.kind, s.layer) for s in sites.values() if session.records_site(s))
     token = _ACTIVE_SESSION.set(session)
@@ -298,6 +305,9 @@ def attnscope_attention(
 
 def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:
     """Store what was captured at ``site`` (after the sink took it); stop the forward once every wanted site is in."""
+    if session.step_sink is not None and isinstance(captured, SiteCapture):
+        session.step_sink(site, captured)
+        return
     if session.sink is not None and isinstance(captured, RowCapture):
         captured = session.sink.finish(site, captured)
     session.captured[(site.kind, site.layer)] = captured
@@ -358,7 +368,9 @@ def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Ten
     result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling)
     if session.qkv:
         result.queries, result.keys, result.values = (t.detach().float() for t in (query, keys, values))
-    if session.norms:
+    if session.norms and session.step_sink is not None:  # the earlier keys' norms came with earlier calls
+        result.new_value_norms = value_norms(values[:, :, -query.shape[2]:].detach(), site)
+    elif session.norms:
         result.norms = probs.detach() * value_norms(values.detach(), site)[:, :, None, :]
     return result
 

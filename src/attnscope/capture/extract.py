@@ -19,11 +19,12 @@ import torch
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
-from .attention import CaptureComplete, CaptureSession, capture, main_kind
+from .attention import CaptureComplete, CaptureSession, SiteCapture, capture, main_kind
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
+from .rows import RowCapture
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
@@ -330,8 +331,11 @@ def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CaptureP
 
 
 def model_info(loaded: LoadedModel, session: CaptureSession) -> ModelInfo:
-    main = main_kind(loaded.sites.values())
-    first = session.layers(main)[0]
+    return model_info_from(loaded, session.layers(main_kind(loaded.sites.values()))[0])
+
+
+def model_info_from(loaded: LoadedModel, first: SiteCapture | RowCapture) -> ModelInfo:
+    """The record's model facts, from what one input-side site captured (heads, kv heads, scaling)."""
     return ModelInfo(
         name=loaded.name,
         model_type=loaded.config.model_type,
