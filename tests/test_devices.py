@@ -206,6 +206,13 @@ def test_physical_pruning_follows_the_device(models, kind, tmp_path):
     assert session.layers("self")[0].attention.shape[1] < session.layers("self")[1].attention.shape[1]
 
 
+def test_generation_with_capture_follows_the_device(models):
+    loaded = models["llama"]
+    with watched(loaded.input_device) as mode, intervene(HeadAblation("uniform", heads=[1])):
+        record = attnscope.generate(loaded, SENTENCES[0], max_new_tokens=3, candidates=2)
+    assert mode.factories >= 3 and record.arrays["candidate_ids"].shape == (3, 2)
+
+
 def test_the_step_debugger_follows_the_device(models):
     from attnscope.lab.stepper import _source_ids, step_forward
 
