@@ -237,6 +237,8 @@ def test_device_auto_on_the_cpu_captures_the_same_attention(minilm):
 @pytest.mark.parametrize("command", [["report", "--device", "cuda", "text"],
                                      ["report", "--device", "cuda:1", "text"],
                                      ["serve", "--device", "cuda", "--port", "0"],
+                                     ["generate", "--device", "cuda", "hello"],
+                                     ["toy", "translate", "--device", "cuda", "hello"],
                                      ["report", "--device", "gpu", "text"]])
 def test_a_device_this_machine_lacks_is_one_error_line(command, capsys):
     assert main(command) == 2
@@ -244,6 +246,28 @@ def test_a_device_this_machine_lacks_is_one_error_line(command, capsys):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnscope: error: ") and "device" in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_every_command_that_takes_a_model_takes_a_device_and_float16():
+    import argparse
+
+    from attnscope.cli import all_commands, build_parser
+
+    def parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child, sub in action.choices.items():
+                    yield from parsers(sub, f"{name} {child}".strip())
+
+    seen = []
+    for command in all_commands():
+        for name, parser in parsers(build_parser(command.name), ""):
+            options = {option: action for action in parser._actions for option in action.option_strings}
+            if name.startswith(command.name) and "--model" in options:
+                seen.append(name)
+                assert "--device" in options and "float16" in options["--dtype"].choices, name
+    assert {"report", "extract", "serve", "generate", "toy translate", "ablate"} <= set(seen)
 
 
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has an Apple GPU")
