@@ -102,7 +102,8 @@ class CaptureSession:
         assert self.plan is not None and self.facts is not None, "a planned capture needs the batch's facts"
         norms = value_norms(values, site) if self.norms else None
         return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
-                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site))
+                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site),
+                            device=values.device)
 
     def records_site(self, site: AttentionSite) -> bool:
         """Whether this session keeps anything of ``site`` (a plan keeps its layers of the input side)."""
@@ -220,10 +221,12 @@ def attention_scores(
     return scores
 
 
-def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-    """Bool ``[batch or 1, 1, q_pos, k_pos]``: True where the mask lets a query see a key."""
+def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int,
+                 device: torch.device | None = None) -> torch.Tensor:
+    """Bool ``[batch or 1, 1, q_pos, k_pos]``: True where the mask lets a query see a key (on the mask's
+    device, or on ``device`` without a mask)."""
     if attention_mask is None:
-        return torch.ones((1, 1, q_len, k_len), dtype=torch.bool)
+        return torch.ones((1, 1, q_len, k_len), dtype=torch.bool, device=device)
     mask = attention_mask[:, :, :, :k_len]
     if mask.dtype == torch.bool:
         return mask
@@ -282,11 +285,11 @@ def attnscope_attention(
         output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
         return output, None
     if attention_mask is None and site.causal and query.shape[2] == keys.shape[2] > 1:
-        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2])  # the lazy mask left causality to us
+        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2], query.device)  # the lazy mask left causality to us
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
-        allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2])
+        allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
     if recording:
@@ -312,10 +315,10 @@ def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | 
         raise CaptureComplete
 
 
-def causal_mask(q_len: int, start: int, k_len: int) -> torch.Tensor:
-    """Bool ``[1, 1, q_len, k_len]``: query ``start + i`` may see keys at or before it."""
-    queries = torch.arange(start, start + q_len)[:, None]
-    return (torch.arange(k_len)[None, :] <= queries)[None, None]
+def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool ``[1, 1, q_len, k_len]`` on ``device``: query ``start + i`` may see keys at or before it."""
+    queries = torch.arange(start, start + q_len, device=device)[:, None]
+    return (torch.arange(k_len, device=device)[None, :] <= queries)[None, None]
 
 
 def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
@@ -342,7 +345,7 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
         scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, :k_seen], mask, 1.0,
                                   None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap")).float()
         if implicit_causal:  # only the chunk's own square holds future keys
-            future = ~causal_mask(end - start, 0, end - start)[0, 0]
+            future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1)
         collector.add(start, probs, scores if plan.statistics else None)

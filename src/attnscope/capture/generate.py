@@ -166,7 +166,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
     """transformers' ``generate`` on one prompt, returning the raw logits of every step and the cache."""
     tokenizer = loaded.tokenizer
-    input_ids = torch.tensor([ids])
+    input_ids = torch.tensor([ids], device=loaded.input_device)
     sampling = ({key: settings[key] for key in ("temperature", "top_k", "top_p") if settings.get(key) is not None}
                 if settings["do_sample"] else {"temperature": None, "top_k": None, "top_p": None})
     return loaded.model.generate(
@@ -187,17 +187,18 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     tokens = readable_tokens(tokenizer, sequence)
     special_ids = set(tokenizer.all_special_ids)
     special = [token_id in special_ids for token_id in sequence]
-    chosen = torch.tensor(sequence[n_prompt:])
-    probs = torch.softmax(torch.cat(logits).float(), dim=-1)  # [step, vocab]
+    probs = torch.softmax(torch.cat(logits).float(), dim=-1)  # [step, vocab], on the model's device
+    chosen = torch.tensor(sequence[n_prompt:], device=probs.device)
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    chosen_probs = probs[torch.arange(len(chosen), device=probs.device), chosen]
     arrays: dict[str, np.ndarray] = {
         "rows": rows.packed(len(sequence)),
         "token_ids": np.array(sequence, dtype=np.int64),
         "special_mask": np.array(special, dtype=bool),
         "word_ids": np.array(guess_word_ids(tokens, special), dtype=np.int64),
-        "candidate_ids": top.indices.numpy().astype(np.int64),
-        "candidate_probs": top.values.numpy().astype(np.float32),
-        "chosen_probs": probs[torch.arange(len(chosen)), chosen].numpy().astype(np.float32),
+        "candidate_ids": top.indices.cpu().numpy().astype(np.int64),
+        "candidate_probs": top.values.cpu().numpy().astype(np.float32),
+        "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
     norms = rows.value_norms()
     if norms is not None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
-from ..cli import Command
+from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
 
 DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "the children drink milk")
@@ -25,6 +25,7 @@ def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     translate.add_argument("--html", type=Path, help="also write the step view as a self-contained HTML page")
     translate.add_argument("--model", "-m", default="toy-translator",
                            help="any encoder-decoder folder works too, e.g. a local MarianMT model")
+    add_compute_arguments(translate)
     corrupt = actions.add_parser("corrupt", help="translate under a corruption or with parts switched off")
     corrupt.add_argument("sentence", nargs="+")
     corrupt.add_argument("--mode", default="all", help="an experiment name, or 'all' (default)")
@@ -45,10 +46,10 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_toy(name: str = "toy-translator"):  # type: ignore[no-untyped-def]
+def _load_toy(name: str = "toy-translator", dtype: str = "float32", device: str = "cpu"):  # type: ignore[no-untyped-def]
     from ..models.loading import load_model
 
-    return load_model(name)
+    return load_model(name, dtype=dtype, device=device)
 
 
 def _translate(args: argparse.Namespace) -> int:
@@ -57,7 +58,7 @@ def _translate(args: argparse.Namespace) -> int:
 
     if args.html:
         check_output_file(args.html)  # before the model loads
-    trace = decode_steps(_load_toy(args.model), args.sentence, beams=args.beams, top_k=args.top_k)
+    trace = decode_steps(_load_toy(args.model, args.dtype, args.device), args.sentence, beams=args.beams, top_k=args.top_k)
     trace.print_rich()
     if args.html:
         with writing(args.html):
@@ -120,6 +121,7 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("prompt", help="the text the model continues")
     parser.add_argument("--model", "-m", default="smollm2", help="a decoder-only model (default: smollm2)")
+    add_compute_arguments(parser)
     parser.add_argument("--max-new-tokens", "-n", type=positive_int, default=64, help="tokens to generate (default: 64)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
@@ -176,7 +178,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     changes = _generation_changes(args)
     if args.save:
         check_output_file(args.save)  # before the model loads
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.sample_top_k, "seed": args.seed, "progress": True}

@@ -116,15 +116,18 @@ def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
         raise AttnscopeError(f"model {loaded.name!r} is not an encoder-decoder; the step debugger needs one")
     if not source.strip():
         raise AttnscopeError("source text is empty")
-    return torch.tensor([ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]])
+    ids = ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]
+    return torch.tensor([ids], device=loaded.input_device)
 
 
 def step_forward(loaded: LoadedModel, source_ids: torch.Tensor, prefix_ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
     """Logits of the next token ``[vocab]`` and the newest position's cross-attention ``[layer, head, source_pos]``."""
     with torch.inference_mode(), capture(loaded.sites) as session:
-        logits = loaded.model(input_ids=source_ids, decoder_input_ids=torch.tensor([prefix_ids]), use_cache=False).logits
-    cross = torch.stack([c.attention[0, :, -1, :] for c in session.layers("cross")])  # [layer, head, source_pos]
-    return logits[0, -1].float(), cross.numpy()
+        logits = loaded.model(input_ids=source_ids, decoder_input_ids=torch.tensor([prefix_ids], device=source_ids.device),
+                              use_cache=False).logits
+    rows = [c.attention[0, :, -1, :].to(source_ids.device) for c in session.layers("cross")]
+    cross = torch.stack(rows).cpu()  # [layer, head, source_pos], one copy to the CPU
+    return logits[0, -1].float().cpu(), cross.numpy()
 
 
 def _candidates(loaded: LoadedModel, logits: torch.Tensor, top_k: int) -> tuple[Candidate, ...]:

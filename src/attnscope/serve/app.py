@@ -147,8 +147,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = (), dtype: str = "float32",
-               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True, installed_aliases: bool = True,
-               hosts: AllowedHosts | None = None) -> FastAPI:
+               device: str = "cpu", max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True,
+               installed_aliases: bool = True, hosts: AllowedHosts | None = None) -> FastAPI:
     """The explorer app serving the already ``loaded`` models, then ``models`` (aliases or folders),
     then (``installed_aliases``) every other installed alias; with only ``loaded``, just those.
 
@@ -157,7 +157,7 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     ``[::1]``, on the port it is served on).
     """
     choices = default_choices(models, installed_aliases) if models or not loaded else []
-    pool = ModelPool(choices, dtype=dtype, loaded=loaded)
+    pool = ModelPool(choices, dtype=dtype, device=device, loaded=loaded)
     if preload:
         pool.preload(pool.default)
     app = FastAPI(title="attnscope explorer", version="1",

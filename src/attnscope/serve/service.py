@@ -250,7 +250,7 @@ def output_change(loaded: LoadedModel, text: str, pair: str | None, change: Chan
 
 
 def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> tuple[Any, Any, Any]:
-    """The model's final output (logits, or last hidden states) intact and changed, and the inputs."""
+    """The model's final output (logits, or last hidden states) intact and changed, and the inputs, on the CPU."""
     import torch
 
     from ..experiments.metrics import encode_batches, model_output
@@ -259,8 +259,8 @@ def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Cha
     outputs = []
     for context in (nullcontext(), change_context(loaded, change)):
         with torch.inference_mode(), context:
-            outputs.append(model_output(loaded, inputs).float())
-    return outputs[0], outputs[1], inputs
+            outputs.append(model_output(loaded, inputs).float().cpu())
+    return outputs[0], outputs[1], {name: tensor.cpu() for name, tensor in inputs.items()}
 
 
 def embedding_change(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
