@@ -80,7 +80,7 @@ def test_candidates_are_the_models_next_token_distribution(tiny_llama):
 
 def test_norm_weighted_rows_equal_a_full_capture_with_norms(tiny_llama):
     record = attnscope.generate(tiny_llama, "I went to the store.", max_new_tokens=5)
-    attention, norms, _ = full_capture(tiny_llama, record.token_ids)
+    _, norms, _ = full_capture(tiny_llama, record.token_ids)
     np.testing.assert_allclose(record.to_attention_record().norms, norms, atol=1e-4)
     last = len(record.tokens) - 1
     np.testing.assert_allclose(record.row(last, weighted=True), norms[:, :, last, :], atol=1e-4)

@@ -165,8 +165,9 @@ def _generation_changes(args: argparse.Namespace):  # type: ignore[no-untyped-de
     if (args.layers or args.heads) and not args.corrupt:
         raise AttnscopeError("--layers and --heads say where --corrupt applies; give --corrupt PATTERN too")
     ablate: dict[int, tuple[int, ...] | None] = {}
-    for layer, heads in args.ablate or []:
-        ablate[layer] = None if heads is None or ablate.get(layer, ()) is None else (*ablate.get(layer, ()), *heads)
+    for layer, heads in args.ablate or []:  # repeated layers add up; a bare layer means every head
+        earlier = ablate.get(layer, ())
+        ablate[layer] = None if heads is None or earlier is None else (*earlier, *heads)
     return GenerationChanges(ablate=ablate, corrupt=args.corrupt, corrupt_layers=args.layers,
                              corrupt_heads=args.heads, skip_attention=args.skip_attention, skip_ffn=args.skip_ffn)
 
