@@ -43,6 +43,8 @@ _EXPORTS = {
     "head_statistics": "attnscope.analysis.stats",
     "attention_rollout": "attnscope.analysis.rollout",
     "attention_flow": "attnscope.analysis.rollout",
+    "mixing": "attnscope.experiments.mixing",
+    "Mixing": "attnscope.analysis.mixing",
     "top_attention": "attnscope.report",
 }
 
@@ -55,6 +57,7 @@ __all__ = [
     "CapturePlan",
     "Intervention",
     "LoadedModel",
+    "Mixing",
     "ModelInfo",
     "QuerySelection",
     "TopAttention",
@@ -70,12 +73,14 @@ __all__ = [
     "intervene",
     "load_model",
     "long_view",
+    "mixing",
     "partial_statistics",
     "top_attention",
     "view",
 ]
 
 if TYPE_CHECKING:
+    from .analysis.mixing import Mixing as Mixing
     from .analysis.partial import partial_statistics as partial_statistics
     from .analysis.patterns import classify_heads as classify_heads
     from .analysis.rollout import attention_flow as attention_flow
@@ -90,6 +95,7 @@ if TYPE_CHECKING:
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
+    from .experiments.mixing import mixing as mixing
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES

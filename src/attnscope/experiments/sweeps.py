@@ -300,15 +300,16 @@ def repeat_batch(value: Any, batch: int, copies: int) -> Any:
 
 
 def run_blocks_from(blocks: Sequence[nn.Module], kept: Sequence[tuple[tuple[Any, ...], dict[str, Any]]], first: int,
-                    batch: int, copies: int) -> torch.Tensor:
-    """Run blocks ``first..N-1`` on the cached input of block ``first``, ``copies`` times side by side.
+                    batch: int, copies: int, stop: int | None = None) -> torch.Tensor:
+    """Run blocks ``first..stop-1`` (default: to the last) on the cached input of block ``first``,
+    ``copies`` times side by side.
 
     Each block gets its own recorded arguments (repeated), with the running hidden states in place
     of the recorded ones. Returns the last block's output ``[copies * batch, pos, d_model]``.
     """
     args, kwargs = kept[first]
     hidden = repeat_batch(args[0] if args else kwargs["hidden_states"], batch, copies)
-    for index in range(first, len(blocks)):
+    for index in range(first, len(blocks) if stop is None else stop):
         args, kwargs = kept[index]
         kwargs = repeat_batch(kwargs, batch, copies)
         if args:
