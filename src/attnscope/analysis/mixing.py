@@ -183,10 +183,18 @@ class Mixing:
     rollout: np.ndarray
     heads: np.ndarray | None = None
     model: str = ""
+    causal: bool = False
 
     @property
     def n_layers(self) -> int:
         return int(self.layers.shape[0])
+
+    def output_shares(self) -> np.ndarray:
+        """Each input token's share of the output ``[k_pos]`` (sums to 1), from the rollout through the
+        last layer: its rows' mean for an encoder (the output is mean-pooled), the last row for a causal
+        model (the output is the next-token prediction)."""
+        rolled = self.rollout[-1]
+        return rolled[-1] if self.causal else rolled.mean(axis=0)
 
     def to_frame(self) -> Any:
         """Long format: ``layer``, ``q_pos``, ``k_pos``, ``query``, ``key``, ``value`` (the layer's map), ``rollout``."""
@@ -218,7 +226,7 @@ def rollout_of(method: str, layer_maps: np.ndarray) -> np.ndarray:
 
 
 def mixing_from_tensors(method: str, layers: Sequence[LayerTensors], tokens: Sequence[str], model: str = "",
-                        distances: np.ndarray | None = None) -> Mixing:
+                        distances: np.ndarray | None = None, causal: bool = False) -> Mixing:
     """The measure ``method`` from captured layers (value zeroing also needs ``distances``
     ``[layer, q_pos, k_pos]`` from the model)."""
     method = method_name(method)
@@ -234,7 +242,7 @@ def mixing_from_tensors(method: str, layers: Sequence[LayerTensors], tokens: Seq
     else:
         measure = globenc_map if method == "norm_residual" else alti_map
         maps = np.stack([measure(layer) for layer in layers])
-    return Mixing(method, tuple(tokens), maps, rollout_of(method, maps), heads, model)
+    return Mixing(method, tuple(tokens), maps, rollout_of(method, maps), heads, model, causal)
 
 
 def mixing_from_record(record: Any, method: str) -> Mixing:
@@ -247,4 +255,5 @@ def mixing_from_record(record: Any, method: str) -> Mixing:
     record.require_complete("context mixing")
     attention = np.asarray(record.attention, dtype=np.float64)  # [layer, head, q_pos, k_pos]
     maps = attention.mean(axis=1)
-    return Mixing(method, tuple(record.tokens), maps, rollout_of(method, maps), attention, record.model.name)
+    return Mixing(method, tuple(record.tokens), maps, rollout_of(method, maps), attention, record.model.name,
+                  record.model.causal)

@@ -195,7 +195,8 @@ def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] 
     names = [method_name(m) for m in methods]
     captured = capture_layers(loaded, text)
     distances = value_zeroing_distances(captured) if "value_zeroing" in names else None
-    return {name: mixing_from_tensors(name, captured.layers, captured.tokens, loaded.name, distances) for name in names}
+    return {name: mixing_from_tensors(name, captured.layers, captured.tokens, loaded.name, distances, loaded.causal)
+            for name in names}
 
 
 def mixing(model_or_record: LoadedModel | str | AttentionRecord, text: str | None = None,
