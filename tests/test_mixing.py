@@ -249,3 +249,20 @@ def test_record_gives_attention_only(tiny):
     assert mixing(loaded, TEXT, method="globenc").method == "norm_residual"
     with pytest.raises(AttnscopeError, match="distances"):
         mixing_from_tensors("value_zeroing", [], ())
+
+
+def test_plot_measure_draws_the_rollout(tiny_model_dir, tmp_path, capsys):
+    from attnscope.cli import main
+
+    folder = str(tiny_model_dir("bert"))
+    figure = tmp_path / "alti.png"
+    assert main(["plot", TEXT, "--model", folder, "--measure", "alti", "-o", str(figure)]) == 0
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    assert main(["plot", TEXT, "--model", folder, "--measure", "globenc", "--layer", "7", "-o",
+                 str(tmp_path / "bad.png")]) == 2
+    assert "--layer must be between 0 and 1" in capsys.readouterr().err
+    record = tmp_path / "rec.safetensors"
+    extract(load_model(folder), TEXT).save(record)
+    assert main(["plot", "--record", str(record), "--measure", "alti", "-o", str(tmp_path / "r.png")]) == 2
+    assert "needs the model" in capsys.readouterr().err
+    assert main(["plot", "--record", str(record), "--measure", "attention", "-o", str(tmp_path / "r.png")]) == 0

@@ -104,10 +104,14 @@ def test_evaluation_sentences_are_held_out_and_short():
     assert not set(sentences) & set(brown_sentences(1000))
 
 
-def test_cli_evaluate_json_and_errors(capsys):
-    assert main(["mixing", "--evaluate", "--models", "minilm", "--sentences", "3", "--json"]) == 0
+def test_cli_evaluate_json_and_errors(capsys, tmp_path):
+    figure = tmp_path / "faithfulness.png"
+    assert main(["mixing", "--evaluate", "--models", "minilm", "--sentences", "3", "--json", "--plot", str(figure)]) == 0
     table = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(table) == {"minilm"} and set(table["minilm"]) == {*METHODS, *BASELINES}
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    assert main(["mixing", "--evaluate", "--plot", str(tmp_path / "missing" / "f.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
     assert main(["mixing", "--evaluate", "some text"]) == 2
     assert "leave out the text" in capsys.readouterr().err
     assert main(["mixing"]) == 2

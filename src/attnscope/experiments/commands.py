@@ -229,6 +229,7 @@ def _mixing_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated models to evaluate (default: minilm,smollm2)")
     parser.add_argument("--sentences", type=positive_int, default=200, help="sentences to evaluate on (default: 200)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap and the random baseline")
+    parser.add_argument("--plot", type=Path, help="with --evaluate: also draw the table as a bar chart (PNG)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -237,6 +238,8 @@ def _run_mixing(args: argparse.Namespace) -> int:
 
     if args.evaluate:
         return _run_mixing_evaluation(args)
+    if args.plot:
+        raise AttnscopeError("--plot draws the evaluation; use it with --evaluate (plot a sentence with attnscope plot)")
     if not args.text:
         raise AttnscopeError("give a sentence to measure (or --evaluate)")
     from .mixing import mixing
@@ -260,16 +263,20 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from .faithfulness import evaluate_mixing
+    from .faithfulness import evaluate_mixing, plot_faithfulness
 
     if args.text:
         raise AttnscopeError("--evaluate uses the held-out Brown sentences; leave out the text")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise AttnscopeError("--models needs at least one model")
+    if args.plot and not args.plot.parent.is_dir():
+        raise AttnscopeError(f"--plot: folder {args.plot.parent} does not exist")
     start = time.perf_counter()
     results = evaluate_mixing(models, args.sentences, seed=args.seed, say=lambda line: print(line, file=sys.stderr))
     print(f"evaluated in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if args.plot:
+        plot_faithfulness(results, args.plot)
     if args.json:
         print(json.dumps(results))
         return 0
@@ -302,7 +309,7 @@ writes out/pruning_curve.png/.csv, out/importance.csv, out/pruned_model/ and out
   attnscope mixing "The cat sat on the mat."                      # ALTI on minilm: each token's share of the output
   attnscope mixing "The cat sat on the" --model smollm2 --method value_zeroing --json
   attnscope mixing --evaluate --json                             # 200 held-out sentences, minilm and smollm2
-  attnscope mixing --evaluate --models minilm --sentences 20     # a quick look
+  attnscope mixing --evaluate --models minilm --sentences 20 --plot faithfulness.png   # a quick look
 the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad_x_input"}}}""",
             _mixing_arguments, _run_mixing),
 )

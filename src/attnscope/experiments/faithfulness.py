@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -227,3 +228,30 @@ def evaluate_mixing(models: Sequence[str] = EVALUATION_MODELS, n_sentences: int 
         if say is not None:
             say(f"{name}: {len(sentences)} sentences in {time.perf_counter() - start:.0f} s")
     return results
+
+
+def plot_faithfulness(results: dict[str, dict[str, dict[str, Any]]], path: str | Path | None = None) -> Any:
+    """Bars of each method's mean Spearman rho with erasure (95% interval as error bars) and, hatched
+    beside them, with gradient x input; one panel per model. Saved to ``path`` when given."""
+    from ..analysis.figures import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.8), squeeze=False, sharey=True)
+    for ax, (model, table) in zip(axes[0], results.items()):
+        names = list(table)
+        x = np.arange(len(names))
+        erasure = np.array([table[n]["spearman_erasure"] for n in names])
+        low, high = (np.array([table[n]["ci"][side] for n in names]) for side in (0, 1))
+        ax.bar(x - 0.2, erasure, 0.4, yerr=[erasure - low, high - erasure], capsize=3, color="#4c72b0",
+               label="with erasure (95% CI)")
+        ax.bar(x + 0.2, [table[n]["spearman_grad_x_input"] for n in names], 0.4, color="#dd8452", hatch="//",
+               label="with gradient x input")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(x, names, rotation=35, ha="right")
+        ax.set_title(model)
+    axes[0][0].set_ylabel("mean Spearman rho over sentences")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
