@@ -1,4 +1,4 @@
-"""Context-mixing measures against direct computations on tiny random models (BERT: post-LN encoder;
+"""Context-mixing measures against direct computations on tiny random models (BERT and MPNet: post-LN encoders;
 Llama: pre-LN causal decoder with grouped key/value heads; BART: an encoder-decoder's encoder),
 and on hand-made tensors."""
 
@@ -33,9 +33,11 @@ TEXT = "The cat sat on the mat and looked at the dog."
 
 # the module the attention block's output leaves (post-LN: the first LayerNorm; pre-LN: the residual sum,
 # read as block input + attention module output)
-FIRST_NORM = {"bert": "encoder.layer.{}.attention.output.LayerNorm", "bart": "model.encoder.layers.{}.self_attn_layer_norm"}
+FIRST_NORM = {"bert": "encoder.layer.{}.attention.output.LayerNorm", "bart": "model.encoder.layers.{}.self_attn_layer_norm",
+              "mpnet": "encoder.layer.{}.attention.LayerNorm"}
 ATTENTION = {"llama": "model.layers.{}.self_attn"}
-BLOCK = {"bert": "encoder.layer.{}", "llama": "model.layers.{}", "bart": "model.encoder.layers.{}"}
+BLOCK = {"bert": "encoder.layer.{}", "llama": "model.layers.{}", "bart": "model.encoder.layers.{}",
+         "mpnet": "encoder.layer.{}"}
 
 
 def _sharpened(loaded):
@@ -66,7 +68,7 @@ def tiny(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def captured(tiny):
-    return {kind: capture_layers(tiny(kind), TEXT) for kind in ("bert", "llama", "bart")}
+    return {kind: capture_layers(tiny(kind), TEXT) for kind in ("bert", "llama", "bart", "mpnet")}
 
 
 def _run_with_hooks(loaded, layer: int, kind: str) -> dict[str, torch.Tensor]:
@@ -101,7 +103,7 @@ def _run_with_hooks(loaded, layer: int, kind: str) -> dict[str, torch.Tensor]:
     return seen
 
 
-@pytest.mark.parametrize("kind", ["bert", "llama", "bart"])
+@pytest.mark.parametrize("kind", ["bert", "llama", "bart", "mpnet"])
 def test_alti_terms_sum_to_the_attention_blocks_output(tiny, captured, kind):
     loaded = tiny(kind)
     for layer, tensors in enumerate(captured[kind].layers):
@@ -174,7 +176,7 @@ def _zeroed_rerun(loaded, kind: str, layer: int, position: int) -> torch.Tensor:
     return outputs[0][0]
 
 
-@pytest.mark.parametrize("kind", ["bert", "llama", "bart"])
+@pytest.mark.parametrize("kind", ["bert", "llama", "bart", "mpnet"])
 def test_value_zeroing_matches_rerunning_the_model_with_that_value_zeroed(tiny, captured, kind):
     loaded = tiny(kind)
     distances = value_zeroing_distances(captured[kind])
