@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long bench-widget serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench: install-test
 
 bench-ablate: install-test
 	$(BIN)/python benchmarks/ablate.py
+
+bench-mixing: install-test
+	$(BIN)/python benchmarks/mixing.py
 
 bench-long: install-test
 	$(BIN)/python benchmarks/long.py

@@ -48,6 +48,8 @@ _EXPORTS = {
     "head_statistics": "attnscope.analysis.stats",
     "attention_rollout": "attnscope.analysis.rollout",
     "attention_flow": "attnscope.analysis.rollout",
+    "mixing": "attnscope.experiments.mixing",
+    "Mixing": "attnscope.analysis.mixing",
     "top_attention": "attnscope.report",
 }
 
@@ -61,6 +63,7 @@ __all__ = [
     "GenerationRecord",
     "Intervention",
     "LoadedModel",
+    "Mixing",
     "ModelInfo",
     "QuerySelection",
     "TopAttention",
@@ -77,12 +80,14 @@ __all__ = [
     "intervene",
     "load_model",
     "long_view",
+    "mixing",
     "partial_statistics",
     "top_attention",
     "view",
 ]
 
 if TYPE_CHECKING:
+    from .analysis.mixing import Mixing as Mixing
     from .analysis.partial import partial_statistics as partial_statistics
     from .analysis.patterns import classify_heads as classify_heads
     from .analysis.rollout import attention_flow as attention_flow
@@ -99,6 +104,7 @@ if TYPE_CHECKING:
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
     from .generation import GenerationRecord as GenerationRecord
+    from .experiments.mixing import mixing as mixing
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES

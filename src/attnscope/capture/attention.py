@@ -239,6 +239,12 @@ def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
     ``W_O^h`` is head h's slice of the output projection (Kobayashi et al. 2020, without the
     output bias, which is added once after the heads are summed).
     """
+    return transformed_values(values, site).norm(dim=-1)
+
+
+def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
+    (float32, without the output bias)."""
     if site.out_proj is None:
         raise AttnscopeError(f"no output projection found for {site.name}; norms are unavailable for this model")
     weight = cast(torch.Tensor, site.out_proj.weight).float()
@@ -246,8 +252,7 @@ def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
         weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
     n_heads, d_head = values.shape[1], values.shape[-1]
     per_head = weight.view(weight.shape[0], n_heads, d_head)  # [d_model, head, d_head]
-    transformed = torch.einsum("bhkd,mhd->bhkm", values.float(), per_head)  # [batch, head, k_pos, d_model]
-    return transformed.norm(dim=-1)
+    return torch.einsum("bhkd,mhd->bhkm", values.float(), per_head)  # [batch, head, k_pos, d_model]
 
 
 def attnscope_attention(

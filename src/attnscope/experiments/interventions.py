@@ -199,6 +199,29 @@ class HeadGates(Intervention):
         return output * gate[None, None, :, None]
 
 
+class ValueZeroing(Intervention):
+    """Zero one key position's value vector, in every head, at one site (Mohebbi et al. 2023).
+
+    ``positions`` ``[batch]``: batch row b zeroes the value of key ``positions[b]`` (-1: none), so a
+    batch of T copies of one input zeroes every position at once. Zeroing v_j is removing column j
+    of the probabilities (``output_i = sum_k p_ik v_k``); the rest of each row is left as it is.
+    """
+
+    def __init__(self, layer: int, positions: torch.Tensor, kind: str = "self") -> None:
+        self.layer, self.kind = layer, kind
+        self.positions = positions.long()
+
+    def applies_to(self, site: AttentionSite) -> bool:
+        return site.kind == self.kind and site.layer == self.layer
+
+    def modify_probs(self, site: AttentionSite, probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        if len(self.positions) != probs.shape[0]:
+            raise AttnscopeError(f"value zeroing has {len(self.positions)} positions for a batch of {probs.shape[0]}")
+        keys = torch.arange(probs.shape[-1], device=probs.device)
+        zeroed = keys[None, :] == self.positions.to(probs.device)[:, None]  # [batch, k_pos]
+        return probs.masked_fill(zeroed[:, None, None, :], 0.0)
+
+
 def ablate_heads(heads: Mapping[int, Sequence[int] | None], mode: str | Pattern = "zero", *, kind: str = "self",
                  means: Mapping[tuple[str, int], torch.Tensor] | None = None, k: int = 1
                  ) -> AbstractContextManager[None]:
