@@ -51,8 +51,8 @@ DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload
 # name -> (package, folder) of every asset the page may load
 ASSETS = {
     **{name: ("attnscope.present", "static") for name in
-       ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css")},
-    **{name: ("attnscope.lab", "static") for name in ("steps.js", "steps.css")},
+       ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
+        "steps.js", "steps.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
