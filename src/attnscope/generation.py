@@ -209,8 +209,7 @@ class GenerationRecord:
             title=title or f"{self.model.name}: {self.prompt[:120]}", model=self.model.name, method=self.method,
             kind="self", text=self.tokens, first_step=self.prompt_length,
             steps=[self._step_info(step) for step in range(self.n_steps)],
-            rows=self.step_attention,
-            weighted=(lambda step: self.step_attention(step, weighted=True)) if self.has_norms else None,
+            rows=self.step_attention, value_norms=self.arrays.get("value_norms"),
             changes=self.changes, compress=compress)
 
     @property

@@ -27,12 +27,18 @@
   async function decodeRows(rows) {
     const values = await V.unpack(rows.values);
     return { bytes: values.bytes, max: await V.unpackNumbers(rows.row_max), total: rows.values.shape.at(-1),
-      steps: rows.row_max.shape.at(-1) };
+      steps: rows.row_max.shape.at(-1), levels: rows.levels };
   }
 
+  /* The attention sets; for the norm-weighted view the means and the value norms [layer, head, position]. */
   async function decodeAttention(attention) {
     const [heads, layers, all] = await Promise.all([attention.heads, attention.layers, attention.all].map(decodeRows));
     return { heads, layers, all };
+  }
+
+  async function decodeWeighted(weighted) {
+    const [layers, all] = await Promise.all([weighted.layers, weighted.all].map(decodeRows));
+    return { layers, all, norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
   }
 
   class StepView {
@@ -57,27 +63,32 @@
 
     get nSteps() { return this.payload.steps.length; }
 
-    /* The rows set and its index for the current choice of layer and head. */
-    selection() {
-      const rows = this.decoded[this.state.weighted ? "weighted" : "attention"];
-      const { layer, head } = this.state;
-      if (layer < 0) return { rows: rows.all, index: 0 };
-      if (head < 0) return { rows: rows.layers, index: layer };
-      return { rows: rows.heads, index: layer * this.payload.n_heads + head };
-    }
-
-    /* The bytes of the current step's row (255 = the row's largest weight) and that largest weight. */
+    /* The current step's row as weights [keys] and its largest weight: one head, one layer's mean
+     * over heads, or the mean of all. A norm-weighted head row is its attention row times each
+     * key's value norm (the payload ships the norms, not a second copy of every head's rows). */
     currentRow() {
-      const { rows, index } = this.selection();
-      const step = this.state.step;
+      const { layer, head, weighted, step } = this.state;
+      const n = this.payload.keys[step];
+      const sets = weighted ? this.decoded.weighted : this.decoded.attention;
+      const [rows, index] = layer < 0 ? [sets.all, 0] : head < 0 ? [sets.layers, layer]
+        : [this.decoded.attention.heads, layer * this.payload.n_heads + head];
       const start = index * rows.total + this.offsets[step];
-      return { bytes: rows.bytes.subarray(start, start + this.payload.keys[step]), max: rows.max[index * rows.steps + step] };
+      const top = rows.max[index * rows.steps + step];
+      const weights = Float32Array.from(rows.bytes.subarray(start, start + n), (b) => (b / rows.levels) * top);
+      if (!weighted || layer < 0 || head < 0) return { weights, max: top };
+      const { norms, positions } = this.decoded.weighted;
+      const base = index * positions;
+      let max = 0;
+      for (let k = 0; k < n; k++) {
+        weights[k] *= norms[base + k];
+        max = Math.max(max, weights[k]);
+      }
+      return { weights, max };
     }
 
-    /* The current row's weights as numbers [keys], decoded (for tests and tools). */
+    /* The current row's weights as numbers [keys] (for tests and tools). */
     row() {
-      const { bytes, max } = this.currentRow();
-      return Array.from(bytes, (b) => (b / 255) * max);
+      return Array.from(this.currentRow().weights);
     }
 
     // ---- controls ------------------------------------------------------------------------
@@ -149,7 +160,7 @@
         el("p", "st-note", p.kind === "cross" ? "the decoded tokens (click one, or use \u2190 \u2192):"
           : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption];
       this.root.replaceChildren(...parts);
-      this.root.classList.add("attnscope-steps");
+      this.root.classList.add("attnscope-steps", `st-${p.kind}`);
       this.root.addEventListener("keydown", (event) => this.key(event));
     }
 
@@ -173,7 +184,7 @@
     }
 
     async setWeighted(on) {
-      if (on && !this.decoded.weighted) this.decoded.weighted = await decodeAttention(this.payload.weighted);
+      if (on && !this.decoded.weighted) this.decoded.weighted = await decodeWeighted(this.payload.weighted);
       this.state.weighted = on && !!this.payload.weighted;
       if (this.normsBox) this.normsBox.checked = this.state.weighted;
       this.draw();
@@ -221,15 +232,15 @@
     }
 
     /* Tokens shaded by the current row: darkest = the row's largest weight. */
-    shadedTokens(tokens, bytes, max) {
+    shadedTokens(tokens, { weights, max }) {
       const box = el("div", "st-text");
       tokens.forEach((token, k) => {
-        const level = bytes[k] / 255;
+        const level = max > 0 ? weights[k] / max : 0;
         const shade = this.state.brighten ? Math.sqrt(level) : level;
         const piece = el("span", "st-key", shown(token));
         piece.style.background = `rgba(200, 70, 30, ${shade.toFixed(3)})`;
         if (shade > 0.55) piece.style.color = "white";
-        piece.title = `key ${k} ${JSON.stringify(token)}: ${(level * max).toFixed(4)}`;
+        piece.title = `key ${k} ${JSON.stringify(token)}: ${weights[k].toFixed(4)}`;
         box.append(piece);
         if (token.includes("\n")) box.append(el("br"));
       });
@@ -239,7 +250,7 @@
     drawAttention() {
       const p = this.payload;
       const s = this.state;
-      const { bytes, max } = this.currentRow();
+      const row = this.currentRow();
       const textSoFar = p.text.slice(0, p.first_step + s.step);
       const next = el("span", "st-next", shown(p.text[p.first_step + s.step]));
       next.title = "the token this step chose";
@@ -249,21 +260,22 @@
       const parts = [];
       if (p.kind === "cross") {
         parts.push(el("p", "st-note", `${what} of the newest decoder token over the source (${which}):`),
-          this.shadedTokens(p.source, bytes, max));
+          this.shadedTokens(p.source, row));
         const prefix = el("div", "st-text");
         prefix.append(textSoFar.map(shown).join(" "), " \u2192 ", next);
         parts.push(el("p", "st-note", "the text so far and the chosen token:"), prefix);
       } else {
         parts.push(el("p", "st-note", `${what} of the last token so far over the prompt and the text so far (${which}); `
           + "then the chosen token:"));
-        const text = this.shadedTokens(textSoFar, bytes, max);
+        const text = this.shadedTokens(textSoFar, row);
         const prompt = [...text.querySelectorAll(".st-key")].slice(0, p.first_step);
         prompt.forEach((piece) => piece.classList.add("st-prompt"));
         text.append(" \u2192 ", next);
         parts.push(text);
       }
       this.attention.replaceChildren(...parts);
-      this.caption.textContent = `darkest = this row's largest weight (${max.toFixed(4)}); hover a token for its weight. `
+      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;  // the newest tokens
+      this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
         + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
     }
   }
