@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_json import emit  # noqa: E402
+from bench_json import emit
 
-from attnscope.generation import GenerationRecord, packed_length, row_offset  # noqa: E402
-from attnscope.record import ModelInfo  # noqa: E402
+from attnscope.generation import GenerationRecord, packed_length, row_offset
+from attnscope.record import ModelInfo
 
 LAYERS, HEADS, PROMPT, CANDIDATES = 30, 9, 64, 10
 

@@ -166,8 +166,8 @@ def key_shades(page) -> list[str]:
 @needs_chromium
 def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, generation, tmp_path):
     page = chromium_page(browser, generation.save_html(ARTIFACTS / "steps_generation.html"))
-    chosen = lambda: page.text_content("[data-role=chosen]")  # noqa: E731
-    within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))  # noqa: E731
+    chosen = lambda: page.text_content("[data-role=chosen]")
+    within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))
     assert chosen() == shown_token(generation.chosen(0).token)
     assert within(page.evaluate(f"{VIEW}.row()"), generation.step_attention(0).mean(axis=(0, 1)), 255)
     assert page.locator("[data-role=attention] .st-key").count() == generation.prompt_length
