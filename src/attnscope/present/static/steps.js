@@ -161,7 +161,11 @@
           : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption];
       this.root.replaceChildren(...parts);
       this.root.classList.add("attnscope-steps", `st-${p.kind}`);
-      this.root.addEventListener("keydown", (event) => this.key(event));
+      if (!this.root.hasAttribute("tabindex")) this.root.tabIndex = 0;  // takes the arrow keys once focused
+      // a container drawn again (the explorer's next generation) answers the keys for the new view only
+      if (this.root.attnscopeStepsKeys) this.root.removeEventListener("keydown", this.root.attnscopeStepsKeys);
+      this.root.attnscopeStepsKeys = (event) => this.key(event);
+      this.root.addEventListener("keydown", this.root.attnscopeStepsKeys);
     }
 
     key(event) {
