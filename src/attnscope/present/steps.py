@@ -242,13 +242,15 @@ class StepsView:
     payload: StepsPayload
 
     def fragment(self, element_id: str | None = None, *, focus: bool = False) -> str:
-        """The view as an HTML fragment; ``focus``: take the keyboard on load (a page of its own)."""
+        """The view as an HTML fragment; ``focus``: a page of its own (takes the keyboard on load and
+        starts where its address says)."""
         uid = element_id or f"attnscope-steps-{uuid.uuid4().hex[:12]}"
         return FRAGMENT.substitute(uid=uid, css=static_text(STEPS_STYLES), js=static_text(STEPS_SCRIPTS),
-                                   payload=to_json(self.payload), options=json.dumps({"focus": focus}))
+                                   payload=to_json(self.payload), options=json.dumps({"focus": focus, "hash": focus}))
 
     def to_html(self) -> str:
-        """A complete offline HTML document (scripts, styles and data inline; no network)."""
+        """A complete offline HTML document (scripts, styles and data inline; no network). Its address
+        can choose where it starts: ``steps.html#step=5&layer=2&head=3&norms=1`` (0-indexed)."""
         return DOCUMENT.substitute(policy=CONTENT_POLICY, title=html.escape(self.payload["title"]),
                                    fragment=self.fragment("attnscope-steps", focus=True))
 

@@ -3,11 +3,12 @@
  * (cross-attention over the source). One page for both: present/steps.py builds the payload
  * (present/steps.schema.json), this file draws it.
  *
- * AttnscopeSteps.render(container, payload, {focus}) -> Promise of the view (also kept in
+ * AttnscopeSteps.render(container, payload, {focus, hash}) -> Promise of the view (also kept in
  * AttnscopeSteps.instances[container.id]). The view shows the generated tokens as a strip (click
  * one, or move with the arrow keys, Home and End), the chosen step's top next tokens with their
  * probabilities, and what its query attended to, drawn over the tokens it saw: one head, one
- * layer's mean over heads, or the mean of all layers and heads, raw or norm-weighted.
+ * layer's mean over heads, or the mean of all layers and heads, raw or norm-weighted. `focus`: take
+ * the keyboard; `hash`: start where the address says (#step=5&layer=2&head=3&norms=1).
  * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack).
  */
 (function (NS, V) {
@@ -56,6 +57,7 @@
     async start() {
       this.decoded.attention = await decodeAttention(this.payload.attention);
       this.build();
+      if (this.options.hash) await this.fromAddress();
       this.draw();
       if (this.options.focus) this.root.focus();
       return this;
@@ -166,6 +168,19 @@
       if (this.root.attnscopeStepsKeys) this.root.removeEventListener("keydown", this.root.attnscopeStepsKeys);
       this.root.attnscopeStepsKeys = (event) => this.key(event);
       this.root.addEventListener("keydown", this.root.attnscopeStepsKeys);
+    }
+
+    /* A page of its own starts where its address says: steps.html#step=5&layer=2&head=3&norms=1 (0-indexed). */
+    async fromAddress() {
+      const asked = new URLSearchParams(window.location.hash.replace(/^#/, ""));
+      const number = (name, low, high) => {
+        const value = Number(asked.get(name));
+        return asked.has(name) && Number.isInteger(value) && value >= low && value <= high ? value : null;
+      };
+      this.state.step = number("step", 0, this.nSteps - 1) ?? 0;
+      const layer = number("layer", 0, this.payload.n_layers - 1);
+      if (layer !== null) this.choose(layer, number("head", 0, this.payload.n_heads - 1) ?? -1);
+      if (asked.get("norms") === "1" && this.payload.weighted) await this.setWeighted(true);
     }
 
     key(event) {
