@@ -4,8 +4,6 @@ bad input, and the tab in Debian's Chromium (Playwright) drawing the step view o
 from __future__ import annotations
 
 import importlib.util
-import threading
-import time
 
 import pytest
 
@@ -14,7 +12,7 @@ from attnscope.models.registry import ALIASES
 from attnscope.present.steps import steps_schema
 
 from .conftest import CHROMIUM
-from .test_serve_browser import free_port
+from .test_serve_guard import serving
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 jsonschema = pytest.importorskip("jsonschema")
@@ -66,19 +64,9 @@ def test_bad_generation_input_gets_a_4xx_with_one_line(client, body, detail):
 # ---- the tab in Chromium -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(app):
-    """The app served by uvicorn on a free loopback port, in a thread (the model is loaded once)."""
-    import uvicorn
-
-    port = free_port()
-    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    running.should_exit = True
-    thread.join(timeout=30)
+    """The app served on a free loopback port, in a thread (the model is loaded once)."""
+    with serving(app) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
