@@ -32,6 +32,6 @@ STEPS=$(mktemp -d)
 "$BIN/attnscope" generate "Write one sentence about the sea." --chat -n 24 --html "$STEPS/generate.html" >/dev/null
 "$BIN/attnscope" toy translate "i can eat apples" --html "$STEPS/toy.html" >/dev/null
 PAGE=$STEPS/generate.html
-shot generate_steps 1100,760 "step=9&layer=3"
+shot generate_steps 1100,380 "step=9&layer=3"
 PAGE=$STEPS/toy.html
-shot lab_steps 1000,420 "step=2"
+shot lab_steps 1000,330 "step=2"

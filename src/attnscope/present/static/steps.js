@@ -237,7 +237,7 @@
       for (const c of step.candidates) {
         const line = el("div", "st-cand" + (c.token === step.chosen ? " st-chosen" : ""));
         const bar = el("span", "st-bar");
-        bar.style.width = `${Math.round(120 * c.probability)}px`;
+        bar.style.width = `${Math.round(80 * c.probability)}px`;
         const logit = c.logit === undefined ? "" : ` (logit ${c.logit.toFixed(1)})`;
         line.append(bar, el("span", "st-token", JSON.stringify(c.token)), el("span", "", ` ${c.probability.toFixed(3)}${logit}`));
         list.append(line);
