@@ -129,6 +129,13 @@ def test_the_schema_rejects_a_payload_missing_a_field_or_with_a_wrong_kind(trace
         jsonschema.validate(payload, steps_schema())
 
 
+@needs_smollm2
+def test_a_notebook_shows_a_generation_as_its_step_view(generation):
+    first, second = generation._repr_html_(), generation._repr_html_()
+    assert 'class="attnscope-steps"' in first and "AttnscopeSteps.render" in first and "<html" not in first
+    assert first.split('"')[3] != second.split('"')[3], "each output cell gets its own element id"
+
+
 def test_the_page_is_offline_and_its_payload_cannot_end_the_script(trace, tmp_path):
     page = StepsView(trace.to_payload()).save(tmp_path / "steps.html").read_text(encoding="utf-8")
     assert "http:" not in page and "https:" not in page, "nothing loads from a network"
