@@ -220,5 +220,6 @@ def test_translator_intervention_shows_translation_and_step_view(browser, server
     tab.page.wait_for_selector("#effects[data-state=done]")
     lines = tab.page.inner_text("[data-role=translation]").splitlines()
     assert lines[0] == "intact: ich kann Äpfel essen" and lines[1].startswith("changed:") and lines[1] != "changed: ich kann Äpfel essen"
-    assert tab.js("document.querySelectorAll('#effects .attnscope-steps table tbody tr').length") >= 2
+    tab.page.wait_for_selector("#effects .attnscope-steps[data-drawn]", state="attached")
+    assert tab.js("document.querySelectorAll('#effects .attnscope-steps [data-role=strip] .st-step').length") >= 2
     tab.check_clean()

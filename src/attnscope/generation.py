@@ -19,12 +19,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import AttnscopeError
 from .record import AttentionRecord, ModelInfo
+
+if TYPE_CHECKING:
+    from .present.steps import StepInfo, StepsPayload, StepsView
 
 GENERATION_FORMAT = "attnscope-generation/1"
 TO_RECORD_LIMIT = 2048  # tokens: beyond this a [layer, head, T, T] matrix is rarely what a user wants
@@ -194,6 +197,49 @@ class GenerationRecord:
             arrays["self.norms"] = matrix * self.arrays["value_norms"][:, :, None, :]
         return AttentionRecord(model=self.model, tokens=self.tokens, arrays=arrays,
                                text=(self.prompt + self.generated_text,))
+
+    # ---- the step view -------------------------------------------------------------------
+    def steps_payload(self, *, compress: bool = True, title: str | None = None) -> StepsPayload:
+        """The step view's payload (``present/steps.schema.json``): every step's candidates and its
+        query's attention over the prompt and the text so far, per head, per layer and overall,
+        raw and (with value norms) norm-weighted."""
+        from .present.steps import build_steps_payload
+
+        return build_steps_payload(
+            title=title or f"{self.model.name}: {self.prompt[:120]}", model=self.model.name, method=self.method,
+            kind="self", text=self.tokens, first_step=self.prompt_length,
+            steps=[self._step_info(step) for step in range(self.n_steps)],
+            rows=self.step_attention, value_norms=self.arrays.get("value_norms"),
+            changes=self.changes, compress=compress)
+
+    @property
+    def method(self) -> str:
+        """How the tokens were chosen, e.g. ``greedy`` or ``sampling (temperature 0.8, seed 1)``."""
+        settings = self.settings
+        chat = ", chat template" if settings.get("chat") else ""
+        if not settings.get("do_sample"):
+            return f"greedy{chat}"
+        named = [f"{name.replace('_', '-')} {settings[name]}" for name in ("temperature", "top_k", "top_p", "seed")
+                 if settings.get(name) is not None]
+        return f"sampling ({', '.join(named)}){chat}"
+
+    def _step_info(self, step: int) -> StepInfo:
+        chosen = self.chosen(step)
+        return {"chosen": chosen.token, "probability": chosen.probability,
+                "candidates": [{"token": c.token, "probability": c.probability} for c in self.candidates(step)]}
+
+    def steps_view(self, *, title: str | None = None) -> StepsView:
+        """The step view: step through the generated tokens (arrow keys or click)."""
+        from .present.steps import StepsView
+
+        return StepsView(self.steps_payload(title=title))
+
+    def save_html(self, path: str | Path) -> Path:
+        """The step view as one self-contained HTML page (no network)."""
+        return self.steps_view().save(path)
+
+    def _repr_html_(self) -> str:
+        return self.steps_view().fragment()
 
     # ---- save / load --------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

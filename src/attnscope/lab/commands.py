@@ -146,6 +146,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
                          help="layers whose feed-forward sublayer adds nothing")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--save", type=Path, help="write the GenerationRecord (.safetensors) of the (changed) text")
+    outputs.add_argument("--html", type=Path, help="write the step view of the (changed) text: one offline page to "
+                         "step through the tokens (arrow keys or click), top next tokens, attention per layer and head")
     outputs.add_argument("--json", action="store_true", help="print the result as one JSON object (last line)")
 
 
@@ -177,8 +179,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     from ..outputs import check_output_file, writing
 
     changes = _generation_changes(args)
-    if args.save:
-        check_output_file(args.save)  # before the model loads
+    for path in (args.save, args.html):
+        if path:
+            check_output_file(path)  # before the model loads
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
@@ -197,6 +200,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.save:
         with writing(args.save):
             print(f"generation record: {record.save(args.save)}", file=sys.stderr if args.json else sys.stdout)
+    if args.html:
+        with writing(args.html):
+            print(f"step view: {record.save_html(args.html)}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     return 0
@@ -235,6 +241,7 @@ COMMANDS = (
     Command("generate", "generate with a decoder and keep what every new token attended to", """examples:
   attnscope generate "Write one sentence about the sea." --chat
   attnscope generate "The capital of France is" -n 16 --save gen.safetensors
+  attnscope generate "Write one sentence about the sea." --chat --html steps.html   # step through it
   attnscope generate "Write one sentence about the sea." --chat --ablate 3:4,7 --corrupt uniform --layers 0-5
   attnscope generate "Once upon a time" --sample --temperature 0.8 --seed 1 --json
 Per step: the chosen token, its probability, the runners-up and the earlier token attended to most

@@ -64,6 +64,17 @@ def static_text(names: tuple[str, ...]) -> str:
     return "\n".join(folder.joinpath(name).read_text(encoding="utf-8") for name in names)
 
 
+def write_page(path: str | Path, page: str) -> Path:
+    """Write an HTML page (one clear error line if the file cannot be written) and return its path."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page, encoding="utf-8")
+    except OSError as error:
+        raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
+    return path
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionView:
     """The views of one record: ``_repr_html_`` for notebooks, :meth:`save` / :meth:`to_html` for files.
@@ -104,13 +115,7 @@ class AttentionView:
 
     def save(self, path: str | Path) -> Path:
         """Write the self-contained HTML file and return its path."""
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.to_html(), encoding="utf-8")
-        except OSError as error:
-            raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
-        return path
+        return write_page(path, self.to_html())
 
     def __repr__(self) -> str:
         return f"AttentionView(views={self.views}, title={self.payload['title']!r})"

@@ -371,6 +371,11 @@ def pack_uint8(values: np.ndarray, layer_max: np.ndarray, compress: bool, *, lev
     return packed
 
 
+def pack_bytes(values: np.ndarray, compress: bool) -> PackedArray:
+    """uint8 values as they are (the caller says how to read them; no ``scale``)."""
+    return _pack(values.astype(np.uint8), "uint8", compress)
+
+
 def pack_float16(values: np.ndarray, compress: bool, *, level: int = 6) -> PackedArray:
     return _pack(values.astype("<f2"), "float16", compress, level)
 
@@ -388,11 +393,15 @@ def _pack(array: np.ndarray, dtype: Literal["uint8", "float16", "uint16"], compr
                        data=base64.b64encode(data).decode("ascii"))
 
 
+def packed_bytes(packed: PackedArray) -> bytes:
+    """The raw bytes of a packed array (base64-decoded, inflated)."""
+    raw = base64.b64decode(packed["data"])
+    return zlib.decompress(raw) if packed["compression"] == "deflate" else raw
+
+
 def unpack(packed: PackedArray) -> np.ndarray:
     """The inverse of packing, for tests and tools: float32 values in ``shape``."""
-    raw = base64.b64decode(packed["data"])
-    if packed["compression"] == "deflate":
-        raw = zlib.decompress(raw)
+    raw = packed_bytes(packed)
     if packed["dtype"] in ("float16", "uint16"):
         little_endian = "<f2" if packed["dtype"] == "float16" else "<u2"
         return np.frombuffer(raw, dtype=little_endian).astype(np.float32).reshape(packed["shape"])

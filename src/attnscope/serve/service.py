@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
 from ..record import AttentionRecord
 
@@ -309,3 +310,11 @@ def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[s
     return {"type": "translation", "intact": intact.output, "changed": changed.output,
             "intact_steps": intact.to_payload(), "changed_steps": changed.to_payload(),
             "what": "the greedy translation of the input, intact and changed, with the decoding steps"}
+
+
+# ---- generation ------------------------------------------------------------------------------
+def describe_generation(record: GenerationRecord) -> dict[str, Any]:
+    """The answer of ``/api/generate``: the generated text and the step view's payload
+    (``present/steps.schema.json``)."""
+    return {"model": record.model.name, "prompt": record.prompt, "generated": record.generated_text,
+            "payload": record.steps_payload()}
