@@ -112,23 +112,27 @@ def parse_input_file(source: str, data: bytes) -> tuple[list[InputLine], list[Ba
         except UnicodeDecodeError:
             bad.append(BadLine(source, number, "not valid UTF-8"))
             continue
-        except ValueError as error:
+        except _Malformed as error:
             bad.append(BadLine(source, number, str(error)))
             continue
         inputs.append(InputLine(text, pair, source, number))
     return inputs, bad
 
 
+class _Malformed(Exception):
+    """Why one line holds no usable input (becomes a :class:`BadLine`)."""
+
+
 def _jsonl_fields(line: str) -> tuple[str, str | None]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON ({error.msg})") from None
+        raise _Malformed(f"not valid JSON ({error.msg})") from None
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise ValueError("expected an object with a \"text\" string")
+        raise _Malformed("expected an object with a \"text\" string")
     pair = row.get("pair")
     if pair is not None and not isinstance(pair, str):
-        raise ValueError("\"pair\" must be a string")
+        raise _Malformed("\"pair\" must be a string")
     _check_filled(row["text"], pair)
     return row["text"], pair
 
@@ -136,7 +140,7 @@ def _jsonl_fields(line: str) -> tuple[str, str | None]:
 def _check_filled(text: object, pair: object) -> None:
     for key, value in (("text", text), ("pair", pair)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ValueError(f"\"{key}\" is empty" if isinstance(value, str) else f"\"{key}\" is not a string")
+            raise _Malformed(f"\"{key}\" is empty" if isinstance(value, str) else f"\"{key}\" is not a string")
 
 
 def _parquet_inputs(source: str, data: bytes) -> tuple[list[InputLine], list[BadLine]]:
@@ -156,7 +160,7 @@ def _parquet_inputs(source: str, data: bytes) -> tuple[list[InputLine], list[Bad
     for row, (text, pair) in enumerate(zip(texts, pairs), 1):
         try:
             _check_filled(text if text is not None else "", pair)
-        except ValueError as error:
+        except _Malformed as error:
             bad.append(BadLine(source, row, str(error)))
             continue
         inputs.append(InputLine(text, pair, source, row))

@@ -28,11 +28,10 @@ from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
 from ..record import AttentionRecord
-from .patterns import PATTERNS, STABLE_MIN_INPUTS, STABLE_SHARE, CorpusPatterns, HeadPatterns, classify_heads
+from .patterns import PATTERNS, STABLE_MIN_INPUTS, STABLE_SHARE, CorpusPatterns, classify_heads
 from .stats import head_statistics, largest_measured
 from .store import DEFAULT_DB, HeadStore
 from .tokens import token_context
-
 
 NAMED_CORPORA = ("brown", "brown-pairs")
 

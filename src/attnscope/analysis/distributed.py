@@ -20,14 +20,24 @@ starve them and the job hangs).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
-from .corpus import (CorpusInputs, CorpusReport, corpus_sources, examples_of, finding_inputs, head_rows, inputs_table,
-                     named_corpus, write_report)
+from .corpus import (
+    CorpusInputs,
+    CorpusReport,
+    corpus_sources,
+    examples_of,
+    finding_inputs,
+    head_rows,
+    inputs_table,
+    named_corpus,
+    write_report,
+)
 
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
 ROWS_FOLDER = "parquet"
@@ -38,17 +48,17 @@ def ray_module() -> Any:
     """``ray`` with Ray Data, or one clear error saying how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401 - Ray Data is the part attnscope needs
+        import ray.data
     except ImportError:
         raise AttnscopeError("the Ray engine needs Ray: pip install 'attnscope[ray]'") from None
     return ray
 
 
 class HeadRowsWorker:
-    """A Ray actor's state: the model, loaded once; called on batches (pandas, columns ``input_id``,
-    ``text``, ``pair``), it returns their head rows."""
+    """A Ray actor's state: the model, loaded once; called on a window of inputs (pandas, columns
+    ``input_id``, ``text``, ``pair``), it returns their head rows, computed ``batch_size`` at a time."""
 
-    def __init__(self, model: str, dtype: str, threads: int, progress: Any = None) -> None:
+    def __init__(self, model: str, dtype: str, threads: int, batch_size: int, progress: Any = None) -> None:
         import torch
 
         from ..capture.linear import PackedWeights
@@ -57,18 +67,21 @@ class HeadRowsWorker:
         torch.set_num_threads(threads)
         self.loaded = load_model(model, dtype=dtype)
         self.packed = PackedWeights()  # oneDNN weights packed once per actor, as the local engine does per run
+        self.batch_size = batch_size
         self.progress = progress
 
     def __call__(self, batch: Any) -> Any:
         from ..capture.extract import extract_corpus
 
         items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
-        records = list(extract_corpus(self.loaded, items, batch_size=len(items), norms=True, progress=False,
+        records = list(extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False,
                                       onednn=True, packed=self.packed, parallel_batches=1))
         rows = head_rows([int(i) for i in batch["input_id"]], records)
         if self.progress is not None:
             self.progress.add.remote(len(items))
-        return rows
+        import pyarrow as pa
+
+        return pa.Table.from_pandas(rows, preserve_index=False)  # typed by the frame: an all-NaN column stays double
 
 
 class _Progress:
@@ -166,20 +179,28 @@ def compute_rows(ray: Any, inputs: list[InputLine], rows_dir: Path, *, model: st
     Parquet part files into ``rows_dir``; input ``i`` of ``inputs`` is ``input_id`` i."""
     import pandas as pd
 
+    from ..capture.extract import SORT_WINDOW_BATCHES
+
     actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # part files in input order
     context.enable_progress_bars = False  # the driver shows one bar, over inputs
-    blocks = [pd.DataFrame({"input_id": range(start, min(start + batch_size, len(inputs))),
-                            "text": [entry.text for entry in inputs[start:start + batch_size]],
-                            "pair": [entry.pair for entry in inputs[start:start + batch_size]]})
-              for start in range(0, len(inputs), batch_size)]  # one batch per block: a retry redoes one batch
+    # A block is one window of the local engine (extract_corpus sorts each window by length into batches), so
+    # both engines run the same batches and give the same numbers; a retry redoes one window.
+    window = batch_size * SORT_WINDOW_BATCHES
+    blocks = [pd.DataFrame({"input_id": range(start, min(start + window, len(inputs))),
+                            "text": [entry.text for entry in inputs[start:start + window]],
+                            "pair": [entry.pair for entry in inputs[start:start + window]]})
+              for start in range(0, len(inputs), window)]
     counter = ray.remote(num_cpus=0)(_Progress).remote()
-    rows = ray.data.from_pandas(blocks).map_batches(
-        HeadRowsWorker, batch_size=batch_size, batch_format="pandas",
-        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus,
-        fn_constructor_kwargs={"model": model, "dtype": dtype, "threads": threads, "progress": counter},
-        max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES)
+    with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        rows = ray.data.from_pandas(blocks).map_batches(
+            HeadRowsWorker, batch_size=window, batch_format="pandas",
+            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus,
+            fn_constructor_kwargs={"model": model, "dtype": dtype, "threads": threads, "batch_size": batch_size,
+                                   "progress": counter},
+            max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES)
     _run_with_progress(lambda: rows.write_parquet(str(rows_dir)), counter, len(inputs), progress, ray)
     return checked_rows(pd.read_parquet(rows_dir), len(inputs))
 
