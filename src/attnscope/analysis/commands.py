@@ -135,7 +135,8 @@ def _heads_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", type=positive_int, default=10, help="how many heads --top prints (default: 10)")
     parser.add_argument("--layers", type=_layer_range, help="--top only in these layers, e.g. 3-5 (0-indexed)")
     parser.add_argument("--lowest", action="store_true", help="--top ranks from the lowest value")
-    parser.add_argument("--db", type=Path, help="database to query (default: OUT/heads.duckdb)")
+    parser.add_argument("--db", type=Path, help="database to query (default: OUT/heads.duckdb), or a folder of its "
+                        "tables as Parquet (what --engine ray writes into OUT/parquet/)")
     parser.add_argument("--sql", help="run this SQL on the database and print the result "
                         "(tables: head_stats, inputs, meta)")
     parser.add_argument("--parquet", type=Path, metavar="DIR",
