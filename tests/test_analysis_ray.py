@@ -123,3 +123,9 @@ def test_a_killed_actor_is_retried_and_a_skipped_line_is_reported(local_ray, tmp
     assert len(counts) == n * 72 and (counts["n"] == 1).all()
     assert list(inputs["input_id"]) == list(range(n))
     assert list(inputs["line"]) == [*range(1, 7), *range(8, n + 2)]  # line 7 is left out, the order kept
+
+
+def test_a_model_the_driver_cannot_load_fails_before_any_actor_starts(local_ray, tmp_path):
+    with pytest.raises(AttnscopeError, match="no-such-model"):
+        analyze_heads("brown", tmp_path / "out", model="no-such-model", engine="ray", limit=4, progress=False)
+    assert not (tmp_path / "out" / "parquet").exists()

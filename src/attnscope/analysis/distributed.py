@@ -103,6 +103,8 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
     """:func:`attnscope.analysis.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
     from dataclasses import replace
 
+    from ..models.loading import load_model
+
     if num_actors is not None and num_actors < 1:
         raise AttnscopeError("--num-actors must be at least 1")
     ray = ray_module()
@@ -111,11 +113,12 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         read = read_corpus_on_ray(ray, corpus, limit, skip_bad=skip_bad)
+        loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         out = Path(out_dir)
         rows_dir = out / ROWS_FOLDER / "head_stats"
         rows = compute_rows(ray, read.inputs, rows_dir, model=model, dtype=dtype, batch_size=batch_size,
                             num_actors=num_actors, progress=progress)
-        report = _report(out, rows, read.inputs, model=model, dtype=dtype)
+        report = _report(out, rows, read.inputs, loaded)
     finally:
         if started_here:
             ray.shutdown()
@@ -224,7 +227,8 @@ def _run_with_progress(job: Any, counter: Any, total: int, progress: bool, ray: 
             worker.join(0.5)
             bar.update(min(total, ray.get(counter.value.remote())) - bar.n)
     if failure:
-        raise AttnscopeError(f"the Ray job failed: {str(failure[0]).strip().splitlines()[-1]}") from failure[0]
+        last_line = (str(failure[0]).strip().splitlines() or [type(failure[0]).__name__])[-1]
+        raise AttnscopeError(f"the Ray job failed: {last_line}") from failure[0]
 
 
 def checked_rows(rows: Any, n_inputs: int) -> Any:
@@ -239,13 +243,11 @@ def checked_rows(rows: Any, n_inputs: int) -> Any:
 
 
 # ---- 3. the report ------------------------------------------------------------------------------
-def _report(out: Path, rows: Any, inputs: list[InputLine], *, model: str, dtype: str) -> CorpusReport:
+def _report(out: Path, rows: Any, inputs: list[InputLine], loaded: Any) -> CorpusReport:
     """The local engine's report of ``rows``; the inputs whose maps it shows are re-run on the driver."""
     from ..capture.extract import extract_corpus
-    from ..models.loading import load_model
     from .store import HeadStore
 
-    loaded = load_model(model, dtype=dtype)
     wanted = finding_inputs(rows, loaded.name)
     ids = sorted(set(wanted.values()))
     records = dict(zip(ids, extract_corpus(loaded, [inputs[i].item for i in ids], norms=True, progress=False)))
