@@ -184,6 +184,8 @@ def compute_rows(ray: Any, inputs: list[InputLine], rows_dir: Path, *, model: st
 
     from ..capture.extract import SORT_WINDOW_BATCHES
 
+    if rows_dir.is_dir() and any(rows_dir.iterdir()):  # Ray adds part files: an earlier run's would count twice
+        raise AttnscopeError(f"{rows_dir} already holds rows of an earlier run; choose a new output folder")
     actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # part files in input order
