@@ -129,3 +129,11 @@ def test_a_model_the_driver_cannot_load_fails_before_any_actor_starts(local_ray,
     with pytest.raises(AttnscopeError, match="no-such-model"):
         analyze_heads("brown", tmp_path / "out", model="no-such-model", engine="ray", limit=4, progress=False)
     assert not (tmp_path / "out" / "parquet").exists()
+
+
+def test_an_earlier_runs_rows_are_never_counted_twice(local_ray, tmp_path):
+    earlier = tmp_path / "out" / "parquet" / "head_stats"
+    earlier.mkdir(parents=True)
+    pd.DataFrame({"input_id": [0]}).to_parquet(earlier / "part-0.parquet")
+    with pytest.raises(AttnscopeError, match="earlier run"):
+        analyze_heads("brown", tmp_path / "out", engine="ray", limit=4, progress=False)
