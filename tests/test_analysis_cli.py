@@ -92,6 +92,7 @@ def test_heads_writes_a_report_and_prints_top_heads(capsys, tmp_path):
     (("heads", "no-such-corpus.txt"), "neither"),
     (("heads", "--top", "no_such_metric"), "invalid choice"),
     (("heads", "--top", "sep", "--layers", "5-3"), "empty layer range"),
+    (("heads", "brown", "--num-actors", "2"), "options of --engine ray"),
     (("patterns",), "give a TEXT"),
     (("patterns", "  "), "text is empty"),
 ])
@@ -104,3 +105,15 @@ def test_the_installed_command_exits_2_without_a_traceback():
                             check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("attnscope: error: no head database")
+
+
+def test_heads_names_a_malformed_line_and_skips_it_when_asked(capsys, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "The cat sat on the mat."}\n{"text": "cut short\n\n{"text": "It was warm."}\n')
+    assert_clear_error(run(capsys, "heads", str(corpus), "-o", str(tmp_path / "failed")),
+                       "corpus.jsonl line 2: not valid JSON")
+    code, out, err = run(capsys, "heads", str(corpus), "--on-bad-line", "skip", "-o", str(tmp_path / "kept"),
+                         "--sql", "SELECT input_id, line FROM inputs ORDER BY input_id")
+    assert code == 0 and f"skipped {corpus} line 2: not valid JSON" in err
+    assert "analysed 2 inputs" in out and "skipped 1 malformed line(s)" in out
+    assert out.split("input_id  line")[1].split() == ["0", "1", "1", "4"]

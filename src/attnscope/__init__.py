@@ -103,8 +103,8 @@ if TYPE_CHECKING:
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
-    from .generation import GenerationRecord as GenerationRecord
     from .experiments.mixing import mixing as mixing
+    from .generation import GenerationRecord as GenerationRecord
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES

@@ -1,4 +1,4 @@
-"""Files of inputs a user gives: one text per line, or JSONL lines ``{"text": ..., "pair": ...}``.
+"""Files of inputs a user gives: one text per line, JSONL lines ``{"text": ..., "pair": ...}``, or Parquet.
 
 Every input keeps the file and line it came from, so errors and the index ``extract`` writes name
 them (``pairs.jsonl line 4``), not a position among the inputs that were kept.
@@ -37,16 +37,18 @@ def read_document(path: Path) -> str:
 
 
 def read_input_lines(path: Path) -> list[InputLine]:
-    """Inputs from a text file (one per non-blank line) or a ``.jsonl`` file (``text``, optional ``pair``).
+    """Inputs from a text file (one per non-blank line), a ``.jsonl`` file (``text``, optional ``pair``)
+    or a ``.parquet`` file (columns ``text`` and optional ``pair``).
 
     A malformed line, or an empty text or pair, is an :class:`AttnscopeError` naming the file and line.
     """
-    lines = read_document(path).splitlines()
-    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    if path.suffix == ".jsonl":
-        inputs = [_jsonl_input(path, number, line) for number, line in numbered]
-    else:
-        inputs = [InputLine(line, None, str(path), number) for number, line in numbered]
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
+    inputs, bad = parse_input_file(str(path), data)
+    if bad:
+        raise AttnscopeError(bad[0].message)
     if not inputs:
         raise AttnscopeError(f"{path} holds no inputs")
     return inputs
@@ -57,17 +59,109 @@ def read_inputs(path: Path) -> list[tuple[str, str | None]]:
     return [entry.item for entry in read_input_lines(path)]
 
 
-def _jsonl_input(path: Path, number: int, line: str) -> InputLine:
+# ---- corpus files (one parser for every engine) -----------------------------------------------
+CORPUS_SUFFIXES = (".txt", ".text", ".jsonl", ".parquet")  # what a folder contributes
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line (or Parquet row, 1-based) that holds no usable input, and why."""
+
+    source: str
+    line: int
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.source} line {self.line}: {self.reason}"
+
+
+def corpus_files(paths: list[Path]) -> list[Path]:
+    """Files named by ``paths``: a file stays, a folder gives its ``.txt``/``.text``/``.jsonl``/``.parquet``
+    files (recursively, sorted). The order is the corpus order (input ids follow it)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in CORPUS_SUFFIXES)
+            if not found:
+                raise AttnscopeError(f"folder {path} holds no {', '.join(CORPUS_SUFFIXES)} files")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise AttnscopeError(f"no such file or folder: {path}")
+    return files
+
+
+def parse_input_file(source: str, data: bytes) -> tuple[list[InputLine], list[BadLine]]:
+    """The inputs of one file's bytes, in order, and its malformed lines.
+
+    ``.parquet``: one input per row (``text``, optional ``pair``); ``.jsonl``: one JSON object per
+    non-blank line; anything else: one text per non-blank line (UTF-8). Blank lines are no inputs.
+    """
+    if source.endswith(".parquet"):
+        return _parquet_inputs(source, data)
+    inputs: list[InputLine] = []
+    bad: list[BadLine] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            text, pair = _jsonl_fields(line) if source.endswith(".jsonl") else (line, None)
+        except UnicodeDecodeError:
+            bad.append(BadLine(source, number, "not valid UTF-8"))
+            continue
+        except _Malformed as error:
+            bad.append(BadLine(source, number, str(error)))
+            continue
+        inputs.append(InputLine(text, pair, source, number))
+    return inputs, bad
+
+
+class _Malformed(Exception):
+    """Why one line holds no usable input (becomes a :class:`BadLine`)."""
+
+
+def _jsonl_fields(line: str) -> tuple[str, str | None]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
-        raise AttnscopeError(f"{path} line {number}: not valid JSON ({error.msg})") from None
+        raise _Malformed(f"not valid JSON ({error.msg})") from None
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise AttnscopeError(f"{path} line {number}: expected an object with a \"text\" string")
+        raise _Malformed("expected an object with a \"text\" string")
     pair = row.get("pair")
     if pair is not None and not isinstance(pair, str):
-        raise AttnscopeError(f"{path} line {number}: \"pair\" must be a string")
-    for key, value in (("text", row["text"]), ("pair", pair)):
-        if value is not None and not value.strip():
-            raise AttnscopeError(f"{path} line {number}: \"{key}\" is empty")
-    return InputLine(row["text"], pair, str(path), number)
+        raise _Malformed("\"pair\" must be a string")
+    _check_filled(row["text"], pair)
+    return row["text"], pair
+
+
+def _check_filled(text: object, pair: object) -> None:
+    for key, value in (("text", text), ("pair", pair)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise _Malformed(f"\"{key}\" is empty" if isinstance(value, str) else f"\"{key}\" is not a string")
+
+
+def _parquet_inputs(source: str, data: bytes) -> tuple[list[InputLine], list[BadLine]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except pa.ArrowException as error:
+        raise AttnscopeError(f"cannot read {source} as Parquet: {error}") from None
+    if "text" not in table.column_names:
+        raise AttnscopeError(f"{source}: a Parquet corpus needs a \"text\" column (and optionally \"pair\")")
+    texts = table.column("text").to_pylist()
+    pairs = table.column("pair").to_pylist() if "pair" in table.column_names else [None] * len(texts)
+    inputs: list[InputLine] = []
+    bad: list[BadLine] = []
+    for row, (text, pair) in enumerate(zip(texts, pairs), 1):
+        try:
+            _check_filled(text if text is not None else "", pair)
+        except _Malformed as error:
+            bad.append(BadLine(source, row, str(error)))
+            continue
+        inputs.append(InputLine(text, pair, source, row))
+    return inputs, bad

@@ -12,7 +12,8 @@ Everything here takes records (or arrays), never a model. Layers and heads are 0
 
 from __future__ import annotations
 
-from .corpus import CorpusReport, analyze_corpus, brown_pairs, corpus_items
+from .corpus import CorpusReport, analyze_corpus, brown_pairs, corpus_items, head_rows, read_corpus
+from .engines import ENGINES, analyze_heads
 from .partial import partial_statistics
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
 from .rollout import Flow, Rollout, attention_flow, attention_rollout
@@ -20,6 +21,7 @@ from .stats import HeadStatistics, describe_statistics, head_statistics, statist
 from .store import HeadStore
 
 __all__ = [
+    "ENGINES",
     "PATTERNS",
     "CorpusPatterns",
     "CorpusReport",
@@ -29,14 +31,17 @@ __all__ = [
     "HeadStore",
     "Rollout",
     "analyze_corpus",
+    "analyze_heads",
     "attention_flow",
     "attention_rollout",
     "brown_pairs",
     "classify_heads",
     "corpus_items",
     "describe_statistics",
+    "head_rows",
     "head_statistics",
     "partial_statistics",
     "pattern_names",
+    "read_corpus",
     "statistic_names",
 ]

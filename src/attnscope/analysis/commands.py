@@ -10,6 +10,7 @@ from pathlib import Path
 from ..arguments import add_output_folder, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
+from .engines import ENGINES
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
 from .stats import describe_statistics, statistic_names
 
@@ -111,19 +112,31 @@ def _layer_range(value: str) -> tuple[int, int]:
 
 
 def _heads_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("corpus", nargs="?",
-                        help="'brown' (2,000 sentences), 'brown-pairs' (500 pairs), a text file (one input per "
-                        "line) or .jsonl ({\"text\": ..., \"pair\": ...}); omit to query an existing --db")
+    parser.add_argument("corpus", nargs="*",
+                        help="'brown' (2,000 sentences), 'brown-pairs' (500 pairs), or text files (one input per "
+                        "line), .jsonl ({\"text\": ..., \"pair\": ...}), .parquet (text, pair columns) and folders of "
+                        "them; omit to query an existing --db")
     add_output_folder(parser, str(DEFAULT_OUT), "report.html, the figures and heads.duckdb")
     parser.add_argument("--limit", type=positive_int, help="analyse only the first N inputs")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="inputs per forward pass (default: 32)")
+    parser.add_argument("--on-bad-line", choices=["fail", "skip"], default="fail",
+                        help="a malformed line (bad JSON, empty text, not UTF-8) stops the run (fail, the default) "
+                        "or is left out (skip); either way its file and line are printed")
+    parser.add_argument("--engine", choices=list(ENGINES), default="local",
+                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
+                        "(pip install 'attnscope[ray]'), rows also written to OUT/parquet/")
+    parser.add_argument("--address", help="--engine ray: the cluster to join ('auto': the one 'ray start' made on "
+                        "this node; default: a Ray started here)")
+    parser.add_argument("--num-actors", type=positive_int,
+                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
     parser.add_argument("--top", metavar="METRIC", choices=RANKABLE,
                         help="print the heads with the highest mean METRIC, e.g. sep, norm_cls, prev, entropy "
                         "(any statistic, confidence or ev_<evidence>)")
     parser.add_argument("-n", type=positive_int, default=10, help="how many heads --top prints (default: 10)")
     parser.add_argument("--layers", type=_layer_range, help="--top only in these layers, e.g. 3-5 (0-indexed)")
     parser.add_argument("--lowest", action="store_true", help="--top ranks from the lowest value")
-    parser.add_argument("--db", type=Path, help="database to query (default: OUT/heads.duckdb)")
+    parser.add_argument("--db", type=Path, help="database to query (default: OUT/heads.duckdb), or a folder of its "
+                        "tables as Parquet (what --engine ray writes into OUT/parquet/)")
     parser.add_argument("--sql", help="run this SQL on the database and print the result "
                         "(tables: head_stats, inputs, meta)")
     parser.add_argument("--parquet", type=Path, metavar="DIR",
@@ -136,10 +149,10 @@ def _run_heads(args: argparse.Namespace) -> int:
     from ..outputs import output_folder
     from .store import DEFAULT_DB, HeadStore
 
-    if args.corpus is None and not (args.top or args.sql or args.parquet):
+    if not args.corpus and not (args.top or args.sql or args.parquet):
         raise AttnscopeError("give a CORPUS to analyse, or --top/--sql/--parquet to query a database")
     database = args.db or args.out / DEFAULT_DB
-    if args.corpus is not None:
+    if args.corpus:
         with output_folder(args.out, overwrite=args.overwrite, command="heads"):
             database = _write_report(args).database
     with HeadStore(database) as store:
@@ -155,20 +168,20 @@ def _run_heads(args: argparse.Namespace) -> int:
 
 
 def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import sys
     import time
 
-    from ..capture.extract import extract_corpus
-    from ..capture.tokens import split_item
-    from .corpus import analyze_corpus, corpus_items
+    from .engines import analyze_heads
 
-    items = corpus_items(args.corpus, args.limit)
-    for index, item in enumerate(items):
-        split_item(item, index)  # reject bad input before the model loads
     start = time.perf_counter()
-    records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True, progress=False)
-    report = analyze_corpus(records, args.out, total=len(items))
+    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=args.engine,
+                           batch_size=args.batch_size, limit=args.limit, skip_bad=args.on_bad_line == "skip",
+                           num_actors=args.num_actors, address=args.address)
+    for bad in report.skipped:
+        print(f"attnscope: skipped {bad.message}", file=sys.stderr)
+    skipped = f", skipped {len(report.skipped)} malformed line(s)" if report.skipped else ""
     print(f"analysed {report.n_inputs} inputs with {report.model} in {time.perf_counter() - start:.0f} s "
-          f"(layers and heads 0-indexed)")
+          f"({report.engine} engine{skipped}; layers and heads 0-indexed)")
     print(f"report:   {report.html}\ndatabase: {report.database}")
     stable = report.patterns.stable
     print(f"stable heads (most common label on >= {STABLE_SHARE:.0%} of inputs): {int(stable.sum())} of {stable.size}")
@@ -200,6 +213,10 @@ examples:
   attnscope heads brown -o report/                        # 2,000 Brown sentences: report/report.html + heads.duckdb
   attnscope heads brown-pairs --limit 200 -o pairs/
   attnscope heads sentences.txt --model smollm2 -o report-smollm2/
+  attnscope heads corpus/ more.jsonl --on-bad-line skip -o report/   # a folder of .txt/.jsonl/.parquet files
+  attnscope heads brown --engine ray --num-actors 2 -o report/       # Ray on this machine
+  attnscope heads brown-57k.txt --engine ray --address auto -o report/  # on the cluster 'ray start' made
+  attnscope heads --top sep --db report/parquet/                     # the Ray engine's Parquet folder
   attnscope heads --top sep --layers 3-5 --db report/heads.duckdb
   attnscope heads --top norm_cls -n 5
   attnscope heads --sql "SELECT layer, head, avg(sep) AS sep FROM head_stats WHERE layer BETWEEN 3 AND 5

@@ -16,8 +16,9 @@ head's clearest input, compressed, without the norm toggle's data, to keep the p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ import numpy as np
 
 from ..data import brown_pairs
 from ..errors import AttnscopeError
+from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
 from ..record import AttentionRecord
 from .patterns import (
     PATTERNS,
     STABLE_MIN_INPUTS,
     STABLE_SHARE,
     CorpusPatterns,
-    HeadPatterns,
     classify_heads,
     pattern_colour,
 )
@@ -39,28 +40,79 @@ from .stats import head_statistics, largest_measured
 from .store import DEFAULT_DB, HeadStore
 from .tokens import token_context
 
+NAMED_CORPORA = ("brown", "brown-pairs")
 
-def corpus_items(corpus: str, limit: int | None = None) -> list[tuple[str, str | None]]:
-    """Inputs named by a CORPUS argument: ``brown`` (2,000 sentences), ``brown-pairs`` (500 pairs), or a
-    file (one text per line, or ``.jsonl`` with ``text`` and optional ``pair``)."""
+
+@dataclass(frozen=True)
+class CorpusInputs:
+    """The inputs a CORPUS argument names, in corpus order, and the malformed lines that were skipped."""
+
+    inputs: list[InputLine]
+    skipped: list[BadLine]
+
+    @property
+    def items(self) -> list[tuple[str, str | None]]:
+        return [entry.item for entry in self.inputs]
+
+
+def named_corpus(name: str) -> list[InputLine]:
+    """``brown`` (2,000 sentences) or ``brown-pairs`` (500 pairs) as inputs; ``source`` is the name."""
     from ..data import brown_sentences
 
-    if corpus == "brown":
-        items: list[tuple[str, str | None]] = [(text, None) for text in brown_sentences()]
-    elif corpus == "brown-pairs":
-        items = [(first, second) for first, second in brown_pairs()]
-    else:
-        from ..inputs import read_inputs
+    items = [(text, None) for text in brown_sentences()] if name == "brown" else brown_pairs()
+    return [InputLine(text, pair, name, number) for number, (text, pair) in enumerate(items, 1)]
 
-        path = Path(corpus)
-        if not path.is_file():
-            raise AttnscopeError(f"corpus {corpus!r} is neither 'brown', 'brown-pairs' nor an existing file")
-        items = read_inputs(path)
-    if limit is not None:
-        if limit < 1:
-            raise AttnscopeError("--limit must be at least 1")
-        items = items[:limit]
-    return items
+
+def corpus_sources(corpus: str | Sequence[str]) -> tuple[str | None, list[Path]]:
+    """A CORPUS argument as (a corpus name, or None) and the files it names (folders expanded)."""
+    names = [corpus] if isinstance(corpus, str) else list(corpus)
+    if not names:
+        raise AttnscopeError("give a corpus: 'brown', 'brown-pairs', files or a folder")
+    if any(name in NAMED_CORPORA for name in names):
+        if len(names) > 1:
+            raise AttnscopeError(f"{' or '.join(NAMED_CORPORA)} is a whole corpus; give it alone")
+        return names[0], []
+    missing = [name for name in names if not Path(name).exists()]
+    if missing:
+        raise AttnscopeError(f"corpus {missing[0]!r} is neither 'brown', 'brown-pairs' nor an existing file or folder")
+    return None, corpus_files([Path(name) for name in names])
+
+
+def read_corpus(corpus: str | Sequence[str], limit: int | None = None, *, skip_bad: bool = False) -> CorpusInputs:
+    """The inputs of a CORPUS argument: ``brown``, ``brown-pairs``, or files and folders of text lines,
+    ``.jsonl`` or ``.parquet`` (see :func:`attnscope.inputs.parse_input_file`).
+
+    A malformed line is an :class:`AttnscopeError` naming its file and line, or, with ``skip_bad``,
+    left out and listed in ``skipped``. ``limit`` keeps the first N inputs.
+    """
+    if limit is not None and limit < 1:
+        raise AttnscopeError("--limit must be at least 1")
+    name, files = corpus_sources(corpus)
+    inputs: list[InputLine] = named_corpus(name) if name else []
+    skipped: list[BadLine] = []
+    for path in files:
+        if limit is not None and len(inputs) >= limit:
+            break
+        found, bad = parse_input_file(str(path), _read_bytes(path))
+        if bad and not skip_bad:
+            raise AttnscopeError(f"{bad[0].message} (--on-bad-line skip leaves such lines out)")
+        inputs.extend(found)
+        skipped.extend(bad)
+    if not inputs:
+        raise AttnscopeError("the corpus holds no inputs")
+    return CorpusInputs(inputs[:limit], skipped)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def corpus_items(corpus: str | Sequence[str], limit: int | None = None) -> list[tuple[str, str | None]]:
+    """Inputs named by a CORPUS argument as ``(text, pair)`` items (see :func:`read_corpus`)."""
+    return read_corpus(corpus, limit).items
 
 
 # ---- corpus report --------------------------------------------------------------------------
@@ -106,6 +158,8 @@ class CorpusReport:
     patterns: CorpusPatterns
     n_inputs: int
     model: str
+    skipped: list[BadLine] = field(default_factory=list)  # malformed lines left out (skip_bad)
+    engine: str = "local"
 
     def to_frame(self) -> Any:
         return self.summary
@@ -115,53 +169,92 @@ class CorpusReport:
         return str(self.summary.style.set_caption(caption).format(precision=3).hide(axis="index").to_html())
 
 
+def head_rows(input_ids: Sequence[int], records: Sequence[AttentionRecord]) -> Any:
+    """The per-batch function of corpus analysis, the same in every engine: a pandas DataFrame with
+    one row per (``input_id``, ``layer``, ``head``), in that order (layers and heads 0-indexed).
+
+    Columns: the keys, ``n_tokens``, every statistic of :mod:`attnscope.analysis.stats` (``norm_*``
+    when the records hold norms), the pattern ``label``, its ``kovaleva`` type and ``confidence``, and
+    the pattern evidence (``ev_*``). No attention array leaves this function.
+    """
+    import pandas as pd
+
+    if len(input_ids) != len(records):
+        raise AttnscopeError(f"{len(input_ids)} input ids for {len(records)} records")
+    parts = [_input_rows(input_id, record) for input_id, record in zip(input_ids, records)]
+    if not parts:
+        return pd.DataFrame()
+    return pd.DataFrame({name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+
+
+def _input_rows(input_id: int, record: AttentionRecord) -> dict[str, np.ndarray]:
+    """One input's rows as columns; every column holds ``layer * head`` values (layer-major)."""
+    ctx = token_context(record)
+    stats = head_statistics(record, ctx)
+    patterns = classify_heads(record, ctx)
+    layers, heads = np.indices(patterns.shape)
+    row: dict[str, np.ndarray] = {"input_id": np.full(layers.size, input_id, dtype=np.int64),
+                                  "layer": layers.ravel(), "head": heads.ravel(),
+                                  "n_tokens": np.full(layers.size, len(record.tokens), dtype=np.int64)}
+    row.update({name: value.ravel() for name, value in stats.values.items()})
+    row.update({"label": patterns.labels.ravel().astype(object), "kovaleva": patterns.kovaleva().ravel(),
+                "confidence": patterns.confidence.ravel()})
+    row.update({f"ev_{name}": value.ravel() for name, value in patterns.evidence.items()})
+    return row
+
+
+def head_evidence(rows: Any, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """``ev_*`` columns of one input's rows (``layer * head`` of them, layer-major) as name -> ``[layer, head]``."""
+    return {name[3:]: rows[name].to_numpy(dtype=float).reshape(shape) for name in rows.columns
+            if name.startswith("ev_")}
+
+
 class _Collector:
-    """Streams records once: per-head rows for the database, pattern counts, clearest examples."""
+    """Streams records once, a batch at a time: per-head rows for the database, clearest examples."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[np.ndarray]] = {}
-        self.inputs: list[dict[str, Any]] = []
-        self.counter: CorpusPatterns | None = None
-        self.heads: list[HeadPatterns] = []
+        self.frames: list[Any] = []
         self.best: dict[str, np.ndarray] = {}
         self.examples: dict[tuple[str, int, int], Example] = {}
         self.model = ""
 
-    def add(self, input_id: int, record: AttentionRecord) -> None:
-        ctx = token_context(record)
-        stats = head_statistics(record, ctx)
-        patterns = classify_heads(record, ctx)
-        layers, heads = np.indices(patterns.shape)
-        row: dict[str, np.ndarray] = {"input_id": np.full(layers.size, input_id), "layer": layers.ravel(),
-                                      "head": heads.ravel()}
-        row.update({name: value.ravel() for name, value in stats.values.items()})
-        row.update({"label": patterns.labels.ravel(), "kovaleva": patterns.kovaleva().ravel(),
-                    "confidence": patterns.confidence.ravel()})
-        row.update({f"ev_{name}": value.ravel() for name, value in patterns.evidence.items()})
-        for name, value in row.items():
-            self.columns.setdefault(name, []).append(value)
-        self.inputs.append({"input_id": input_id, "text": record.text[0] if record.text else "",
-                            "pair": record.text[1] if len(record.text) > 1 else None, "n_tokens": len(record.tokens)})
-        self.counter = CorpusPatterns.add(self.counter, patterns)
-        self.model = record.model.name
-        self._keep_examples(input_id, record, patterns)
+    def add_batch(self, input_ids: list[int], records: list[AttentionRecord]) -> None:
+        rows = head_rows(input_ids, records)
+        self.frames.append(rows)
+        for index, (input_id, record) in enumerate(zip(input_ids, records)):
+            n_heads = record.n_layers * record.n_heads
+            evidence = head_evidence(rows.iloc[index * n_heads:(index + 1) * n_heads],
+                                     (record.n_layers, record.n_heads))
+            self._keep_examples(input_id, record, evidence)
+            self.model = record.model.name
 
-    def _keep_examples(self, input_id: int, record: AttentionRecord, patterns: HeadPatterns) -> None:
+    def _keep_examples(self, input_id: int, record: AttentionRecord, evidence: dict[str, np.ndarray]) -> None:
         for pattern in VIG_PATTERNS:
-            score = patterns.evidence[FINDING_SCORE[pattern]]
+            score = evidence[FINDING_SCORE[pattern]]
             best = self.best.setdefault(pattern, np.full(score.shape, -np.inf))
             for layer, head in zip(*np.nonzero(np.isfinite(score) & (score > best))):  # maps where it applies
                 best[layer, head] = score[layer, head]
                 self.examples[(pattern, int(layer), int(head))] = Example(
                     float(score[layer, head]), np.array(record.attention[layer, head]), record.tokens, input_id, record)
 
-    def frames(self) -> tuple[Any, Any]:
+    def rows(self) -> Any:
         import pandas as pd
 
-        if not self.inputs:
+        if not self.frames:
             raise AttnscopeError("the corpus holds no inputs")
-        heads = pd.DataFrame({name: np.concatenate(parts) for name, parts in self.columns.items()})
-        return heads, pd.DataFrame(self.inputs)
+        return pd.concat(self.frames, ignore_index=True)
+
+
+def inputs_table(rows: Any, inputs: Sequence[InputLine]) -> Any:
+    """The ``inputs`` table: ``input_id``, ``text``, ``pair``, ``n_tokens`` (from the head rows), and the
+    ``source`` file and ``line`` each input came from. ``inputs[i]`` is input ``i``."""
+    import pandas as pd
+
+    tokens = rows.groupby("input_id", sort=True)["n_tokens"].first()
+    ids = tokens.index.to_numpy()
+    return pd.DataFrame({"input_id": ids, "text": [inputs[i].text for i in ids], "pair": [inputs[i].pair for i in ids],
+                         "n_tokens": tokens.to_numpy(), "source": [inputs[i].source for i in ids],
+                         "line": [inputs[i].line for i in ids]})
 
 
 def _findings(patterns: CorpusPatterns, examples: dict[tuple[str, int, int], Example]) -> list[Finding]:
@@ -192,41 +285,88 @@ def _token_type_means(summary: Any, prefix: str) -> dict[str, np.ndarray] | None
 
 
 def analyze_corpus(records: Iterable[AttentionRecord], out_dir: str | Path, *, total: int | None = None,
-                   progress: bool = True) -> CorpusReport:
+                   progress: bool = True, inputs: Sequence[InputLine] | None = None,
+                   batch_size: int = 32) -> CorpusReport:
     """Statistics and patterns of every head on every record; writes the report into ``out_dir``.
 
     Writes ``heads.duckdb`` (see :mod:`attnscope.analysis.store`), ``report.html`` and the PNG
     figures it shows. Records should carry norms (``extract_corpus(..., norms=True)``) for the
-    norm-weighted figure. Layers and heads are 0-indexed throughout.
+    norm-weighted figure. ``inputs`` (one per record, e.g. from :func:`read_corpus`) name each
+    input's file and line in the database; without them the records' own text is kept.
+    Records are turned into rows ``batch_size`` at a time by :func:`head_rows`, as the Ray engine
+    does (:mod:`attnscope.analysis.distributed`). Layers and heads are 0-indexed throughout.
     """
     from tqdm.auto import tqdm
 
+    collector = _Collector()
+    seen: list[InputLine] = []
+    numbered = enumerate(tqdm(records, total=total, unit="input", desc="analysing heads", disable=not progress))
+    for batch in iter(lambda: list(islice(numbered, batch_size)), []):
+        ids, batch_records = [i for i, _ in batch], [r for _, r in batch]
+        seen.extend(InputLine(r.text[0] if r.text else "", r.text[1] if len(r.text) > 1 else None)
+                    for r in batch_records)
+        collector.add_batch(ids, batch_records)
+    rows = collector.rows()
+    return write_report(out_dir, rows, inputs_table(rows, list(inputs) if inputs is not None else seen),
+                        collector.model, collector.examples)
+
+
+def write_report(out_dir: str | Path, rows: Any, inputs: Any, model: str,
+                 examples: dict[tuple[str, int, int], Example], extra_meta: dict[str, str] | None = None) -> CorpusReport:
+    """The report of head rows (:func:`head_rows` of every input, sorted by input, layer, head):
+    ``heads.duckdb``, the figures and ``report.html`` in ``out_dir``, whichever engine made the rows.
+    ``examples``: the clearest input of each (pattern, layer, head) the findings may show."""
+    from .patterns import CorpusPatterns
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    collector = _Collector()
-    for input_id, record in enumerate(tqdm(records, total=total, unit="input", desc="analysing heads",
-                                           disable=not progress)):
-        collector.add(input_id, record)
-    head_rows, inputs = collector.frames()
-    assert collector.counter is not None
-    patterns = collector.counter
-    numeric = [c for c in head_rows.columns if c not in ("input_id", "label", "kovaleva")]
-    summary = head_rows[numeric].groupby(["layer", "head"], as_index=False).mean()
+    patterns = CorpusPatterns.from_rows(rows, model)
+    numeric = [c for c in rows.columns if c not in ("input_id", "n_tokens", "label", "kovaleva")]
+    summary = rows[numeric].groupby(["layer", "head"], as_index=False).mean()
     summary.insert(2, "pattern", patterns.labels.ravel())
     summary.insert(3, "pattern_share", patterns.share.ravel())
     summary.insert(4, "stable", patterns.stable.ravel())
     database = out / DEFAULT_DB
-    meta = {"model": collector.model, "inputs": str(len(inputs)), "attnscope": _version(),
-            "layers_heads": "0-indexed", "stable_rule": STABLE_RULE}
-    HeadStore.create(database, head_rows, inputs, meta, head_labels=patterns.to_frame()).close()
-    findings = _findings(patterns, collector.examples)
-    figures = _write_figures(out, patterns, summary, findings, collector.examples)
+    meta = {"model": model, "inputs": str(len(inputs)), "attnscope": _version(),
+            "layers_heads": "0-indexed", "stable_rule": STABLE_RULE, **(extra_meta or {})}
+    HeadStore.create(database, rows, inputs, meta, head_labels=patterns.to_frame()).close()
+    findings = _findings(patterns, examples)
+    figures = _write_figures(out, patterns, summary, findings, examples)
     findings = [replace(f, example=figures[f"example_{f.pattern}"].name) if f"example_{f.pattern}" in figures else f
                 for f in findings]
-    report = CorpusReport(out, out / "report.html", database, figures, summary, findings, patterns,
-                          len(inputs), collector.model)
-    _write_html(report, _example_views(findings, collector.examples))
+    report = CorpusReport(out, out / "report.html", database, figures, summary, findings, patterns, len(inputs), model)
+    _write_html(report, _example_views(findings, examples))
     return report
+
+
+def finding_inputs(rows: Any, model: str) -> dict[tuple[str, int, int], int]:
+    """For the heads the findings name: (pattern, layer, head) -> the input where the pattern's score is
+    highest (the first such input on ties), as :class:`_Collector` keeps them while streaming."""
+    from .patterns import CorpusPatterns
+
+    wanted = {}
+    for finding in _findings(CorpusPatterns.from_rows(rows, model), {}):
+        column = f"ev_{FINDING_SCORE[finding.pattern]}"
+        for head in finding.heads:
+            scores = rows[(rows["layer"] == head["layer"]) & (rows["head"] == head["head"])]
+            scores = scores[np.isfinite(scores[column].to_numpy(dtype=float))]
+            if len(scores):
+                best = scores.sort_values([column, "input_id"], ascending=[False, True]).iloc[0]
+                wanted[(finding.pattern, head["layer"], head["head"])] = int(best["input_id"])
+    return wanted
+
+
+def examples_of(records: dict[int, AttentionRecord], rows: Any, wanted: dict[tuple[str, int, int], int]
+                ) -> dict[tuple[str, int, int], Example]:
+    """:class:`Example` of each wanted (pattern, layer, head) from the records of their inputs (by input id)."""
+    examples = {}
+    for (pattern, layer, head), input_id in wanted.items():
+        record = records[input_id]
+        score = rows[(rows["input_id"] == input_id) & (rows["layer"] == layer) & (rows["head"] == head)]
+        examples[(pattern, layer, head)] = Example(float(score[f"ev_{FINDING_SCORE[pattern]}"].iloc[0]),
+                                                   np.array(record.attention[layer, head]), record.tokens, input_id,
+                                                   record)
+    return examples
 
 
 def _example_views(findings: list[Finding], examples: dict[tuple[str, int, int], Example]) -> dict[str, str]:

@@ -662,6 +662,25 @@ class CorpusPatterns:
         return cls(counts, mean_evidence, item.model, sums, seen)
 
     @classmethod
+    def from_rows(cls, rows: Any, model: str = "") -> CorpusPatterns:
+        """Count the patterns of head rows (``layer``, ``head``, ``label``, ``ev_*``; one row per input,
+        layer and head, in any order), as :meth:`add` counts them one input at a time."""
+        if not len(rows):
+            raise AttnscopeError("no inputs to aggregate")
+        shape = (int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1)
+        cell = rows["layer"].to_numpy(dtype=np.int64) * shape[1] + rows["head"].to_numpy(dtype=np.int64)  # [row]
+        codes = _label_codes(rows["label"].to_numpy())
+        counts = np.bincount(cell * len(PATTERNS) + codes, minlength=shape[0] * shape[1] * len(PATTERNS))
+        sums, seen = {}, {}
+        for column in [name for name in rows.columns if name.startswith("ev_")]:
+            values = rows[column].to_numpy(dtype=float)
+            sums[column[3:]] = np.bincount(cell, np.nan_to_num(values), minlength=cell.max() + 1).reshape(shape)
+            seen[column[3:]] = np.bincount(cell, ~np.isnan(values), minlength=cell.max() + 1).reshape(shape)
+        mean_evidence = {name: np.divide(total, seen[name], out=np.full(shape, np.nan), where=seen[name] > 0)
+                         for name, total in sums.items()}
+        return cls(counts.reshape(*shape, len(PATTERNS)), mean_evidence, model, sums, seen)
+
+    @classmethod
     def from_heads(cls, items: Iterable[HeadPatterns]) -> CorpusPatterns:
         """Count the patterns of many inputs (every ``HeadPatterns`` of the same model)."""
         result: CorpusPatterns | None = None

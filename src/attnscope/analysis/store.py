@@ -11,6 +11,10 @@ Tables (layers and heads 0-indexed):
   ``inputs`` and the share of every label (``share_<label>``);
 * ``meta``: ``key``, ``value`` (model name, attnscope version, the stability rule, ...).
 
+A store opens a DuckDB file, or a folder of Parquet files with the same tables (what
+``attnscope heads --engine ray`` writes into ``OUT/parquet/``, or ``heads --parquet DIR`` exports): each
+table is ``DIR/<table>.parquet`` or a folder ``DIR/<table>/`` of part files, read where it lies.
+
 >>> store = HeadStore("report/heads.duckdb")                                     # doctest: +SKIP
 >>> store.query("SELECT layer, head, avg(sep) AS sep FROM head_stats "
 ...             "WHERE layer BETWEEN 3 AND 5 GROUP BY ALL HAVING avg(sep) > 0.5")  # doctest: +SKIP
@@ -24,7 +28,7 @@ from typing import Any, Self
 from ..errors import AttnscopeError
 
 DEFAULT_DB = "heads.duckdb"
-KEY_COLUMNS = ("input_id", "layer", "head")
+KEY_COLUMNS = ("input_id", "layer", "head", "n_tokens")  # numeric, but no metric to rank heads by
 TEXT_COLUMNS = ("label", "kovaleva")
 TABLES = ("head_stats", "inputs", "meta", "head_labels")
 
@@ -42,11 +46,15 @@ class HeadStore:
 
     def __init__(self, path: str | Path, read_only: bool = True) -> None:
         self.path = Path(path)
-        if read_only and not self.path.is_file():
+        if read_only and not self.path.exists():
             raise AttnscopeError(f"no head database at {self.path}; write one with 'attnscope heads CORPUS -o DIR'")
         duckdb = _duckdb()
         try:
-            self.connection = duckdb.connect(str(self.path), read_only=read_only)
+            if self.path.is_dir():
+                self.connection = duckdb.connect()  # in memory, with views over the Parquet files
+                _parquet_views(self.connection, self.path)
+            else:
+                self.connection = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as error:
             raise AttnscopeError(f"cannot open {self.path} as a DuckDB database: {error}") from None
 
@@ -110,18 +118,31 @@ class HeadStore:
                f"GROUP BY layer, head HAVING count(\"{metric}\") > 0 ORDER BY mean {order}, layer, head LIMIT ?")
         return self.query(sql, [*(layers or ()), n])
 
-    def export_parquet(self, folder: str | Path) -> list[Path]:
-        """Every table as ``folder/<table>.parquet``; returns the paths."""
+    def export_parquet(self, folder: str | Path, tables: tuple[str, ...] = TABLES) -> list[Path]:
+        """Every table (of ``tables``) as ``folder/<table>.parquet``; returns the paths."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
         present = {name for (name,) in self.connection.execute("SELECT table_name FROM information_schema.tables")
                    .fetchall()}
-        for table in [name for name in TABLES if name in present]:  # head_labels is missing from older files
+        for table in [name for name in tables if name in present]:  # head_labels is missing from older files
             target = folder / f"{table}.parquet"
             self.connection.execute(f"COPY {table} TO '{_sql_path(target)}' (FORMAT PARQUET)")
             written.append(target)
         return written
+
+
+def _parquet_views(connection: Any, folder: Path) -> None:
+    """A view per table found in ``folder``: ``<table>.parquet`` or ``<table>/**/*.parquet``."""
+    found = 0
+    for table in TABLES:
+        single, parts = folder / f"{table}.parquet", folder / table
+        source = single if single.is_file() else parts / "**" / "*.parquet" if parts.is_dir() else None
+        if source is not None:
+            connection.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{_sql_path(source)}')")
+            found += 1
+    if not found:
+        raise AttnscopeError(f"{folder} holds no head tables ({', '.join(f'{t}.parquet' for t in TABLES)})")
 
 
 def _sql_path(path: Path) -> str:

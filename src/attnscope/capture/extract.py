@@ -72,6 +72,7 @@ def extract_corpus(
     onednn: bool | None = None,
     parallel_batches: int | None = None,
     plan: CapturePlan | None = None,
+    packed: PackedWeights | None = None,
 ) -> Iterator[AttentionRecord]:
     """Yield one record per item, in input order, computed in length-sorted batches.
 
@@ -84,6 +85,7 @@ def extract_corpus(
     equals that of PyTorch's default GEMM up to float32 rounding (a few 1e-6). Packing can cost as
     much as a batch, so the default (None) uses oneDNN only when the inputs fill more than one
     batch; True or False force it on or off. Without oneDNN in the torch build, or on a GPU, it is off.
+    ``packed`` keeps the packed weights across calls (a worker that runs one batch per call packs once).
 
     ``parallel_batches`` batches run at once, each on its own thread with an equal share of torch's
     intra-op threads (:mod:`attnscope.capture.concurrency`); torch's thread count is restored
@@ -112,7 +114,7 @@ def extract_corpus(
     first = list(islice(numbered, window_size))
     several_batches = len(first) > batch_size
     on_cpu = loaded.input_device.type == "cpu"  # oneDNN's linear path is for CPU tensors only
-    packed = PackedWeights() if on_cpu and use_onednn(onednn, several_batches) else None
+    packed = (packed or PackedWeights()) if on_cpu and use_onednn(onednn, several_batches) else None
     run = partial(run_batch, loaded, qkv=qkv, norms=norms, packed=packed, plan=plan)
     windows = chain([first], iter(lambda: list(islice(numbered, window_size)), []))
     with (tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar,

@@ -1,0 +1,139 @@
+"""The Ray engine of ``attnscope heads`` on a local Ray started here (2 CPUs), never an external cluster.
+
+Reference: the local engine's rows of the same inputs (issue 16: same ids, statistics to 1e-6, same
+labels); a killed actor is retried and every (input, layer, head) is there exactly once; a malformed
+line fails the job or is skipped, named by its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnscope.analysis.engines import analyze_heads
+from attnscope.analysis.store import HeadStore
+from attnscope.errors import AttnscopeError
+
+ray = pytest.importorskip("ray")
+
+N_SENTENCES = 300
+ACTOR_TITLE = "HeadRowsWorker"  # Ray names an actor's process ray::MapWorker(MapBatches(HeadRowsWorker))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def head_stats(database: Path) -> pd.DataFrame:
+    with HeadStore(database) as store:
+        return store.query("SELECT * FROM head_stats ORDER BY input_id, layer, head")
+
+
+def test_ray_rows_equal_the_local_engine(local_ray, tmp_path):
+    # batches of 8: three windows of the local engine (128 + 128 + 44 inputs) over two actors
+    local = analyze_heads("brown", tmp_path / "local", limit=N_SENTENCES, batch_size=8, progress=False)
+    on_ray = analyze_heads("brown", tmp_path / "ray", limit=N_SENTENCES, batch_size=8, engine="ray", num_actors=2,
+                           progress=False)
+    expected, got = head_stats(local.database), head_stats(on_ray.database)
+    assert on_ray.engine == "ray" and list(got.columns) == list(expected.columns)
+    assert len(got) == N_SENTENCES * 72 and (got["input_id"].unique() == np.arange(N_SENTENCES)).all()
+    for column in expected.columns:
+        if expected[column].dtype.kind == "f":
+            np.testing.assert_allclose(got[column], expected[column], atol=1e-6, rtol=0, err_msg=column)
+        else:
+            assert (got[column] == expected[column]).all(), column
+    # the Parquet folder the actors wrote is a store of its own, read where it lies
+    with HeadStore(tmp_path / "ray" / "parquet") as folder, HeadStore(local.database) as database:
+        pd.testing.assert_frame_equal(folder.top("sep", 5), database.top("sep", 5), atol=1e-6, check_exact=False)
+        assert folder.query("SELECT count(*) AS n FROM inputs").n[0] == N_SENTENCES
+    def named(report):  # the heads each finding names, and the input whose map it shows
+        return [(f.pattern, [(h["layer"], h["head"], h["example_input"]) for h in f.heads]) for f in report.findings]
+
+    assert named(on_ray) == named(local)
+    assert (on_ray.patterns.counts == local.patterns.counts).all()
+
+
+def write_corpus(folder: Path, n: int, bad_line: int) -> Path:
+    """A JSONL corpus of ``n`` Brown sentences, the ``bad_line``-th line (1-based) not JSON."""
+    from attnscope.data import brown_sentences
+
+    lines = [json.dumps({"text": text}) for text in brown_sentences(n)]
+    lines.insert(bad_line - 1, '{"text": "a line cut short')
+    path = folder / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_malformed_line_fails_the_job_naming_file_and_line(local_ray, tmp_path):
+    path = write_corpus(tmp_path, 5, bad_line=3)
+    with pytest.raises(AttnscopeError, match=r"corpus\.jsonl line 3: not valid JSON"):
+        analyze_heads([str(path)], tmp_path / "out", engine="ray", progress=False)
+
+
+def actor_pids() -> list[int]:
+    """Processes whose title (Ray sets it in /proc/PID/cmdline) names the engine's actor."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if ACTOR_TITLE in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # the process ended meanwhile
+            continue
+    return pids
+
+
+def kill_one_actor_while_running(rows_dir: Path, killed: list[int], timeout: float = 180) -> None:
+    """Once the first part file is written (the job is under way), SIGKILL one actor process."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not killed:
+        if rows_dir.is_dir() and any(rows_dir.iterdir()):
+            for pid in actor_pids()[:1]:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the actor's process in /proc (Linux)")
+def test_a_killed_actor_is_retried_and_a_skipped_line_is_reported(local_ray, tmp_path):
+    n = 120
+    path = write_corpus(tmp_path, n, bad_line=7)
+    out = tmp_path / "out"
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_one_actor_while_running, args=(out / "parquet" / "head_stats", killed))
+    killer.start()
+    report = analyze_heads([str(path)], out, engine="ray", num_actors=2, batch_size=2, skip_bad=True,
+                           progress=False)
+    killer.join()
+    assert killed, "no actor was killed while the job ran"
+    assert [(bad.source, bad.line) for bad in report.skipped] == [(str(path), 7)]
+    with HeadStore(report.database) as store:
+        counts = store.query("SELECT input_id, layer, head, count(*) AS n FROM head_stats GROUP BY ALL")
+        inputs = store.query("SELECT input_id, line FROM inputs ORDER BY input_id")
+    assert len(counts) == n * 72 and (counts["n"] == 1).all()
+    assert list(inputs["input_id"]) == list(range(n))
+    assert list(inputs["line"]) == [*range(1, 7), *range(8, n + 2)]  # line 7 is left out, the order kept
+
+
+def test_a_model_the_driver_cannot_load_fails_before_any_actor_starts(local_ray, tmp_path):
+    with pytest.raises(AttnscopeError, match="no-such-model"):
+        analyze_heads("brown", tmp_path / "out", model="no-such-model", engine="ray", limit=4, progress=False)
+    assert not (tmp_path / "out" / "parquet").exists()
+
+
+def test_an_earlier_runs_rows_are_never_counted_twice(local_ray, tmp_path):
+    earlier = tmp_path / "out" / "parquet" / "head_stats"
+    earlier.mkdir(parents=True)
+    pd.DataFrame({"input_id": [0]}).to_parquet(earlier / "part-0.parquet")
+    with pytest.raises(AttnscopeError, match="earlier run"):
+        analyze_heads("brown", tmp_path / "out", engine="ray", limit=4, progress=False)
