@@ -34,6 +34,7 @@ demo: install
 	$(BIN)/attnscope view "$(DEMO_TEXT)" --pair "$(DEMO_PAIR)" --kind all -o demo/views.html
 	$(BIN)/attnscope plot "$(DEMO_TEXT)" --pair "$(DEMO_PAIR)" --layer 2 --head 0 -o demo/head.png
 	$(BIN)/attnscope toy translate "i can eat apples" --html demo/steps.html
+	$(BIN)/attnscope generate --model smollm2 "Write one sentence about the sea." --chat -n 24 --html demo/generate.html
 
 test: install-test
 	$(BIN)/python -m pytest
