@@ -1,0 +1,81 @@
+"""Gemma 3 (and Gemma 2): sliding-window layers mixed with global ones, one key/value head.
+
+Recorded attention, full and planned (query chunks, SDPA's lazy mask), against
+``output_attentions=True`` of transformers' eager implementation on tiny random models whose
+window (4 keys) is shorter than the inputs, so every sliding layer really cuts keys off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnscope import extract, extract_corpus, load_model
+from attnscope.capture.plan import CapturePlan
+
+from .conftest import SENTENCES, VOCAB, build_tiny_model
+from .test_capture import eager_reference
+
+WINDOW = 4
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
+
+
+def _config(kind: str) -> object:
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    shared = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                  intermediate_size=37, sliding_window=WINDOW, layer_types=LAYER_TYPES, vocab_size=VOCAB,
+                  query_pre_attn_scalar=16, pad_token_id=0, bos_token_id=101, eos_token_id=102)
+    if kind == "gemma3":  # Gemma 3 passes no softcap to the attention function (transformers 5.23)
+        return Gemma3TextConfig(architectures=["Gemma3ForCausalLM"], **shared)
+    # Gemma 2 does: a small cap so that tanh really bends the logits
+    return Gemma2Config(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=0.5, **shared)
+
+
+@pytest.fixture(scope="module", params=["gemma3", "gemma2"])
+def tiny_gemma(request, tmp_path_factory):
+    folder = build_tiny_model(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"), _config(request.param))
+    return request.param, folder, load_model(str(folder))
+
+
+ITEMS = [(SENTENCES[2], None), (SENTENCES[0], SENTENCES[1]), (SENTENCES[3], None)]  # 3 tokens: under the window
+
+
+def test_adapter_knows_which_layers_slide(tiny_gemma):
+    _, _, loaded = tiny_gemma
+    windows = {site.layer: site.window for site in loaded.sites.values()}
+    assert windows == {0: WINDOW, 1: 0, 2: WINDOW}
+
+
+def test_full_capture_equals_eager_and_respects_the_window(tiny_gemma):
+    kind, folder, loaded = tiny_gemma
+    records = list(extract_corpus(loaded, ITEMS, batch_size=3, norms=True, progress=False))  # padded batch
+    for record in records:
+        expected = eager_reference(folder, record)["self"]
+        np.testing.assert_allclose(record.attention, expected, atol=1e-6, rtol=0, err_msg=kind)
+        n = len(record.tokens)
+        distance = np.arange(n)[:, None] - np.arange(n)[None, :]  # q_pos - k_pos
+        outside = (distance >= WINDOW) | (distance < 0)
+        assert np.all(record.attention[[0, 2]][..., outside] == 0.0)
+        if n > WINDOW:  # the global layer sees beyond the window
+            assert np.all(record.attention[1][..., distance >= WINDOW] > 0.0)
+        assert record.model.windows == (WINDOW, 0, WINDOW)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_planned_capture_equals_eager(tiny_gemma, batch_size):
+    kind, folder, loaded = tiny_gemma
+    plan = CapturePlan(chunk=3, statistics=True)  # chunks smaller than the window and the inputs
+    records = list(extract_corpus(loaded, ITEMS, batch_size=batch_size, plan=plan, progress=False))
+    for record in records:
+        expected = eager_reference(folder, record)["self"]
+        np.testing.assert_allclose(record.held(), expected, atol=1e-6, rtol=0, err_msg=f"{kind}, {record.tokens}")
+
+
+def test_single_planned_layer_of_a_long_input(tiny_gemma):
+    kind, folder, loaded = tiny_gemma
+    text = " ".join(SENTENCES)  # ~60 tokens, fifteen windows
+    plan = CapturePlan(layers=(0,), chunk=7)
+    record = extract(loaded, text, plan=plan)
+    expected = eager_reference(folder, extract(loaded, text))["self"][:1]
+    np.testing.assert_allclose(record.held(), expected, atol=1e-6, rtol=0, err_msg=kind)
