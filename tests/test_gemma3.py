@@ -23,9 +23,10 @@ LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 def _config(kind: str) -> object:
     from transformers import Gemma2Config, Gemma3TextConfig
 
-    shared = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
-                  intermediate_size=37, sliding_window=WINDOW, layer_types=LAYER_TYPES, vocab_size=VOCAB,
-                  query_pre_attn_scalar=16, pad_token_id=0, bos_token_id=101, eos_token_id=102)
+    shared = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 1,
+              "head_dim": 8, "intermediate_size": 37, "sliding_window": WINDOW, "layer_types": LAYER_TYPES,
+              "vocab_size": VOCAB, "query_pre_attn_scalar": 16, "pad_token_id": 0, "bos_token_id": 101,
+              "eos_token_id": 102}
     if kind == "gemma3":  # Gemma 3 passes no softcap to the attention function (transformers 5.23)
         return Gemma3TextConfig(architectures=["Gemma3ForCausalLM"], **shared)
     # Gemma 2 does: a small cap so that tanh really bends the logits

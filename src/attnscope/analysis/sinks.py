@@ -181,11 +181,11 @@ class SinkReport:
         """A few lines for the terminal."""
         summary = self.summary()
         lines = [f"{self.model}: {self.n_inputs} inputs, {summary['heads']} heads (layers and heads 0-indexed)",
-                 f"  attention on the first token: {summary['mean_first']:.1%} of all heads' weight "
+                 (f"  attention on the first token: {summary['mean_first']:.1%} of all heads' weight "
                  f"({summary['mean_first_norm']:.1%} norm-weighted); {summary['first_majority_heads']} heads give it "
-                 f"half or more ({summary['first_majority_heads_norm']} norm-weighted)",
-                 f"  on other sink positions: {summary['mean_other']:.1%} ({summary['mean_other_norm']:.1%} "
-                 f"norm-weighted); heads with one on an average input: {summary['mean_other_rate']:.1%}"]
+                 f"half or more ({summary['first_majority_heads_norm']} norm-weighted)"),
+                 (f"  on other sink positions: {summary['mean_other']:.1%} ({summary['mean_other_norm']:.1%} "
+                 f"norm-weighted); heads with one on an average input: {summary['mean_other_rate']:.1%}")]
         tokens = ", ".join(f"{token!r} x{count}" for token, count in summary["top_sink_tokens"][:6])
         lines.append(f"  most frequent other sink tokens: {tokens or 'none'}")
         heads = ", ".join(f"{layer}-{head} ({value:.2f})" for layer, head, value in self.top_heads("first"))
