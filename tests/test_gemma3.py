@@ -118,3 +118,34 @@ def test_real_gemma3_capture_equals_eager_across_its_window(gemma3):
     last = record.attention[:, :, -1]  # [layer, head, k_pos]: the last query's row
     n = last.shape[-1]
     assert np.all(last[0, :, : n - 512] == 0.0) and np.all(last[5, :, : n - 512] > 0.0)
+
+
+# ---- the views mark the window (real Chromium, as in test_views_browser) ----
+def test_views_mark_the_window_of_sliding_layers(tiny_gemma, browser, tmp_path):
+    from attnscope.present import view
+
+    from .conftest import CHROMIUM
+    from .test_views_browser import APP, Page
+
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed")
+    _, _, loaded = tiny_gemma
+    record = extract(loaded, SENTENCES[2])
+    page = Page(browser, view(record).save(tmp_path / "gemma.html"))
+    texts = f"{APP}.views.head.scene.ofType('text')"
+    caption = f"{texts}.find(t => t.text.includes('\u00b7 layer ')).text"
+    assert "layer 0 \u00b7 sliding window: 4 keys" in page.js(caption)
+    query = 10
+    page.hover_token("query", query)
+    greyed = page.js(f"{texts}.filter(t => t.meta && t.meta.side === 'key' && t.style.color === '#bbb')"
+                     ".map(t => t.meta.pos)")
+    assert sorted(greyed) == [k for k in range(len(record.tokens)) if k > query or query - k >= WINDOW]
+    lines = page.js(f"{APP}.views.head.drawnLines()")
+    assert lines and all(query - WINDOW < line["k_pos"] <= query for line in lines)
+    page.page.select_option("[data-role=layer]", "1")  # the global layer
+    assert "layer 1 \u00b7" in page.js(caption) and "sliding" not in page.js(caption)
+    page.page.click("button[data-view=model]")
+    page.wait_view("model")
+    labels = page.js(f"{APP}.views.model.scene.ofType('text').map(t => t.text)")
+    assert labels.count(f"window {WINDOW}") == 2 and "layer 1" in labels
+    page.close()
