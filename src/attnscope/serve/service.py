@@ -41,7 +41,7 @@ PATTERN_OF_MODE = {"zero": "zero", "uniform": "uniform", "first": "beginning", "
 PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
                    "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
                    "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9",
-                   "sink": "#a0cbe8"}
+                   "sink": "#1f5f8b"}
 SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
 TOP_TOKENS = 10
 
