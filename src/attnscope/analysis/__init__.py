@@ -8,6 +8,7 @@ Everything here takes records (or arrays), never a model. Layers and heads are 0
 >>> print(classify_heads(rec))                # a label and a confidence per head    # doctest: +SKIP
 >>> head_statistics(rec)["norm_sep"]          # [layer, head]                        # doctest: +SKIP
 >>> attention_flow(rec).values                # [output token, input token]          # doctest: +SKIP
+>>> print(sink_report([rec]).to_text())       # first-token and other sink shares     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .corpus import CorpusReport, analyze_corpus, brown_pairs, corpus_items
 from .partial import partial_statistics
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
 from .rollout import Flow, Rollout, attention_flow, attention_rollout
+from .sinks import SinkReport, sink_report
 from .stats import HeadStatistics, describe_statistics, head_statistics, statistic_names
 from .store import HeadStore
 
@@ -28,6 +30,7 @@ __all__ = [
     "HeadStatistics",
     "HeadStore",
     "Rollout",
+    "SinkReport",
     "analyze_corpus",
     "attention_flow",
     "attention_rollout",
@@ -38,5 +41,6 @@ __all__ = [
     "head_statistics",
     "partial_statistics",
     "pattern_names",
+    "sink_report",
     "statistic_names",
 ]

@@ -167,7 +167,7 @@ def sink_figure(report: Any, path: Any = None) -> Any:
     fig = plt.figure(figsize=(10, 4.5 + 0.12 * n_layers))
     grid = fig.add_gridspec(2, 2, height_ratios=[max(2.0, n_layers / 6), 1.6])
     for column, (name, title) in enumerate((("first", "attention weight on the first token"),
-                                            ("first_norm", "norm-weighted, ||alpha f(x)|| (Kobayashi et al.)"))):
+                                            ("first_norm", "norm-weighted, ‖αf(x)‖ (Kobayashi et al. 2020)"))):
         ax = fig.add_subplot(grid[0, column])
         image = ax.imshow(measures[name], cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         ax.set_title(title, fontsize=9)
