@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from pathlib import Path
 
 from ..arguments import add_output_folder, finite_float, positive_int
@@ -260,5 +261,5 @@ metrics for --top (means over inputs; also confidence and ev_<evidence> of the p
   attnscope sinks sentences.txt --model gemma3 -o sinks-gemma3/
   attnscope sinks brown --limit 50 --json                       # the default encoder: its first token is [CLS]
 definitions (Xiao et al. 2023; norm-weighted as in Kobayashi et al. 2020):
-  {DEFINITION}""", _sinks_arguments, _run_sinks),
+{textwrap.fill(DEFINITION, 100, initial_indent="  ", subsequent_indent="  ")}""", _sinks_arguments, _run_sinks),
 )

@@ -47,10 +47,17 @@ from ..record import AttentionRecord
 SINK_FACTOR = 5.0
 MIN_QUERIES = 3
 MEASURES = ("first", "first_norm", "other", "other_norm", "other_rate")
-DEFINITION = (f"first: mean attention of every query but the first on position 0; other: on the input's other sink "
-              f"positions, keys k >= 1 whose mean weight from queries q >= k + 2 (at least {MIN_QUERIES}) is at least "
-              f"{SINK_FACTOR:g} x the uniform share 1/n_visible of those queries; _norm: the same on the shares of "
-              f"||alpha f(x)|| in each row (Kobayashi et al. 2020); other_rate: share of inputs with such a position")
+
+
+def definition(factor: float = SINK_FACTOR, min_queries: int = MIN_QUERIES) -> str:
+    """The measures' definitions in one paragraph (for ``--help`` and the JSON report)."""
+    return (f"first: mean attention of every query but the first on position 0; other: on the input's other sink "
+            f"positions, keys k >= 1 whose mean weight from queries q >= k + 2 (at least {min_queries}) is at least "
+            f"{factor:g} x the uniform share 1/n_visible of those queries; _norm: the same on the shares of "
+            f"||alpha f(x)|| in each row (Kobayashi et al. 2020); other_rate: share of inputs with such a position")
+
+
+DEFINITION = definition()
 
 
 def visible_keys(n: int, causal: bool, window: int = 0) -> np.ndarray:
@@ -158,8 +165,7 @@ class SinkReport:
             "model": self.model,
             "n_inputs": self.n_inputs,
             "causal": self.causal,
-            "definition": DEFINITION.replace(f"{SINK_FACTOR:g} x", f"{self.factor:g} x").replace(
-                f"(at least {MIN_QUERIES})", f"(at least {self.min_queries})"),
+            "definition": definition(self.factor, self.min_queries),
             "indexing": "layers and heads 0-indexed",
             "summary": self.summary(),
             "by_layer": {name: [_number(v) for v in values] for name, values in self.by_layer.items()},
