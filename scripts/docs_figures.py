@@ -52,12 +52,16 @@ EXAMPLE_TEXT = "I went to the store."
 EXAMPLE_PAIR = "At the store, I bought fresh strawberries."
 LONG_INPUT_SENTENCES = 80
 TOY_EXAMPLE = "i can eat apples"
+GENERATE_PROMPT = "Write one sentence about the sea."
+GENERATE_CHANGES = ("--ablate", "3:4,7")
+GENERATE_TOKENS = "32"
 
 
 # ---- running commands ------------------------------------------------------------------------------
-def attnscope(*args: str) -> str:
-    """Run ``attnscope ARGS`` with this checkout's sources first; its stdout (fails loudly)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+def attnscope(*args: str, extra_env: dict[str, str] | None = None) -> str:
+    """Run ``attnscope ARGS`` with this checkout's sources first (and ``extra_env``); its stdout (fails loudly)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           **(extra_env or {})}
     done = subprocess.run([sys.executable, "-m", "attnscope", *args], check=False, capture_output=True, text=True, env=env,
                           cwd=ROOT)
     if done.returncode != 0:
@@ -229,6 +233,42 @@ def probe(action: str) -> Callable[[Path], dict[str, Any]]:
     return produce
 
 
+def generation(work: Path) -> dict[str, Any]:
+    """``attnscope generate`` on SmolLM2 (chat, greedy): the first steps, and the same prompt under an
+    intervention, side by side."""
+    common = ("generate", GENERATE_PROMPT, "--chat", "-n", GENERATE_TOKENS, "--json")
+    intact = last_json(attnscope(*common))
+    compared = last_json(attnscope(*common, *GENERATE_CHANGES))
+    return {"prompt": GENERATE_PROMPT, "new_tokens": int(GENERATE_TOKENS), "generated": intact["generated"],
+            "first_steps": intact["steps"][:6], "changes_flags": " ".join(GENERATE_CHANGES), **compared}
+def mixing_faithfulness(work: Path) -> dict[str, Any]:
+    """``attnscope mixing --evaluate --json --plot``: the table, its figure, each model's ranking by rho
+    with erasure, and whether the papers' ordering holds. Run with a fresh model cache (the GGUF
+    conversion counted), so ``seconds`` is the time from a fresh install."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="attnscope-cache-") as cache:
+        table = last_json(attnscope("mixing", "--evaluate", "--json", "--plot", str(work / "mixing.png"),
+                                    extra_env={"ATTNSCOPE_CACHE": cache}))
+    copy_image(work / "mixing.png", "mixing_faithfulness.png")
+    return {**mixing_summary(table), "seconds": round(time.perf_counter() - started)}
+
+
+def mixing_summary(table: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation's table, with each model's ranking by rho with erasure and the papers' claims checked
+    (value zeroing and ALTI above the rollout of raw attention; value zeroing first among the measures)."""
+    from attnscope.analysis.mixing import METHODS
+
+    ranking = {model: sorted(rows, key=lambda method: -rows[method]["spearman_erasure"]) for model, rows in table.items()}
+    claims = {model: {"alti_above_attention": rows["alti"]["spearman_erasure"] > rows["attention"]["spearman_erasure"],
+                      "value_zeroing_above_attention":
+                          rows["value_zeroing"]["spearman_erasure"] > rows["attention"]["spearman_erasure"],
+                      "value_zeroing_first": next(m for m in ranking[model] if m in METHODS) == "value_zeroing"}
+              for model, rows in table.items()}
+    from attnscope.experiments.faithfulness import DEFAULT_SENTENCES
+
+    return {"table": table, "ranking": ranking, "claims": claims, "sentences": DEFAULT_SENTENCES}
+
+
 @dataclass(frozen=True)
 class Group:
     command: str  # what a reader would type to get the same figures
@@ -248,9 +288,12 @@ GROUPS: dict[str, Group] = {
                    "sink_agreement on labels/smollm2_sinks.tsv", sink_report),
     "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
     "ablation": Group("attnscope ablate -o out/", ablation),
+    "generate": Group(f'attnscope generate "{GENERATE_PROMPT}" --chat -n {GENERATE_TOKENS} --json '
+                      f'[{" ".join(GENERATE_CHANGES)}]', generation),
     "deps": Group("attnscope probe deps -o out/deps --json", probe("deps"), ("seconds",)),
     "coref": Group("attnscope probe coref -o out/coref --json", probe("coref"), ("seconds",)),
     "edges": Group("attnscope probe edges -o out/edges --json", probe("edges"), ("seconds",)),
+    "mixing": Group("attnscope mixing --evaluate --json", mixing_faithfulness, ("seconds",)),
 }
 
 
@@ -293,6 +336,7 @@ def _environment() -> Any:
     environment.filters["fmt"] = lambda value, spec: format(value, spec)
     environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
     environment.filters["words"] = _first_words
+    environment.filters["token"] = lambda token: json.dumps(token, ensure_ascii=False)  # quoted, "\n" visible
     return environment
 
 

@@ -64,6 +64,9 @@ def test_report_writes_html_figures_and_database(report):
         assert report.figures[name].name in report.html.read_text()
     html = report.html.read_text()
     assert "0-indexed" in html and "previous_word" in html and "heads.duckdb" in html
+    from attnscope.analysis.patterns import pattern_colour
+
+    assert f'<span class="swatch" style="background: {pattern_colour("previous_word")}"></span>previous_word' in html
     assert len(report.summary) == 72 and {"pattern", "cls", "norm_cls"} <= set(report.summary.columns)
 
 

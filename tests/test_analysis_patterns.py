@@ -378,3 +378,22 @@ def test_real_predictions_from_one_head_match_classifying_the_whole_record(minil
     records = list(extract_corpus(minilm, [(m.text, m.pair) for m in maps], progress=False))
     whole = [str(classify_heads(record).labels[m.layer, m.head]) for record, m in zip(records, maps)]
     assert predict_real(records, maps) == whole
+
+
+def test_one_palette_for_pattern_labels_in_figures_report_and_explorer():
+    from matplotlib.colors import to_hex
+
+    from attnscope.analysis.figures import head_map_figure
+    from attnscope.analysis.patterns import PATTERNS, pattern_colour
+    from attnscope.serve.service import pattern_classes
+
+    colours = [pattern_colour(name) for name in PATTERNS]
+    assert len(set(colours)) == len(colours), "every label its own colour"
+    assert [c["colour"] for c in pattern_classes()] == colours  # the explorer's pattern map
+    order = list(PATTERNS)
+    labels = np.array([order[:4], order[4:8]])
+    figure = head_map_figure(labels, np.full(labels.shape, 0.5), order, {n: p.short for n, p in PATTERNS.items()},
+                             {n: p.kovaleva for n, p in PATTERNS.items()})
+    drawn = [to_hex(c) for c in figure.axes[0].images[0].cmap.colors]  # the report's head map
+    assert drawn == colours
+    assert pattern_colour("a class registered later") in ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")

@@ -30,3 +30,8 @@ def test_primer_writes_its_figures(tmp_path):
                      "query_walkthrough.png", "query_walkthrough.svg"]
     assert json.dumps(names)  # paths printed one per line
     assert all(str(tmp_path / name) in result.stdout for name in names if name != "attnscope-manifest.json")
+
+
+def test_generate_refuses_an_html_path_it_cannot_write_before_loading_the_model(tmp_path):
+    result = run("generate", "The sea is", "--model", "no-such-model", "--html", str(tmp_path))
+    assert_one_line_error(result, f"output file {tmp_path} is a folder")  # not "unknown model": checked first

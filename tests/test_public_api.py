@@ -21,3 +21,12 @@ def test_package_is_typed():
     from importlib.resources import files
 
     assert files("attnscope").joinpath("py.typed").is_file()
+
+
+def test_star_import_needs_no_optional_extra():
+    """`from attnscope import *` resolves every name in __all__: none may need an optional extra
+    (the notebook widget, Ray), which a default install lacks."""
+    code = ("import sys; sys.modules['anywidget'] = None; sys.modules['ray'] = None\n"
+            "from attnscope import *\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-500:]

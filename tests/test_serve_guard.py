@@ -11,7 +11,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -115,22 +116,30 @@ def test_every_api_answer_says_nosniff_and_forbids_running_anything(client):
 
 
 # ---- body size, on a real server -------------------------------------------------------------
-@pytest.fixture(scope="module")
-def live(minilm):
-    """The port of the explorer (minilm) served by uvicorn in a thread, as `attnscope serve` does."""
+@contextmanager
+def serving(app) -> Iterator[int]:
+    """``app`` served by uvicorn in a thread on a free loopback port, as `attnscope serve` does; the port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = create_app(loaded=[minilm])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(minilm):
+    """The port of the explorer (minilm) served in a thread."""
+    with serving(create_app(loaded=[minilm])) as port:
+        yield port
 
 
 def exchange(port: int, head: str, parts: Iterable[bytes], timeout: float = 10.0) -> tuple[int, dict, float]:

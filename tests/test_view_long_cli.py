@@ -64,3 +64,25 @@ def test_view_of_chosen_layers_and_heads_keeps_more_keys(tmp_path):
     payload = _payload(out.read_text(encoding="utf-8"))
     assert payload["layers"] == [1] and payload["heads"] == [0, 2]
     assert payload["top_k"]["k"] == payload["top_k"]["source_k"] == 32  # two heads: every captured key fits
+
+
+def test_a_truncated_input_is_said_on_the_page_and_in_the_terminal(tmp_path, capsys):
+    out = tmp_path / "cut.html"
+    assert main(["view", "The cat sat on the mat and looked at the dog.", "--max-tokens", "8", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "attnscope: warning: " in err and "truncated to 8" in err
+    payload = _payload(out.read_text(encoding="utf-8"))
+    assert len(payload["sides"]["input"]["tokens"]) == 8
+    assert payload["notes"][0].startswith("the input was truncated: ") and "truncated to 8" in payload["notes"][0]
+    assert main(["view", "The cat sat.", "-o", str(tmp_path / "whole.html")]) == 0
+    whole = _payload((tmp_path / "whole.html").read_text(encoding="utf-8"))
+    assert not any("truncated" in note for note in whole["notes"])
+
+
+def test_a_truncated_long_input_is_said_on_the_long_page(tmp_path):
+    text = tmp_path / "doc.txt"
+    text.write_text("The cat sat on the mat. " * 40, encoding="utf-8")
+    out = tmp_path / "long.html"
+    assert main(["view", "--file", str(text), "--long", "--max-tokens", "100", "-o", str(out)]) == 0
+    payload = _payload(out.read_text(encoding="utf-8"))
+    assert len(payload["tokens"]) == 100 and "truncated to 100" in payload["notes"][0]

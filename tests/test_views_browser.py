@@ -344,3 +344,48 @@ def test_long_input_draws_the_strongest_lines_within_the_budget(minilm, open_pag
     page.hover_token("query", query)  # hovering still shows every line of that token
     assert len(page.lines()) == expected_lines(record.attention[0, :, query])
     page.close()
+
+
+def test_view_opens_on_the_layer_and_heads_asked(pair, open_page, artifacts):
+    record, _ = pair
+    path = view(record, layer=4, heads=[1, 5], include_layers=[0, 2, 4]).save(artifacts / "views_start.html")
+    page = open_page(path)
+    assert page.js(f"{APP}.state.layer") == 2 and page.js(f"[...{APP}.state.heads]") == [1, 5]
+    assert page.page.input_value("[data-role=layer]") == "2"
+    assert page.js("[...document.querySelector('[data-role=layer]').options].map(o => o.text)") == ["0", "2", "4"]
+    lines = page.lines()
+    assert {line["head"] for line in lines} == {1, 5}
+    assert len(lines) == expected_lines(record.attention[4, [1, 5]])
+    caption = page.js(f"{APP}.views.head.scene.ofType('text').find(t => t.text.includes('self-attention')).text")
+    assert "layer 4 " in caption and "heads 1, 5" in caption
+    page.close()
+
+
+def test_double_clicking_the_only_head_shown_brings_all_heads_back(pair, open_page):
+    record, path = pair
+    page = open_page(path)
+    square = "div[data-view=head] span[data-head='5']"
+    page.page.dblclick(square)
+    assert {line["head"] for line in page.lines()} == {5}
+    page.page.dblclick(square)
+    assert page.js(f"[...{APP}.state.heads].length") == record.n_heads
+    assert len(page.lines()) == expected_lines(record.attention[0])
+    page.close()
+
+
+def test_model_and_neuron_views_name_their_colour_scales(pair, open_page):
+    _, path = pair
+    page = open_page(path)
+    page.page.click("button[data-view=model]")
+    page.wait_view("model")
+    scale = page.js(f"{APP}.views.model.scene.ofType('text').filter(t => t.meta && t.meta.role === 'scale').map(t => t.text)")
+    assert scale[:2] == ["0", "1"] and scale[2].startswith("opacity = \u03b1, each head in its own colour")
+    page.page.click("button[data-view=neuron]")
+    page.wait_view("neuron")
+    scale = page.js(f"{APP}.views.neuron.scene.ofType('text').filter(t => t.meta && t.meta.role === 'scale').map(t => t.text)")
+    assert scale[:2] == ["negative (orange)", "positive (blue)"]
+    # the scale's ends are the colours the strips use: the largest positive and negative q component
+    fills = page.js(f"{APP}.views.neuron.scene.ofType('rect').filter(r => r.style.fill && r.style.alpha === 1)"
+                    ".map(r => r.style.fill)")
+    assert {"rgb(31,119,180)", "rgb(255,127,14)"} <= set(fills)
+    page.close()

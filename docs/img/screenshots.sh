@@ -26,3 +26,12 @@ shot neuron_view 1130,580 "view=neuron&layer=2&head=3&query=5"
 
 "$BIN/attnscope" plot "$TEXT" --pair "$PAIR" --layer 2 --head 0 -o "$OUT/plot_head.png"
 "$BIN/attnscope" plot "$TEXT" --pair "$PAIR" --figure types -o "$OUT/plot_types.png"
+
+# the step view: a decoder generating (SmolLM2) and the toy translator, the address picks the step
+STEPS=$(mktemp -d)
+"$BIN/attnscope" generate "Write one sentence about the sea." --chat -n 24 --html "$STEPS/generate.html" >/dev/null
+"$BIN/attnscope" toy translate "i can eat apples" --html "$STEPS/toy.html" >/dev/null
+PAGE=$STEPS/generate.html
+shot generate_steps 1100,380 "step=9&layer=3"
+PAGE=$STEPS/toy.html
+shot lab_steps 1000,330 "step=2"

@@ -33,16 +33,23 @@ _EXPORTS = {
     "extract_corpus": "attnscope.capture.extract",
     "extract_to_file": "attnscope.capture.extract",
     "CapturePlan": "attnscope.capture.plan",
+    "generate": "attnscope.capture.generate",
+    "GenerationRecord": "attnscope.generation",
     "QuerySelection": "attnscope.capture.plan",
     "partial_statistics": "attnscope.analysis.partial",
     "long_view": "attnscope.present.longview",
     "TopAttention": "attnscope.report",
     "view": "attnscope.present.html",
     "AttentionView": "attnscope.present.html",
+    # not in __all__: they need the notebook extra, and `from attnscope import *` must work without it
+    "widget": "attnscope.present.widget",
+    "AttentionWidget": "attnscope.present.widget",
     "classify_heads": "attnscope.analysis.patterns",
     "head_statistics": "attnscope.analysis.stats",
     "attention_rollout": "attnscope.analysis.rollout",
     "attention_flow": "attnscope.analysis.rollout",
+    "mixing": "attnscope.experiments.mixing",
+    "Mixing": "attnscope.analysis.mixing",
     "top_attention": "attnscope.report",
 }
 
@@ -53,8 +60,10 @@ __all__ = [
     "AttentionView",
     "AttnscopeError",
     "CapturePlan",
+    "GenerationRecord",
     "Intervention",
     "LoadedModel",
+    "Mixing",
     "ModelInfo",
     "QuerySelection",
     "TopAttention",
@@ -66,16 +75,19 @@ __all__ = [
     "extract",
     "extract_corpus",
     "extract_to_file",
+    "generate",
     "head_statistics",
     "intervene",
     "load_model",
     "long_view",
+    "mixing",
     "partial_statistics",
     "top_attention",
     "view",
 ]
 
 if TYPE_CHECKING:
+    from .analysis.mixing import Mixing as Mixing
     from .analysis.partial import partial_statistics as partial_statistics
     from .analysis.patterns import classify_heads as classify_heads
     from .analysis.rollout import attention_flow as attention_flow
@@ -87,9 +99,12 @@ if TYPE_CHECKING:
     from .capture.extract import extract as extract
     from .capture.extract import extract_corpus as extract_corpus
     from .capture.extract import extract_to_file as extract_to_file
+    from .capture.generate import generate as generate
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
+    from .generation import GenerationRecord as GenerationRecord
+    from .experiments.mixing import mixing as mixing
     from .models.loading import LoadedModel as LoadedModel
     from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES
@@ -97,6 +112,8 @@ if TYPE_CHECKING:
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
     from .present.longview import long_view as long_view
+    from .present.widget import AttentionWidget as AttentionWidget
+    from .present.widget import widget as widget
     from .record import AttentionRecord as AttentionRecord
     from .record import ModelInfo as ModelInfo
     from .report import TopAttention as TopAttention

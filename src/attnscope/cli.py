@@ -64,19 +64,28 @@ def _run_models(args: argparse.Namespace) -> int:
 
 # ---- shared model/input options --------------------------------------------------------------
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--dtype``, shared by every command that loads a model."""
+    """``--model``, ``--dtype`` and ``--device``, shared by every command that loads a model."""
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
                         help=f"alias ({', '.join(ALIASES)}), local folder, .gguf file or cached repo id "
                         f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="compute type; bfloat16 is several times faster on CPUs with bf16 matmuls")
+    add_compute_arguments(parser)
+
+
+def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` and ``--device``: how and where a model runs (every model command, and ``serve``)."""
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="compute type; bfloat16 is several times faster on CPUs with bf16 matmuls, float16 is "
+                        "the fast type on most GPUs (default: float32)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu (default), cuda, cuda:1, mps, or auto (the layers spread "
+                        "over every GPU, then the CPU, for a model larger than one device)")
 
 
 def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The model named by ``--model``/``--dtype``."""
+    """The model named by ``--model``/``--dtype``/``--device``."""
     from .models.loading import load_model
 
-    return load_model(args.model, dtype=args.dtype)
+    return load_model(args.model, dtype=args.dtype, device=args.device)
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -170,6 +179,7 @@ COMMANDS = (
     Command("extract", "capture attention into record files (.safetensors)", """examples:
   attnscope extract "I went to the store." --pair "At the store, I bought fresh strawberries."
   attnscope extract --file sentences.txt --out records/ --norms --dtype bfloat16
+  attnscope extract --file sentences.txt --out records/ --device cuda --dtype float16
   attnscope extract --file pairs.jsonl --qkv     # lines like {"text": "...", "pair": "..."}
   attnscope extract --model smollm2 --document long.txt --stats --top-k 32 --stream --float16 -o long/
   attnscope extract "The cat sat." --model smollm2 --layers 0-3 --queries last

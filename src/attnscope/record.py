@@ -27,7 +27,7 @@ that need the whole matrix get a clear error from ``attention`` rather than a wr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -294,6 +294,21 @@ class AttentionRecord:
         partial = f", {self.holdings()}" if self.selection else ""
         return (f"AttentionRecord(model={self.model.name!r}, level={self.level!r}, tokens={len(self.tokens)}, "
                 f"{shapes}{partial})")
+
+    @classmethod
+    def from_attentions(cls, attentions: Any, tokens: Sequence[str], **options: Any) -> AttentionRecord:
+        """A record of attention computed elsewhere: ``outputs.attentions`` of a transformers model
+        called with ``output_attentions=True`` (a tuple of ``[batch, head, q_pos, k_pos]``), the whole
+        output of an encoder-decoder (with ``target_tokens=``), or a TransformerLens ActivationCache's
+        ``blocks.{layer}.attn.hook_pattern`` entries. Options: see :func:`attnscope.external.record_parts`.
+
+        >>> out = hf_model(**inputs, output_attentions=True)                      # doctest: +SKIP
+        >>> rec = AttentionRecord.from_attentions(out.attentions, tokens)         # doctest: +SKIP
+        """
+        from .external import record_parts
+
+        parts = record_parts(attentions, tokens, **options)
+        return cls(**{**parts, "model": ModelInfo(**parts["model"])})
 
     # ---- save / load --------------------------------------------------------------------
     def save(self, path: str | Path, *, float16: bool = False) -> Path:

@@ -26,7 +26,15 @@ import numpy as np
 from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
-from .patterns import PATTERNS, STABLE_MIN_INPUTS, STABLE_SHARE, CorpusPatterns, HeadPatterns, classify_heads
+from .patterns import (
+    PATTERNS,
+    STABLE_MIN_INPUTS,
+    STABLE_SHARE,
+    CorpusPatterns,
+    HeadPatterns,
+    classify_heads,
+    pattern_colour,
+)
 from .stats import head_statistics, largest_measured
 from .store import DEFAULT_DB, HeadStore
 from .tokens import token_context
@@ -294,5 +302,5 @@ def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
         stable_rule=STABLE_RULE, n_stable=int(report.patterns.stable.sum()), n_heads=report.patterns.stable.size,
         views={pattern: Markup(fragment) for pattern, fragment in views.items()},
         pattern_rows=[{"name": n, "kovaleva": p.kovaleva, "source": p.source, "description": p.description,
-                       "share": shares[n]} for n, p in PATTERNS.items()],
+                       "share": shares[n], "colour": pattern_colour(n)} for n, p in PATTERNS.items()],
     ), encoding="utf-8")

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .patterns import pattern_colour
+
 TOKEN_TYPE_COLOURS = {"[CLS]": "#d62728", "[SEP]": "#1f77b4", "punctuation": "#2ca02c", "other": "#7f7f7f"}
 
 
@@ -134,8 +136,7 @@ def head_map_figure(labels: np.ndarray, confidence: np.ndarray, order: list[str]
 
     plt = pyplot()
     layers, heads = labels.shape
-    palette = plt.get_cmap("tab20").colors
-    colours = {name: palette[i % len(palette)] for i, name in enumerate(order)}
+    colours = {name: pattern_colour(name) for name in order}  # the explorer's and the report's colours
     codes = np.vectorize(order.index)(labels)
     fig, ax = plt.subplots(figsize=(1.0 + 0.85 * heads, 1.2 + 0.62 * layers))
     ax.imshow(codes, cmap=ListedColormap([colours[n] for n in order]), vmin=-0.5, vmax=len(order) - 0.5,

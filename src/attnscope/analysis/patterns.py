@@ -148,6 +148,23 @@ PATTERNS: dict[str, PatternClass] = {p.name: p for p in (
                  encoder=False, short="sink"),
 )}
 
+# One palette for pattern labels wherever they are drawn (report, figures, explorer): lines warm,
+# columns cool, blocks purple, same-word brown, no pattern grey; a class registered later gets a spare.
+PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
+                   "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
+                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9",
+                   "sink": "#1f5f8b"}
+SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
+
+
+def pattern_colour(name: str) -> str:
+    """The colour of pattern label ``name`` (hex), the same in the report, the figures and the explorer."""
+    if name in PATTERN_COLOURS:
+        return PATTERN_COLOURS[name]
+    others = [other for other in PATTERNS if other not in PATTERN_COLOURS]
+    return SPARE_COLOURS[(others.index(name) if name in others else 0) % len(SPARE_COLOURS)]
+
+
 LINES = ("previous_word", "next_word", "diagonal")
 COLUMNS = ("delimiter", "vertical")
 SAME = ("same_word_other_sentence", "same_word")

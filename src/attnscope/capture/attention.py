@@ -14,7 +14,7 @@ on each of them (see ``models.adapters``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -70,6 +70,7 @@ class SiteCapture:
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     norms: torch.Tensor | None = None
+    new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
 
     @property
     def n_heads(self) -> int:
@@ -88,6 +89,7 @@ class CaptureSession:
     plan: CapturePlan | None = None
     facts: BatchFacts | None = None
     sink: Sink | None = None
+    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None
     captured: dict[tuple[str, int], SiteCapture | RowCapture] = field(default_factory=dict)
 
     def layers(self, kind: str) -> list[Any]:
@@ -100,7 +102,8 @@ class CaptureSession:
         assert self.plan is not None and self.facts is not None, "a planned capture needs the batch's facts"
         norms = value_norms(values, site) if self.norms else None
         return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
-                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site))
+                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site),
+                            device=values.device)
 
     def records_site(self, site: AttentionSite) -> bool:
         """Whether this session keeps anything of ``site`` (a plan keeps its layers of the input side)."""
@@ -154,6 +157,7 @@ def capture(
     plan: CapturePlan | None = None,
     facts: BatchFacts | None = None,
     sink: Sink | None = None,
+    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None,
 ) -> Iterator[CaptureSession]:
     """Activate a capture session for the forward passes run inside the block.
 
@@ -165,8 +169,12 @@ def capture(
     With a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in
     query chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused.
     A ``sink`` receives each site's results as soon as they are computed (streaming to disk).
+    A ``step_sink`` receives every call's :class:`SiteCapture` instead of the session keeping the
+    last one per site (generation: one call per site and step; with ``norms``, only the norms of the
+    values each call adds are computed, as ``new_value_norms``).
     """
-    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink)
+    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink,
+                             step_sink=step_sink)
     if stop_when_complete:
         session.stop_after = frozenset((s.kind, s.layer) for s in sites.values() if session.records_site(s))
     token = _ACTIVE_SESSION.set(session)
@@ -213,10 +221,12 @@ def attention_scores(
     return scores
 
 
-def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-    """Bool ``[batch or 1, 1, q_pos, k_pos]``: True where the mask lets a query see a key."""
+def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int,
+                 device: torch.device | None = None) -> torch.Tensor:
+    """Bool ``[batch or 1, 1, q_pos, k_pos]``: True where the mask lets a query see a key (on the mask's
+    device, or on ``device`` without a mask)."""
     if attention_mask is None:
-        return torch.ones((1, 1, q_len, k_len), dtype=torch.bool)
+        return torch.ones((1, 1, q_len, k_len), dtype=torch.bool, device=device)
     mask = attention_mask[:, :, :, :k_len]
     if mask.dtype == torch.bool:
         return mask
@@ -229,6 +239,12 @@ def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
     ``W_O^h`` is head h's slice of the output projection (Kobayashi et al. 2020, without the
     output bias, which is added once after the heads are summed).
     """
+    return transformed_values(values, site).norm(dim=-1)
+
+
+def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
+    (float32, without the output bias)."""
     if site.out_proj is None:
         raise AttnscopeError(f"no output projection found for {site.name}; norms are unavailable for this model")
     weight = cast(torch.Tensor, site.out_proj.weight).float()
@@ -236,8 +252,7 @@ def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
         weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
     n_heads, d_head = values.shape[1], values.shape[-1]
     per_head = weight.view(weight.shape[0], n_heads, d_head)  # [d_model, head, d_head]
-    transformed = torch.einsum("bhkd,mhd->bhkm", values.float(), per_head)  # [batch, head, k_pos, d_model]
-    return transformed.norm(dim=-1)
+    return torch.einsum("bhkd,mhd->bhkm", values.float(), per_head)  # [batch, head, k_pos, d_model]
 
 
 def attnscope_attention(
@@ -276,12 +291,12 @@ def attnscope_attention(
         output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
         return output, None
     if attention_mask is None and site is not None and site.causal and query.shape[2] == keys.shape[2] > 1:
-        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2])  # the lazy mask left causality to us
+        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2], query.device)  # the lazy mask left causality to us
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
         assert site is not None
-        allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2])
+        allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
     if recording:
@@ -298,6 +313,9 @@ def attnscope_attention(
 
 def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:
     """Store what was captured at ``site`` (after the sink took it); stop the forward once every wanted site is in."""
+    if session.step_sink is not None and isinstance(captured, SiteCapture):
+        session.step_sink(site, captured)
+        return
     if session.sink is not None and isinstance(captured, RowCapture):
         captured = session.sink.finish(site, captured)
     session.captured[(site.kind, site.layer)] = captured
@@ -305,10 +323,10 @@ def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | 
         raise CaptureComplete
 
 
-def causal_mask(q_len: int, start: int, k_len: int) -> torch.Tensor:
-    """Bool ``[1, 1, q_len, k_len]``: query ``start + i`` may see keys at or before it."""
-    queries = torch.arange(start, start + q_len)[:, None]
-    return (torch.arange(k_len)[None, :] <= queries)[None, None]
+def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool ``[1, 1, q_len, k_len]`` on ``device``: query ``start + i`` may see keys at or before it."""
+    queries = torch.arange(start, start + q_len, device=device)[:, None]
+    return (torch.arange(k_len, device=device)[None, :] <= queries)[None, None]
 
 
 def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
@@ -335,7 +353,7 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
         scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, :k_seen], mask, 1.0,
                                   None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap")).float()
         if implicit_causal:  # only the chunk's own square holds future keys
-            future = ~causal_mask(end - start, 0, end - start)[0, 0]
+            future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1)
         collector.add(start, probs, scores if plan.statistics else None)
@@ -358,7 +376,9 @@ def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Ten
     result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling)
     if session.qkv:
         result.queries, result.keys, result.values = (t.detach().float() for t in (query, keys, values))
-    if session.norms:
+    if session.norms and session.step_sink is not None:  # the earlier keys' norms came with earlier calls
+        result.new_value_norms = value_norms(values[:, :, -query.shape[2]:].detach(), site)
+    elif session.norms:
         result.norms = probs.detach() * value_norms(values.detach(), site)[:, :, None, :]
     return result
 

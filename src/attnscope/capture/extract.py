@@ -19,11 +19,12 @@ import torch
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
 from ..record import AttentionRecord, ModelInfo
-from .attention import CaptureComplete, CaptureSession, capture, main_kind
+from .attention import CaptureComplete, CaptureSession, SiteCapture, capture, main_kind
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
+from .rows import RowCapture
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
@@ -82,7 +83,7 @@ def extract_corpus(
     on the AMD EPYC of ``benchmarks/extract.py``, float32 capture runs about 1.75x faster; attention
     equals that of PyTorch's default GEMM up to float32 rounding (a few 1e-6). Packing can cost as
     much as a batch, so the default (None) uses oneDNN only when the inputs fill more than one
-    batch; True or False force it on or off. Without oneDNN in the torch build it is always off.
+    batch; True or False force it on or off. Without oneDNN in the torch build, or on a GPU, it is off.
 
     ``parallel_batches`` batches run at once, each on its own thread with an equal share of torch's
     intra-op threads (:mod:`attnscope.capture.concurrency`); torch's thread count is restored
@@ -110,7 +111,8 @@ def extract_corpus(
     numbered = enumerate(items)
     first = list(islice(numbered, window_size))
     several_batches = len(first) > batch_size
-    packed = PackedWeights() if use_onednn(onednn, several_batches) else None
+    on_cpu = loaded.input_device.type == "cpu"  # oneDNN's linear path is for CPU tensors only
+    packed = PackedWeights() if on_cpu and use_onednn(onednn, several_batches) else None
     run = partial(run_batch, loaded, qkv=qkv, norms=norms, packed=packed, plan=plan)
     windows = chain([first], iter(lambda: list(islice(numbered, window_size)), []))
     with (tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar,
@@ -206,7 +208,8 @@ def encode_item(loaded: LoadedModel, item: Item, index: int, limit: int) -> Enco
 def _greedy_target(loaded: LoadedModel, source_ids: list[int], limit: int) -> list[int]:
     """The model's greedy output for one source, without its final end-of-sentence token."""
     with torch.inference_mode():
-        generated = loaded.model.generate(torch.tensor([source_ids]), do_sample=False, num_beams=1,
+        generated = loaded.model.generate(torch.tensor([source_ids], device=loaded.input_device), do_sample=False,
+                                          num_beams=1,
                                           max_new_tokens=min(limit, 2 * len(source_ids) + 10))[0].tolist()
     eos = loaded.config.eos_token_id
     return generated[:-1] if len(generated) > 1 and generated[-1] == eos else generated
@@ -224,7 +227,8 @@ def _pad(rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def model_inputs(loaded: LoadedModel, batch: list[Encoded]) -> dict[str, torch.Tensor]:
-    """Padded tensors for one forward pass of the base model (no LM head: it is not needed)."""
+    """Padded tensors for one forward pass of the base model (no LM head: it is not needed), built on
+    the CPU and moved to the model's input device in one copy each."""
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
     ids, mask = _pad([e.source.input_ids for e in batch], pad_id)
     inputs = {"input_ids": ids, "attention_mask": mask}
@@ -233,6 +237,7 @@ def model_inputs(loaded: LoadedModel, batch: list[Encoded]) -> dict[str, torch.T
     if loaded.is_encoder_decoder:
         targets = [e.target.input_ids for e in batch if e.target is not None]
         inputs["decoder_input_ids"], inputs["decoder_attention_mask"] = _pad(targets, pad_id)
+    inputs = {name: tensor.to(loaded.input_device) for name, tensor in inputs.items()}
     if loaded.is_encoder_decoder or loaded.causal:
         inputs["use_cache"] = False  # type: ignore[assignment]
     return inputs
@@ -293,8 +298,17 @@ def _stack(session: CaptureSession, kind: str) -> dict[str, np.ndarray]:
     for name in ("attention", "norms", "queries", "keys", "values"):
         tensors = [getattr(capture_, name) for capture_ in layers]
         if tensors and tensors[0] is not None:
-            fields[name] = torch.stack(tensors, dim=1).float().numpy()
+            fields[name] = stack_on_cpu(tensors)
     return fields
+
+
+def stack_on_cpu(tensors: list[torch.Tensor]) -> np.ndarray:
+    """Per-layer ``[batch, head, ...]`` tensors -> ``[batch, layer, head, ...]`` float32 numpy: stacked
+    where they were computed and copied to the CPU once (layer by layer when ``device="auto"`` put
+    the layers on several devices)."""
+    if len({tensor.device for tensor in tensors}) > 1:
+        tensors = [tensor.cpu() for tensor in tensors]
+    return torch.stack(tensors, dim=1).float().cpu().numpy()
 
 
 def n_main_layers(loaded: LoadedModel) -> int:
@@ -317,8 +331,11 @@ def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CaptureP
 
 
 def model_info(loaded: LoadedModel, session: CaptureSession) -> ModelInfo:
-    main = main_kind(loaded.sites.values())
-    first = session.layers(main)[0]
+    return model_info_from(loaded, session.layers(main_kind(loaded.sites.values()))[0])
+
+
+def model_info_from(loaded: LoadedModel, first: SiteCapture | RowCapture) -> ModelInfo:
+    """The record's model facts, from what one input-side site captured (heads, kv heads, scaling)."""
     return ModelInfo(
         name=loaded.name,
         model_type=loaded.config.model_type,

@@ -235,8 +235,12 @@ def available_memory() -> int | None:
     return None
 
 
+EXTRACT_ADVICE = ("keep less (attnscope extract with --stats, --top-k K, --layers, --heads or --queries last; "
+                  "attnscope view --long) or shorten the input (--max-tokens)")
+
+
 def check_memory(estimate: MemoryEstimate, *, what: str, headroom: float = 0.8,
-                 available: int | None = None) -> None:
+                 available: int | None = None, advice: str = EXTRACT_ADVICE) -> None:
     """Refuse a capture whose estimate exceeds ``headroom`` of the available memory, saying by how
     much and which options reduce it (``available`` overrides the system's figure, for tests)."""
     available = available_memory() if available is None else available
@@ -244,8 +248,7 @@ def check_memory(estimate: MemoryEstimate, *, what: str, headroom: float = 0.8,
         return
     raise AttnscopeError(
         f"{what} needs about {_gib(estimate.total)} of memory ({_gib(estimate.kept)} kept, {_gib(estimate.working)} "
-        f"while computing) but {_gib(available)} is available; keep less (attnscope extract with --stats, --top-k K, "
-        "--layers, --heads or --queries last; attnscope view --long) or shorten the input (--max-tokens)")
+        f"while computing) but {_gib(available)} is available; {advice}")
 
 
 def _gib(n_bytes: int) -> str:

@@ -35,6 +35,7 @@ def planned_records(info: ModelInfo, batch: list[Encoded], layers: list[RowCaptu
                     plan: CapturePlan) -> list[AttentionRecord]:
     """One partial record per item of ``batch`` from the layers' batched captures."""
     facts = batch_facts(batch, plan)
+    layers = [layer.cpu() for layer in layers]  # one copy per field of the batch, wherever it was computed
     selection = Selection(plan.layer_numbers(info.n_layers), layers[0].heads, plan.describe())
     records = []
     for row, encoded in enumerate(batch):
@@ -145,11 +146,11 @@ class StreamingSink:
         writer = self._writer(len(captured.heads))
         index = self.layers.index(site.layer)
         for name, values in captured.statistics.items():
-            writer.write_layer(f"{self.kind}.stat_{name}", index, values[0].numpy())
+            writer.write_layer(f"{self.kind}.stat_{name}", index, values[0].cpu().numpy())
         if captured.distance_histogram is not None:
-            writer.write_layer(f"{self.kind}.distance_histogram", index, captured.distance_histogram[0].numpy())
+            writer.write_layer(f"{self.kind}.distance_histogram", index, captured.distance_histogram[0].cpu().numpy())
         if captured.overview is not None:
-            writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].numpy())
+            writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].cpu().numpy())
         for array in writer.maps.values():
             array.flush()
         self.on_layer(1)

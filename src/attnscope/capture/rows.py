@@ -24,7 +24,8 @@ bins of :func:`distance_bin_edges` (0, 1, 2, 3-4, 5-8, ...).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -64,10 +65,11 @@ class BatchFacts:
         """The union of the items' selected positions: ``[n_rows]``, sorted."""
         return np.unique(np.concatenate(self.selected))
 
-    def membership(self) -> torch.Tensor:
+    def membership(self, device: torch.device | None = None) -> torch.Tensor:
         """float ``[batch, n_rows]``: 1 where a union row is one of that item's selected positions."""
         rows = self.rows
-        return torch.tensor(np.stack([np.isin(rows, chosen) for chosen in self.selected]), dtype=torch.float32)
+        return torch.tensor(np.stack([np.isin(rows, chosen) for chosen in self.selected]), dtype=torch.float32,
+                            device=device)
 
 
 @dataclass
@@ -95,14 +97,32 @@ class RowCapture:
     topk_weights: torch.Tensor | None = None
     overview: torch.Tensor | None = None
 
+    def cpu(self) -> RowCapture:
+        """The same capture with every tensor on the CPU (itself when they already are): one copy per
+        field, made once per batch before records are cut out of it."""
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.cpu()
+
+        return replace(self, attention=moved(self.attention), norms=moved(self.norms),
+                       statistics={name: value.cpu() for name, value in self.statistics.items()},
+                       distance_histogram=moved(self.distance_histogram), topk_indices=moved(self.topk_indices),
+                       topk_weights=moved(self.topk_weights), overview=moved(self.overview))
+
 
 Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
 """``allocate(field, shape, dtype, fill)``: where a collector keeps a large field (attention rows,
 norms, top-k); streaming capture hands out views of the record file being written."""
 
 
-def new_tensor(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
-    return torch.full(shape, fill, dtype=dtype)
+def new_tensor(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float,
+               device: torch.device | None = None) -> torch.Tensor:
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
+def put_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``buffer[:, :, slots, :k] = rows`` (``[batch, head, n, k]``), moved to the buffer's device and
+    dtype: a streamed buffer is a float16 view of a file on the CPU, whatever device computes."""
+    buffer[:, :, slots.to(buffer.device), : rows.shape[-1]] = rows.to(buffer.device, buffer.dtype)
 
 
 def row_entropy(probs: torch.Tensor, logits: torch.Tensor | None, largest: torch.Tensor) -> torch.Tensor:
@@ -136,41 +156,48 @@ def prefix_sums_at(rows: torch.Tensor, positions: torch.Tensor, offsets: torch.T
     windows = []
     for cut, offset in zip(cuts, offsets):
         stop = min(max(last + int(offset) + 1, cut), n_keys)
-        keys = torch.arange(cut, stop)
+        keys = torch.arange(cut, stop, device=rows.device)
         inside = (keys[None, :] <= (positions + offset)[:, None]).float()  # [n, window]
         windows.append(torch.einsum("bhnw,nw->bhn", rows[..., cut:stop], inside))
     return whole + torch.stack(windows, dim=-1)
 
 
 class RowCollector:
-    """Receives one site's probabilities chunk by chunk and keeps what the plan asks for."""
+    """Receives one site's probabilities chunk by chunk and keeps what the plan asks for.
+
+    What it keeps lives on ``device``, the device the site computes on, except the large fields
+    that ``allocate`` places (views of a file on the CPU when streaming)."""
 
     def __init__(self, plan: CapturePlan, facts: BatchFacts, *, n_heads: int, n_keys: int, causal: bool,
-                 value_norms: torch.Tensor | None = None, allocate: Allocate | None = None) -> None:
-        self.plan, self.facts, self.causal, self.n_keys = plan, facts, causal, n_keys
+                 value_norms: torch.Tensor | None = None, allocate: Allocate | None = None,
+                 device: torch.device | None = None) -> None:
+        self.plan, self.facts, self.causal, self.n_keys, self.device = plan, facts, causal, n_keys, device
         plan.check_against(n_heads=n_heads)
         self.heads = plan.head_numbers(n_heads)
-        self.head_index = torch.tensor(self.heads)
+        self.head_index = torch.tensor(self.heads, device=device)
         self.rows = facts.rows
         self.row_lookup = {int(p): i for i, p in enumerate(self.rows)}
-        allocate = allocate or new_tensor
+        self.special = facts.special.to(device)  # [batch, pos]
+        self.lengths = torch.tensor(facts.lengths, device=device)  # [batch]
+        allocate = allocate or partial(new_tensor, device=device)
         batch, n_rows, n_kept_heads = len(facts.lengths), len(self.rows), len(self.heads)
         shape = (batch, n_kept_heads, n_rows)
         self.value_norms = None if value_norms is None else value_norms[:, self.head_index]  # [batch, head, k_pos]
         wants_norms = plan.attention and value_norms is not None
         self.attention = allocate("attention", (*shape, n_keys), torch.float32, 0.0) if plan.attention else None
         self.norms = allocate("norms", (*shape, n_keys), torch.float32, 0.0) if wants_norms else None
-        self.statistics = {name: torch.full(shape, float("nan")) for name in ROW_STATISTICS} if plan.statistics else {}
-        self.bins = torch.from_numpy(distance_bin_edges(n_keys))
-        self.histogram = torch.zeros((batch, n_kept_heads, len(self.bins))) if plan.statistics else None
-        self.membership = facts.membership()  # [batch, row]
+        self.statistics = ({name: torch.full(shape, float("nan"), device=device) for name in ROW_STATISTICS}
+                           if plan.statistics else {})
+        self.bins = torch.from_numpy(distance_bin_edges(n_keys)).to(device)
+        self.histogram = torch.zeros((batch, n_kept_heads, len(self.bins)), device=device) if plan.statistics else None
+        self.membership = facts.membership(device)  # [batch, row]
         if plan.top_k:
             self.topk_indices = allocate("topk_indices", (*shape, plan.top_k), torch.int32, -1)
             self.topk_weights = allocate("topk_weights", (*shape, plan.top_k), torch.float32, 0.0)
         if plan.overview:
             blocks = -(-n_keys // plan.overview)
-            self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks))
-            self.overview_rows = torch.zeros((batch, 1, blocks, 1))
+            self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks), device=device)
+            self.overview_rows = torch.zeros((batch, 1, blocks, 1), device=device)
 
     # ---- per chunk ---------------------------------------------------------------------------
     def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
@@ -184,16 +211,16 @@ class RowCollector:
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
-        slots = torch.tensor([self.row_lookup[p] for p in positions])
+        slots = torch.tensor([self.row_lookup[p] for p in positions], device=probs.device)
         rows = self._rows(probs, start, positions)
         row_logits = None if logits is None else self._rows(logits, start, positions)
         k_seen = rows.shape[-1]
-        if self.attention is not None:  # buffers may be float16 views of a file being written
-            self.attention[:, :, slots, :k_seen] = rows.to(self.attention.dtype)
+        if self.attention is not None:
+            put_rows(self.attention, slots, rows)
         if self.norms is not None and self.value_norms is not None:
-            self.norms[:, :, slots, :k_seen] = (rows * self.value_norms[:, :, None, :k_seen]).to(self.norms.dtype)
+            put_rows(self.norms, slots, rows * self.value_norms[:, :, None, :k_seen])
         if self.plan.statistics:
-            self._add_statistics(slots, torch.tensor(positions), rows, row_logits)
+            self._add_statistics(slots, torch.tensor(positions, device=probs.device), rows, row_logits)
         if self.plan.top_k:
             self._add_top_k(slots, rows)
 
@@ -208,15 +235,16 @@ class RowCollector:
         """The chunk's selected rows (a view when they are all of them)."""
         if len(positions) == tensor.shape[2]:
             return tensor
-        return tensor.index_select(2, torch.tensor(positions) - start)
+        return tensor.index_select(2, torch.tensor(positions, device=tensor.device) - start)
 
     def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                         logits: torch.Tensor | None) -> None:
         """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``."""
         k_seen = rows.shape[-1]
         # per key: is it special, and its position; one pass over the rows gives both sums
-        key_facts = torch.stack([self.facts.special[:, :k_seen].float(),
-                                 torch.arange(k_seen, dtype=torch.float32).expand(rows.shape[0], -1)], dim=-1)
+        key_facts = torch.stack([self.special[:, :k_seen].float(),
+                                 torch.arange(k_seen, dtype=torch.float32, device=rows.device).expand(rows.shape[0], -1)],
+                                dim=-1)
         sums = torch.matmul(rows, key_facts[:, None])  # [batch, head, n, 2]
         stats = self.statistics
         stats["first"][:, :, slots] = rows[..., 0]
@@ -227,16 +255,16 @@ class RowCollector:
         if self.causal:  # every key is at or before the query: sum p |q - k| = q - sum p k
             stats["distance"][:, :, slots] = positions.float() - sums[..., 1]
         else:
-            keys = torch.arange(k_seen, dtype=torch.float32)
+            keys = torch.arange(k_seen, dtype=torch.float32, device=rows.device)
             distance = (positions[:, None] - keys[None, :]).abs()  # [n, k_seen]
             stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
-        lengths = torch.tensor(self.facts.lengths)[:, None, None]  # [batch, 1, 1]: each item's own keys
+        lengths = self.lengths[:, None, None]  # [batch, 1, 1]: each item's own keys
         for name, offset in {"self": 0, "prev": -1, **({} if self.causal else {"next": 1})}.items():
             target = positions + offset
             valid = (target >= 0) & (target < lengths)  # [batch, 1, n]
             gathered = rows.gather(-1, target.clamp(0, k_seen - 1).expand(*rows.shape[:2], -1)[..., None])[..., 0]
-            gathered = torch.where(target < k_seen, gathered, torch.zeros(()))  # keys never computed are 0
-            stats[name][:, :, slots] = torch.where(valid, gathered, torch.full((), float("nan")))
+            gathered = torch.where(target < k_seen, gathered, 0.0)  # keys never computed are 0
+            stats[name][:, :, slots] = torch.where(valid, gathered, float("nan"))
         self._add_histogram(slots, positions, rows)
 
     def _add_histogram(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
@@ -254,16 +282,16 @@ class RowCollector:
 
         per_row = at(-low) - at(-high - 1)  # [b, h, n, bin]
         if not self.causal:
-            per_row = per_row + torch.where(low > 0, at(high) - at(low - 1), torch.zeros(()))
+            per_row = per_row + torch.where(low > 0, at(high) - at(low - 1), 0.0)
         weights = self.membership[:, slots]  # [batch, n]: rows that belong to each item
         self.histogram += torch.einsum("bhnc,bn->bhc", per_row, weights)
 
     def _add_top_k(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         k = min(self.plan.top_k, rows.shape[-1])
         weights, indices = rows.topk(k, dim=-1)
-        indices = torch.where(weights > 0, indices, torch.full((), -1))
-        self.topk_weights[:, :, slots, :k] = weights.to(self.topk_weights.dtype)
-        self.topk_indices[:, :, slots, :k] = indices.to(self.topk_indices.dtype)
+        indices = torch.where(weights > 0, indices, -1)
+        put_rows(self.topk_weights, slots, weights)
+        put_rows(self.topk_indices, slots, indices)
 
     def _add_overview(self, start: int, probs: torch.Tensor) -> None:
         """Block sums of every query row (the overview keeps all rows, not just the selected ones)."""
@@ -271,8 +299,8 @@ class RowCollector:
         batch, heads, n, k_seen = probs.shape
         padded = torch.nn.functional.pad(probs, (0, -k_seen % block))
         key_blocks = padded.view(batch, heads, n, -1, block).sum(-1)  # [b, h, n, k_blocks_seen]
-        positions = torch.arange(start, start + n)
-        real = (positions[None, :] < torch.tensor(self.facts.lengths)[:, None]).float()  # [batch, n]: not padding
+        positions = torch.arange(start, start + n, device=probs.device)
+        real = (positions[None, :] < self.lengths[:, None]).float()  # [batch, n]: not padding
         query_block = positions // block
         weighted = key_blocks * real[:, None, :, None]
         self.overview_sum[:, :, :, : key_blocks.shape[-1]].index_add_(2, query_block, weighted)

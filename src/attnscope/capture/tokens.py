@@ -138,11 +138,15 @@ def encode_sides(tokenizer: Any, texts: list[tuple[str, str | None]], max_length
     return [sides[i] for i in range(len(texts))]
 
 
+class TruncationWarning(UserWarning):
+    """An input was cut to the length limit (pages drawn from it say so)."""
+
+
 def warn_truncated(what: str, length: int, limit: int, model_limit: int | None = None) -> None:
     """Long inputs are cut, never silently: one warning naming the input and the limit, and whose it is
     (the model's own ``model_limit``, or a lower one the user chose)."""
     why = "the model's limit" if model_limit in (None, limit) else f"chosen; the model takes up to {model_limit}"
-    warnings.warn(f"{what}: {length} tokens, truncated to {limit} ({why})", stacklevel=3)
+    warnings.warn(f"{what}: {length} tokens, truncated to {limit} ({why})", TruncationWarning, stacklevel=3)
 
 
 def ids_within(tokenizer: Any, texts: list[str], limit: int, what: str, *, target: bool = False) -> list[list[int]]:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
@@ -211,6 +213,82 @@ def _wanted_step(args: argparse.Namespace) -> int | None:
     return wanted
 
 
+# ---- mixing --------------------------------------------------------------------------------------------
+def _mixing_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..analysis.mixing import METHODS
+
+    parser.add_argument("text", nargs="?", help="the sentence to measure (not with --evaluate)")
+    parser.add_argument("--method", choices=[*METHODS, "globenc"], default="alti",
+                        help="attention weights, norm (Kobayashi et al. 2020), norm_residual = globenc (Modarressi "
+                        "et al. 2022), alti (Ferrando et al. 2022), value_zeroing (Mohebbi et al. 2023) (default: alti)")
+    add_model_arguments(parser)
+    parser.add_argument("--evaluate", action="store_true",
+                        help="instead: rank correlation of every method with input erasure and gradient x input over "
+                        "held-out Brown sentences, with 95%% bootstrap intervals and random/uniform baselines")
+    parser.add_argument("--models", default="minilm,smollm2",
+                        help="comma-separated models to evaluate (default: minilm,smollm2)")
+    parser.add_argument("--sentences", type=positive_int, default=200, help="sentences to evaluate on (default: 200)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap and the random baseline")
+    parser.add_argument("--plot", type=Path, help="with --evaluate: also draw the table as a bar chart (PNG)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_mixing(args: argparse.Namespace) -> int:
+    import sys
+
+    if args.evaluate:
+        return _run_mixing_evaluation(args)
+    if args.plot:
+        raise AttnscopeError("--plot draws the evaluation; use it with --evaluate (plot a sentence with attnscope plot)")
+    if not args.text:
+        raise AttnscopeError("give a sentence to measure (or --evaluate)")
+    from .mixing import mixing
+
+    mix = mixing(load_from_args(args), args.text, method=args.method)
+    shares = mix.output_shares()
+    if args.json:
+        print(json.dumps({"model": mix.model, "method": mix.method, "tokens": list(mix.tokens),
+                          "output_shares": [round(float(v), 6) for v in shares],
+                          "rollout": np.round(mix.rollout[-1], 6).tolist()}))
+        return 0
+    where = "the last position" if mix.causal else "the mean-pooled output"
+    print(f"{mix.method} on {mix.model}: each token's share of {where} (rollout through the last layer)",
+          file=sys.stderr)
+    for token, share in zip(mix.tokens, shares):
+        print(f"{share:8.4f}  {token}")
+    return 0
+
+
+def _run_mixing_evaluation(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from .faithfulness import evaluate_mixing, plot_faithfulness
+
+    if args.text:
+        raise AttnscopeError("--evaluate uses the held-out Brown sentences; leave out the text")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise AttnscopeError("--models needs at least one model")
+    if args.plot and not args.plot.parent.is_dir():
+        raise AttnscopeError(f"--plot: folder {args.plot.parent} does not exist")
+    start = time.perf_counter()
+    results = evaluate_mixing(models, args.sentences, seed=args.seed, say=lambda line: print(line, file=sys.stderr))
+    print(f"evaluated in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if args.plot:
+        plot_faithfulness(results, args.plot)
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for model, table in results.items():
+        print(f"{model}: Spearman with erasure [95% CI] | with gradient x input")
+        for method, row in table.items():
+            low, high = row["ci"]
+            print(f"  {method:14s} {row['spearman_erasure']:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                  f"{row['spearman_grad_x_input']:+.3f}")
+    return 0
+
+
 COMMANDS = (
     Command("ablate", "ablate heads one by one (or whole layers) and map the metric change", """examples:
   attnscope ablate -o out/                                   # minilm, cosine to the intact embeddings, 256 sentences
@@ -226,4 +304,12 @@ writes out/ablation_SWEEP.png (layers x heads, * = 95% bootstrap CI excludes 0),
   attnscope prune --model smollm2 --metric loss -n 16 --max-percent 30 --percent 30 -o out/
 writes out/pruning_curve.png/.csv, out/importance.csv, out/pruned_model/ and out/summary.html (with the speed-up)""",
             _prune_arguments, _run_prune),
+    Command("mixing", "context mixing beyond attention weights (norms, GlobEnc, ALTI, value zeroing) and which is "
+            "faithful", """examples:
+  attnscope mixing "The cat sat on the mat."                      # ALTI on minilm: each token's share of the output
+  attnscope mixing "The cat sat on the" --model smollm2 --method value_zeroing --json
+  attnscope mixing --evaluate --json                             # 200 held-out sentences, minilm and smollm2
+  attnscope mixing --evaluate --models minilm --sentences 20 --plot faithfulness.png   # a quick look
+the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad_x_input"}}}""",
+            _mixing_arguments, _run_mixing),
 )

@@ -212,9 +212,9 @@ def _projections(loaded: LoadedModel) -> HeadProjections:
     return loaded.adapter.projections
 
 
-def _rows(heads: Sequence[int], d_head: int) -> torch.Tensor:
-    """Indices of the ``[head * d_head]`` rows of ``heads``, head-major."""
-    return torch.tensor([h * d_head + i for h in heads for i in range(d_head)], dtype=torch.long)
+def _rows(heads: Sequence[int], d_head: int, device: torch.device) -> torch.Tensor:
+    """Indices of the ``[head * d_head]`` rows of ``heads``, head-major, on the weights' ``device``."""
+    return torch.tensor([h * d_head + i for h in heads for i in range(d_head)], dtype=torch.long, device=device)
 
 
 def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
@@ -260,10 +260,11 @@ def _prune_site(module: nn.Module, site: AttentionSite, keep: list[int], n_heads
     d_head = query.weight.shape[0] // n_heads
     n_kv = key.weight.shape[0] // d_head
     kv_heads, keep = _kept_kv(keep, n_heads, n_kv)
-    _slice_linear(query, _rows(keep, d_head), 0)
-    _slice_linear(key, _rows(kv_heads, d_head), 0)
-    _slice_linear(value, _rows(kv_heads, d_head), 0)
-    _slice_linear(out_proj, _rows(keep, d_head), 1)
+    device = query.weight.device  # one attention module's weights share a device, also with device="auto"
+    _slice_linear(query, _rows(keep, d_head, device), 0)
+    _slice_linear(key, _rows(kv_heads, d_head, device), 0)
+    _slice_linear(value, _rows(kv_heads, d_head, device), 0)
+    _slice_linear(out_proj, _rows(keep, d_head, device), 1)
     counts = [(facts.head_count, len(keep)), (facts.kv_head_count, len(kv_heads)),
               (facts.group_size, len(keep) // len(kv_heads)), (facts.width, len(keep) * d_head)]
     for attributes, count in counts:
@@ -313,9 +314,10 @@ def save_pruned(loaded: LoadedModel, removed: Mapping[str, Mapping[int, Sequence
             query = _linear(module.get_submodule(facts.query), f"{site.name}.{facts.query}")
             out_proj = _linear(site.out_proj, f"the output projection of {site.name}")
             d_head = query.weight.shape[0] // shapes[site.kind][1]
+            rows = _rows(gone, d_head, query.weight.device)
             with torch.no_grad():
-                out_proj.weight[:, _rows(gone, d_head)] = 0.0  # the heads' contribution is gone
-                query.weight[_rows(gone, d_head)] = 0.0
+                out_proj.weight[:, rows] = 0.0  # the heads' contribution is gone
+                query.weight[rows] = 0.0
     model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
     serialisable = {kind: {str(layer): list(heads) for layer, heads in layers.items()}
@@ -325,15 +327,15 @@ def save_pruned(loaded: LoadedModel, removed: Mapping[str, Mapping[int, Sequence
     return folder
 
 
-def load_pruned(folder: str | Path, dtype: str = "float32") -> LoadedModel:
-    """A model saved by :func:`save_pruned`, loaded and physically pruned."""
+def load_pruned(folder: str | Path, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """A model saved by :func:`save_pruned`, loaded (on ``device``, see :func:`load_model`) and physically pruned."""
     path = Path(folder) / PRUNED_HEADS_FILE
     try:
         saved = json.loads(path.read_text())["removed_heads"]
     except (OSError, KeyError, json.JSONDecodeError):
         raise AttnscopeError(f"{folder} has no readable {PRUNED_HEADS_FILE}; it was not saved by attnscope prune") from None
     removed = {kind: {int(layer): heads for layer, heads in layers.items()} for kind, layers in saved.items()}
-    return prune_heads(load_model(str(folder), dtype=dtype), removed, inplace=True)
+    return prune_heads(load_model(str(folder), dtype=dtype, device=device), removed, inplace=True)
 
 
 def time_forwards(models: Sequence[LoadedModel], task: Task, repeats: int = 3) -> list[float]:

@@ -110,21 +110,21 @@ def resolve_pattern(pattern: str | Pattern, k: int = 1) -> Pattern:
 HeadSpec = Sequence[int] | torch.Tensor | None
 
 
-def head_mask(heads: HeadSpec, n_heads: int) -> torch.Tensor:
+def head_mask(heads: HeadSpec, n_heads: int, device: torch.device | None = None) -> torch.Tensor:
     """Bool ``[head]`` or ``[batch, head]`` mask, True = act on that head (None: every head).
 
     A bool tensor is taken as is (``[batch, head]`` lets each batch row ablate different heads,
-    which is how the variants of one layer run in one batch)."""
+    which is how the variants of one layer run in one batch). The mask is made on ``device``."""
     if heads is None:
-        return torch.ones(n_heads, dtype=torch.bool)
+        return torch.ones(n_heads, dtype=torch.bool, device=device)
     if isinstance(heads, torch.Tensor) and heads.dtype == torch.bool:
         if heads.shape[-1] != n_heads:
             raise AttnscopeError(f"head mask has {heads.shape[-1]} heads, the attention module has {n_heads}")
-        return heads
+        return heads.to(device)
     chosen = [int(h) for h in heads]
     if any(not 0 <= h < n_heads for h in chosen):
         raise AttnscopeError(f"heads must be between 0 and {n_heads - 1} (0-indexed), got {chosen}")
-    mask = torch.zeros(n_heads, dtype=torch.bool)
+    mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
     mask[chosen] = True
     return mask
 
@@ -158,7 +158,7 @@ class HeadAblation(Intervention):
 
     def _mask(self, n_heads: int, device: torch.device) -> torch.Tensor:
         """``[batch or 1, head]`` bool."""
-        mask = head_mask(self.heads, n_heads).to(device)
+        mask = head_mask(self.heads, n_heads, device)
         return mask if mask.dim() == 2 else mask[None]
 
     def modify_probs(self, site: AttentionSite, probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -177,7 +177,7 @@ class HeadAblation(Intervention):
         key = (site.kind, site.layer)
         if key not in self.means:
             raise AttnscopeError(f"no reference mean for {site.kind} layer {site.layer}")
-        mean = self.means[key].to(output.dtype)[None, None]  # [1, 1, head, d_head]
+        mean = self.means[key].to(output.device, output.dtype)[None, None]  # [1, 1, head, d_head]
         return torch.where(mask, mean, output)
 
 
@@ -195,8 +195,31 @@ class HeadGates(Intervention):
         return site.kind in self.gates
 
     def modify_output(self, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
-        gate = self.gates[site.kind][site.layer].to(output.dtype)  # [head]
+        gate = self.gates[site.kind][site.layer].to(output.device, output.dtype)  # [head]
         return output * gate[None, None, :, None]
+
+
+class ValueZeroing(Intervention):
+    """Zero one key position's value vector, in every head, at one site (Mohebbi et al. 2023).
+
+    ``positions`` ``[batch]``: batch row b zeroes the value of key ``positions[b]`` (-1: none), so a
+    batch of T copies of one input zeroes every position at once. Zeroing v_j is removing column j
+    of the probabilities (``output_i = sum_k p_ik v_k``); the rest of each row is left as it is.
+    """
+
+    def __init__(self, layer: int, positions: torch.Tensor, kind: str = "self") -> None:
+        self.layer, self.kind = layer, kind
+        self.positions = positions.long()
+
+    def applies_to(self, site: AttentionSite) -> bool:
+        return site.kind == self.kind and site.layer == self.layer
+
+    def modify_probs(self, site: AttentionSite, probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        if len(self.positions) != probs.shape[0]:
+            raise AttnscopeError(f"value zeroing has {len(self.positions)} positions for a batch of {probs.shape[0]}")
+        keys = torch.arange(probs.shape[-1], device=probs.device)
+        zeroed = keys[None, :] == self.positions.to(probs.device)[:, None]  # [batch, k_pos]
+        return probs.masked_fill(zeroed[:, None, None, :], 0.0)
 
 
 def ablate_heads(heads: Mapping[int, Sequence[int] | None], mode: str | Pattern = "zero", *, kind: str = "self",
@@ -323,7 +346,7 @@ def head_output_means(loaded: LoadedModel, batches: Iterable[Mapping[str, torch.
             with intervene(recorder):
                 loaded.model(**inputs)
             for key, output in recorder.outputs.items():
-                real = _query_mask(inputs, key[0], output.shape[:2]).to(output.dtype)  # [batch, q_pos]
+                real = _query_mask(inputs, key[0], output.shape[:2], output.device).to(output.dtype)  # [batch, q_pos]
                 sums[key] = sums.get(key, 0) + torch.einsum("bq,bqhd->hd", real, output.float())
                 counts[key] = counts.get(key, 0) + real.sum()
     if not sums:
@@ -331,10 +354,10 @@ def head_output_means(loaded: LoadedModel, batches: Iterable[Mapping[str, torch.
     return {key: sums[key] / counts[key].clamp_min(1) for key in sums}
 
 
-def _query_mask(inputs: Mapping[str, torch.Tensor], kind: str, shape: torch.Size) -> torch.Tensor:
-    """Bool ``[batch, q_pos]``: real query positions of sites of ``kind``."""
+def _query_mask(inputs: Mapping[str, torch.Tensor], kind: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """Bool ``[batch, q_pos]`` on ``device``: real query positions of sites of ``kind``."""
     name = "decoder_attention_mask" if kind in ("decoder", "cross") else "attention_mask"
     mask = inputs.get(name)
     if mask is None or mask.shape != shape:
-        return torch.ones(shape, dtype=torch.bool)
-    return mask.bool()
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    return mask.bool().to(device)

@@ -120,7 +120,8 @@ def model_output(loaded: LoadedModel, inputs: dict[str, torch.Tensor]) -> torch.
 
 # ---- inputs -------------------------------------------------------------------------------------
 def encode_batches(loaded: LoadedModel, items: Sequence[Item], batch_size: int = 32) -> list[Batch]:
-    """Tokenize ``items`` (texts or ``(text, pair)``), sort by length and pad per batch (right padding)."""
+    """Tokenize ``items`` (texts or ``(text, pair)``), sort by length and pad per batch (right padding), on
+    the model's input device."""
     if batch_size < 1:
         raise AttnscopeError("batch size must be at least 1")
     if not items:
@@ -136,7 +137,8 @@ def encode_batches(loaded: LoadedModel, items: Sequence[Item], batch_size: int =
     batches = []
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
-        inputs = dict(tokenizer.pad([rows[i] for i in chosen], return_tensors="pt"))
+        inputs = {name: tensor.to(loaded.input_device)
+                  for name, tensor in tokenizer.pad([rows[i] for i in chosen], return_tensors="pt").items()}
         batches.append(Batch(inputs, np.array(chosen)))
     return batches
 
@@ -177,7 +179,7 @@ class CosineTask(Task):
 
     def stats(self, output: torch.Tensor, batch: Batch) -> np.ndarray:
         embeddings = sentence_embeddings(output, batch.inputs["attention_mask"])
-        return (embeddings * batch.extra["intact"]).sum(-1, keepdim=True).double().numpy()
+        return (embeddings * batch.extra["intact"]).sum(-1, keepdim=True).double().cpu().numpy()
 
     def loss(self, loaded: LoadedModel, batch: Batch) -> torch.Tensor:
         raise AttnscopeError("the cosine metric is at its maximum on the intact model, so its gradient is zero and "
@@ -236,7 +238,7 @@ class SentimentTask(Task):
         train, test = order[:n_train], order[n_train : n_train + n_test]
         self.classifier = self._fit([texts[i] for i in train], labels[train], loaded, batch_size, seed)
         super().__init__(loaded, encode_batches(loaded, [texts[i] for i in test], batch_size))
-        test_labels = torch.from_numpy(labels[test])
+        test_labels = torch.from_numpy(labels[test]).to(loaded.input_device)
         for batch in self.batches:
             batch.extra["labels"] = test_labels[batch.index]
 
@@ -250,7 +252,7 @@ class SentimentTask(Task):
         with torch.inference_mode():
             for batch in encode_batches(loaded, texts, batch_size):
                 features[batch.index] = sentence_embeddings(model_output(loaded, batch.inputs),
-                                                            batch.inputs["attention_mask"]).numpy()
+                                                            batch.inputs["attention_mask"]).cpu().numpy()
         # standardised features and strong L2 (C=0.01): stable from a few hundred training snippets on
         return make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000, random_state=seed)).fit(
             features, labels)
@@ -262,11 +264,11 @@ class SentimentTask(Task):
         weight = regression.coef_[0] / scaler.scale_
         bias = float(regression.intercept_[0] - (weight * scaler.mean_).sum())
         embeddings = sentence_embeddings(output, batch.inputs["attention_mask"])
-        return embeddings @ torch.as_tensor(weight, dtype=torch.float32) + bias
+        return embeddings @ torch.as_tensor(weight, dtype=torch.float32, device=embeddings.device) + bias
 
     def stats(self, output: torch.Tensor, batch: Batch) -> np.ndarray:
         predicted = (self.decision(output, batch) > 0).long()
-        return (predicted == batch.extra["labels"]).double()[:, None].numpy()
+        return (predicted == batch.extra["labels"]).double()[:, None].cpu().numpy()
 
     def loss(self, loaded: LoadedModel, batch: Batch) -> torch.Tensor:
         logits = self.decision(model_output(loaded, batch.inputs), batch)
@@ -299,7 +301,7 @@ class LanguageModelTask(Task):
 
     def stats(self, output: torch.Tensor, batch: Batch) -> np.ndarray:
         nll, real = self.token_nll(output, batch)
-        return torch.stack([nll.sum(-1).double(), real.sum(-1).double()], dim=-1).numpy()
+        return torch.stack([nll.sum(-1).double(), real.sum(-1).double()], dim=-1).cpu().numpy()
 
     def summarise(self, stats: np.ndarray) -> np.ndarray:
         return stats[..., 0].sum(-1) / np.maximum(stats[..., 1].sum(-1), 1)
@@ -343,7 +345,8 @@ class TranslationTask(Task):
             batch.extra["references"] = references
             labels = tokenizer(text_target=references, padding=True, truncation=True, max_length=loaded.max_length,
                                return_tensors="pt")
-            batch.extra["labels"] = labels["input_ids"].masked_fill(labels["attention_mask"] == 0, -100)
+            batch.extra["labels"] = labels["input_ids"].masked_fill(labels["attention_mask"] == 0, -100).to(
+                loaded.input_device)
 
     def output(self, loaded: LoadedModel, batch: Batch) -> torch.Tensor:
         longest = int(batch.inputs["attention_mask"].sum(-1).max())

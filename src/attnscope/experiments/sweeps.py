@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..capture.attention import intervene
+from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..models.adapters import find_modules
 from ..models.loading import LoadedModel
@@ -269,20 +270,16 @@ def final_modules(loaded: LoadedModel) -> list[nn.Module]:
 
 @contextmanager
 def block_inputs(blocks: Sequence[nn.Module]) -> Iterator[list[tuple[tuple[Any, ...], dict[str, Any]]]]:
-    """Record each block's positional and keyword arguments during the forward passes inside."""
+    """Record each block's positional and keyword arguments during the forward passes inside (in
+    this thread / async task only: other threads running the same model record nothing here)."""
     kept: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((), {})] * len(blocks)
+    index = {block: i for i, block in enumerate(blocks)}
 
-    def keeper(index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            kept[index] = (args, dict(kwargs))
-        return hook
+    def keeper(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        kept[index[module]] = (args, dict(kwargs))
 
-    handles = [block.register_forward_pre_hook(keeper(i), with_kwargs=True) for i, block in enumerate(blocks)]
-    try:
+    with local_hooks(blocks, keeper, pre=True):
         yield kept
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def repeat_batch(value: Any, batch: int, copies: int) -> Any:
@@ -300,15 +297,16 @@ def repeat_batch(value: Any, batch: int, copies: int) -> Any:
 
 
 def run_blocks_from(blocks: Sequence[nn.Module], kept: Sequence[tuple[tuple[Any, ...], dict[str, Any]]], first: int,
-                    batch: int, copies: int) -> torch.Tensor:
-    """Run blocks ``first..N-1`` on the cached input of block ``first``, ``copies`` times side by side.
+                    batch: int, copies: int, stop: int | None = None) -> torch.Tensor:
+    """Run blocks ``first..stop-1`` (default: to the last) on the cached input of block ``first``,
+    ``copies`` times side by side.
 
     Each block gets its own recorded arguments (repeated), with the running hidden states in place
     of the recorded ones. Returns the last block's output ``[copies * batch, pos, d_model]``.
     """
     args, kwargs = kept[first]
     hidden = repeat_batch(args[0] if args else kwargs["hidden_states"], batch, copies)
-    for index in range(first, len(blocks)):
+    for index in range(first, len(blocks) if stop is None else stop):
         args, kwargs = kept[index]
         kwargs = repeat_batch(kwargs, batch, copies)
         if args:

@@ -60,8 +60,8 @@ def _copy_source(loaded: LoadedModel) -> Iterator[None]:
     def replace(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         hidden = args[0] if args else kwargs["hidden_states"]
         encoded = source["hidden"]  # [batch, source_pos, d_model]
-        index = torch.arange(hidden.shape[1]).clamp(max=encoded.shape[1] - 1)
-        copied = encoded[:, index]
+        index = torch.arange(hidden.shape[1], device=encoded.device).clamp(max=encoded.shape[1] - 1)
+        copied = encoded[:, index].to(hidden.device)  # with device="auto" the encoder may end on another device
         return ((copied, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": copied})
 
     with (local_hooks([blocks[("encoder", encoder_layers[-1])]], keep),

@@ -10,10 +10,9 @@ attnscope can load (the toy translator, a local MarianMT folder, ...).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +21,9 @@ from ..capture.attention import capture
 from ..capture.tokens import ids_within
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from ..present.steps import StepInfo, StepsPayload
 
 
 @dataclass(frozen=True)
@@ -57,24 +59,26 @@ class DecodeTrace:
     steps: tuple[Step, ...]
     output: str
     method: str
+    model: str = ""
 
-    def to_payload(self) -> dict[str, Any]:
-        """JSON-ready data for the HTML step view (``cross_attention`` as nested lists)."""
-        steps = [{**asdict(step), "cross_attention": step.cross_attention.round(4).tolist(),
-                  "cross_attention_mean": step.cross_attention.mean(axis=(0, 1)).round(4).tolist()}
-                 for step in self.steps]
-        return {"source": self.source, "source_tokens": list(self.source_tokens), "output": self.output,
-                "method": self.method, "steps": steps}
+    def to_payload(self) -> StepsPayload:
+        """The step view's payload (``present/steps.schema.json``): every step's candidates and the
+        cross-attention of the newest decoder position over the source."""
+        from ..present.steps import build_steps_payload
+
+        last = self.steps[-1] if self.steps else None
+        text = [*last.prefix, last.chosen] if last else []
+        return build_steps_payload(title=f"{self.method} decoding of: {self.source}", model=self.model,
+                                   method=self.method, kind="cross", text=text,
+                                   first_step=len(self.steps[0].prefix) if self.steps else 0,
+                                   steps=[_step_info(step) for step in self.steps],
+                                   rows=lambda index: self.steps[index].cross_attention, source=self.source_tokens)
 
     def save_html(self, path: str | Path) -> Path:
-        """A self-contained HTML page: the table of steps beside the cross-attention heatmaps."""
-        payload = json.dumps(self.to_payload(), ensure_ascii=False).replace("</", "<\\/")  # safe inside a <script> element
-        page = (step_view_file("steps.html").replace("__ATTNSCOPE_STEPS_CSS__", step_view_file("steps.css"))
-                .replace("__ATTNSCOPE_STEPS_JS__", step_view_file("steps.js")).replace("__ATTNSCOPE_PAYLOAD__", payload))
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
-        return path
+        """A self-contained HTML page: step through the decoding (arrow keys or click)."""
+        from ..present.steps import StepsView
+
+        return StepsView(self.to_payload()).save(path)
 
     def print_rich(self, console: Any = None) -> None:
         """The steps as a terminal table: prefix, top candidates, and the source shaded by attention."""
@@ -104,11 +108,14 @@ class DecodeTrace:
         console.print(f"output: {self.output}")
 
 
-def step_view_file(name: str) -> str:
-    """A file of the step view shipped in ``lab/static`` (steps.html, steps.js, steps.css)."""
-    from importlib.resources import files
-
-    return files("attnscope.lab").joinpath("static", name).read_text(encoding="utf-8")
+def _step_info(step: Step) -> StepInfo:
+    chosen = [c.probability for c in step.candidates if c.token == step.chosen]
+    info: StepInfo = {"chosen": step.chosen, "probability": chosen[0] if chosen else None,
+                      "candidates": [{"token": c.token, "probability": c.probability, "logit": c.logit}
+                                     for c in step.candidates]}
+    if step.beams:
+        info["beams"] = list(step.beams)
+    return info
 
 
 def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
@@ -116,15 +123,18 @@ def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
         raise AttnscopeError(f"model {loaded.name!r} is not an encoder-decoder; the step debugger needs one")
     if not source.strip():
         raise AttnscopeError("source text is empty")
-    return torch.tensor([ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]])
+    ids = ids_within(loaded.tokenizer, [source], loaded.max_length, "source text")[0]
+    return torch.tensor([ids], device=loaded.input_device)
 
 
 def step_forward(loaded: LoadedModel, source_ids: torch.Tensor, prefix_ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
     """Logits of the next token ``[vocab]`` and the newest position's cross-attention ``[layer, head, source_pos]``."""
     with torch.inference_mode(), capture(loaded.sites) as session:
-        logits = loaded.model(input_ids=source_ids, decoder_input_ids=torch.tensor([prefix_ids]), use_cache=False).logits
-    cross = torch.stack([c.attention[0, :, -1, :] for c in session.layers("cross")])  # [layer, head, source_pos]
-    return logits[0, -1].float(), cross.numpy()
+        logits = loaded.model(input_ids=source_ids, decoder_input_ids=torch.tensor([prefix_ids], device=source_ids.device),
+                              use_cache=False).logits
+    rows = [c.attention[0, :, -1, :].to(source_ids.device) for c in session.layers("cross")]
+    cross = torch.stack(rows).cpu()  # [layer, head, source_pos], one copy to the CPU
+    return logits[0, -1].float().cpu(), cross.numpy()
 
 
 def _candidates(loaded: LoadedModel, logits: torch.Tensor, top_k: int) -> tuple[Candidate, ...]:
@@ -175,7 +185,8 @@ def decode_steps(loaded: LoadedModel, source: str, *, beams: int = 1, top_k: int
             break
     best = max(finished + live, key=lambda item: item[1])
     return DecodeTrace(source, tuple(loaded.tokenizer.convert_ids_to_tokens(source_ids[0].tolist())),
-                       tuple(best[2]), _text(loaded, best[0]), "greedy" if beams == 1 else f"beam search ({beams})")
+                       tuple(best[2]), _text(loaded, best[0]), "greedy" if beams == 1 else f"beam search ({beams})",
+                       loaded.name)
 
 
 def _with_beams(step: Step, beams: tuple[tuple[str, float], ...]) -> Step:

@@ -44,6 +44,24 @@ class ModuleRule:
 
 
 @dataclass(frozen=True)
+class LayerNorms:
+    """Where a layer's normalisations sit around its residual stream, for the measures that
+    decompose a whole layer (GlobEnc, ALTI; see ``attnscope.analysis.mixing``).
+
+    Post-LN layers (BERT, BART): ``after_attention`` is the LayerNorm applied to residual +
+    attention output, ``after_ffn`` the one applied to that + the feed-forward output. Pre-LN
+    layers (Llama, GPT-2) normalise each token before its sublayer, so both are empty: the
+    attention block's output is the plain sum residual + attention.
+    """
+
+    after_attention: tuple[ModuleRule, ...] = ()
+    after_ffn: tuple[ModuleRule, ...] = ()
+
+
+PRE_LN = LayerNorms()
+
+
+@dataclass(frozen=True)
 class HeadProjections:
     """Where one attention module keeps its per-head weights, for physical head pruning.
 
@@ -71,7 +89,9 @@ class Adapter:
     order, to the last block's output to give its main output (``last_hidden_state`` or
     ``logits``); a pattern that matches nothing is skipped (a base model has no LM head). ``None``
     means unknown: experiments then never run the model from a middle layer onwards.
-    ``projections``: per-head weights for physical pruning (``None``: not supported)."""
+    ``projections``: per-head weights for physical pruning (``None``: not supported).
+    ``norms``: where the layer norms sit around the residual (``None``: unknown; the measures
+    that decompose whole layers are then unavailable)."""
 
     family: str
     model_types: tuple[str, ...]
@@ -81,6 +101,7 @@ class Adapter:
     note: str = ""
     final: tuple[str, ...] | None = None
     projections: HeadProjections | None = None
+    norms: LayerNorms | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,11 +127,16 @@ _LLAMA_BLOCKS = (ModuleRule("self", r"layers\.(\d+)$"),)
 _LLAMA_FFN = (ModuleRule("self", r"layers\.(\d+)\.mlp$"),)
 _LLAMA_FINAL = (r"^(?:model\.)?norm$", r"^lm_head$")
 _LLAMA_PROJECTIONS = HeadProjections("q_proj", "k_proj", "v_proj", group_size=("num_key_value_groups",))
+_BART_POST_LN = LayerNorms((ModuleRule("encoder", r"encoder\.layers\.(\d+)\.self_attn_layer_norm$"),),
+                           (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.final_layer_norm$"),))
 _BART_LIKE = (
     SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn$", "out_proj"),
     SiteRule("decoder", r"decoder\.layers\.(\d+)\.self_attn$", "out_proj", causal=True),
     SiteRule("cross", r"decoder\.layers\.(\d+)\.encoder_attn$", "out_proj"),
 )
+
+_BART_BLOCKS = (ModuleRule("encoder", r"encoder\.layers\.(\d+)$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)$"))
+_BART_FFN = (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.fc2$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)\.fc2$"))
 
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
@@ -122,6 +148,8 @@ ADAPTERS: tuple[Adapter, ...] = (
         final=(),  # AutoModel: last_hidden_state is the last layer's output
         projections=HeadProjections("query", "key", "value", head_count=("num_attention_heads",),
                                     width=("all_head_size",)),
+        norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.attention\.output\.LayerNorm$"),),
+                         (ModuleRule("self", r"layer\.(\d+)\.output\.LayerNorm$"),)),
     ),
     Adapter(
         "distilbert",
@@ -130,6 +158,8 @@ ADAPTERS: tuple[Adapter, ...] = (
         blocks=(ModuleRule("self", r"transformer\.layer\.(\d+)$"),),
         ffn=(ModuleRule("self", r"layer\.(\d+)\.ffn$"),),
         final=(),
+        norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.sa_layer_norm$"),),
+                         (ModuleRule("self", r"layer\.(\d+)\.output_layer_norm$"),)),
     ),
     Adapter(
         "mpnet",
@@ -140,10 +170,12 @@ ADAPTERS: tuple[Adapter, ...] = (
         note="MPNet computes attention itself; attnscope routes it through the capture function "
         "with a bridge module (see attnscope.models.bridges).",
         final=(),
+        norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.attention\.LayerNorm$"),),
+                         (ModuleRule("self", r"layer\.(\d+)\.output\.LayerNorm$"),)),
     ),
     Adapter("gpt2", ("gpt2",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "c_proj", causal=True, conv1d=True),),
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
-            final=(r"^(?:transformer\.)?ln_f$", r"^lm_head$")),
+            final=(r"^(?:transformer\.)?ln_f$", r"^lm_head$"), norms=PRE_LN),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
@@ -156,6 +188,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=_LLAMA_FFN,
         final=_LLAMA_FINAL,
         projections=_LLAMA_PROJECTIONS,
+        norms=PRE_LN,
     ),
     Adapter(
         "gemma3",
@@ -168,10 +201,19 @@ ADAPTERS: tuple[Adapter, ...] = (
     ),
     Adapter(
         "bart",
-        ("bart", "marian", "mbart", "pegasus", "m2m_100", "blenderbot", "blenderbot-small"),
+        ("bart", "marian", "blenderbot-small"),
         _BART_LIKE,
-        blocks=(ModuleRule("encoder", r"encoder\.layers\.(\d+)$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)$")),
-        ffn=(ModuleRule("encoder", r"encoder\.layers\.(\d+)\.fc2$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)\.fc2$")),
+        blocks=_BART_BLOCKS,
+        ffn=_BART_FFN,
+        norms=_BART_POST_LN,
+    ),
+    Adapter(  # the same modules as BART, but each normalises before its sublayer
+        "mbart",
+        ("mbart", "pegasus", "m2m_100", "blenderbot"),
+        _BART_LIKE,
+        blocks=_BART_BLOCKS,
+        ffn=_BART_FFN,
+        norms=PRE_LN,
     ),
     Adapter(
         "t5",

@@ -8,6 +8,7 @@ Hugging Face cache. Nothing is ever downloaded.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,7 +26,8 @@ from ..errors import AttnscopeError
 from .adapters import Adapter, AttentionSite, adapter_for, find_sites, supported_model_types
 from .registry import ALIASES, DEFAULT_MODEL
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICE_HELP = '"cpu", "cuda", "cuda:N", "mps" or "auto" (spread over every GPU, then the CPU)'
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +41,12 @@ class LoadedModel:
     adapter: Adapter
     sites: Mapping[nn.Module, AttentionSite]
     dtype: str = "float32"
+    device: str = "cpu"
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where the model takes its inputs: the input embeddings' device (the first of several with ``auto``)."""
+        return cast(torch.Tensor, self.model.get_input_embeddings().weight).device
 
     @property
     def config(self) -> Any:
@@ -64,7 +72,8 @@ class LoadedModel:
         return min(sane) if sane else 512
 
     def __repr__(self) -> str:
-        return f"LoadedModel({self.name!r}, type={self.config.model_type!r}, sites={len(self.sites)}, dtype={self.dtype})"
+        return (f"LoadedModel({self.name!r}, type={self.config.model_type!r}, sites={len(self.sites)}, "
+                f"dtype={self.dtype}, device={self.device})")
 
 
 def cache_dir() -> Path:
@@ -180,21 +189,25 @@ def _save_untied(model: nn.Module, path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32") -> LoadedModel:
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
     """Load ``name`` offline with attnscope's attention function.
 
-    ``dtype`` is ``"float32"`` or ``"bfloat16"`` (several times faster on CPUs with bf16 matmuls;
-    the benchmark reports its deviation from float32).
+    ``dtype`` is ``"float32"``, ``"bfloat16"`` (several times faster on CPUs with bf16 matmuls)
+    or ``"float16"`` (the fast type on most GPUs); the extract benchmark reports the deviation of
+    both from float32. ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or ``"auto"``:
+    transformers' ``device_map="auto"`` (accelerate) spreads the layers over every GPU, then the
+    CPU, so a model larger than one device runs; capture follows each layer where it runs.
     """
     if dtype not in DTYPES:
         raise AttnscopeError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    check_device(device)
     _go_offline()
     source = resolve_source(name)
     folder = convert_gguf(source) if source.suffix == ".gguf" else source
     from ..capture.attention import ATTN_IMPLEMENTATION, register_attention_function
 
     register_attention_function()
-    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], ATTN_IMPLEMENTATION)
+    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], ATTN_IMPLEMENTATION, device)
     from .bridges import install_bridges
 
     install_bridges(model)
@@ -208,10 +221,29 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32") -> LoadedMo
     for module, site in sites.items():
         module.attnscope_site = site  # type: ignore[assignment]  # how the attention function finds its site
     _prepare_tokenizer(tokenizer)
-    return LoadedModel(name, source, model, tokenizer, adapter, sites, dtype)
+    return LoadedModel(name, source, model, tokenizer, adapter, sites, dtype, device)
 
 
-def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implementation: str) -> tuple[Any, Any]:
+def check_device(device: str) -> None:
+    """Refuse, before anything loads, a device that is misspelt or that this machine does not have."""
+    kind, _, number = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps", "auto") or (number and not (kind == "cuda" and number.isdigit())):
+        raise AttnscopeError(f"unknown device {device!r}; choose {DEVICE_HELP}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise AttnscopeError(f"device {device!r} asked for, but this machine has no CUDA GPU that torch "
+                             f"{torch.__version__} can use; use --device cpu (or auto)")
+    if kind == "cuda" and number and int(number) >= torch.cuda.device_count():
+        raise AttnscopeError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
+                             f"GPU(s), numbered from 0")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise AttnscopeError("device 'mps' asked for, but this machine has no Apple GPU that torch can use; "
+                             "use --device cpu (or auto)")
+    if kind == "auto" and importlib.util.find_spec("accelerate") is None:
+        raise AttnscopeError("device 'auto' spreads a model over devices with accelerate; pip install accelerate")
+
+
+def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implementation: str,
+                     device: str = "cpu") -> tuple[Any, Any]:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a ~1 s load needs no bar
@@ -223,7 +255,7 @@ def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implemen
             warnings.simplefilter("ignore")
             model, loading_info = auto_class.from_pretrained(
                 folder, local_files_only=True, dtype=torch_dtype, attn_implementation=implementation,
-                output_loading_info=True,
+                output_loading_info=True, device_map=None if device == "cpu" else device,
             )
     except Exception as error:  # noqa: BLE001 - damaged weights, configs or tokenizers fail in many ways
         raise AttnscopeError(f"cannot load model {name!r} with attnscope's capture function: "

@@ -3,7 +3,9 @@
 Python packs a record into a JSON payload (``payload.py``, schema ``payload.schema.json``); JS
 shipped in ``static/`` draws it (head, model and neuron views). Long inputs (thousands of tokens)
 get their own page, drawn from a block-averaged overview and top-k rows (``longview.py``:
-``long_view``, schema ``longview.schema.json``). ``figures.py`` draws static heatmaps with
+``long_view``, schema ``longview.schema.json``). The step view of a decoder's output, one token at
+a time, for causal LMs and encoder-decoders alike, is ``steps.py`` (schema ``steps.schema.json``).
+``figures.py`` draws static heatmaps with
 matplotlib. Presentation computes no science: it draws what the record holds.
 
 >>> from attnscope.present import view, plot_head       # doctest: +SKIP
@@ -26,6 +28,7 @@ from .longview import (
     top_k_rows,
 )
 from .payload import VIEWS, build_payload, payload_schema
+from .steps import StepsView, build_steps_payload, steps_schema
 
 # the figures need matplotlib (an optional extra): imported on first use
 _FIGURES = ("FIGURES", "plot", "plot_grid", "plot_head", "plot_token_types", "save_figure")
@@ -35,8 +38,10 @@ __all__ = [
     "LONG_VIEWS",
     "VIEWS",
     "AttentionView",
+    "StepsView",
     "build_long_payload",
     "build_payload",
+    "build_steps_payload",
     "downsample_attention",
     "head_view",
     "long_view",
@@ -50,6 +55,7 @@ __all__ = [
     "plot_head",
     "plot_token_types",
     "save_figure",
+    "steps_schema",
     "top_k_rows",
     "view",
 ]

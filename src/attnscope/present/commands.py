@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ..analysis.mixing import METHODS as MIXING_METHODS
 from ..arguments import non_negative_int
 from ..capture.options import number_list
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from ..record import ATTENTION_KINDS, AttentionRecord
 from .payload import VIEWS
+
+if TYPE_CHECKING:
+    from .html import AttentionView
 
 
 def _input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,10 +101,11 @@ def _run_view(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)  # before the model loads
     needs_vectors = args.kind in ("neuron", "all")
-    record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
+    with truncation_notes() as notes:
+        record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
     if record.is_partial:
-        return _write_long_view(record, args.output)
-    page = view(record, args.kind, norms=not args.no_norms)
+        return _write_long_view(record, args.output, notes)
+    page = with_notes(view(record, args.kind, norms=not args.no_norms), notes)
     with writing(args.output):
         path = page.save(args.output)
     size = path.stat().st_size / 1024
@@ -107,10 +116,32 @@ def _run_view(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_long_view(record: AttentionRecord, output: Path) -> int:
+@contextmanager
+def truncation_notes() -> Iterator[list[str]]:
+    """Inside the block, truncation warnings are still shown and also kept (as lines for the page)."""
+    from ..capture.tokens import TruncationWarning
+
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TruncationWarning)
+        yield notes
+    for warning in caught:
+        if issubclass(warning.category, TruncationWarning):
+            notes.append(f"the input was truncated: {warning.message}")
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def with_notes(page: AttentionView, notes: list[str]) -> AttentionView:
+    """``page`` with ``notes`` first among the lines it shows above the views."""
+    from .html import AttentionView
+
+    return AttentionView({**page.payload, "notes": [*notes, *page.payload["notes"]]})  # type: ignore[arg-type]
+
+
+def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) -> int:
     from .longview import long_view_of
 
-    page = long_view_of(record)
+    page = with_notes(long_view_of(record), notes)
     path = page.save(output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
           f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
@@ -131,6 +162,9 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", "-a", choices=ATTENTION_KINDS,
                         help="kind of attention (default: the input side's: self, or encoder for encoder-decoders)")
     parser.add_argument("--norms", action="store_true", help="draw ||alpha f(x)|| (Kobayashi et al. 2020) instead of alpha")
+    parser.add_argument("--measure", choices=[*MIXING_METHODS, "globenc"],
+                        help="instead: a context-mixing measure aggregated by rollout through --layer (default: the "
+                        "last): attention, norm, norm_residual = globenc, alti, value_zeroing (see attnscope mixing)")
     parser.add_argument("--output", "-o", type=Path, default=Path("attnscope-head.png"),
                         help="the figure file; .png, .svg or .pdf (default: attnscope-head.png)")
 
@@ -142,6 +176,11 @@ def _run_plot(args: argparse.Namespace) -> int:
     if args.output.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttnscopeError(f"cannot tell the format of {args.output}: use a .png, .svg or .pdf file name")
     check_output_file(args.output)
+    if args.measure is not None:
+        figure = _measure_figure(args)
+        with writing(args.output):
+            print(f"wrote {save_figure(figure, args.output)}")
+        return 0
     if args.figure == "head" and (args.layer is None or args.head is None):
         raise AttnscopeError("the head figure needs --layer and --head (0-indexed)")
     record = _record_from_args(args, qkv=False, norms=args.norms)
@@ -149,6 +188,25 @@ def _run_plot(args: argparse.Namespace) -> int:
     with writing(args.output):
         print(f"wrote {save_figure(figure, args.output)}")
     return 0
+
+
+def _measure_figure(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The rollout of ``--measure`` through ``--layer`` (default: the last), from a record (attention
+    only) or from TEXT / ``--file`` on the model."""
+    from ..experiments.mixing import mixing
+    from ..inputs import read_document
+
+    if args.pair is not None:
+        raise AttnscopeError("--measure takes one text; leave out --pair")
+    if args.record is not None:
+        source = AttentionRecord.open(args.record)
+        mix = mixing(source, method=args.measure)
+    else:
+        text = read_document(args.file) if args.file is not None else args.text
+        mix = mixing(load_from_args(args), text, method=args.measure)
+    if args.layer is not None and args.layer >= mix.n_layers:
+        raise AttnscopeError(f"--layer must be between 0 and {mix.n_layers - 1}")
+    return mix.plot(-1 if args.layer is None else args.layer)
 
 
 COMMANDS = (
@@ -168,5 +226,8 @@ The file needs no network: scripts, styles and data are inside. Hover tokens, cl
   attnscope plot "I went to the store." --layer 2 --head 0 -o head.png
   attnscope plot "I went to the store." --pair "At the store, I bought fresh strawberries." --figure grid -o grid.svg
   attnscope plot "The cat sat." --figure types -o types.pdf
-  attnscope plot --record rec.safetensors --layer 0 --head 3 --norms -o norms.png""", _plot_arguments, _run_plot),
+  attnscope plot --record rec.safetensors --layer 0 --head 3 --norms -o norms.png
+  attnscope plot "The cat sat on the mat." --measure alti -o alti.png       # ALTI rollout through the last layer
+  attnscope plot "The cat sat on the" --model smollm2 --measure value_zeroing --layer 10 -o vz.png""",
+            _plot_arguments, _run_plot),
 )

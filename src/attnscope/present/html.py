@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -32,7 +33,8 @@ STYLES = ("views.css",)
 CONTENT_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                   "img-src data: blob:; connect-src data: blob:")
 
-FRAGMENT = Template("""<div class="attnscope-root" id="$uid"></div>
+# the root's text is what a reader without JavaScript sees; the views replace it when they draw
+FRAGMENT = Template("""<div class="attnscope-root" id="$uid">$summary</div>
 <style>$css</style>
 <script type="application/json" id="$uid-payload">$payload</script>
 <script>$js
@@ -62,6 +64,17 @@ def static_text(names: tuple[str, ...]) -> str:
     return "\n".join(folder.joinpath(name).read_text(encoding="utf-8") for name in names)
 
 
+def write_page(path: str | Path, page: str) -> Path:
+    """Write an HTML page (one clear error line if the file cannot be written) and return its path."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page, encoding="utf-8")
+    except OSError as error:
+        raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
+    return path
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionView:
     """The views of one record: ``_repr_html_`` for notebooks, :meth:`save` / :meth:`to_html` for files.
@@ -84,8 +97,8 @@ class AttentionView:
         """
         uid = element_id or f"attnscope-{uuid.uuid4().hex[:12]}"
         options = json.dumps({"hash": from_address})
-        return FRAGMENT.substitute(uid=uid, css=static_text(STYLES), js=static_text(SCRIPTS),
-                                   payload=to_json(self.payload), options=options)
+        return FRAGMENT.substitute(uid=uid, summary=html.escape(summary(self.payload)), css=static_text(STYLES),
+                                   js=static_text(SCRIPTS), payload=to_json(self.payload), options=options)
 
     def to_html(self) -> str:
         """A complete offline HTML document (scripts, styles and data inline; no network).
@@ -102,38 +115,53 @@ class AttentionView:
 
     def save(self, path: str | Path) -> Path:
         """Write the self-contained HTML file and return its path."""
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.to_html(), encoding="utf-8")
-        except OSError as error:
-            raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
-        return path
+        return write_page(path, self.to_html())
 
     def __repr__(self) -> str:
         return f"AttentionView(views={self.views}, title={self.payload['title']!r})"
 
 
+def summary(payload: Payload | LongPayload) -> str:
+    """One line saying what the page draws, for readers without JavaScript (and the widget's text form)."""
+    if "tokens" in payload:  # a long input's page
+        shape = f"{len(payload['tokens'])} tokens"  # type: ignore[typeddict-item]
+    else:
+        model = payload["model"]  # type: ignore[typeddict-item]
+        shape = (f"{model['n_layers']} layers x {model['n_heads']} heads, "
+                 f"{len(payload['sides']['input']['tokens'])} tokens")  # type: ignore[typeddict-item]
+    return (f"attnscope {', '.join(payload['views'])} view of {payload['title']} ({shape}): "
+            "the drawing needs JavaScript")
+
+
 def view(record: AttentionRecord, views: str | list[str] | tuple[str, ...] = "all", *, norms: bool = True,
-         compress: bool = True, title: str | None = None) -> AttentionView:
+         compress: bool = True, title: str | None = None, layer: int | None = None,
+         heads: Sequence[int] | None = None, include_layers: Sequence[int] | None = None) -> AttentionView:
     """The interactive views of ``record``: ``views`` is ``"all"`` or one or more of head, model, neuron.
 
     The neuron view needs a record extracted with ``qkv=True``; ``"all"`` leaves it out (with a note
     on the page) when there are no queries and keys. ``norms=False`` drops the norm toggle's data.
+    As BertViz's arguments: ``layer`` and ``heads`` choose what the page opens on, ``include_layers``
+    ships only those layers (a smaller page); all 0-indexed.
+
+    >>> view(rec, layer=2, heads=[0, 5], include_layers=[0, 1, 2])   # doctest: +SKIP
     """
-    return AttentionView(build_payload(record, views, norms=norms, compress=compress, title=title))
+    return AttentionView(build_payload(record, views, norms=norms, compress=compress, title=title, layer=layer,
+                                       heads=heads, include_layers=include_layers))
 
 
-def head_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None) -> AttentionView:
-    """Only the head view of ``record``."""
-    return view(record, "head", norms=norms, title=title)
+def head_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None, layer: int | None = None,
+              heads: Sequence[int] | None = None, include_layers: Sequence[int] | None = None) -> AttentionView:
+    """Only the head view of ``record`` (BertViz's ``head_view``; arguments as :func:`view`)."""
+    return view(record, "head", norms=norms, title=title, layer=layer, heads=heads, include_layers=include_layers)
 
 
-def model_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None) -> AttentionView:
-    """Only the model view (layers x heads thumbnails) of ``record``."""
-    return view(record, "model", norms=norms, title=title)
+def model_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None,
+               include_layers: Sequence[int] | None = None) -> AttentionView:
+    """Only the model view (layers x heads thumbnails) of ``record`` (BertViz's ``model_view``)."""
+    return view(record, "model", norms=norms, title=title, include_layers=include_layers)
 
 
-def neuron_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None) -> AttentionView:
+def neuron_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None, layer: int | None = None,
+                heads: Sequence[int] | None = None) -> AttentionView:
     """Only the neuron view of ``record`` (needs queries and keys: extract with ``qkv=True``)."""
-    return view(record, "neuron", norms=norms, title=title)
+    return view(record, "neuron", norms=norms, title=title, layer=layer, heads=heads)

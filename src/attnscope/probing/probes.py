@@ -311,4 +311,4 @@ def reinitialised_model(loaded: Any, seed: int = 0) -> Any:
     with tempfile.TemporaryDirectory(prefix="attnscope-reinit-") as folder:
         model.save_pretrained(folder)
         loaded.tokenizer.save_pretrained(folder)
-        return load_model(folder, dtype=loaded.dtype)
+        return load_model(folder, dtype=loaded.dtype, device=loaded.device)

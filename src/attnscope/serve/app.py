@@ -8,7 +8,8 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``GET /api/models``: the models offered, the intervention modes and the pattern classes;
 * ``POST /api/analyze``: views payload, each head's pattern and statistics for one input;
 * ``POST /api/intervene``: the same input with heads ablated / corrupted or sublayers skipped;
-* ``POST /api/record``: one input's attention as plain JSON (the page downloads it).
+* ``POST /api/record``: one input's attention as plain JSON (the page downloads it);
+* ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step.
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -47,12 +48,13 @@ MAX_TEXT_CHARS = 4000  # checked before tokenizing; the token limit (--max-token
 WHITE_SPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace())
 NOT_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITE_SPACE) + "]"
 DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload grows quadratically
+MAX_NEW_TOKENS = 256  # per /api/generate request: the model is held (other requests on it wait) while it writes
 
 # name -> (package, folder) of every asset the page may load
 ASSETS = {
     **{name: ("attnscope.present", "static") for name in
-       ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css")},
-    **{name: ("attnscope.lab", "static") for name in ("steps.js", "steps.css")},
+       ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
+        "steps.js", "steps.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -130,6 +132,18 @@ class InterveneRequest(InputText):
         None, description="which attention the heads belong to (default: the input side's)")
 
 
+class GenerateRequest(StrictRequest):
+    model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's first)")
+    prompt: str = Field(..., min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
+                        description="the text the model continues; not only spaces",
+                        examples=["Write one sentence about the sea."])
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS), BeforeValidator(_whole_number)] = Field(
+        16, description=f"tokens to generate (1 to {MAX_NEW_TOKENS}; greedy)")
+    chat: bool = Field(False, description="wrap the prompt in the model's chat template")
+
+    _check_prompt = field_validator("prompt")(_utf8)
+
+
 class Problem(BaseModel):
     detail: str
 
@@ -147,8 +161,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = (), dtype: str = "float32",
-               max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True, installed_aliases: bool = True,
-               hosts: AllowedHosts | None = None) -> FastAPI:
+               device: str = "cpu", max_tokens: int = DEFAULT_MAX_TOKENS, preload: bool = True,
+               installed_aliases: bool = True, hosts: AllowedHosts | None = None) -> FastAPI:
     """The explorer app serving the already ``loaded`` models, then ``models`` (aliases or folders),
     then (``installed_aliases``) every other installed alias; with only ``loaded``, just those.
 
@@ -157,7 +171,7 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     ``[::1]``, on the port it is served on).
     """
     choices = default_choices(models, installed_aliases) if models or not loaded else []
-    pool = ModelPool(choices, dtype=dtype, loaded=loaded)
+    pool = ModelPool(choices, dtype=dtype, device=device, loaded=loaded)
     if preload:
         pool.preload(pool.default)
     app = FastAPI(title="attnscope explorer", version="1",
@@ -227,7 +241,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
 
     @app.get("/api/models", summary="models offered, intervention modes and pattern classes", responses=REFUSALS)
     def models() -> dict[str, Any]:
-        return {"default": pool.default, "max_tokens": max_tokens, "modes": service.MODES,
+        return {"default": pool.default, "max_tokens": max_tokens, "max_new_tokens": MAX_NEW_TOKENS, "modes": service.MODES,
                 "classes": service.pattern_classes(),
                 "models": [{"name": c.name, "source": c.source, "description": c.description,
                             "loaded": pool.loaded(c.name)} for c in pool.choices.values()]}
@@ -249,6 +263,16 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         with pool.use(request.model or pool.default) as loaded:
             checked(loaded, request)
             return JSONResponse(service.intervene(loaded, request.text, request.pair, change))
+
+    @app.post("/api/generate", summary="a decoder generates after a prompt: the step view's payload",
+              responses=ERRORS)
+    def generate(request: GenerateRequest) -> JSONResponse:
+        from ..capture.generate import generate
+
+        with pool.use(request.model or pool.default) as loaded:
+            record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat)
+        # packing the payload needs no model: let the next request in
+        return JSONResponse(service.describe_generation(record))
 
     @app.post("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
               responses=ERRORS)

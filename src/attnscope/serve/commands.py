@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..cli import Command
+from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -24,8 +24,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "proxy's, or localhost:8080 for a forwarded port); repeat for more. Requests for any "
                         "other name are refused, so that a web page cannot reach the server by DNS rebinding")
     parser.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="compute type of every model (bfloat16 is faster on CPUs with bf16 matmuls)")
+    add_compute_arguments(parser)  # --dtype and --device, of every model served
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="longest input the page and API accept, in tokens (default: 128)")
 
@@ -66,7 +65,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from .app import create_app
 
     print("attnscope: loading the first model...", flush=True)
-    app = create_app(args.model, dtype=args.dtype, max_tokens=args.max_tokens, hosts=hosts)
+    app = create_app(args.model, dtype=args.dtype, device=args.device, max_tokens=args.max_tokens, hosts=hosts)
     pool = app.state.pool
     shown = "localhost" if args.host in ("127.0.0.1", "::1", "0.0.0.0", "::") else args.host
     print(f"attnscope explorer: http://{shown}:{args.port}/  (models: {', '.join(pool.choices)}; "
@@ -83,6 +82,7 @@ COMMANDS = (
   attnscope serve                            # every installed model, on http://localhost:8765/
   attnscope serve --model minilm --model ./my-bert-folder --port 9000
   attnscope serve --model smollm2 --dtype bfloat16
+  attnscope serve --device cuda --dtype float16    # every model on the GPU
 The page: type a sentence (and optionally a second one), pick a model, then look at the head, model
 and neuron views, the pattern map (click a cell to open that head), the statistics table, and the
 intervention panel (ablate or corrupt heads, skip layers, and see what changes). Its address keeps

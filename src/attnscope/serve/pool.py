@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import AttnscopeError
-from ..models.loading import LoadedModel
+from ..models.loading import LoadedModel, check_device
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,16 @@ def default_choices(extra: Sequence[str] = (), installed_aliases: bool = True) -
 class ModelPool:
     """Named models, each loaded on first use (or by :meth:`preload`) and kept for the server's life."""
 
-    def __init__(self, choices: list[ModelChoice], dtype: str = "float32", loaded: Sequence[LoadedModel] = ()) -> None:
+    def __init__(self, choices: list[ModelChoice], dtype: str = "float32", loaded: Sequence[LoadedModel] = (),
+                 device: str = "cpu") -> None:
         """``loaded``: models already in memory (e.g. in a notebook), offered first under their names."""
         given = [ModelChoice(model.name, str(model.source), f"{model.name} (loaded by the caller)") for model in loaded]
         choices = given + [choice for choice in choices if choice.name not in {model.name for model in loaded}]
         if not choices:
             raise AttnscopeError("no model to serve: install one (attnscope models) or pass --model FOLDER")
         self.choices = {choice.name: choice for choice in choices}
-        self.dtype = dtype
+        check_device(device)  # a server whose models cannot load is not started
+        self.dtype, self.device = dtype, device
         self._models: dict[str, LoadedModel] = {model.name: model for model in loaded}
         self._locks = {name: threading.Lock() for name in self.choices}
 
@@ -81,7 +83,7 @@ class ModelPool:
         if name not in self._models:
             from ..models.loading import load_model
 
-            loaded = load_model(self.choices[name].source, dtype=self.dtype)
+            loaded = load_model(self.choices[name].source, dtype=self.dtype, device=self.device)
             self._models[name] = replace(loaded, name=name)
         return self._models[name]
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
 from ..record import AttentionRecord
 
@@ -36,13 +37,6 @@ MODES = {
 }
 PATTERN_OF_MODE = {"zero": "zero", "uniform": "uniform", "first": "beginning", "last": "end", "previous": "previous"}
 
-# Pattern map colours: lines warm, columns cool, blocks purple, same-word brown, no pattern grey;
-# a class added later gets a colour from SPARE_COLOURS.
-PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
-                   "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
-                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9",
-                   "sink": "#1f5f8b"}
-SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
 TOP_TOKENS = 10
 
 
@@ -150,12 +144,10 @@ def model_summary(loaded: LoadedModel) -> dict[str, Any]:
 
 def pattern_classes() -> list[dict[str, str]]:
     """Every pattern class with its short name, Kovaleva type, description and map colour."""
-    from ..analysis.patterns import PATTERNS
+    from ..analysis.patterns import PATTERNS, pattern_colour
 
     return [{"name": p.name, "short": p.short, "kovaleva": p.kovaleva, "source": p.source,
-             "description": p.description,
-             "colour": PATTERN_COLOURS.get(p.name, SPARE_COLOURS[i % len(SPARE_COLOURS)])}
-            for i, p in enumerate(PATTERNS.values())]
+             "description": p.description, "colour": pattern_colour(p.name)} for p in PATTERNS.values()]
 
 
 def _finite(values: np.ndarray, digits: int = 4) -> list[Any]:
@@ -259,7 +251,7 @@ def output_change(loaded: LoadedModel, text: str, pair: str | None, change: Chan
 
 
 def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> tuple[Any, Any, Any]:
-    """The model's final output (logits, or last hidden states) intact and changed, and the inputs."""
+    """The model's final output (logits, or last hidden states) intact and changed, and the inputs, on the CPU."""
     import torch
 
     from ..experiments.metrics import encode_batches, model_output
@@ -268,8 +260,8 @@ def _final_outputs(loaded: LoadedModel, text: str, pair: str | None, change: Cha
     outputs = []
     for context in (nullcontext(), change_context(loaded, change)):
         with torch.inference_mode(), context:
-            outputs.append(model_output(loaded, inputs).float())
-    return outputs[0], outputs[1], inputs
+            outputs.append(model_output(loaded, inputs).float().cpu())
+    return outputs[0], outputs[1], {name: tensor.cpu() for name, tensor in inputs.items()}
 
 
 def embedding_change(loaded: LoadedModel, text: str, pair: str | None, change: Change) -> dict[str, Any]:
@@ -318,3 +310,11 @@ def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[s
     return {"type": "translation", "intact": intact.output, "changed": changed.output,
             "intact_steps": intact.to_payload(), "changed_steps": changed.to_payload(),
             "what": "the greedy translation of the input, intact and changed, with the decoding steps"}
+
+
+# ---- generation ------------------------------------------------------------------------------
+def describe_generation(record: GenerationRecord) -> dict[str, Any]:
+    """The answer of ``/api/generate``: the generated text and the step view's payload
+    (``present/steps.schema.json``)."""
+    return {"model": record.model.name, "prompt": record.prompt, "generated": record.generated_text,
+            "payload": record.steps_payload()}

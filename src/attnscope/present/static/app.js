@@ -21,20 +21,40 @@
       const heads = payload.model.n_heads;
       this.state = {
         view: payload.views[0], kind: 0, layer: 0, heads: new Set(Array.from({ length: heads }, (_, h) => h)),
-        norms: false, filter: "all", hideSpecial: false, neuronHead: 0, query: 0,
+        norms: false, filter: "all", hideSpecial: false, neuronHead: 0, query: 0, selected: null,
       };
+      this.applyStart(payload.start || {});
       this.build();
+    }
+
+    /* payload.start: the layer (a model number) and heads the page opens on (view(rec, layer=, heads=)). */
+    applyStart(start) {
+      const layer = this.layerIndex(start.layer);
+      if (layer !== null) this.state.layer = layer;
+      if (start.heads) {
+        this.state.heads = new Set(start.heads);
+        this.state.neuronHead = start.heads[0];
+      }
     }
 
     // ---- state helpers used by the views -------------------------------------------------
     kind() { return this.payload.kinds[this.state.kind]; }
     field() { return this.state.norms && this.kind().norms ? "norms" : "attention"; }
     nHeads() { return this.kind().attention.shape[1]; }
-    /* The sliding window of `layer` in keys (query q sees q - window + 1 .. q), 0 when it sees every key;
-       only the input side's self-attention slides (model.windows, one per layer, empty when none does). */
-    window(layer) {
+    /* The model's number of layer index `index` (payload.layers when only some layers were shipped). */
+    layerName(index) { return this.payload.layers ? this.payload.layers[index] : index; }
+    /* The index of model layer `number` in the shipped arrays, or null if it was not shipped. */
+    layerIndex(number) {
+      if (!Number.isInteger(number)) return null;
+      const index = this.payload.layers ? this.payload.layers.indexOf(number) : number;
+      return index >= 0 && index < this.kind().attention.shape[0] ? index : null;
+    }
+    /* The sliding window of shipped layer `index` in keys (query q sees q - window + 1 .. q), 0 when it sees
+       every key; only the input side's self-attention slides (model.windows, one per model layer, empty when
+       none does). */
+    window(index) {
       const windows = this.payload.model.windows || [];
-      return ["self", "encoder"].includes(this.kind().kind) ? windows[layer] || 0 : 0;
+      return ["self", "encoder"].includes(this.kind().kind) ? windows[this.layerName(index)] || 0 : 0;
     }
     grid() { return this.ready.get(`${this.state.kind}:${this.field()}`); }
     weightName() { return this.field() === "norms" ? "\u2016\u03b1f(x)\u2016 (Kobayashi et al. 2020)" : "attention weight \u03b1"; }
@@ -57,7 +77,7 @@
       const sliding = (m.windows || []).filter((w) => w > 0);
       const slide = sliding.length ? `; ${sliding.length} layers slide over a window of ${Math.max(...sliding)} keys (grey beyond it)` : "";
       header.append(el("div", "as-subtitle",
-        `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}, d_head ${m.d_head}${slide}; layers and heads are 0-indexed`));
+        `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}${m.d_head ? `, d_head ${m.d_head}` : ""}${slide}; layers and heads are 0-indexed`));
       for (const note of p.notes) header.append(el("div", "as-note", note));
       const bar = el("div", "as-toolbar");
       this.tabs = NS.tabs(p.views.map((name) => [name, VIEW_NAMES[name]]), (name) => this.setView(name));
@@ -104,7 +124,7 @@
     syncControls() {
       const layers = this.kind().attention.shape[0];
       this.state.layer = Math.min(this.state.layer, layers - 1);
-      this.layerSelect.replaceChildren(...Array.from({ length: layers }, (_, l) => new Option(String(l), String(l))));
+      this.layerSelect.replaceChildren(...Array.from({ length: layers }, (_, l) => new Option(String(this.layerName(l)), String(l))));
       this.layerSelect.value = String(this.state.layer);
       if (this.kindSelect) this.kindSelect.value = String(this.state.kind);
       if (this.normsBox) {
@@ -128,11 +148,24 @@
 
     async ensure() {
       await Promise.all(this.needed().map(([key, packed]) => {
+        if (packed.lazy) return this.fetchLayers(key, packed);
         if (!this.decoded.has(key)) {
           this.decoded.set(key, NS.unpack(packed).then((grid) => { this.ready.set(key, grid); return grid; }));
         }
         return this.decoded.get(key);
       }));
+    }
+
+    /* A lazy payload (the notebook widget) ships shapes only: the layers this view draws are asked
+     * of this.fetchLayer(kind index, field, model layer) (a Promise of one layer, packed) once each. */
+    fetchLayers(key, packed) {
+      if (!this.ready.has(key)) {
+        const [kind, field] = key.split(":");
+        this.ready.set(key, new NS.LayerGrid(packed, (layer) => this.fetchLayer(Number(kind), field, this.layerName(layer))));
+      }
+      const layers = this.state.view === "model" ? Array.from({ length: packed.shape[0] }, (_, l) => l) : [this.state.layer];
+      const grid = this.ready.get(key);
+      return Promise.all(layers.map((layer) => grid.load(layer)));
     }
 
     /* Draw the current view once its arrays are decoded; a newer draw request wins. */
@@ -164,8 +197,16 @@
       if (heads.has(head)) heads.delete(head); else heads.add(head);
       return this.draw();
     }
+    /* Double-click: only that head; double-clicking the only head shown brings every head back. */
     soloHead(head) {
-      this.state.heads = new Set([head]);
+      this.state.heads = NS.soloHeads(this.state.heads, head, this.nHeads());
+      return this.draw();
+    }
+    /* The selected query token (null: none): the head view shows only its lines, the neuron view its row. */
+    selectToken(position) {
+      this.state.selected = position;
+      if (position !== null) this.state.query = position;
+      for (const view of Object.values(this.views)) view.sync();
       return this.draw();
     }
     /* From the model view: that layer, only that head, in the head view (or the neuron view if there is no head view). */
@@ -180,7 +221,7 @@
     currentScene() { return this.views[this.state.view].scene; }
     fileName(extension) {
       const kind = this.kind().kind;
-      const layer = this.state.view === "model" ? "" : `-layer${this.state.layer}`;
+      const layer = this.state.view === "model" ? "" : `-layer${this.layerName(this.state.layer)}`;
       return `attnscope-${this.state.view}-${kind}${layer}.${extension}`;
     }
     exportSVG() { return NS.toSVG(this.currentScene()); }
@@ -249,7 +290,7 @@
     const shape = app.kind().attention.shape;
     const view = asked.get("view");
     if (view && app.payload.views.includes(view)) app.state.view = view;
-    const layer = number("layer", shape[0]);
+    const layer = app.layerIndex(number("layer", Infinity));
     if (layer !== null) app.state.layer = layer;
     const head = number("head", shape[1]);
     if (head !== null) { app.state.heads = new Set([head]); app.state.neuronHead = head; }
@@ -265,6 +306,7 @@
     if (payload.format === "attnscope.longview") return NS.mountLong(root, payload, options);
     const app = new App(root, payload);
     app.onChange = options && options.onChange;
+    app.fetchLayer = options && options.fetchLayer;
     NS.instances[root.id] = app;
     if (options && options.hash && window.location.hash) {
       stateFromHash(app, window.location.hash);

@@ -99,6 +99,32 @@
     return new VectorGrid(packed, await unpackNumbers(packed));
   }
 
+  /* An array [layer, ...] whose layers arrive one at a time (the notebook widget asks the kernel
+   * for each): fetchLayer(layer) is a Promise of that layer packed with a leading axis of 1. Reads
+   * the same as ByteGrid / VectorGrid, once load(layer) has resolved for the layers read. */
+  class LayerGrid {
+    constructor(packed, fetchLayer) {
+      this.shape = packed.shape;
+      this.scale = packed.scale;
+      this.fetchLayer = fetchLayer;
+      this.pending = new Map(); // layer -> Promise
+      this.loaded = new Map(); // layer -> ByteGrid or VectorGrid of that layer alone
+    }
+    load(layer) {
+      if (!this.pending.has(layer)) {
+        const done = this.fetchLayer(layer).then(unpack).then((grid) => { this.loaded.set(layer, grid); });
+        done.catch(() => this.pending.delete(layer)); // a failed fetch is asked again next time
+        this.pending.set(layer, done);
+      }
+      return this.pending.get(layer);
+    }
+    row(layer, head, query) { return this.loaded.get(layer).row(0, head, query); }
+    matrix(layer, head) { return this.loaded.get(layer).matrix(0, head); }
+    vector(layer, head, position) { return this.loaded.get(layer).vector(0, head, position); }
+    value(layer, byte) { return byte * this.scale[layer]; }
+  }
+
+  NS.LayerGrid = LayerGrid;
   NS.unpack = unpack;
   NS.unpackNumbers = unpackNumbers;
 })((window.AttnscopeViews = window.AttnscopeViews || {}));

@@ -19,6 +19,12 @@
 
   const element = NS.element;
 
+  /* The heads shown after double-clicking `head`: only it, or all `count` heads if it was already alone. */
+  NS.soloHeads = function soloHeads(shown, head, count) {
+    const alone = shown.size === 1 && shown.has(head);
+    return alone ? new Set(Array.from({ length: count }, (_, h) => h)) : new Set([head]);
+  };
+
   class HeadView {
     constructor(app, container) {
       this.app = app;
@@ -31,7 +37,7 @@
       for (const [value, text] of FILTERS) this.filter.append(new Option(text, value));
       [this.specialLabel, this.hideSpecial] = NS.control("checkbox", "hide special tokens", "hide-special");
       this.swatches = element("div", "as-swatches");
-      this.swatches.title = "click: show or hide a head; double-click: show only that head";
+      this.swatches.title = "click: show or hide a head; double-click: show only that head (again: all heads)";
       controls.append(this.filterLabel, this.specialLabel, this.swatches);
       const wrap = element("div", "as-canvas-wrap");
       this.surface = new NS.Surface(wrap, "head-canvas");
@@ -41,6 +47,12 @@
       this.hideSpecial.addEventListener("change", () => { app.state.hideSpecial = this.hideSpecial.checked; this.render(); });
       this.canvas.addEventListener("mousemove", (event) => this.onMove(event));
       this.canvas.addEventListener("mouseleave", () => this.setHover(null));
+      // clicking a query token selects it (its lines stay shown); clicking it again clears the selection
+      this.canvas.addEventListener("click", () => {
+        if (this.hover && this.hover.side === "query" && app.selectToken) {
+          app.selectToken(app.state.selected === this.hover.pos ? null : this.hover.pos);
+        }
+      });
     }
 
     /* Controls that depend on the kind of attention: the pair filter, the special toggle, head swatches. */
@@ -64,7 +76,7 @@
         const swatch = element("span", "as-swatch", String(this.headName(head)));
         swatch.dataset.head = String(head);
         swatch.style.background = NS.headColor(head);
-        swatch.title = `head ${this.headName(head)} (0-indexed): click to show/hide, double-click to show only this head`;
+        swatch.title = `head ${this.headName(head)} (0-indexed): click to show/hide, double-click to show only this head (again: all heads)`;
         swatch.addEventListener("click", () => this.app.toggleHead(head));
         swatch.addEventListener("dblclick", () => this.app.soloHead(head));
         this.swatches.append(swatch);
@@ -130,7 +142,7 @@
       this.drawTokens(scene, layout);
       this.drawLines(scene, layout, grid, layer);
       this.drawCaption(scene, layout);
-      if (this.hover) this.drawWeights(scene, layout, grid, layer);
+      if (this.focus()) this.drawWeights(scene, layout, grid, layer);
       this.scene = scene;
       this.drawnWith = { grid, layer }; // what drawnLines() reads weights from
       this.surface.show(scene);
@@ -144,7 +156,7 @@
         : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
       const window = app.window(app.state.layer);
       const slide = window ? ` \u00b7 sliding window: ${window} keys` : "";
-      scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.state.layer}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,
+      scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,
         { size: 12, weight: "bold" });
       if (this.minByte > 1) {
         scene.text(8, 26, `showing the ${this.drawn} strongest of ${this.total} lines (weight \u2265 ${app.formatWeight(app.grid().value(app.state.layer, this.minByte))}); hover a token to see all of its lines`,
@@ -157,7 +169,7 @@
     drawTokens(scene, layout) {
       const causal = this.app.kind().causal;
       const window = this.app.window(this.app.state.layer);
-      const hover = this.hover;
+      const hover = this.focus();
       const columns = [["query", layout.left, layout.leftEdge, "right"], ["key", layout.right, layout.rightStart, "left"]];
       for (const [which, column, x, align] of columns) {
         column.shown.forEach((pos, row) => {
@@ -181,7 +193,7 @@
 
     /* Lines batched by (head, byte): one batch per colour and opacity keeps 512 tokens x 12 heads fast. */
     drawLines(scene, layout, grid, layer) {
-      const hover = this.hover;
+      const hover = this.focus();
       const pick = (column, side) => column.shown.map((pos, row) => [pos, this.rowY(layout, row)])
         .filter(([pos]) => !hover || hover.side !== side || hover.pos === pos);
       const left = pick(layout.left, "query");
@@ -223,7 +235,7 @@
     /* While hovering: each visible head's weight beside the tokens of the other column (largest first). */
     drawWeights(scene, layout, grid, layer) {
       const app = this.app;
-      const hover = this.hover;
+      const hover = this.focus();
       const other = hover.side === "query" ? layout.right : layout.left;
       const x = hover.side === "query" ? layout.rightStart + layout.rightText + 8 : SIDE_SPACE - 8;
       const align = hover.side === "query" ? "left" : "right";
@@ -251,6 +263,12 @@
         hit = { side: "key", pos: this.layout.right.shown[row] };
       }
       this.setHover(hit);
+    }
+
+    /* The token whose lines are shown alone: the hovered one, else the selected query token. */
+    focus() {
+      const selected = this.app.state.selected;
+      return this.hover || (Number.isInteger(selected) ? { side: "query", pos: selected } : null);
     }
 
     setHover(hit) {

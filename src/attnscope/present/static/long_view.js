@@ -568,7 +568,8 @@
   class WindowHeads {
     constructor(app) {
       this.app = app;
-      this.state = { filter: "all", hideSpecial: false, heads: new Set(app.payload.heads.map((_, h) => h)), layer: 0 };
+      this.state = { filter: "all", hideSpecial: false, heads: new Set(app.payload.heads.map((_, h) => h)), layer: 0,
+        selected: null };
       this.payload = { sides: { input: { tokens: [], special: [], sentence: [] } } };
       this.windowGrid = null;
       this.view = null; // the NS.HeadView, set by WindowView
@@ -579,6 +580,7 @@
     }
     nHeads() { return this.app.payload.heads.length; }
     headName(head) { return this.app.payload.heads[head]; }
+    layerName(layer) { return layer; } // state.layer already holds the model's number (see fill)
     grid() { return this.windowGrid; }
     weightName() { return `\u03b1, top ${this.app.payload.top_k.k} keys per query`; }
     formatWeight(value) { return value.toFixed(3); }
@@ -586,7 +588,7 @@
       if (this.state.heads.has(head)) this.state.heads.delete(head); else this.state.heads.add(head);
       return this.app.draw();
     }
-    soloHead(head) { this.state.heads = new Set([head]); return this.app.draw(); }
+    soloHead(head) { this.state.heads = NS.soloHeads(this.state.heads, head, this.nHeads()); return this.app.draw(); }
 
     /* Tokens and weights of the current window and layer. */
     fill(rows) {

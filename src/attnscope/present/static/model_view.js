@@ -9,7 +9,7 @@
   "use strict";
 
   const LEFT = 64;
-  const TOP = 46;
+  const TOP = 66; // room for the title, the colour scale and the head numbers
   const GAP = 8;
   const MASKED = [225, 225, 225, 255];
 
@@ -31,7 +31,7 @@
       });
       this.canvas.addEventListener("mousemove", (event) => {
         const hit = this.hit(event);
-        this.canvas.title = hit ? `layer ${hit.layer}, head ${hit.head} (0-indexed): click to open in the head view` : "";
+        this.canvas.title = hit ? `layer ${this.app.layerName(hit.layer)}, head ${hit.head} (0-indexed): click to open in the head view` : "";
       });
     }
 
@@ -51,6 +51,7 @@
       this.layout = layout;
       const scene = new NS.Scene(layout.width, layout.height);
       scene.text(8, 10, `${app.kind().label} \u00b7 layers x heads (0-indexed) \u00b7 ${app.weightName()}`, { size: 12, weight: "bold" });
+      this.drawScale(scene);
       for (let head = 0; head < layout.heads; head++) {
         scene.text(LEFT + head * (layout.size + GAP) + layout.size / 2, TOP - 10, `head ${head}`, { size: 11, align: "center", color: "#555" });
       }
@@ -58,7 +59,7 @@
       for (let layer = 0; layer < layout.layers; layer++) {
         const y = TOP + layer * (layout.size + GAP);
         const window = app.window(layer);
-        scene.text(LEFT - 8, y + layout.size / 2 - (window ? 6 : 0), `layer ${layer}`, { size: 11, align: "right", color: "#555" });
+        scene.text(LEFT - 8, y + layout.size / 2 - (window ? 6 : 0), `layer ${app.layerName(layer)}`, { size: 11, align: "right", color: "#555" });
         // a sliding layer: its window under the name (thumbnails are >= 36 px high, room for two lines)
         if (window) scene.text(LEFT - 8, y + layout.size / 2 + 7, `window ${window}`, { size: 9, align: "right", color: "#8a4b00" });
         for (let head = 0; head < layout.heads; head++) {
@@ -70,6 +71,15 @@
       }
       this.scene = scene;
       this.surface.show(scene);
+    }
+
+    /* What the colours mean: each head in its own colour, opacity from 0 to the largest value. */
+    drawScale(scene) {
+      const app = this.app;
+      const steps = Array.from({ length: 11 }, (_, i) => ({ fill: "#444", alpha: i / 10 }));
+      const top = app.field() === "norms" ? "the layer's largest" : "1";
+      const name = `opacity = ${app.field() === "norms" ? "\u2016\u03b1f(x)\u2016" : "\u03b1"}, each head in its own colour (head colours as in the head view)`;
+      NS.colorScale(scene, 8, 30, steps, ["0", top], name);
     }
 
     thumbnail(grid, layer, head, layout) {

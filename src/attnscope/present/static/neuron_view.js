@@ -28,7 +28,7 @@
       this.canvas = this.surface.canvas;
       container.append(controls, wrap);
       this.head.addEventListener("change", () => { app.state.neuronHead = Number(this.head.value); this.render(); });
-      this.query.addEventListener("change", () => { app.state.query = Number(this.query.value); this.render(); });
+      this.query.addEventListener("change", () => app.selectToken(Number(this.query.value)));
     }
 
     sync() {
@@ -113,10 +113,11 @@
       const sharing = n.group > 1
         ? ` \u00b7 key head ${n.kvHead} (shared by query heads ${n.kvHead * n.group}\u2013${(n.kvHead + 1) * n.group - 1})`
         : "";
-      scene.text(8, 10, `${kind.label} \u00b7 layer ${n.layer}, head ${n.head} (0-indexed)${sharing}`, { size: 12, weight: "bold" });
+      scene.text(8, 10, `${kind.label} \u00b7 layer ${app.layerName(n.layer)}, head ${n.head} (0-indexed)${sharing}`, { size: 12, weight: "bold" });
       scene.text(8, 28, `query: "${NS.label(queryToken, 40)}" (position ${n.query})${kind.causal ? " \u00b7 causal: later keys are masked" : ""}`,
         { size: 12 });
 
+      NS.signedScale(scene, x.product, 50);
       const vectorPeak = Math.max(maxAbs(n.q), ...n.keys.map((row) => maxAbs(row.k)));
       const productPeak = Math.max(...n.keys.map((row) => maxAbs(row.product)));
       const dotPeak = Math.max(...n.keys.map((row) => Math.abs(row.dot)));

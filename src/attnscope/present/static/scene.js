@@ -259,6 +259,31 @@
     return { fill: `rgb(${r},${g},${b})`, alpha };
   }
 
+  /* A named colour scale: `steps` = [{fill, alpha}] drawn left to right as one bar, `ends` = [left,
+   * right] labels beside it (and `middle` under its centre, if given), then `name`. Its text items
+   * carry meta {role: "scale"} so tests and tools can read what the colours mean. */
+  function colorScale(scene, x, y, steps, ends, name, middle) {
+    const cell = 10;
+    const size = 11;
+    const leftWidth = textWidth(ends[0], size);
+    scene.text(x, y, ends[0], { size, color: "#555" }, { role: "scale" });
+    const start = x + leftWidth + 4;
+    steps.forEach((step, i) => scene.rect(start + i * cell, y - 5, cell, 10, { fill: step.fill, alpha: step.alpha }));
+    scene.rect(start - 0.5, y - 5.5, steps.length * cell + 1, 11, { stroke: "#ccc", lineWidth: 1 });
+    const end = start + steps.length * cell + 4;
+    scene.text(end, y, ends[1], { size, color: "#555" }, { role: "scale" });
+    if (middle) scene.text(start + (steps.length * cell) / 2, y + 12, middle, { size: 9, color: "#888", align: "center" });
+    scene.text(end + textWidth(ends[1], size) + 10, y, name, { size, color: "#555" }, { role: "scale" });
+  }
+
+  /* The neuron view's scale: orange negative, white at 0, blue positive, opacity = |value| / largest. */
+  function signedScale(scene, x, y) {
+    const steps = [];
+    for (let i = -5; i <= 5; i++) steps.push(signedColor(i, 5));
+    colorScale(scene, x, y, steps, ["negative (orange)", "positive (blue)"],
+      "opacity = |value| / the largest |value| in its column", "0");
+  }
+
   function element(tag, className, text) {
     const node = document.createElement(tag);
     if (className) node.className = className;
@@ -290,5 +315,6 @@
     return row;
   }
 
-  Object.assign(NS, { element, control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor, FONT });
+  Object.assign(NS, { element, control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor,
+    colorScale, signedScale, FONT });
 })((window.AttnscopeViews = window.AttnscopeViews || {}));

@@ -106,6 +106,11 @@
   }
 
   async function analyze(fromAddress) {
+    if (!$("text").value.trim()) {  // said here, without asking the server; what is shown stays
+      setStatus("nothing to analyse: type a text first (a second sentence is optional)", true);
+      $("text").focus();
+      return;
+    }
     await busy("analyzing\u2026", async () => {
       const data = await api("/api/analyze", inputBody());
       page.analysis = data;
@@ -441,6 +446,48 @@
     return [lines, el("p", "ex-note", output.what), ...blocks];
   }
 
+  // ---- generation tab ------------------------------------------------------------------------
+  function showTab(name) {
+    for (const tab of document.querySelectorAll(".ex-tabs [data-tab]")) {
+      tab.setAttribute("aria-selected", String(tab.dataset.tab === name));
+      $(`${tab.dataset.tab}-tab`).hidden = tab.dataset.tab !== name;
+    }
+  }
+
+  /* POST /api/generate and draw the step view of what the model wrote (the same view as
+   * `attnscope generate --html`); an error is shown and the last drawing stays. */
+  async function generate() {
+    const status = $("gen-status");
+    const button = $("generate");
+    button.disabled = true;
+    status.classList.remove("ex-error");
+    status.textContent = "generating…";
+    try {
+      const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
+        max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked };
+      const data = await api("/api/generate", body);
+      const holder = $("gen-steps");
+      delete holder.dataset.drawn;
+      await Steps.render(holder, data.payload, { focus: true });
+      markLoaded(data.model);
+      status.textContent = "";
+    } catch (error) {
+      status.textContent = error.message;
+      status.classList.add("ex-error");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  function setupGeneration(config) {
+    $("gen-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
+    $("gen-tokens").max = String(config.max_new_tokens);
+    for (const tab of document.querySelectorAll(".ex-tabs [data-tab]")) {
+      tab.addEventListener("click", () => showTab(tab.dataset.tab));
+    }
+    $("generate-form").addEventListener("submit", (event) => { event.preventDefault(); generate(); });
+  }
+
   // ---- start -------------------------------------------------------------------------------
   function markLoaded(name) {
     const option = [...$("model").options].find((o) => o.value === name);
@@ -474,9 +521,13 @@
     $("mode").addEventListener("change", note);
     $("model").addEventListener("change", describeModel);
     $("input-form").addEventListener("submit", (event) => { event.preventDefault(); analyze(false); });
+    $("text").addEventListener("keydown", (event) => {  // Enter writes a new line in the text area; Ctrl+Enter analyses
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); analyze(false); }
+    });
     $("add-head").addEventListener("click", addOpenHead);
     $("run-change").addEventListener("click", runChange);
     $("json-link").addEventListener("click", downloadRecord);
+    setupGeneration(config);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));

@@ -1,0 +1,209 @@
+"""Generation with capture: a decoder writes, and every position's attention row is kept as it goes.
+
+transformers' own ``generate`` runs the decoding (greedy or sampling, the model's key/value
+cache, its stop tokens); attnscope's attention function sees every call. With the cache on, each
+step computes one query row per layer, so what is kept grows with the text, not with the text
+squared per step. One last forward pass of the final token completes its row, so the record covers
+the whole final text. Interventions (``intervene``, ``ablate_heads``, ``skip_sublayers``) active
+around the call apply at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import AttnscopeError
+from ..generation import GenerationRecord, packed_length, row_offset
+from ..models.adapters import AttentionSite
+from ..models.loading import LoadedModel, _quiet_transformers
+from .attention import SiteCapture, capture
+from .extract import as_loaded, model_info_from
+from .plan import MemoryEstimate, check_memory
+from .tokens import guess_word_ids, readable_tokens
+
+DEFAULT_CANDIDATES = 10
+GENERATE_ADVICE = "generate fewer tokens (max_new_tokens) or use a shorter prompt"
+
+
+@dataclass
+class StepRows:
+    """Receives every attention call of a generation (a capture session's ``step_sink``).
+
+    Per layer, a list of ``(first_position, probs [head, q_pos, k_pos])``: the prompt arrives as
+    one ``[head, P, P]`` block, then each step as ``[head, 1, k]``. Keys are the last ``k``
+    positions up to the call's last query (a sliding-window cache may hold fewer than all).
+    """
+
+    blocks: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    first: SiteCapture | None = None
+
+    def __call__(self, site: AttentionSite, captured: SiteCapture) -> None:
+        if site.kind != "self":
+            return
+        self.first = self.first or captured
+        blocks = self.blocks.setdefault(site.layer, [])
+        start = sum(block.shape[1] for _, block in blocks)
+        blocks.append((start, captured.attention[0].float().cpu().numpy()))  # batch of one
+        if captured.new_value_norms is not None:
+            self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
+
+    def packed(self, n_positions: int) -> np.ndarray:
+        """Every position's row, ``[layer, head, packed]`` (see :func:`attnscope.generation.row_offset`)."""
+        layers = sorted(self.blocks)
+        n_heads = self.blocks[layers[0]][0][1].shape[0]
+        rows = np.zeros((len(layers), n_heads, packed_length(n_positions)), dtype=np.float32)
+        for index, layer in enumerate(layers):
+            for start, block in self.blocks[layer]:
+                _place_rows(rows[index], start, block)
+        return rows
+
+    def value_norms(self) -> np.ndarray | None:
+        """``[layer, head, position]``, or None when norms were not asked for."""
+        if not self.norms:
+            return None
+        return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
+
+
+def _place_rows(rows: np.ndarray, start: int, block: np.ndarray) -> None:
+    """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query)
+    into ``rows`` ``[head, packed]``; keys before the block's first key stay 0."""
+    n_queries, n_keys = block.shape[1], block.shape[2]
+    first_key = start + n_queries - n_keys  # absolute position of the block's key 0
+    for i in range(n_queries):
+        position = start + i
+        seen = position + 1 - first_key  # the keys up to this query (the rest are future, masked)
+        rows[:, row_offset(position + 1) - seen : row_offset(position + 1)] = block[:, i, :seen]
+
+
+def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
+    """The prompt's token ids: as the tokenizer encodes it, or wrapped in the model's chat template."""
+    if not prompt.strip():
+        raise AttnscopeError("the prompt is empty")
+    tokenizer = loaded.tokenizer
+    if not chat:
+        return list(tokenizer(prompt)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise AttnscopeError(f"model {loaded.name!r} has no chat template; leave out --chat")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+
+def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
+    """Refuse models that do not generate this way, too long texts, and rows that would not fit."""
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; generate needs one "
+                             "(the toy translator has its own step view: attnscope toy translate --html)")
+    total = n_prompt + max_new_tokens
+    if total > loaded.max_length:
+        raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
+                             f"{loaded.name}'s limit of {loaded.max_length} tokens")
+    layers = sum(1 for site in loaded.sites.values() if site.kind == "self")
+    heads = int(getattr(loaded.config, "num_attention_heads", 16))
+    kept = layers * heads * packed_length(total) * 4 * 2  # rows, and one copy while they are packed
+    working = layers * heads * n_prompt * n_prompt * 4 * 3  # the prompt's block, as in a full capture
+    check_memory(MemoryEstimate(kept=kept, working=working), what=f"generating {total} tokens with {loaded.name}",
+                 advice=GENERATE_ADVICE)
+
+
+class _Progress:
+    """A transformers streamer that advances a progress bar once per generated token."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.prompt_seen = bar, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt_seen:
+            self.bar.update(1)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.bar.close()
+
+
+def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64, chat: bool = False,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int = 0, candidates: int = DEFAULT_CANDIDATES, norms: bool = True,
+             changes: str = "", progress: bool = False) -> GenerationRecord:
+    """Generate up to ``max_new_tokens`` after ``prompt`` and keep what every token attended to.
+
+    Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
+    ``seed``). ``chat`` wraps the prompt in the model's chat template. ``candidates``: how many top
+    next tokens each step keeps. ``norms``: also keep ``||v W_O||`` per key, for norm-weighted rows.
+    ``changes`` labels interventions active around the call (kept in the record for the views).
+
+    >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
+    >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
+    """
+    loaded = as_loaded(model)
+    if max_new_tokens < 1 or candidates < 1:
+        raise AttnscopeError("max_new_tokens and candidates must be at least 1")
+    ids = prompt_ids(loaded, prompt, chat=chat)
+    check_generation(loaded, len(ids), max_new_tokens)
+    settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
+    if do_sample:
+        settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    rows = StepRows()
+    with (torch.inference_mode(), capture(loaded.sites, norms=norms, step_sink=rows),
+          torch.random.fork_rng(devices=[]), _quiet_transformers()):
+        torch.manual_seed(seed)
+        bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
+        output = _run_generate(loaded, ids, settings, _Progress(bar))
+        sequence = output.sequences[0]
+        _complete_last_row(loaded, sequence, output.past_key_values)
+    if rows.first is None:
+        raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
+    return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes)
+
+
+def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
+    """transformers' ``generate`` on one prompt, returning the raw logits of every step and the cache."""
+    tokenizer = loaded.tokenizer
+    input_ids = torch.tensor([ids], device=loaded.input_device)
+    sampling = ({key: settings[key] for key in ("temperature", "top_k", "top_p") if settings.get(key) is not None}
+                if settings["do_sample"] else {"temperature": None, "top_k": None, "top_p": None})
+    return loaded.model.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=settings["max_new_tokens"],
+        do_sample=settings["do_sample"], **sampling, use_cache=True, return_dict_in_generate=True,
+        output_logits=True, pad_token_id=tokenizer.pad_token_id, streamer=streamer)
+
+
+def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, cache: Any) -> None:
+    """One more cached forward pass: the last token's own row (generate never feeds it back)."""
+    loaded.model(input_ids=sequence[None, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
+def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
+            rows: StepRows, k: int, settings: Mapping[str, Any], changes: str) -> GenerationRecord:
+    assert rows.first is not None
+    tokenizer = loaded.tokenizer
+    tokens = readable_tokens(tokenizer, sequence)
+    special_ids = set(tokenizer.all_special_ids)
+    special = [token_id in special_ids for token_id in sequence]
+    probs = torch.softmax(torch.cat(logits).float(), dim=-1)  # [step, vocab], on the model's device
+    chosen = torch.tensor(sequence[n_prompt:], device=probs.device)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    chosen_probs = probs[torch.arange(len(chosen), device=probs.device), chosen]
+    arrays: dict[str, np.ndarray] = {
+        "rows": rows.packed(len(sequence)),
+        "token_ids": np.array(sequence, dtype=np.int64),
+        "special_mask": np.array(special, dtype=bool),
+        "word_ids": np.array(guess_word_ids(tokens, special), dtype=np.int64),
+        "candidate_ids": top.indices.cpu().numpy().astype(np.int64),
+        "candidate_probs": top.values.cpu().numpy().astype(np.float32),
+        "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
+    }
+    norms = rows.value_norms()
+    if norms is not None:
+        arrays["value_norms"] = norms
+    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
+    return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
+                            arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
+                            changes=changes)

@@ -1,0 +1,308 @@
+/* attnscope step view: a decoder's output one token at a time, for a causal LM generating
+ * (self-attention over the prompt and the text so far) and for an encoder-decoder translating
+ * (cross-attention over the source). One page for both: present/steps.py builds the payload
+ * (present/steps.schema.json), this file draws it.
+ *
+ * AttnscopeSteps.render(container, payload, {focus, hash}) -> Promise of the view (also kept in
+ * AttnscopeSteps.instances[container.id]). The view shows the generated tokens as a strip (click
+ * one, or move with the arrow keys, Home and End), the chosen step's top next tokens with their
+ * probabilities, and what its query attended to, drawn over the tokens it saw: one head, one
+ * layer's mean over heads, or the mean of all layers and heads, raw or norm-weighted. `focus`: take
+ * the keyboard; `hash`: start where the address says (#step=5&layer=2&head=3&norms=1).
+ * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack).
+ */
+(function (NS, V) {
+  "use strict";
+
+  const el = (tag, cls, text) => {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+
+  /* A token as it reads in running text: a newline shows as a return sign (the line breaks after it). */
+  const shown = (token) => token.replace(/\n/g, "\u21b5");
+
+  /* One set of rows (payload $defs/rows) as bytes and per-row maxima. */
+  async function decodeRows(rows) {
+    const values = await V.unpack(rows.values);
+    return { bytes: values.bytes, max: await V.unpackNumbers(rows.row_max), total: rows.values.shape.at(-1),
+      steps: rows.row_max.shape.at(-1), levels: rows.levels };
+  }
+
+  /* The attention sets; for the norm-weighted view the means and the value norms [layer, head, position]. */
+  async function decodeAttention(attention) {
+    const [heads, layers, all] = await Promise.all([attention.heads, attention.layers, attention.all].map(decodeRows));
+    return { heads, layers, all };
+  }
+
+  async function decodeWeighted(weighted) {
+    const [layers, all] = await Promise.all([weighted.layers, weighted.all].map(decodeRows));
+    return { layers, all, norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
+  }
+
+  class StepView {
+    constructor(container, payload, options) {
+      this.root = container;
+      this.payload = payload;
+      this.options = options || {};
+      this.state = { step: 0, layer: -1, head: -1, weighted: false, brighten: false };
+      this.offsets = [0];
+      for (const n of payload.keys) this.offsets.push(this.offsets.at(-1) + n);
+      this.decoded = { attention: null, weighted: null };
+      this.drawCount = 0;
+    }
+
+    async start() {
+      this.decoded.attention = await decodeAttention(this.payload.attention);
+      this.build();
+      if (this.options.hash) await this.fromAddress();
+      this.draw();
+      if (this.options.focus) this.root.focus();
+      return this;
+    }
+
+    get nSteps() { return this.payload.steps.length; }
+
+    /* The current step's row as weights [keys] and its largest weight: one head, one layer's mean
+     * over heads, or the mean of all. A norm-weighted head row is its attention row times each
+     * key's value norm (the payload ships the norms, not a second copy of every head's rows). */
+    currentRow() {
+      const { layer, head, weighted, step } = this.state;
+      const n = this.payload.keys[step];
+      const sets = weighted ? this.decoded.weighted : this.decoded.attention;
+      const [rows, index] = layer < 0 ? [sets.all, 0] : head < 0 ? [sets.layers, layer]
+        : [this.decoded.attention.heads, layer * this.payload.n_heads + head];
+      const start = index * rows.total + this.offsets[step];
+      const top = rows.max[index * rows.steps + step];
+      const weights = Float32Array.from(rows.bytes.subarray(start, start + n), (b) => (b / rows.levels) * top);
+      if (!weighted || layer < 0 || head < 0) return { weights, max: top };
+      const { norms, positions } = this.decoded.weighted;
+      const base = index * positions;
+      let max = 0;
+      for (let k = 0; k < n; k++) {
+        weights[k] *= norms[base + k];
+        max = Math.max(max, weights[k]);
+      }
+      return { weights, max };
+    }
+
+    /* The current row's weights as numbers [keys] (for tests and tools). */
+    row() {
+      return Array.from(this.currentRow().weights);
+    }
+
+    // ---- controls ------------------------------------------------------------------------
+    build() {
+      const p = this.payload;
+      const meta = el("p", "st-meta", [p.model, p.method, `${this.nSteps} steps`].filter(Boolean).join(" \u00b7 "));
+      if (p.changes) {
+        const badge = el("span", "st-changes", `interventions: ${p.changes}`);
+        badge.dataset.role = "changes";
+        meta.append(" ", badge);
+      }
+      const controls = el("div", "st-controls");
+      this.prev = el("button", "", "\u25c0 previous");
+      this.next = el("button", "", "next \u25b6");
+      for (const b of [this.prev, this.next]) b.type = "button";
+      this.prev.addEventListener("click", () => this.go(this.state.step - 1));
+      this.next.addEventListener("click", () => this.go(this.state.step + 1));
+      this.position = el("span", "st-position");
+      this.layerBox = el("select");
+      this.layerBox.dataset.role = "layer";
+      this.layerBox.append(new Option("all layers", "-1"));
+      for (let l = 0; l < p.n_layers; l++) this.layerBox.append(new Option(`layer ${l}`, String(l)));
+      this.headBox = el("select");
+      this.headBox.dataset.role = "head";
+      this.headBox.append(new Option("mean of heads", "-1"));
+      for (let h = 0; h < p.n_heads; h++) this.headBox.append(new Option(`head ${h}`, String(h)));
+      this.layerBox.addEventListener("change", () => this.choose(+this.layerBox.value, this.state.head));
+      this.headBox.addEventListener("change", () => this.choose(this.state.layer, +this.headBox.value));
+      const attention = el("label", "st-field", `${p.kind === "cross" ? "cross-attention" : "attention"} of `);
+      attention.append(this.layerBox, " ", this.headBox);
+      controls.append(this.prev, this.next, this.position, attention);
+      if (p.weighted) {
+        this.normsBox = el("input");
+        this.normsBox.type = "checkbox";
+        this.normsBox.dataset.role = "norms";
+        this.normsBox.addEventListener("change", () => this.setWeighted(this.normsBox.checked));
+        const label = el("label", "st-field");
+        label.title = "\u2016\u03b1 f(x)\u2016 of Kobayashi et al. 2020: each weight times the norm of what its key's value adds";
+        label.append(this.normsBox, " norm-weighted");
+        controls.append(label);
+      }
+      this.brightBox = el("input");
+      this.brightBox.type = "checkbox";
+      this.brightBox.addEventListener("change", () => { this.state.brighten = this.brightBox.checked; this.draw(); });
+      const bright = el("label", "st-field");
+      bright.title = "shade by the square root of the weight, so that small weights show";
+      bright.append(this.brightBox, " brighten");
+      controls.append(bright);
+
+      this.strip = el("div", "st-strip");
+      this.strip.dataset.role = "strip";
+      this.stepCells = p.steps.map((step, i) => {
+        const cell = el("span", "st-step", shown(step.chosen));
+        cell.dataset.step = String(i);
+        cell.title = `step ${i}`;
+        cell.addEventListener("click", () => this.go(i));
+        this.strip.append(cell);
+        if (step.chosen.includes("\n")) this.strip.append(el("br"));
+        return cell;
+      });
+      this.candidates = el("div", "st-cands");
+      this.candidates.dataset.role = "candidates";
+      this.attention = el("div", "st-attn");
+      this.attention.dataset.role = "attention";
+      this.caption = el("p", "st-note");
+      const body = el("div", "st-body");
+      body.append(this.candidates, this.attention);
+      const parts = [el("h3", "st-title", p.title), meta, ...p.notes.map((n) => el("p", "st-note", n)), controls,
+        el("p", "st-note", p.kind === "cross" ? "the decoded tokens (click one, or use \u2190 \u2192):"
+          : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption];
+      this.root.replaceChildren(...parts);
+      this.root.classList.add("attnscope-steps", `st-${p.kind}`);
+      if (!this.root.hasAttribute("tabindex")) this.root.tabIndex = 0;  // takes the arrow keys once focused
+      // a container drawn again (the explorer's next generation) answers the keys for the new view only
+      if (this.root.attnscopeStepsKeys) this.root.removeEventListener("keydown", this.root.attnscopeStepsKeys);
+      this.root.attnscopeStepsKeys = (event) => this.key(event);
+      this.root.addEventListener("keydown", this.root.attnscopeStepsKeys);
+    }
+
+    /* A page of its own starts where its address says: steps.html#step=5&layer=2&head=3&norms=1 (0-indexed). */
+    async fromAddress() {
+      const asked = new URLSearchParams(window.location.hash.replace(/^#/, ""));
+      const number = (name, low, high) => {
+        const value = Number(asked.get(name));
+        return asked.has(name) && Number.isInteger(value) && value >= low && value <= high ? value : null;
+      };
+      this.state.step = number("step", 0, this.nSteps - 1) ?? 0;
+      const layer = number("layer", 0, this.payload.n_layers - 1);
+      if (layer !== null) this.choose(layer, number("head", 0, this.payload.n_heads - 1) ?? -1);
+      if (asked.get("norms") === "1" && this.payload.weighted) await this.setWeighted(true);
+    }
+
+    key(event) {
+      if (event.target.matches && event.target.matches("select, input, textarea")) return;
+      const moves = { ArrowRight: this.state.step + 1, ArrowLeft: this.state.step - 1, Home: 0, End: this.nSteps - 1 };
+      if (!(event.key in moves)) return;
+      event.preventDefault();
+      this.go(moves[event.key]);
+    }
+
+    go(step) {
+      this.state.step = Math.max(0, Math.min(this.nSteps - 1, step));
+      this.draw();
+    }
+
+    choose(layer, head) {
+      this.state.layer = layer;
+      this.state.head = layer < 0 ? -1 : head;
+      this.draw();
+    }
+
+    async setWeighted(on) {
+      if (on && !this.decoded.weighted) this.decoded.weighted = await decodeWeighted(this.payload.weighted);
+      this.state.weighted = on && !!this.payload.weighted;
+      if (this.normsBox) this.normsBox.checked = this.state.weighted;
+      this.draw();
+    }
+
+    // ---- drawing -------------------------------------------------------------------------
+    draw() {
+      const p = this.payload;
+      const s = this.state;
+      this.layerBox.value = String(s.layer);
+      this.headBox.value = String(s.head);
+      this.headBox.disabled = s.layer < 0;
+      this.prev.disabled = s.step === 0;
+      this.next.disabled = s.step === this.nSteps - 1;
+      this.position.textContent = `step ${s.step} of 0\u2013${this.nSteps - 1}`;
+      this.stepCells.forEach((cell, i) => cell.classList.toggle("st-on", i === s.step));
+      this.stepCells[s.step].scrollIntoView({ block: "nearest" });
+      this.drawCandidates(p.steps[s.step]);
+      this.drawAttention();
+      this.root.dataset.step = String(s.step);
+      this.root.dataset.drawn = String(++this.drawCount);
+    }
+
+    drawCandidates(step) {
+      const head = el("p", "st-chosen-line");
+      const chosen = el("b", "st-chosen", shown(step.chosen));
+      chosen.dataset.role = "chosen";
+      head.append(`step ${this.state.step} chose `, chosen,
+        step.probability === null ? "" : ` (probability ${step.probability.toFixed(3)})`);
+      const list = el("div", "st-cand-list");
+      for (const c of step.candidates) {
+        const line = el("div", "st-cand" + (c.token === step.chosen ? " st-chosen" : ""));
+        const bar = el("span", "st-bar");
+        bar.style.width = `${Math.round(80 * c.probability)}px`;
+        const logit = c.logit === undefined ? "" : ` (logit ${c.logit.toFixed(1)})`;
+        line.append(bar, el("span", "st-token", JSON.stringify(c.token)), el("span", "", ` ${c.probability.toFixed(3)}${logit}`));
+        list.append(line);
+      }
+      const parts = [head, el("p", "st-note", "top next tokens (probability):"), list];
+      if (step.beams) {
+        parts.push(el("p", "st-note", "live beams (log-probability):"));
+        for (const [text, score] of step.beams) parts.push(el("div", "st-beam", `${score.toFixed(2)}  ${text}`));
+      }
+      this.candidates.replaceChildren(...parts);
+    }
+
+    /* Tokens shaded by the current row: darkest = the row's largest weight. */
+    shadedTokens(tokens, { weights, max }) {
+      const box = el("div", "st-text");
+      tokens.forEach((token, k) => {
+        const level = max > 0 ? weights[k] / max : 0;
+        const shade = this.state.brighten ? Math.sqrt(level) : level;
+        const piece = el("span", "st-key", shown(token));
+        piece.style.background = `rgba(200, 70, 30, ${shade.toFixed(3)})`;
+        if (shade > 0.55) piece.style.color = "white";
+        piece.title = `key ${k} ${JSON.stringify(token)}: ${weights[k].toFixed(4)}`;
+        box.append(piece);
+        if (token.includes("\n")) box.append(el("br"));
+      });
+      return box;
+    }
+
+    drawAttention() {
+      const p = this.payload;
+      const s = this.state;
+      const row = this.currentRow();
+      const textSoFar = p.text.slice(0, p.first_step + s.step);
+      const next = el("span", "st-next", shown(p.text[p.first_step + s.step]));
+      next.title = "the token this step chose";
+      const which = s.layer < 0 ? "mean of all layers and heads" : s.head < 0 ? `layer ${s.layer}, mean of its heads`
+        : `layer ${s.layer}, head ${s.head}`;
+      const what = s.weighted ? "norm-weighted attention \u2016\u03b1 f(x)\u2016" : "attention";
+      const parts = [];
+      if (p.kind === "cross") {
+        parts.push(el("p", "st-note", `${what} of the newest decoder token over the source (${which}):`),
+          this.shadedTokens(p.source, row));
+        const prefix = el("div", "st-text");
+        prefix.append(textSoFar.map(shown).join(" "), " \u2192 ", next);
+        parts.push(el("p", "st-note", "the text so far and the chosen token:"), prefix);
+      } else {
+        parts.push(el("p", "st-note", `${what} of the last token so far over the prompt and the text so far (${which}); `
+          + "then the chosen token:"));
+        const text = this.shadedTokens(textSoFar, row);
+        const prompt = [...text.querySelectorAll(".st-key")].slice(0, p.first_step);
+        prompt.forEach((piece) => piece.classList.add("st-prompt"));
+        text.append(" \u2192 ", next);
+        parts.push(text);
+      }
+      this.attention.replaceChildren(...parts);
+      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;  // the newest tokens
+      this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
+        + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
+    }
+  }
+
+  NS.instances = NS.instances || {};
+  NS.render = async function render(container, payload, options) {
+    const view = await new StepView(container, payload, options).start();
+    if (container.id) NS.instances[container.id] = view;
+    return view;
+  };
+})((window.AttnscopeSteps = window.AttnscopeSteps || {}), window.AttnscopeViews);

@@ -1,0 +1,265 @@
+"""The step view: a decoder's output one token at a time, for any decoder (schema ``steps.schema.json``).
+
+One payload and one page (``static/steps.js``) for both kinds of decoding attnscope records:
+
+* a causal LM generating (:class:`attnscope.GenerationRecord`): each step's query attends to the
+  prompt and the text so far (self-attention, ``kind = "self"``);
+* an encoder-decoder translating (the toy translator's :class:`~attnscope.lab.stepper.DecodeTrace`):
+  each step's query attends to the source (cross-attention, ``kind = "cross"``).
+
+Each step ``s`` (0-indexed) chose ``text[first_step + s]`` and its query saw ``keys[s]`` keys:
+``text[:keys[s]]`` (self) or the whole ``source`` (cross). The attention of every step is shipped
+as rows placed back to back on one axis (step ``s`` at ``offsets(s) = keys[0] + ... + keys[s-1]``),
+quantized per row: ``value = byte / levels * row_max``, with ``row_max`` (float16, per row) the
+row's largest weight, so a row keeps its levels however long the text (at most ``row_max / (2 levels)``
+plus float16 rounding of ``row_max`` off). Three sets of rows:
+
+* ``heads`` ``[layer, head, key]`` every head's row, 16 levels (``HEAD_LEVELS``);
+* ``layers`` ``[layer, key]`` the mean over the layer's heads, 16 levels;
+* ``all`` ``[1, key]`` the mean over all layers and heads, 256 levels (``MEAN_LEVELS``).
+
+When the record has value norms, ``weighted`` holds the norm-weighted means ``alpha * ||v W_O||``
+(Kobayashi et al. 2020) over heads and over everything, and per key the norms ``||v_k W_O^h||``
+``[layer, head, position]`` (float16): the page multiplies the ONE head row it shows by them,
+rather than shipping a second copy of every head's rows. 500 generated tokens of SmolLM2 (30
+layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are mostly near zero,
+and 16 levels leave deflate little to keep), not 43 M JSON floats.
+
+>>> gen.steps_view().save("steps.html")       # a GenerationRecord   # doctest: +SKIP
+>>> trace.save_html("steps.html")             # a DecodeTrace        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import Any, Literal, NotRequired, TypedDict
+
+import numpy as np
+
+from ..errors import AttnscopeError
+from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
+from .payload import PackedArray, pack_bytes, pack_float16, packed_bytes, to_json, unpack
+
+STEPS_FORMAT = "attnscope.steps"
+STEPS_VERSION = 1
+# Shades per row: every head's and layer's row gets 16 (0..15; finer steps cannot be seen and cost
+# bytes: every head of 500 steps is ~43 M weights); the one mean of all gets 256.
+HEAD_LEVELS = 15
+MEAN_LEVELS = 255
+STEPS_SCRIPTS = ("decode.js", "steps.js")  # decode.js: unpacking of packed arrays (AttnscopeViews.unpack)
+STEPS_STYLES = ("steps.css",)
+
+
+class StepCandidate(TypedDict):
+    token: str
+    probability: float
+    logit: NotRequired[float]
+
+
+class StepInfo(TypedDict):
+    """One step: the token chosen, the probability the model gave it (None if not known), the top
+    next tokens best first, and for beam search the live hypotheses (text, log-probability)."""
+
+    chosen: str
+    probability: float | None
+    candidates: list[StepCandidate]
+    beams: NotRequired[list[tuple[str, float]]]
+
+
+class Rows(TypedDict):
+    """Rows of every step back to back: ``values`` uint8 ``[..., sum(keys)]`` in ``0..levels``,
+    ``row_max`` float16 ``[..., step]``; a weight is ``value / levels * row_max``."""
+
+    levels: int
+    values: PackedArray
+    row_max: PackedArray
+
+
+class AttentionRows(TypedDict):
+    heads: Rows  # [layer, head, ...]
+    layers: Rows  # [layer, ...]: mean over the layer's heads
+    all: Rows  # [1, ...]: mean over all layers and heads
+
+
+class WeightedRows(TypedDict):
+    """Norm-weighted: the means as rows; a head's row is its attention row times ``value_norms[layer, head, key]``."""
+
+    value_norms: PackedArray  # float16 [layer, head, key position]
+    layers: Rows
+    all: Rows
+
+
+class StepsPayload(TypedDict):
+    format: str
+    version: int
+    title: str
+    model: str
+    method: str
+    changes: str
+    kind: Literal["self", "cross"]
+    text: list[str]
+    first_step: int
+    source: list[str]
+    keys: list[int]
+    n_layers: int
+    n_heads: int
+    steps: list[StepInfo]
+    attention: AttentionRows
+    weighted: WeightedRows | None
+    notes: list[str]
+
+
+RowsOf = Callable[[int], np.ndarray]
+"""Step -> that step's attention ``[layer, head, keys_s]`` (computed when packed: rows of a long
+generation, norm-weighted, need not all be in memory at once)."""
+
+
+def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["self", "cross"],
+                        text: Sequence[str], first_step: int, steps: list[StepInfo], rows: RowsOf,
+                        value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
+                        notes: Sequence[str] = (), compress: bool = True) -> StepsPayload:
+    """The step view's payload (see the module docstring).
+
+    ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
+    ``||v_k W_O^h||`` of every key position (or None: no norm-weighted view). ``text``: the decoder's
+    tokens; step ``s`` chose ``text[first_step + s]``.
+    """
+    if not steps:
+        raise AttnscopeError("nothing was decoded: the step view needs at least one step")
+    first = rows(0)
+    keys = [int(first.shape[-1])] + [int(rows(step).shape[-1]) for step in range(1, len(steps))]
+    heads, layers, overall = pack_attention_rows(rows, keys)
+    weighted = None
+    if value_norms is not None:
+        _, weighted_layers, weighted_all = pack_attention_rows(
+            lambda step: rows(step) * value_norms[..., : keys[step]], keys, heads=False)
+        weighted = WeightedRows(value_norms=pack_float16(value_norms, compress),
+                                layers=weighted_layers.packed(compress), all=weighted_all.packed(compress))
+    return StepsPayload(
+        format=STEPS_FORMAT, version=STEPS_VERSION, title=title, model=model, method=method, changes=changes,
+        kind=kind, text=list(text), first_step=first_step, source=list(source), keys=keys,
+        n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
+        attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
+                                all=overall.packed(compress)),
+        weighted=weighted, notes=list(notes))
+
+
+def pack_attention_rows(rows: RowsOf, keys: Sequence[int], *, heads: bool = True) -> tuple[RowPacker, ...]:
+    """Every step's ``[layer, head, keys_s]`` -> (every head's rows, each layer's mean, the mean of all),
+    in one pass over the steps; ``heads=False`` leaves the first empty."""
+    first = rows(0)
+    n_layers, n_heads = first.shape[:2]
+    packers = (RowPacker((n_layers, n_heads) if heads else (0, 0), keys, HEAD_LEVELS),
+               RowPacker((n_layers,), keys, HEAD_LEVELS), RowPacker((1,), keys, MEAN_LEVELS))
+    for step in range(len(keys)):
+        block = first if step == 0 else rows(step)
+        if heads:
+            packers[0].put(step, block)
+        packers[1].put(step, block.mean(axis=1))  # [layer, keys_s]
+        packers[2].put(step, block.mean(axis=(0, 1))[None])  # [1, keys_s]
+    return packers
+
+
+class RowPacker:
+    """Rows ``[*lead, keys_s]`` of each step -> uint8 ``[*lead, sum keys]`` in ``0..levels``, scaled per
+    row by its maximum."""
+
+    def __init__(self, lead: tuple[int, ...], keys: Sequence[int], levels: int) -> None:
+        self.levels = levels
+        self.values = np.zeros((*lead, sum(keys)), dtype=np.uint8)
+        self.row_max = np.zeros((*lead, len(keys)), dtype=np.float16)
+        self.starts = np.concatenate([[0], np.cumsum(keys)]).astype(int)
+
+    def put(self, step: int, block: np.ndarray) -> None:
+        start, end = self.starts[step], self.starts[step + 1]
+        if end == start or self.values.size == 0:
+            return
+        top = block.max(axis=-1).astype(np.float16)
+        self.row_max[..., step] = top
+        scale = np.where(top > 0, top.astype(np.float32), 1.0)[..., None]  # quantize against the max as decoded
+        self.values[..., start:end] = np.rint(np.clip(block / scale, 0.0, 1.0) * self.levels)
+
+    def packed(self, compress: bool) -> Rows:
+        return Rows(levels=self.levels, values=pack_bytes(self.values, compress), row_max=pack_float16(self.row_max, compress))
+
+
+def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[int], tuple[np.ndarray, ...]]:
+    """What the page draws, decoded (for tests and tools): a function of the step giving every head's
+    row ``[layer, head, keys]``, each layer's mean over heads ``[layer, keys]`` and the mean of all
+    ``[keys]``, float32, raw or (``weighted``) norm-weighted."""
+    if weighted and payload["weighted"] is None:
+        raise AttnscopeError("the payload has no norm-weighted rows (the record has no value norms)")
+    starts = np.concatenate([[0], np.cumsum(payload["keys"])]).astype(int)
+    attention = payload["attention"]
+    means = payload["weighted"] if weighted and payload["weighted"] is not None else attention
+    sets = [_decoded(rows) for rows in (attention["heads"], means["layers"], means["all"])]
+    norms = unpack(payload["weighted"]["value_norms"]) if weighted and payload["weighted"] is not None else None
+
+    def rows_of(step: int) -> tuple[np.ndarray, ...]:
+        heads, layers, overall = (values[..., starts[step] : starts[step + 1]] / np.float32(levels) * row_max[..., step, None]
+                                  for values, row_max, levels in sets)
+        if norms is not None:
+            heads = heads * norms[..., : payload["keys"][step]]
+        return heads, layers, overall[0]
+
+    return rows_of
+
+
+def _decoded(rows: Rows) -> tuple[np.ndarray, np.ndarray, int]:
+    values = np.frombuffer(packed_bytes(rows["values"]), dtype=np.uint8).reshape(rows["values"]["shape"])
+    return values, unpack(rows["row_max"]), rows["levels"]
+
+
+@cache
+def steps_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the step view's payload (``present/steps.schema.json``)."""
+    text = resources.files("attnscope.present").joinpath("steps.schema.json").read_text(encoding="utf-8")
+    return dict(json.loads(text))
+
+
+# ---- the page --------------------------------------------------------------------------------
+FRAGMENT = Template("""<div class="attnscope-steps" id="$uid" tabindex="0"></div>
+<style>$css</style>
+<script type="application/json" id="$uid-payload">$payload</script>
+<script>$js
+AttnscopeSteps.render(document.getElementById("$uid"),
+  JSON.parse(document.getElementById("$uid-payload").textContent), $options);
+</script>""")
+
+
+@dataclass(frozen=True, eq=False)
+class StepsView:
+    """The step view of one decoding: ``_repr_html_`` for notebooks, :meth:`save` / :meth:`to_html` for files."""
+
+    payload: StepsPayload
+
+    def fragment(self, element_id: str | None = None, *, focus: bool = False) -> str:
+        """The view as an HTML fragment; ``focus``: a page of its own (takes the keyboard on load and
+        starts where its address says)."""
+        uid = element_id or f"attnscope-steps-{uuid.uuid4().hex[:12]}"
+        return FRAGMENT.substitute(uid=uid, css=static_text(STEPS_STYLES), js=static_text(STEPS_SCRIPTS),
+                                   payload=to_json(self.payload), options=json.dumps({"focus": focus, "hash": focus}))
+
+    def to_html(self) -> str:
+        """A complete offline HTML document (scripts, styles and data inline; no network). Its address
+        can choose where it starts: ``steps.html#step=5&layer=2&head=3&norms=1`` (0-indexed)."""
+        return DOCUMENT.substitute(policy=CONTENT_POLICY, title=html.escape(self.payload["title"]),
+                                   fragment=self.fragment("attnscope-steps", focus=True))
+
+    def _repr_html_(self) -> str:
+        return self.fragment()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the self-contained HTML file and return its path."""
+        return write_page(path, self.to_html())
+
+    def __repr__(self) -> str:
+        return f"StepsView(steps={len(self.payload['steps'])}, title={self.payload['title']!r})"

