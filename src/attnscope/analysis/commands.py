@@ -1,17 +1,19 @@
-"""``attnscope patterns`` and ``attnscope heads``: thin wrappers around the analysis functions."""
+"""``attnscope patterns``, ``heads`` and ``sinks``: thin wrappers around the analysis functions."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import textwrap
 from pathlib import Path
 
-from ..arguments import add_output_folder, positive_int
+from ..arguments import add_output_folder, finite_float, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from .engines import ENGINES
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
+from .sinks import DEFINITION, SINK_FACTOR
 from .stats import describe_statistics, statistic_names
 
 DEFAULT_OUT = Path("report")
@@ -198,6 +200,53 @@ def _print_top(store, args: argparse.Namespace) -> None:  # type: ignore[no-unty
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
+# ---- sinks ----------------------------------------------------------------------------------
+def _sinks_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("corpus", help="'brown' (2,000 sentences), 'brown-pairs' (500 pairs), a text file (one input "
+                        "per line) or .jsonl ({\"text\": ..., \"pair\": ...})")
+    add_output_folder(parser, "sinks", "sinks.json and sinks.png")
+    parser.add_argument("--limit", type=positive_int, help="measure only the first N inputs")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="inputs per forward pass (default: 16)")
+    parser.add_argument("--factor", type=_above_one, default=SINK_FACTOR,
+                        help=f"an other sink position receives at least this many times its uniform share "
+                        f"(default: {SINK_FACTOR:g})")
+    parser.add_argument("--json", action="store_true", help="print the report's JSON instead of the summary")
+    add_model_arguments(parser)
+
+
+def _above_one(value: str) -> float:
+    number = finite_float(value)
+    if number <= 1:
+        raise argparse.ArgumentTypeError(f"expected a factor above 1, got {value}")
+    return number
+
+
+def _run_sinks(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from ..capture.extract import extract_corpus
+    from ..capture.tokens import split_item
+    from ..outputs import output_folder
+    from .corpus import corpus_items
+    from .sinks import sink_report
+
+    items = corpus_items(args.corpus, args.limit)
+    for index, item in enumerate(items):
+        split_item(item, index)  # reject bad input before the model loads
+    with output_folder(args.out, overwrite=args.overwrite, command="sinks"):
+        records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True, progress=False)
+        report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
+        json_path = report.save(args.out / "sinks.json")
+        figure_path = args.out / "sinks.png"
+        report.plot(figure_path)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    print(report.to_text())
+    print(f"wrote {json_path} and {figure_path}")
+    return 0
+
+
 _PATTERN_LIST = ", ".join(PATTERNS)
 _METRICS = "\n".join(f"  {name:22s} {text}" for name, text in describe_statistics().items())
 
@@ -224,4 +273,10 @@ examples:
   attnscope heads --parquet report/parquet/
 metrics for --top (means over inputs; also confidence and ev_<evidence> of the pattern classifier):
 """ + _METRICS, _heads_arguments, _run_heads),
+    Command("sinks", "how much attention each head parks on the first token and other sink positions", f"""examples:
+  attnscope sinks brown --model smollm2 --limit 200 -o sinks/   # sinks/sinks.json + sinks/sinks.png
+  attnscope sinks sentences.txt --model gemma3 -o sinks-gemma3/
+  attnscope sinks brown --limit 50 --json                       # the default encoder: its first token is [CLS]
+definitions (Xiao et al. 2023; norm-weighted as in Kobayashi et al. 2020):
+{textwrap.fill(DEFINITION, 100, initial_indent="  ", subsequent_indent="  ")}""", _sinks_arguments, _run_sinks),
 )

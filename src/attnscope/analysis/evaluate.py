@@ -209,6 +209,44 @@ def real_labels() -> list[LabelledMap]:
     return maps
 
 
+SINK_LABELS = "smollm2_sinks.tsv"
+SINK_MODEL = "smollm2"
+
+
+def sink_labels() -> list[LabelledMap]:
+    """The labelled SmolLM2 maps of ``labels/smollm2_sinks.tsv`` (single sentences, one labelling pass)."""
+    text = files(__package__).joinpath("labels", SINK_LABELS).read_text(encoding="utf-8")
+    maps = []
+    for row in csv.DictReader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE):
+        if row["label"] not in PATTERNS:
+            raise AttnscopeError(f"{SINK_LABELS} row {row['id']}: unknown label {row['label']!r}")
+        maps.append(LabelledMap(int(row["id"]), int(row["layer"]), int(row["head"]), row["label"], row["text"], None,
+                                row["note"], row["label"], 1))
+    return maps
+
+
+def sink_agreement(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> dict[str, Any]:
+    """How the classifier's ``sink`` agrees with the labeller's on ``maps`` (``records[i]``: ``maps[i]``'s input):
+    precision, recall and F1 of ``sink`` against everything else, and the accuracy over all labels."""
+    if len(records) != len(maps):
+        raise AttnscopeError("one record per labelled map is needed")
+    predicted = [_head_label(record, m) for record, m in zip(records, maps)]
+    gold = [m.label for m in maps]
+    both = sum(g == p == "sink" for g, p in zip(gold, predicted))
+    said, labelled = predicted.count("sink"), gold.count("sink")
+    precision = both / said if said else float("nan")
+    recall = both / labelled if labelled else float("nan")
+    return {"n": len(maps), "n_sink": labelled, "predicted_sink": said, "precision": round(precision, 4),
+            "recall": round(recall, 4), "f1": round(2 * precision * recall / (precision + recall), 4),
+            "accuracy": round(sum(g == p for g, p in zip(gold, predicted)) / len(maps), 4)}
+
+
+def _head_label(record: AttentionRecord, labelled: LabelledMap) -> str:
+    """What :func:`classify_heads` says of the labelled head (causal or not), from that head's evidence alone."""
+    item = map_evidence([record], [labelled])[0]
+    return str(decide(item.evidence, item.is_pair, record.model.causal)[0][0, 0])
+
+
 def evaluate_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap], first_pass: bool = False,
                   coarse: bool = False) -> Scores:
     """Scores on labelled real maps; ``records[i]`` is the extraction of ``maps[i]``'s input.

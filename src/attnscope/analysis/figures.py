@@ -156,3 +156,38 @@ def head_map_figure(labels: np.ndarray, confidence: np.ndarray, order: list[str]
               bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def sink_figure(report: Any, path: Any = None) -> Any:
+    """``report`` (a :class:`~attnscope.analysis.sinks.SinkReport`): top, layers x heads heatmaps of the
+    first-token share, raw and norm-weighted; bottom, per-layer curves of first-token and other-sink shares.
+    Saved to ``path`` when given."""
+    plt = pyplot()
+    measures, by_layer = report.measures, report.by_layer
+    n_layers, n_heads = measures["first"].shape
+    fig = plt.figure(figsize=(10, 4.5 + 0.12 * n_layers))
+    grid = fig.add_gridspec(2, 2, height_ratios=[max(2.0, n_layers / 6), 1.6])
+    for column, (name, title) in enumerate((("first", "attention weight on the first token"),
+                                            ("first_norm", "norm-weighted, ‖αf(x)‖ (Kobayashi et al. 2020)"))):
+        ax = fig.add_subplot(grid[0, column])
+        image = ax.imshow(measures[name], cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("head (0-indexed)")
+        ax.set_ylabel("layer (0-indexed)")
+        ax.set_xticks(range(n_heads))
+    fig.colorbar(image, ax=fig.axes, shrink=0.6, label="mean share per query")
+    curves = fig.add_subplot(grid[1, :])
+    layers = np.arange(n_layers)
+    for name, style, label in (("first", "-", "first token"), ("first_norm", "--", "first token, norm-weighted"),
+                               ("other", "-", "other sinks"), ("other_norm", "--", "other sinks, norm-weighted")):
+        if np.isfinite(by_layer[name]).any():
+            curves.plot(layers, by_layer[name], style, marker=".", label=label,
+                        color="#d62728" if name.startswith("first") else "#1f77b4")
+    curves.set_xlabel("layer (0-indexed)")
+    curves.set_ylabel("mean over heads")
+    curves.set_ylim(0, 1)
+    curves.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"attention sinks of {report.model} over {report.n_inputs} inputs", fontsize=11)
+    if path is not None:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig

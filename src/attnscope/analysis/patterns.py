@@ -11,13 +11,14 @@ next_word (Vig)             diagonal            ... to the token after it (encod
 diagonal                    diagonal            ... to itself
 delimiter (Vig)             vertical            columns on [CLS]/[SEP] (encoders; for causal models see vertical)
 vertical                    vertical            columns on one or two ordinary tokens or on '.'/',' (causal: on
-                                                any token, typically the first one, the "attention sink")
+                                                any token but the first)
 vertical_diagonal           vertical+diagonal   a column and a diagonal line together
 block                       block               pairs: each sentence attends within itself, unevenly
 bag_of_words (Vig)          block               attention spread evenly over the own sentence or the input
 same_word (Vig)             heterogeneous       tokens attend to other occurrences of their word
 same_word_other_sentence    heterogeneous       ... to occurrences of their word in the other sentence (Vig)
 heterogeneous               heterogeneous       none of the above
+sink (Xiao et al. 2023)     vertical            causal models: a column on the first token, the "attention sink"
 ==========================  ==================  ==========================================================
 
 **Evidence.** Scores are taken over the *scored queries*: the non-special tokens (and, in causal
@@ -75,6 +76,12 @@ apply to causal models, without 2b's line-contrast test):
    (light everywhere, a pale column at most);
 7. else *heterogeneous*.
 
+Causal models then split rule 3's *vertical* heads: a head is *sink* when the first position is
+the largest key in a share ``>= dominant_top1`` of the scored rows (``sink_top1``; the same test
+rule 3 asked of its winning column), i.e. the column that made it vertical is the attention sink
+(Xiao et al. 2023). Every other label is left as the rules gave it. ``sink``/``sink_top1``/
+``sink_top2`` are the first position's shares (NaN for bidirectional models, which have no sink).
+
 Rule 1 before 2, ``_contrast`` and ``_dark`` follow the written labelling rules of
 ``labels/README.md`` (a line "continuously visible, even if light"; a column "at least mid-grey
 on many rows"). ``_contrast`` grows with the number of ordinary keys (a line can weigh at most
@@ -126,7 +133,7 @@ PATTERNS: dict[str, PatternClass] = {p.name: p for p in (
     PatternClass("diagonal", "diagonal", "Kovaleva", "attends to itself", short="self"),
     PatternClass("delimiter", "vertical", "Vig", "attends to [CLS]/[SEP]", causal=False, short="delim"),
     PatternClass("vertical", "vertical", "Kovaleva",
-                 "attends to one or two ordinary tokens or punctuation (causal: the first token / sink)",
+                 "attends to one or two ordinary tokens or punctuation (causal: not the first token)",
                  short="vert"),
     PatternClass("vertical_diagonal", "vertical+diagonal", "Kovaleva", "a column and a diagonal line together",
                  short="v+d"),
@@ -136,13 +143,17 @@ PATTERNS: dict[str, PatternClass] = {p.name: p for p in (
     PatternClass("same_word_other_sentence", "heterogeneous", "Vig",
                  "attends to occurrences of its word in the other sentence", short="s-oth"),
     PatternClass("heterogeneous", "heterogeneous", "Kovaleva", "no dominant pattern", short="het"),
+    # last: the synthetic set draws its maps class by class in this order, so the other classes keep theirs
+    PatternClass("sink", "vertical", "Xiao et al. 2023", "causal: attends mostly to the first token, the attention sink",
+                 encoder=False, short="sink"),
 )}
 
 # One palette for pattern labels wherever they are drawn (report, figures, explorer): lines warm,
 # columns cool, blocks purple, same-word brown, no pattern grey; a class registered later gets a spare.
 PATTERN_COLOURS = {"previous_word": "#f28e2b", "next_word": "#e15759", "diagonal": "#ff9da7", "delimiter": "#76b7b2",
                    "vertical": "#4e79a7", "vertical_diagonal": "#edc948", "block": "#b07aa1", "bag_of_words": "#d4a6c8",
-                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9"}
+                   "same_word": "#9c755f", "same_word_other_sentence": "#c9a77c", "heterogeneous": "#d9d9d9",
+                   "sink": "#1f5f8b"}
 SPARE_COLOURS = ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
 
 
@@ -160,7 +171,7 @@ SAME = ("same_word_other_sentence", "same_word")
 STRUCTURES = (*LINES, *COLUMNS, *SAME)
 EVIDENCE = (*STRUCTURES, *(f"{name}_top1" for name in STRUCTURES), *(f"{name}_top2" for name in STRUCTURES),
             *(f"{name}_contrast" for name in LINES), *(f"{name}_dark" for name in COLUMNS), "uniformity", "block",
-            "block_share")
+            "block_share", "sink", "sink_top1", "sink_top2")
 # "mid-grey" on a map drawn from white (0) to black (1): a column must reach it on many rows to count
 DARK_WEIGHT = 0.4
 
@@ -377,6 +388,8 @@ def pattern_evidence(attention: np.ndarray, ctx: TokenContext) -> dict[str, np.n
     block = ctx.same_sentence & ~specials & ctx.allowed & sees_other
     evidence["block"] = _shares(attention, block, rows)[0]
     evidence["block_share"] = _own_sentence_share(attention, block, ordinary & sees_other, rows)
+    evidence["sink"], evidence["sink_top1"], evidence["sink_top2"] = _shares(attention, ctx.sink[None, :] & ctx.allowed,
+                                                                             rows)
     return {name: evidence[name] for name in EVIDENCE}
 
 
@@ -499,7 +512,18 @@ def decide(evidence: dict[str, np.ndarray], is_pair: bool, causal: bool = False,
     assign(_above(score["uniformity"], t["uniform_pale"]) & _below(best(COLUMNS, "_dark"), t["column_dark"]),
            "bag_of_words")
     assign(_Test(undecided.copy(), np.full(shape, np.inf)), "heterogeneous")  # as sure as the closest rule is far
+    if causal:
+        _split_sink(labels, confidence, _above(score["sink_top1"], t["dominant_top1"]))
     return labels, confidence
+
+
+def _split_sink(labels: np.ndarray, confidence: np.ndarray, on_sink: _Test) -> None:
+    """Causal *vertical* heads whose column is the first position become *sink*; a near miss either way lowers
+    the confidence to that margin (changes ``labels`` and ``confidence`` in place)."""
+    vertical = labels == "vertical"
+    labels[vertical & on_sink.holds] = "sink"
+    closeness = margin_confidence(np.abs(on_sink.margin))
+    confidence[vertical] = np.minimum(confidence, closeness)[vertical]
 
 
 # ---- results --------------------------------------------------------------------------------

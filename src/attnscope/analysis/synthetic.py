@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..record import AttentionRecord, ModelInfo
-from .patterns import pattern_names
+from .patterns import DARK_WEIGHT, pattern_names
 from .tokens import TokenContext, token_context
 
 WORDS = (
@@ -124,12 +124,19 @@ def _columns(rng: np.random.Generator, ctx: TokenContext, mask: np.ndarray) -> n
 
 
 def _vertical_columns(rng: np.random.Generator, ctx: TokenContext) -> np.ndarray:
-    """[pos] bool: one or two ordinary columns or the punctuation (causal: the first token, maybe one more)."""
+    """[pos] bool: one or two ordinary columns or the punctuation (causal: one or two early tokens after the
+    first, which belongs to the sink class)."""
     mask = np.zeros(ctx.n, dtype=bool)
     if ctx.causal:
-        mask[0] = True
-        if rng.random() < 0.3:
+        # one early column (most rows see it), 30% of the time a second one; drawn with the same random
+        # numbers as before the sink class split off, so that the other classes' maps stay the same
+        draw = rng.random()
+        if draw < 0.3:
             mask[int(rng.integers(1, ctx.n // 2))] = True
+            draw /= 0.3
+        else:
+            draw = (draw - 0.3) / 0.7
+        mask[1 + int(draw * max(1, ctx.n // 3 - 1))] = True  # draw is uniform on [0, 1) here
         return mask
     if rng.random() < 0.4 and ctx.punct.any():
         return ctx.punct.copy()
@@ -183,8 +190,12 @@ def _build(name: str, rng: np.random.Generator, ctx: TokenContext) -> np.ndarray
         return mix.add(_line(ctx, lines[name]), rng.uniform(0.25, 0.95)).light_column(0.12).done()
     if name == "delimiter":
         return mix.add(_columns(rng, ctx, ctx.special), rng.uniform(0.3, 0.95)).done()
-    if name == "vertical":
-        return mix.add(_columns(rng, ctx, _vertical_columns(rng, ctx)), rng.uniform(0.3, 0.9)).light_column().done()
+    if name == "vertical":  # causal: a column past the first token is mid-grey (DARK_WEIGHT) or darker, as the
+        # labelling rules ask; fewer rows see it than see the sink, so a paler one would not read as a column
+        column = _columns(rng, ctx, _vertical_columns(rng, ctx))  # drawn before the share, as always
+        return mix.add(column, rng.uniform(DARK_WEIGHT if ctx.causal else 0.3, 0.9)).light_column().done()
+    if name == "sink":  # causal only: the first token's column, as dark as a vertical head's
+        return mix.add(_columns(rng, ctx, _sink(rng, ctx)), rng.uniform(0.3, 0.9)).done()
     if name == "vertical_diagonal":
         return _vertical_diagonal(rng, ctx, mix)
     if name == "bag_of_words":

@@ -275,7 +275,8 @@ def attnscope_attention(
     session = _ACTIVE_SESSION.get()
     recording = session is not None and site is not None and session.records_site(site)
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
-    if site is None or not (recording or interventions):
+    # SDPA has no logit softcapping (Gemma 2): such models always take the eager path below
+    if (site is None or not (recording or interventions)) and kwargs.get("softcap") is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -286,23 +287,25 @@ def attnscope_attention(
     n_heads = query.shape[1]
     keys = expand_kv_heads(key, n_heads)
     values = expand_kv_heads(value, n_heads)
-    if recording and session is not None and session.plan is not None and not interventions:
+    if recording and session is not None and site is not None and session.plan is not None and not interventions:
         output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
         return output, None
-    if attention_mask is None and site.causal and query.shape[2] == keys.shape[2] > 1:
+    if attention_mask is None and site is not None and site.causal and query.shape[2] == keys.shape[2] > 1:
         attention_mask = causal_mask(query.shape[2], 0, keys.shape[2], query.device)  # the lazy mask left causality to us
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
+        assert site is not None
         allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
     if recording:
-        assert session is not None
+        assert session is not None and site is not None
         _keep(session, site, _site_capture(session, site, query, keys, values, probs, key.shape[1], scaling))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
     output = torch.matmul(mixing, values).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
+        assert site is not None  # interventions only ever apply to a known site
         output = intervention.modify_output(site, output)
     output = output.contiguous()
     return output, probs.to(query.dtype)

@@ -349,7 +349,15 @@ def model_info_from(loaded: LoadedModel, first: SiteCapture | RowCapture) -> Mod
         is_encoder_decoder=loaded.is_encoder_decoder,
         scaling=first.scaling,
         dtype=loaded.dtype,
+        windows=layer_windows(loaded),
     )
+
+
+def layer_windows(loaded: LoadedModel) -> tuple[int, ...]:
+    """The input side's sliding window per layer (0 = global), or () when no layer slides."""
+    main = main_kind(loaded.sites.values())
+    windows = tuple(site.window for site in sorted(loaded.sites.values(), key=lambda s: s.layer) if site.kind == main)
+    return windows if any(windows) else ()
 
 
 def _record(loaded: LoadedModel, info: ModelInfo, encoded: Encoded, row: int,

@@ -8,7 +8,11 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 * ``out_proj``: the output projection's path relative to that module; each leading ``../``
   climbs one level (BERT keeps it in a sibling: ``../output.dense``);
 * ``causal``: whether queries see only earlier keys;
-* ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``.
+* ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
+* ``window``: the attention module's attribute that holds its sliding window (each query sees
+  itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
+  e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
+  attention function receives; the site only carries the fact, for records and views.
 
 Adding an architecture is adding a row here, nothing else.
 """
@@ -28,6 +32,7 @@ class SiteRule:
     out_proj: str
     causal: bool = False
     conv1d: bool = False
+    window: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ class AttentionSite:
     """One attention module of a loaded model: the place the capture function records from.
 
     ``out_proj`` is the module whose weight maps the concatenated heads back to the residual
-    stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``).
+    stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``). ``window``: the sliding window in
+    keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key.
     """
 
     kind: str
@@ -113,9 +119,10 @@ class AttentionSite:
     causal: bool
     out_proj: nn.Module | None = field(repr=False)
     conv1d: bool = False
+    window: int = 0
 
 
-_LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True),)
+_LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window"),)
 _LLAMA_BLOCKS = (ModuleRule("self", r"layers\.(\d+)$"),)
 _LLAMA_FFN = (ModuleRule("self", r"layers\.(\d+)\.mlp$"),)
 _LLAMA_FINAL = (r"^(?:model\.)?norm$", r"^lm_head$")
@@ -184,6 +191,15 @@ ADAPTERS: tuple[Adapter, ...] = (
         norms=PRE_LN,
     ),
     Adapter(
+        "gemma3",
+        ("gemma3_text",),
+        _LLAMA_LIKE,
+        blocks=_LLAMA_BLOCKS,
+        ffn=_LLAMA_FFN,  # its post-feed-forward RMSNorm maps a zeroed MLP output to zero
+        note="sliding-window layers (5 of every 6 in Gemma 3 270M) mixed with global ones; running from a "
+        "middle layer onwards is off (its layers take per-layer-type rotary embeddings)",
+    ),
+    Adapter(
         "bart",
         ("bart", "marian", "blenderbot-small"),
         _BART_LIKE,
@@ -248,7 +264,9 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
             match = re.search(rule.pattern, name)
             if match:
                 out_proj = resolve_relative(model, name, rule.out_proj)
-                sites[module] = AttentionSite(rule.kind, int(match.group(1)), name, rule.causal, out_proj, rule.conv1d)
+                window = getattr(module, rule.window, None) if rule.window else None
+                sites[module] = AttentionSite(rule.kind, int(match.group(1)), name, rule.causal, out_proj, rule.conv1d,
+                                              window=int(window or 0))
                 break
     return sites
 

@@ -92,7 +92,7 @@ def resolve_source(name: str) -> Path:
     if name in ALIASES:
         alias = ALIASES[name]
         path = alias.locate()
-        if path is None and alias.builder:
+        if path is None and alias.buildable:
             say_slow_step(f"building model {name!r} once, on first use (about a minute); later loads read it "
                           f"from {cache_dir()}")
             path = alias.build()
@@ -145,15 +145,16 @@ def _gguf_cache_folder(gguf_path: Path) -> Path:
     return cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
 
 
-def convert_gguf(gguf_path: Path) -> Path:
-    """Dequantize a GGUF file once into a safetensors folder; later loads read that folder (~1 s, not ~20 s)."""
-    folder = _gguf_cache_folder(gguf_path)
+def convert_gguf(gguf_path: Path, folder: Path | None = None) -> Path:
+    """Dequantize a GGUF file once into a safetensors folder (``folder``, or one in the cache named after the
+    file); later loads read that folder (~1 s, not ~20 s)."""
+    folder = folder or _gguf_cache_folder(gguf_path)
     if (folder / "model.safetensors").exists():
         return folder
     import transformers
 
-    say_slow_step(f"converting {gguf_path.name} to float32 safetensors once (about 20 s for a 135M model); "
-                  f"later loads read {folder} in about a second")
+    say_slow_step(f"converting {gguf_path.name} to float32 safetensors once (about 20 s for a 135M model, a minute "
+                  f"for 270M); later loads read {folder} in a second or two")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model = transformers.AutoModelForCausalLM.from_pretrained(

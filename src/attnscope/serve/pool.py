@@ -35,7 +35,7 @@ def default_choices(extra: Sequence[str] = (), installed_aliases: bool = True) -
     """The models given with ``--model`` first (aliases or local folders), then (``installed_aliases``)
     every installed alias.
 
-    The toy translator counts as installed: it is trained on its first use.
+    Aliases built on first use count as installed when their source is (the toy translator, gemma3).
     """
     from ..models.registry import ALIASES
 
@@ -45,7 +45,7 @@ def default_choices(extra: Sequence[str] = (), installed_aliases: bool = True) -
         name = given if alias else Path(given).name or given
         choices[name] = ModelChoice(name, given, alias.description if alias else f"local model {given}")
     for alias in ALIASES.values() if installed_aliases else ():
-        if alias.name not in choices and (alias.builder or alias.installed):
+        if alias.name not in choices and (alias.buildable or alias.installed):
             choices[alias.name] = ModelChoice(alias.name, alias.name, alias.description)
     return list(choices.values())
 

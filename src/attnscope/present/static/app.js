@@ -49,6 +49,13 @@
       const index = this.payload.layers ? this.payload.layers.indexOf(number) : number;
       return index >= 0 && index < this.kind().attention.shape[0] ? index : null;
     }
+    /* The sliding window of shipped layer `index` in keys (query q sees q - window + 1 .. q), 0 when it sees
+       every key; only the input side's self-attention slides (model.windows, one per model layer, empty when
+       none does). */
+    window(index) {
+      const windows = this.payload.model.windows || [];
+      return ["self", "encoder"].includes(this.kind().kind) ? windows[this.layerName(index)] || 0 : 0;
+    }
     grid() { return this.ready.get(`${this.state.kind}:${this.field()}`); }
     weightName() { return this.field() === "norms" ? "\u2016\u03b1f(x)\u2016 (Kobayashi et al. 2020)" : "attention weight \u03b1"; }
     formatWeight(value) { return this.field() === "norms" ? value.toPrecision(3) : value.toFixed(3); }
@@ -67,8 +74,10 @@
       header.append(el("div", "as-title", p.title));
       const m = p.model;
       const kv = m.n_kv_heads !== m.n_heads ? ` (${m.n_kv_heads} key/value heads)` : "";
+      const sliding = (m.windows || []).filter((w) => w > 0);
+      const slide = sliding.length ? `; ${sliding.length} layers slide over a window of ${Math.max(...sliding)} keys (grey beyond it)` : "";
       header.append(el("div", "as-subtitle",
-        `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}${m.d_head ? `, d_head ${m.d_head}` : ""}; layers and heads are 0-indexed`));
+        `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}${m.d_head ? `, d_head ${m.d_head}` : ""}${slide}; layers and heads are 0-indexed`));
       for (const note of p.notes) header.append(el("div", "as-note", note));
       const bar = el("div", "as-toolbar");
       this.tabs = NS.tabs(p.views.map((name) => [name, VIEW_NAMES[name]]), (name) => this.setView(name));

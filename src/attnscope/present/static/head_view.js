@@ -154,7 +154,9 @@
       const heads = [...app.state.heads].sort((a, b) => a - b).map((head) => this.headName(head));
       const shownHeads = heads.length === app.nHeads() ? "all heads"
         : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
-      scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,
+      const window = app.window(app.state.layer);
+      const slide = window ? ` \u00b7 sliding window: ${window} keys` : "";
+      scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,
         { size: 12, weight: "bold" });
       if (this.minByte > 1) {
         scene.text(8, 26, `showing the ${this.drawn} strongest of ${this.total} lines (weight \u2265 ${app.formatWeight(app.grid().value(app.state.layer, this.minByte))}); hover a token to see all of its lines`,
@@ -166,6 +168,7 @@
 
     drawTokens(scene, layout) {
       const causal = this.app.kind().causal;
+      const window = this.app.window(this.app.state.layer);
       const hover = this.focus();
       const columns = [["query", layout.left, layout.leftEdge, "right"], ["key", layout.right, layout.rightStart, "left"]];
       for (const [which, column, x, align] of columns) {
@@ -177,9 +180,10 @@
             scene.rect(align === "right" ? x - width + 3 : x - 3, y - layout.rowHeight / 2 + 1, width, layout.rowHeight - 2,
               { fill: "#ffe9a8" });
           }
-          // in causal attention a query sees no later key: grey those out while hovering
-          const masked = causal && hover && hover.side !== which &&
-            (which === "key" ? pos > hover.pos : pos < hover.pos);
+          // in causal attention a query sees no later key, on a sliding layer none beyond its window:
+          // grey those out while hovering
+          const distance = hover ? (which === "key" ? hover.pos - pos : pos - hover.pos) : 0; // q_pos - k_pos
+          const masked = hover && hover.side !== which && ((causal && distance < 0) || (window > 0 && distance >= window));
           scene.text(x, y, NS.label(column.side.tokens[pos], 24),
             { size: layout.size, align, color: masked ? "#bbb" : column.side.special[pos] ? "#777" : "#222" },
             { role: "token", side: which, pos });

@@ -58,7 +58,10 @@
       const selected = app.state.heads.size === 1 ? [...app.state.heads][0] : null;
       for (let layer = 0; layer < layout.layers; layer++) {
         const y = TOP + layer * (layout.size + GAP);
-        scene.text(LEFT - 8, y + layout.size / 2, `layer ${app.layerName(layer)}`, { size: 11, align: "right", color: "#555" });
+        const window = app.window(layer);
+        scene.text(LEFT - 8, y + layout.size / 2 - (window ? 6 : 0), `layer ${app.layerName(layer)}`, { size: 11, align: "right", color: "#555" });
+        // a sliding layer: its window under the name (thumbnails are >= 36 px high, room for two lines)
+        if (window) scene.text(LEFT - 8, y + layout.size / 2 + 7, `window ${window}`, { size: 9, align: "right", color: "#8a4b00" });
         for (let head = 0; head < layout.heads; head++) {
           const x = LEFT + head * (layout.size + GAP);
           scene.image(x, y, layout.size, layout.size, this.thumbnail(grid, layer, head, layout), { layer, head });
@@ -104,12 +107,16 @@
       const [r, g, b] = NS.rgbOf(NS.headColor(head));
       const data = new Uint8ClampedArray(w * h * 4);
       const causal = this.app.kind().causal;
+      const window = this.app.window(layer);
       for (let y = 0; y < h; y++) {
-        const lastQuery = Math.ceil(((y + 1) * queries) / h) - 1; // latest query this pixel row covers
+        const firstQuery = Math.ceil((y * queries) / h); // earliest and latest query this pixel row covers
+        const lastQuery = Math.ceil(((y + 1) * queries) / h) - 1;
         for (let x = 0; x < w; x++) {
           const at = (y * w + x) * 4;
           const firstKey = Math.ceil((x * keys) / w);
-          const color = causal && firstKey > lastQuery ? MASKED : [r, g, b, peak[y * w + x]];
+          const lastKey = Math.ceil(((x + 1) * keys) / w) - 1;
+          const unseen = (causal && firstKey > lastQuery) || (window > 0 && firstQuery - lastKey >= window);
+          const color = unseen ? MASKED : [r, g, b, peak[y * w + x]];
           data.set(color, at);
         }
       }
