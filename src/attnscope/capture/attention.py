@@ -251,8 +251,8 @@ def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tenso
     if site.conv1d:
         weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
     n_heads, d_head = values.shape[1], values.shape[-1]
-    per_head = weight.view(weight.shape[0], n_heads, d_head)  # [d_model, head, d_head]
-    return torch.einsum("bhkd,mhd->bhkm", values.float(), per_head)  # [batch, head, k_pos, d_model]
+    per_head = weight.view(weight.shape[0], n_heads, d_head).permute(1, 2, 0)  # [head, d_head, d_model]
+    return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
 
 
 def attnscope_attention(

@@ -42,15 +42,17 @@ class StepRows:
 
     blocks: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
 
     def __call__(self, site: AttentionSite, captured: SiteCapture) -> None:
         if site.kind != "self":
             return
         self.first = self.first or captured
-        blocks = self.blocks.setdefault(site.layer, [])
-        start = sum(block.shape[1] for _, block in blocks)
-        blocks.append((start, captured.attention[0].float().cpu().numpy()))  # batch of one
+        start = self.positions.get(site.layer, 0)  # the call's first query position
+        block = captured.attention[0].float().cpu().numpy()  # batch of one: [head, q_pos, k_pos]
+        self.blocks.setdefault(site.layer, []).append((start, block))
+        self.positions[site.layer] = start + block.shape[1]
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
 
