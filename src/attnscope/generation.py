@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -252,7 +252,7 @@ class GenerationRecord:
         return path
 
     def _metadata(self) -> dict[str, Any]:
-        return {"format": GENERATION_FORMAT, "model": asdict(self.model), "tokens": list(self.tokens),
+        return {"format": GENERATION_FORMAT, "model": self.model.to_json(), "tokens": list(self.tokens),
                 "prompt_length": self.prompt_length, "candidate_tokens": [list(c) for c in self.candidate_tokens],
                 "prompt": self.prompt, "settings": dict(self.settings), "changes": self.changes}
 

@@ -97,6 +97,10 @@ class ModelInfo:
     def __post_init__(self) -> None:
         object.__setattr__(self, "windows", tuple(int(w) for w in self.windows))  # JSON gives a list
 
+    def to_json(self) -> dict[str, Any]:
+        """The facts as JSON types (``windows`` a list), for record files and view payloads."""
+        return {**asdict(self), "windows": list(self.windows)}
+
     def window(self, layer: int) -> int:
         """The sliding window of input-side ``layer`` in keys (query q sees q - window + 1 .. q); 0 = all keys."""
         return self.windows[layer] if self.windows else 0
@@ -423,7 +427,7 @@ def record_metadata(model: ModelInfo, tokens: tuple[str, ...], *, target_tokens:
     """The JSON metadata a record file carries beside its arrays."""
     return {
         "format_version": FORMAT_VERSION,
-        "model": asdict(model),
+        "model": model.to_json(),
         "tokens": list(tokens),
         "target_tokens": None if target_tokens is None else list(target_tokens),
         "kv_expanded": kv_expanded,

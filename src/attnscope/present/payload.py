@@ -31,7 +31,7 @@ import base64
 import json
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Literal, NotRequired, TypedDict
@@ -212,7 +212,7 @@ def build_payload(record: AttentionRecord, views: str | list[str] | tuple[str, .
         title=title or default_title(record),
         views=chosen,
         notes=notes,
-        model=asdict(record.model),
+        model=record.model.to_json(),
         level=record.level,
         sides=sides,
         kinds=kinds,

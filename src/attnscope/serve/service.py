@@ -193,13 +193,12 @@ def describe(record: AttentionRecord, model: dict[str, Any], text: str, pair: st
 
 def record_json(loaded: LoadedModel, text: str, pair: str | None) -> dict[str, Any]:
     """The record's tokens and attention of every kind ``[layer][head][query][key]`` as plain JSON."""
-    from dataclasses import asdict
 
     record = extract_record(loaded, text, pair)
     attention = {kind: np.round(record.arrays[f"{kind}.attention"], 5).tolist() for kind in record.kinds}
     norms = {kind: np.round(record.arrays[f"{kind}.norms"], 5).tolist() for kind in record.kinds
              if f"{kind}.norms" in record.arrays}
-    return {"model": asdict(record.model), "text": list(record.text), "tokens": list(record.tokens),
+    return {"model": record.model.to_json(), "text": list(record.text), "tokens": list(record.tokens),
             "target_tokens": list(record.target_tokens) if record.target_tokens is not None else None,
             "special_mask": record.special_mask.tolist(), "sentence_ids": record.sentence_ids.tolist(),
             "word_ids": record.word_ids.tolist(), "attention": attention, "norms": norms,
