@@ -137,3 +137,14 @@ def test_an_earlier_runs_rows_are_never_counted_twice(local_ray, tmp_path):
     pd.DataFrame({"input_id": [0]}).to_parquet(earlier / "part-0.parquet")
     with pytest.raises(AttnscopeError, match="earlier run"):
         analyze_heads("brown", tmp_path / "out", engine="ray", limit=4, progress=False)
+
+
+def test_a_missing_corpus_fails_before_ray_starts(monkeypatch, tmp_path):
+    import attnscope.analysis.distributed as distributed
+
+    def no_ray():  # starting Ray takes seconds: a corpus that does not exist must not cost them
+        raise AssertionError("Ray was started for a corpus that does not exist")
+
+    monkeypatch.setattr(distributed, "ray_module", no_ray)
+    with pytest.raises(AttnscopeError, match="neither 'brown'"):
+        analyze_heads(str(tmp_path / "missing.txt"), tmp_path / "out", engine="ray")

@@ -107,6 +107,7 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
 
     if num_actors is not None and num_actors < 1:
         raise AttnscopeError("--num-actors must be at least 1")
+    corpus_sources(corpus)  # a corpus that does not exist fails now, before Ray starts
     ray = ray_module()
     started_here = not ray.is_initialized()
     if started_here:
