@@ -140,7 +140,7 @@ def test_an_earlier_runs_rows_are_never_counted_twice(local_ray, tmp_path):
 
 
 def test_a_missing_corpus_fails_before_ray_starts(monkeypatch, tmp_path):
-    import attnscope.analysis.distributed as distributed
+    from attnscope.analysis import distributed
 
     def no_ray():  # starting Ray takes seconds: a corpus that does not exist must not cost them
         raise AssertionError("Ray was started for a corpus that does not exist")
