@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import AttnscopeError
-from .record import AttentionRecord, ModelInfo
+from .record import AttentionRecord, ModelInfo, read_attnscope_file, write_attnscope_file
 
 if TYPE_CHECKING:
     from .present.steps import StepInfo, StepsPayload, StepsView
@@ -244,12 +244,7 @@ class GenerationRecord:
     # ---- save / load --------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """One ``.safetensors`` file: the arrays, with the tokens and settings as JSON in its header."""
-        from safetensors.numpy import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(dict(self.arrays), str(path), metadata={"attnscope": json.dumps(self._metadata())})
-        return path
+        return write_attnscope_file(path, self.arrays, self._metadata())
 
     def _metadata(self) -> dict[str, Any]:
         return {"format": GENERATION_FORMAT, "model": self.model.to_json(), "tokens": list(self.tokens),
@@ -259,14 +254,10 @@ class GenerationRecord:
     @classmethod
     def load(cls, path: str | Path) -> GenerationRecord:
         """Read a file written by :meth:`save` (one clear error line for anything else)."""
-        from safetensors import SafetensorError, safe_open
-
+        header, arrays = read_attnscope_file(path, "generation record")
         try:
-            with safe_open(str(path), framework="numpy") as handle:
-                header = (handle.metadata() or {}).get("attnscope")
-                arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
             meta = json.loads(header or "{}")
-        except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        except ValueError as error:
             raise AttnscopeError(f"cannot read generation record {path}: {error}") from None
         if meta.get("format") != GENERATION_FORMAT:
             raise AttnscopeError(f"{path} is not an attnscope generation record (format {meta.get('format')!r})")

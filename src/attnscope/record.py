@@ -320,16 +320,11 @@ class AttentionRecord:
 
         ``float16=True`` halves the size; attention keeps about 3 significant digits.
         """
-        from safetensors.numpy import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {
             key: value.astype(np.float16) if float16 and value.dtype.kind == "f" else value
             for key, value in self.arrays.items()
         }
-        save_file(dict(arrays), str(path), metadata={"attnscope": json.dumps(self._metadata())})
-        return path
+        return write_attnscope_file(path, arrays, self._metadata())
 
     def _metadata(self) -> dict[str, Any]:
         return record_metadata(self.model, self.tokens, target_tokens=self.target_tokens, kv_expanded=self.kv_expanded,
@@ -338,14 +333,7 @@ class AttentionRecord:
     @classmethod
     def load(cls, path: str | Path) -> AttentionRecord:
         """Read a record written by :meth:`save`; floating arrays come back as float32."""
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(path), framework="numpy") as handle:
-                header = (handle.metadata() or {}).get("attnscope")
-                arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
-        except (OSError, ValueError, RuntimeError, SafetensorError) as error:
-            raise AttnscopeError(f"cannot read record {path}: {error}") from None
+        header, arrays = read_attnscope_file(path, "record")
         meta = check_record_parts(header, arrays, path, FORMAT_VERSION)  # one AttnscopeError line naming the fault
         arrays = {key: v.astype(np.float32) if v.dtype == np.float16 else v for key, v in arrays.items()}
         return cls._from_parts(meta, arrays)
@@ -419,6 +407,30 @@ class AttentionRecord:
                     arrays[f"{kind}.{field_name}"] = aggregate_to_words(matrix, query_groups, key_groups)
         return replace(self, tokens=words, target_tokens=target_words, arrays=arrays, level="word",
                        kv_expanded=False)
+
+
+def write_attnscope_file(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> Path:
+    """One ``.safetensors`` file: ``arrays``, with ``metadata`` as JSON under the header key ``attnscope``."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(dict(arrays), str(path), metadata={"attnscope": json.dumps(metadata)})
+    return path
+
+
+def read_attnscope_file(path: str | Path, what: str) -> tuple[str | None, dict[str, np.ndarray]]:
+    """The JSON header text (None if missing) and every array of a file :func:`write_attnscope_file`
+    wrote; an unreadable file is one :class:`AttnscopeError` line naming ``what`` it should hold."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            header = (handle.metadata() or {}).get("attnscope")
+            arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise AttnscopeError(f"cannot read {what} {path}: {error}") from None
+    return header, arrays
 
 
 def record_metadata(model: ModelInfo, tokens: tuple[str, ...], *, target_tokens: tuple[str, ...] | None = None,
