@@ -319,14 +319,19 @@ def n_main_layers(loaded: LoadedModel) -> int:
     return sum(1 for site in loaded.sites.values() if site.kind == main)
 
 
+def n_config_heads(loaded: LoadedModel) -> int:
+    """Query heads per layer as the config names them (16 when it names none), for memory estimates."""
+    heads = (getattr(loaded.config, name, None) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
+    return next((int(h) for h in heads if isinstance(h, int)), 16)
+
+
 def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CapturePlan | None, *, qkv: bool,
                        norms: bool, streamed: bool = False) -> None:
     """Refuse a batch whose capture would not fit in the available memory (one clear line);
     ``streamed``: its rows go to a file, not to memory."""
     longest = max(e.length for e in batch)
-    heads = (getattr(loaded.config, name, None) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
-    n_heads = next((int(h) for h in heads if isinstance(h, int)), 16)
-    estimate = estimate_capture_memory(plan, n_layers=n_main_layers(loaded) * len(_kinds(loaded)), n_heads=n_heads,
+    estimate = estimate_capture_memory(plan, n_layers=n_main_layers(loaded) * len(_kinds(loaded)),
+                                       n_heads=n_config_heads(loaded),
                                        length=longest, batch=len(batch), qkv=qkv, norms=norms, streamed=streamed)
     what = f"capturing {len(batch)} input(s) of up to {longest} tokens on {loaded.name}"
     check_memory(estimate, what=what)

@@ -23,7 +23,7 @@ from ..generation import GenerationRecord, packed_length, row_offset
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from .attention import SiteCapture, capture
-from .extract import as_loaded, model_info_from
+from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
 from .tokens import guess_word_ids, readable_tokens
 
@@ -107,8 +107,7 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) ->
     if total > loaded.max_length:
         raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
                              f"{loaded.name}'s limit of {loaded.max_length} tokens")
-    layers = sum(1 for site in loaded.sites.values() if site.kind == "self")
-    heads = int(getattr(loaded.config, "num_attention_heads", 16))
+    layers, heads = n_main_layers(loaded), n_config_heads(loaded)  # decoder-only: the main side is "self"
     kept = layers * heads * packed_length(total) * 4 * 2  # rows, and one copy while they are packed
     working = layers * heads * n_prompt * n_prompt * 4 * 3  # the prompt's block, as in a full capture
     check_memory(MemoryEstimate(kept=kept, working=working), what=f"generating {total} tokens with {loaded.name}",
