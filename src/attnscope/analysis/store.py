@@ -37,7 +37,7 @@ def _duckdb() -> Any:
     try:
         import duckdb
     except ImportError:
-        raise AttnscopeError("the head store needs DuckDB: pip install 'attnscope[analysis]'") from None
+        raise AttnscopeError("the head store needs DuckDB: pip install duckdb") from None
     return duckdb
 
 
