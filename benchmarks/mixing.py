@@ -3,12 +3,11 @@ against a loop of one forward per zeroed token.
 
 Run from the repository root (``make bench-mixing``)::
 
-    .venv/bin/python benchmarks/mixing.py                  # 64 Brown sentences on MiniLM, 16 on SmolLM2
+    .venv/bin/python benchmarks/mixing.py                  # 64 Brown sentences on MiniLM and on SmolLM2
     .venv/bin/python benchmarks/mixing.py --sentences 8    # a quick look
 
-For each model, in one process, side by side on the first sentences of the shipped Brown sample
-(64 for MiniLM; SmolLM2, 6x the layers and the parameters, on the first 16 of them so the whole run
-stays within minutes), per sentence:
+For each model, in one process, side by side on the first ``--sentences`` sentences of the shipped
+Brown sample, per sentence:
 
 * ``capture_s``: ``extract(model, text)``, one capture forward pass (the attention record);
 * ``{method}_s``: ``attnscope.mixing(model, text, method)`` for each measure, its own capture included;
@@ -44,7 +43,7 @@ from attnscope.experiments.interventions import ValueZeroing
 from attnscope.experiments.mixing import Captured, capture_layers, mixing, value_zeroing_distances
 from attnscope.experiments.sweeps import run_blocks_from
 
-MODELS = {"minilm": 64, "smollm2": 16}  # sentences per model at the default --sentences 64
+MODELS = ("minilm", "smollm2")
 
 
 def per_sentence(function, sentences: list[str]) -> float:
@@ -87,14 +86,13 @@ def measure(name: str, sentences: list[str], loop_sentences: int) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sentences", type=int, default=64, help="MiniLM's sentences (SmolLM2 gets a quarter)")
+    parser.add_argument("--sentences", type=int, default=64, help="sentences per model")
     parser.add_argument("--loop-sentences", type=int, default=4, help="sentences of the loop comparison")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
     texts = brown_sentences(args.sentences)
-    per_model = {name: measure(name, texts[: max(1, args.sentences * share // 64)], args.loop_sentences)
-                 for name, share in MODELS.items()}
+    per_model = {name: measure(name, texts, args.loop_sentences) for name in MODELS}
     keys = next(iter(per_model.values())).keys()
     figures = {key: {name: round(values[key], 4) for name, values in per_model.items()} for key in keys}
     figures["threads"] = 1

@@ -159,6 +159,23 @@ def test_alti_and_globenc_match_their_definitions_on_bert(tiny, captured):
         np.testing.assert_allclose(globenc_map(tensors), norms / norms.sum(1, keepdims=True), atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_key_chunks_give_the_same_maps_as_one_piece(captured, kind, monkeypatch):
+    """Long inputs are measured a few keys at a time (bounded memory); the maps must not change."""
+    from attnscope.analysis import mixing as measures
+
+    layer = captured[kind].layers[-1]
+    whole = {name: mixing_from_tensors(name, [layer], captured[kind].tokens).layers for name in
+             ("norm", "norm_residual", "alti")}
+    whole_terms = block_terms(layer)[0]
+    d_model = layer.residual.shape[-1]
+    monkeypatch.setattr(measures, "TERM_ELEMENTS", 3 * len(captured[kind].tokens) * d_model)  # 3 keys per chunk
+    for name, expected in whole.items():
+        np.testing.assert_allclose(mixing_from_tensors(name, [layer], captured[kind].tokens).layers, expected,
+                                   rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(block_terms(layer)[0], whole_terms, rtol=1e-12, atol=1e-12)
+
+
 def _zeroed_rerun(loaded, kind: str, layer: int, position: int) -> torch.Tensor:
     """The whole model re-run with one value vector zeroed at one layer; that block's output ``[pos, d_model]``."""
     outputs: list[torch.Tensor] = []

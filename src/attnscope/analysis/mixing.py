@@ -33,7 +33,7 @@ For causal models every map is lower-triangular.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,40 +100,97 @@ def head_terms(layer: LayerTensors) -> np.ndarray:
     return layer.attention[..., None] * layer.transformed[:, None, :, :]
 
 
+# float64 terms [key, query, d_model] held at once (128 MB): long inputs are measured key chunk by key chunk
+TERM_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True, eq=False)
+class _Folded:
+    """A layer's per-token terms ``T[i, j] = sum_h weights[j, i, h] vectors[j, h] + [i == j] residual[i]``.
+
+    LayerNorms are linear in their input but for the scale, which belongs to the whole sum, so
+    their linear part (centring, then the weight) is applied once to each vector, and the inverse of
+    their scales (one per query) once to the attention weights, instead of to every ``[q, k, d]``
+    term. ``weights`` ``[k_pos, q_pos, head]``, ``vectors`` ``[k_pos, head, d_model]`` (the batched
+    matmul's layout), ``residual`` ``[q_pos, d_model]`` or None (a measure without the residual).
+    """
+
+    weights: np.ndarray
+    vectors: np.ndarray
+    residual: np.ndarray | None
+
+
+def _linear_part(vectors: np.ndarray, norm: NormFacts) -> np.ndarray:
+    """What a LayerNorm does to one term of its input's sum: centred, times its weight ``[..., d_model]``."""
+    return norm.weight * (vectors - vectors.mean(-1, keepdims=True))
+
+
+def _fold(layer: LayerTensors, norms: Sequence[NormFacts], residual: bool = True) -> _Folded:
+    """The layer's terms through ``norms`` (in order), with or without the residual (see :class:`_Folded`)."""
+    transformed, kept = layer.transformed, layer.residual
+    scale = np.ones(layer.attention.shape[1])
+    for norm in norms:
+        transformed, kept, scale = _linear_part(transformed, norm), _linear_part(kept, norm), scale * norm.scale
+    weights = np.ascontiguousarray((layer.attention / scale[None, :, None]).transpose(2, 1, 0))
+    return _Folded(weights, np.ascontiguousarray(transformed.transpose(1, 0, 2)),
+                   kept / scale[:, None] if residual else None)
+
+
+def _term_chunks(folded: _Folded) -> Iterator[tuple[slice, np.ndarray]]:
+    """The terms key chunk by key chunk: ``(keys, terms [key in chunk, q_pos, d_model])``."""
+    n_keys, n_queries, _ = folded.weights.shape
+    step = max(1, TERM_ELEMENTS // (n_queries * folded.vectors.shape[-1]))
+    for start in range(0, n_keys, step):
+        keys = slice(start, min(n_keys, start + step))
+        terms = np.matmul(folded.weights[keys], folded.vectors[keys])
+        if folded.residual is not None:  # token i's own term holds its residual
+            own = np.arange(keys.start, keys.stop)
+            terms[own - start, own] += folded.residual[own]
+        yield keys, terms
+
+
+def _chunked_map(folded: _Folded, score: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``[q_pos, k_pos]`` from ``score(terms [key, q_pos, d_model]) -> [key, q_pos]`` over the key chunks."""
+    n_keys, n_queries, _ = folded.weights.shape
+    result = np.empty((n_queries, n_keys))
+    for keys, terms in _term_chunks(folded):
+        result[:, keys] = score(terms).T
+    return result
+
+
+def _euclidean(terms: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("kqd,kqd->kq", terms, terms))
+
+
 def norm_maps(layer: LayerTensors) -> tuple[np.ndarray, np.ndarray]:
     """Kobayashi et al.'s norms: per head ``[head, q_pos, k_pos]`` and of the head sum ``[q_pos, k_pos]``."""
     per_head = layer.attention * np.linalg.norm(layer.transformed, axis=-1)[:, None, :]
-    summed = np.einsum("hqk,hkm->qkm", layer.attention, layer.transformed)  # [q_pos, k_pos, d_model]
-    return per_head, np.linalg.norm(summed, axis=-1)
+    return per_head, _chunked_map(_fold(layer, (), residual=False), _euclidean)
 
 
-def _split_norm(terms: np.ndarray, fixed: np.ndarray, norm: NormFacts) -> tuple[np.ndarray, np.ndarray]:
-    """A LayerNorm of ``sum_j terms[:, j] + fixed`` split into per-token terms and what no token owns.
+def _first_norm(layer: LayerTensors) -> tuple[NormFacts, ...]:
+    return () if layer.after_attention is None else (layer.after_attention,)
 
-    ``terms`` ``[q_pos, k_pos, d_model]``, ``fixed`` ``[q_pos, d_model]``; each term is centred and
-    divided by the scale of the whole sum; the norm's bias goes to the fixed part.
-    """
-    scale = norm.scale[:, None, None]
-    split = norm.weight * (terms - terms.mean(-1, keepdims=True)) / scale
-    rest = norm.weight * (fixed - fixed.mean(-1, keepdims=True)) / scale[:, 0] + norm.bias
-    return split, rest
+
+def _unowned(layer: LayerTensors) -> np.ndarray:
+    """The part of the attention block's output no token owns ``[q_pos, d_model]``: the output bias
+    (through the first LayerNorm, whose bias joins it, in post-LN layers)."""
+    bias = np.broadcast_to(layer.out_bias, layer.residual.shape)
+    norm = layer.after_attention
+    return bias.copy() if norm is None else _linear_part(bias, norm) / norm.scale[:, None] + norm.bias
 
 
 def block_terms(layer: LayerTensors) -> tuple[np.ndarray, np.ndarray]:
     """The attention block's output decomposed per input token (ALTI's ``T_i(x_j)``).
 
     Returns the terms ``[q_pos, k_pos, d_model]`` (sum over heads of ``A^h[i, j] f^h(x_j)``, plus
-    ``x_i`` on the diagonal) and the part no token owns ``[q_pos, d_model]`` (output bias, and the
-    LayerNorm's bias in post-LN layers). ``terms.sum(1) + rest`` is the block's output: after the
-    first LayerNorm in post-LN layers, residual + attention in pre-LN layers.
+    ``x_i`` on the diagonal, through the first LayerNorm in post-LN layers) and the part no token
+    owns ``[q_pos, d_model]``. ``terms.sum(1) + rest`` is the block's output: after the first
+    LayerNorm in post-LN layers, residual + attention in pre-LN layers. (The measures never build
+    this whole array; they go key chunk by key chunk.)
     """
-    terms = np.einsum("hqk,hkm->qkm", layer.attention, layer.transformed)
-    n = terms.shape[0]
-    terms[np.arange(n), np.arange(n)] += layer.residual
-    rest = np.broadcast_to(layer.out_bias, layer.residual.shape).copy()
-    if layer.after_attention is not None:
-        terms, rest = _split_norm(terms, rest, layer.after_attention)
-    return terms, rest
+    chunks = [terms for _, terms in _term_chunks(_fold(layer, _first_norm(layer)))]
+    return np.concatenate(chunks).transpose(1, 0, 2), _unowned(layer)
 
 
 def normalise_rows(matrix: np.ndarray) -> np.ndarray:
@@ -143,19 +200,25 @@ def normalise_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 def globenc_map(layer: LayerTensors) -> np.ndarray:
-    """GlobEnc's per-layer map ``[q_pos, k_pos]``, rows summing to 1 (see the module docstring)."""
-    terms, rest = block_terms(layer)
-    if layer.after_ffn is not None:  # second residual and LayerNorm, bypassing the feed-forward sublayer
-        terms, _ = _split_norm(terms, rest, layer.after_ffn)
-    return normalise_rows(np.linalg.norm(terms, axis=-1))
+    """GlobEnc's per-layer map ``[q_pos, k_pos]``, rows summing to 1 (see the module docstring): the
+    second LayerNorm (post-LN layers) bypasses the feed-forward sublayer."""
+    norms = _first_norm(layer) + (() if layer.after_ffn is None else (layer.after_ffn,))
+    return normalise_rows(_chunked_map(_fold(layer, norms), _euclidean))
 
 
 def alti_map(layer: LayerTensors) -> np.ndarray:
     """ALTI's per-layer contributions ``[q_pos, k_pos]``, rows summing to 1 (see the module docstring)."""
-    terms, rest = block_terms(layer)
-    output = terms.sum(axis=1) + rest  # y_i, [q_pos, d_model]
-    closeness = np.abs(output).sum(-1)[:, None] - np.abs(output[:, None, :] - terms).sum(-1)
-    return normalise_rows(np.maximum(closeness, 0.0))
+    folded = _fold(layer, _first_norm(layer))
+    # y_i = sum_j T_i(x_j) + the unowned part, summed per head first: [head, q, k] @ [head, k, d]
+    output = np.matmul(folded.weights.transpose(2, 1, 0), folded.vectors.transpose(1, 0, 2)).sum(0)
+    output += _unowned(layer) + (0.0 if folded.residual is None else folded.residual)
+    size = np.abs(output).sum(-1)  # ||y_i||_1, [q_pos]
+
+    def closeness(terms: np.ndarray) -> np.ndarray:  # in place: the chunk is not read again
+        distance = np.abs(np.subtract(output[None], terms, out=terms), out=terms).sum(-1)
+        return size - distance
+
+    return normalise_rows(np.maximum(_chunked_map(folded, closeness), 0.0))
 
 
 def value_zeroing_map(distances: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ block call per layer, not one model call per token. The measures themselves are 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -45,6 +46,7 @@ from .sweeps import block_inputs, run_blocks_from
 ZEROING_COPIES = 64  # most zeroed copies of one input run side by side (bounds memory on long inputs)
 
 Kept = list[tuple[tuple[Any, ...], dict[str, Any]]]
+Modules = tuple[list[nn.Module], list[nn.Module] | None, list[nn.Module] | None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,6 +116,25 @@ def _norm_facts(module: nn.Module, seen: _Inputs) -> NormFacts:
     return NormFacts(module.weight.detach().double().numpy(), module.bias.detach().double().numpy(), scale.numpy())
 
 
+_MODULES: weakref.WeakKeyDictionary[nn.Module, Modules] = weakref.WeakKeyDictionary()
+
+
+def _layer_modules(loaded: LoadedModel, kind: str, n_layers: int) -> Modules:
+    """Each layer's block, first and second layer norm (None where the adapter names none), by layer;
+    looked up once per model (walking the module tree costs more than a short sentence's measures)."""
+    if loaded.model not in _MODULES:
+        norms = loaded.adapter.norms
+        assert norms is not None
+
+        def by_layer(pattern: Any, what: str) -> list[nn.Module]:
+            return _ordered(find_modules(loaded.model, pattern), kind, what, n_layers)
+
+        _MODULES[loaded.model] = (by_layer(loaded.adapter.blocks, "block"),
+                                  by_layer(norms.after_attention, "first layer norm") if norms.after_attention else None,
+                                  by_layer(norms.after_ffn, "second layer norm") if norms.after_ffn else None)
+    return _MODULES[loaded.model]
+
+
 def capture_layers(loaded: LoadedModel, text: str) -> Captured:
     """Run the input side once and keep what the mixing measures need (see the module docstring)."""
     if loaded.adapter.norms is None:
@@ -122,13 +143,7 @@ def capture_layers(loaded: LoadedModel, text: str) -> Captured:
     side, inputs = encode_text(loaded, text)
     kind = main_kind(loaded.sites.values())
     sites = sorted((s for s in loaded.sites.values() if s.kind == kind), key=lambda s: s.layer)
-    n_layers = len(sites)
-    blocks = _ordered(find_modules(loaded.model, loaded.adapter.blocks), kind, "block", n_layers)
-    norms = loaded.adapter.norms
-    first = _ordered(find_modules(loaded.model, norms.after_attention), kind, "first layer norm",
-                     n_layers) if norms.after_attention else None
-    second = _ordered(find_modules(loaded.model, norms.after_ffn), kind, "second layer norm",
-                      n_layers) if norms.after_ffn else None
+    blocks, first, second = _layer_modules(loaded, kind, len(sites))
     seen = _Inputs()
     with (torch.inference_mode(), block_inputs(blocks) as kept, capture(loaded.sites, qkv=True) as session,
           local_hooks([*blocks, *(first or []), *(second or [])], seen)):
