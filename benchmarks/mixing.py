@@ -14,6 +14,10 @@ Brown sample, per sentence:
 * ``value_zeroing_speedup_vs_loop``: on the first ``--loop-sentences`` sentences, the zeroing part of
   value zeroing (after the shared capture) batched (each layer's block run once on T copies, copy j
   zeroing token j) against a loop running the same block once per zeroed token, the same numbers.
+* ``value_zeroing_gflop_s`` and ``loop_gflop_s``: the rate of both at the blocks' matrix products
+  (T copies x T positions through every linear layer; the same work in both), which says how close
+  to the CPU's own matmul speed each runs, hence how much batching can still gain;
+  ``matmul_gflop_s``: that speed, one large float32 product on one thread.
 
 Torch runs one intra-op thread (as the evaluation does; on this 2-core machine shared with other
 jobs, two threads stall at every parallel region). Each model gets one warm-up sentence first.
@@ -68,6 +72,25 @@ def zeroing_loop(captured: Captured) -> np.ndarray:
     return np.tril(distances) if captured.causal else distances
 
 
+def zeroing_gflop(captured: Captured) -> float:
+    """The matrix products of value zeroing one input, in GFLOP: every block's linear layers on T
+    copies of T positions (2 flops per weight per token), the attention products left out."""
+    n = len(captured.tokens)
+    weights = sum(module.weight.numel() for block in captured.blocks for module in block.modules()
+                  if isinstance(module, torch.nn.Linear))
+    return 2 * weights * n * n / 1e9
+
+
+def matmul_gflop_s(size: int = 1024, repeats: int = 10) -> float:
+    """This CPU's own float32 matmul rate on one thread (a large square product), in GFLOP/s."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
 def measure(name: str, sentences: list[str], loop_sentences: int) -> dict[str, float]:
     loaded = load_model(name)
     mixing(loaded, sentences[0], method="value_zeroing")  # warm-up
@@ -80,6 +103,9 @@ def measure(name: str, sentences: list[str], loop_sentences: int) -> dict[str, f
     for one in captured[:2]:  # the loop computes the same distances
         np.testing.assert_allclose(zeroing_loop(one), value_zeroing_distances(one), atol=1e-5)
     figures["value_zeroing_speedup_vs_loop"] = looped / batched
+    work = np.mean([zeroing_gflop(one) for one in captured])  # the same for both: T copies x T positions
+    figures["value_zeroing_gflop_s"] = work / batched
+    figures["loop_gflop_s"] = work / looped
     print(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()), file=sys.stderr, flush=True)
     return figures
 
@@ -96,6 +122,7 @@ def main() -> None:
     keys = next(iter(per_model.values())).keys()
     figures = {key: {name: round(values[key], 4) for name, values in per_model.items()} for key in keys}
     figures["threads"] = 1
+    figures["matmul_gflop_s"] = round(matmul_gflop_s(), 1)
     figures["total_s"] = round(time.perf_counter() - start, 1)
     emit("mixing", figures)
 

@@ -120,6 +120,14 @@ class _Folded:
     residual: np.ndarray | None
 
 
+def _matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ right`` through torch, whose thread count the caller sets (numpy's BLAS starts its own
+    threads, which stall on a busy 2-core machine: 10x slower measured)."""
+    import torch  # here: the CLI reads METHODS from this module before it needs torch
+
+    return (torch.from_numpy(left) @ torch.from_numpy(right)).numpy()
+
+
 def _linear_part(vectors: np.ndarray, norm: NormFacts) -> np.ndarray:
     """What a LayerNorm does to one term of its input's sum: centred, times its weight ``[..., d_model]``."""
     return norm.weight * (vectors - vectors.mean(-1, keepdims=True))
@@ -142,7 +150,7 @@ def _term_chunks(folded: _Folded) -> Iterator[tuple[slice, np.ndarray]]:
     step = max(1, TERM_ELEMENTS // (n_queries * folded.vectors.shape[-1]))
     for start in range(0, n_keys, step):
         keys = slice(start, min(n_keys, start + step))
-        terms = np.matmul(folded.weights[keys], folded.vectors[keys])
+        terms = _matmul(folded.weights[keys], folded.vectors[keys])
         if folded.residual is not None:  # token i's own term holds its residual
             own = np.arange(keys.start, keys.stop)
             terms[own - start, own] += folded.residual[own]
@@ -209,8 +217,10 @@ def globenc_map(layer: LayerTensors) -> np.ndarray:
 def alti_map(layer: LayerTensors) -> np.ndarray:
     """ALTI's per-layer contributions ``[q_pos, k_pos]``, rows summing to 1 (see the module docstring)."""
     folded = _fold(layer, _first_norm(layer))
-    # y_i = sum_j T_i(x_j) + the unowned part, summed per head first: [head, q, k] @ [head, k, d]
-    output = np.matmul(folded.weights.transpose(2, 1, 0), folded.vectors.transpose(1, 0, 2)).sum(0)
+    # y_i = sum_j T_i(x_j) + the unowned part: one product [q, (k, head)] @ [(k, head), d]
+    n_keys, n_queries, n_heads = folded.weights.shape
+    by_query = np.ascontiguousarray(folded.weights.transpose(1, 0, 2)).reshape(n_queries, n_keys * n_heads)
+    output = _matmul(by_query, folded.vectors.reshape(n_keys * n_heads, -1))
     output += _unowned(layer) + (0.0 if folded.residual is None else folded.residual)
     size = np.abs(output).sum(-1)  # ||y_i||_1, [q_pos]
 
