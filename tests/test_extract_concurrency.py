@@ -64,6 +64,19 @@ def test_torch_threads_are_restored_also_when_iteration_stops_early(minilm):
     assert torch.get_num_threads() == before
 
 
+def test_numpy_blas_gets_the_workers_share_and_its_threads_back():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    with concurrent_map(2) as run_each:
+        share = max(1, torch.get_num_threads() // 2)
+        assert list(run_each(lambda _: blas_threads(), range(2))) == [[share] * len(before)] * 2
+    assert blas_threads() == before
+
+
 def test_concurrent_map_keeps_order_and_raises_the_first_error():
     with concurrent_map(2) as run_each:
         assert list(run_each(lambda x: x * x, range(10))) == [x * x for x in range(10)]

@@ -29,16 +29,21 @@ def concurrent_map(workers: int) -> Iterator[OrderedMap]:
 
     Each worker thread gets ``torch.get_num_threads() // workers`` intra-op threads (at least 1)
     and runs every call in a copy of the caller's context, so capture sessions and interventions
-    (``ContextVar``s) active around the call apply inside it. With one worker it is the builtin
+    (``ContextVar``s) active around the call apply inside it. numpy's BLAS gets the same share while
+    the pool lives (its threads would stall the same way: a 10x slower product measured). With one worker it is the builtin
     ``map``. ``torch.set_num_threads`` in a thread also sets torch's default for threads created
     later, so the caller's count is set back on exit.
     """
     if workers <= 1:
         yield map
         return
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
     saved = torch.get_num_threads()
+    share = max(1, saved // workers)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="attnscope-batch", initializer=torch.set_num_threads,
-                              initargs=(max(1, saved // workers),))
+                              initargs=(share,))
+    blas = threadpool_limits(limits=share, user_api="blas")  # numpy's BLAS threads are process-wide
 
     def ordered_map(function: Callable[[Item], Result], items: Iterable[Item]) -> Iterator[Result]:
         futures = [pool.submit(contextvars.copy_context().run, function, item) for item in items]
@@ -49,6 +54,7 @@ def concurrent_map(workers: int) -> Iterator[OrderedMap]:
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(saved)
+        blas.restore_original_limits()
 
 
 def default_workers(requested: int | None, several_batches: bool) -> int:
