@@ -244,7 +244,7 @@ def _run_mixing(args: argparse.Namespace) -> int:
         raise AttnscopeError("give a sentence to measure (or --evaluate)")
     from .mixing import mixing
 
-    mix = mixing(load_from_args(args), args.text, method=args.method)
+    mix = mixing(load_from_args(args), args.text, method=args.method, progress=True)
     shares = mix.output_shares()
     if args.json:
         print(json.dumps({"model": mix.model, "method": mix.method, "tokens": list(mix.tokens),

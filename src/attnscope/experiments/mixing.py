@@ -175,26 +175,33 @@ def _layer_tensors(captured: Any, site: AttentionSite, args: tuple[Any, ...], kw
     )
 
 
-def value_zeroing_distances(captured: Captured, layers: Iterable[int] | None = None) -> np.ndarray:
+def value_zeroing_distances(captured: Captured, layers: Iterable[int] | None = None,
+                            progress: bool = False) -> np.ndarray:
     """Cosine distance between each layer's output at position i and the same block's output with
     token j's value vector zeroed in every head: ``[layer, q_pos, k_pos]`` (Mohebbi et al. 2023).
 
     Each block runs alone on its recorded input, batched: up to :data:`ZEROING_COPIES` copies side
     by side, copy j zeroing position j (layers not in ``layers`` are left at 0). In causal models
-    the distances to later keys are exactly 0.
+    the distances to later keys are exactly 0. ``progress``: a bar over layers and groups of copies
+    (a long input costs T block runs of T positions per layer).
     """
+    from tqdm.auto import tqdm
+
     n = len(captured.tokens)
-    chosen = range(len(captured.blocks)) if layers is None else layers
+    chosen = list(range(len(captured.blocks)) if layers is None else layers)
     distances = np.zeros((len(captured.blocks), n, n))
-    with torch.inference_mode():
+    groups = range(0, n, ZEROING_COPIES)
+    with torch.inference_mode(), tqdm(total=len(chosen) * len(groups), unit="block run", desc="value zeroing",
+                                      disable=not progress) as bar:
         for layer in chosen:
             intact = captured.outputs[layer]  # [pos, d_model]
-            for start in range(0, n, ZEROING_COPIES):
+            for start in groups:
                 positions = torch.arange(start, min(n, start + ZEROING_COPIES))
                 with intervene(ValueZeroing(layer, positions, captured.kind)):
                     zeroed = run_blocks_from(captured.blocks, captured.kept, layer, 1, len(positions), stop=layer + 1)
                 cosine = nn.functional.cosine_similarity(zeroed.double(), intact.double()[None], dim=-1)  # [copy, pos]
                 distances[layer, :, start : start + len(positions)] = (1.0 - cosine).T.numpy()
+                bar.update()
     if captured.causal:  # a query never sees later keys: what zeroing them "changes" is rounding noise
         distances = np.tril(distances)
     return distances
@@ -204,18 +211,20 @@ def as_model(model: LoadedModel | str) -> LoadedModel:
     return model if isinstance(model, LoadedModel) else load_model(model)
 
 
-def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] = METHODS) -> dict[str, Mixing]:
-    """Several measures of one input from one capture pass: ``{method: Mixing}``."""
+def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] = METHODS,
+                    progress: bool = False) -> dict[str, Mixing]:
+    """Several measures of one input from one capture pass: ``{method: Mixing}`` (``progress``: a bar
+    over value zeroing's block runs)."""
     loaded = as_model(model)
     names = [method_name(m) for m in methods]
     captured = capture_layers(loaded, text)
-    distances = value_zeroing_distances(captured) if "value_zeroing" in names else None
+    distances = value_zeroing_distances(captured, progress=progress) if "value_zeroing" in names else None
     return {name: mixing_from_tensors(name, captured.layers, captured.tokens, loaded.name, distances, loaded.causal)
             for name in names}
 
 
 def mixing(model_or_record: LoadedModel | str | AttentionRecord, text: str | None = None,
-           method: str = "alti") -> Mixing:
+           method: str = "alti", progress: bool = False) -> Mixing:
     """How much each token draws on each input token, per layer and aggregated by rollout.
 
     ``method``: ``attention``, ``norm`` (Kobayashi et al. 2020), ``norm_residual`` / ``globenc``
@@ -227,4 +236,4 @@ def mixing(model_or_record: LoadedModel | str | AttentionRecord, text: str | Non
     """
     if isinstance(model_or_record, AttentionRecord):
         return mixing_from_record(model_or_record, method)
-    return mixing_measures(model_or_record, text or "", [method])[method_name(method)]
+    return mixing_measures(model_or_record, text or "", [method], progress)[method_name(method)]
