@@ -165,7 +165,7 @@ def test_the_address_restores_input_view_and_intervention(browser, server):
     tab.page.wait_for_selector("#views[data-drawn]")
     assert tab.page.input_value("#text") == PAIR[0] and tab.page.input_value("#pair") == PAIR[1]
     assert tab.js(f"{APP}.state.view") == "model"
-    assert tab.js(f"{APP}.state.norms") is True and tab.page.is_checked("#norms")
+    assert tab.js(f"{APP}.state.measure") == "norms" and tab.page.is_checked("#norms")
     assert tab.page.input_value("#mode") == "uniform" and tab.page.input_value("#change-heads") == "1.4, 4.0"
     assert tab.page.is_checked("input[name=showing][value=changed]")
     headers = tab.js("Array.from(document.querySelectorAll('#stats th')).map(th => th.dataset.column)")
