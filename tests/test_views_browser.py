@@ -176,10 +176,10 @@ def test_sentence_filters_and_special_toggle(pair, open_page):
     page.close()
 
 
-def test_norm_toggle_draws_norms(pair, open_page):
+def test_measure_control_draws_norms(pair, open_page):
     record, path = pair
     page = open_page(path)
-    page.page.check("[data-role=norms]")
+    page.page.select_option("[data-role=measure]", "norms")
     # the flag flips at once, the norms decode asynchronously: wait until the view is drawn from them
     page.wait(f"{APP}.field() === 'norms' && {APP}.views.head.drawnWith.grid === {APP}.ready.get('0:norms')")
     lines = page.lines()

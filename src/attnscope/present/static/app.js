@@ -19,6 +19,8 @@
     norms: ["\u2016\u03b1f(x)\u2016", "norm of the weighted transformed vectors, Kobayashi et al. 2020"] };
   const MIXING_KINDS = ["self", "encoder"]; // the context-mixing measures are defined on the input side
   NS.NEUTRAL = "#444"; // the colour of a layer-level measure (it has no heads to colour)
+  /* The control's value of a mixing method: its name, but the head mean of attention is not α itself. */
+  const mixingValue = (method) => (method === "attention" ? "attention_mean" : method);
 
   class App {
     constructor(root, payload) {
@@ -58,13 +60,13 @@
       const shipped = kind.mixing || [];
       const fetchable = this.mixingSource ? this.mixingSource.methods : [];
       for (const entry of [...shipped, ...fetchable.filter((m) => !shipped.some((s) => s.method === m.method))]) {
-        offered.push({ value: entry.method, label: entry.label, title: `${entry.reference}; one map per layer (no heads)` });
+        offered.push({ value: mixingValue(entry.method), label: entry.label, title: `${entry.reference}; one map per layer (no heads)` });
       }
       return offered;
     }
     /* True when the chosen measure is a context-mixing measure: one map per layer, no head axis. */
     layerLevel() { return !(this.state.measure in PER_HEAD); }
-    mixingEntry() { return (this.kind().mixing || []).find((entry) => entry.method === this.state.measure) || null; }
+    mixingEntry() { return (this.kind().mixing || []).find((entry) => mixingValue(entry.method) === this.state.measure) || null; }
     field() {
       if (this.layerLevel()) return `mixing:${this.state.measure}:${this.state.rollout ? "rollout" : "layers"}`;
       return this.state.measure === "norms" && this.kind().norms ? "norms" : "attention";
@@ -199,7 +201,7 @@
         const entry = this.mixingEntry();
         // the model view draws a layer's map and its rollout side by side
         const which = this.state.view === "model" ? ["layers", "rollout"] : [this.state.rollout ? "rollout" : "layers"];
-        const fields = which.map((part) => [`${this.state.kind}:mixing:${entry.method}:${part}`, headless(entry[part])]);
+        const fields = which.map((part) => [`${this.state.kind}:mixing:${this.state.measure}:${part}`, headless(entry[part])]);
         if (this.state.view === "neuron" && kind.vectors) fields.push(...["queries", "keys"].map((f) => [`${this.state.kind}:${f}`, kind.vectors[f]]));
         return fields;
       }
@@ -212,7 +214,7 @@
     /* A mixing measure the payload lacks but options.mixing offers: fetched once, then kept in the payload. */
     async fetchMixing() {
       if (!this.layerLevel() || this.mixingEntry()) return;
-      const method = this.state.measure;
+      const method = this.mixingSource.methods.find((m) => mixingValue(m.method) === this.state.measure).method;
       const kind = this.kind();
       if (!this.pendingMixing) this.pendingMixing = new Map();
       const key = `${this.state.kind}:${method}`;

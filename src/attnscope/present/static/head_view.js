@@ -73,12 +73,16 @@
       const layerLevel = this.layerLevel();
       this.swatches.style.display = layerLevel ? "none" : ""; // (the stylesheet's display: flex beats hidden)
       this.legend.hidden = !layerLevel;
-      if (layerLevel) {
-        const entry = this.app.mixingEntry();
-        const name = entry ? entry.label : this.app.state.measure;
-        this.legend.textContent = `grey lines: ${name}, one map per layer (it has no heads); opacity = value / the layer's largest`;
-      }
+      this.writeLegend();
       this.buildSwatches();
+    }
+
+    /* What the grey lines are (the measure's name arrives with it when the explorer fetches it). */
+    writeLegend() {
+      if (!this.layerLevel()) return;
+      const entry = this.app.mixingEntry();
+      const name = entry ? entry.label : this.app.state.measure;
+      this.legend.textContent = `grey lines: ${name}, one map per layer (it has no heads); opacity = value / the layer's largest`;
     }
 
     /* A layer-level measure is drawn (the long view's window app has none). */
@@ -165,6 +169,7 @@
       this.scene = scene;
       this.drawnWith = { grid, layer }; // what drawnLines() reads weights from
       this.surface.show(scene);
+      this.writeLegend();
       this.paintSwatches();
     }
 
