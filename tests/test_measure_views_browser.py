@@ -4,11 +4,6 @@ from the server. What is drawn is read back and compared with ``mixing_measures`
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
-
 import numpy as np
 import pytest
 
@@ -16,12 +11,15 @@ from attnscope import extract
 from attnscope.experiments.mixing import mixing_measures
 from attnscope.present import view
 
+from . import test_views_browser
 from .conftest import CHROMIUM
 from .test_views_browser import APP, ARTIFACTS, Page
 
 if not CHROMIUM.exists():
     pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+open_page = test_views_browser.open_page  # the same fixture: pages of views opened in Chromium, closed after
 
 TEXT = "The cat sat on the mat."
 METHODS = ("alti", "value_zeroing")
@@ -36,28 +34,6 @@ def measured(minilm):
     return record, measures, view(record, mixing=measures).save(ARTIFACTS / "views_mixing.html")
 
 
-@pytest.fixture
-def open_page(browser):
-    opened: list[Page] = []
-
-    def open_(path, fragment: str = "") -> Page:
-        page = Page.__new__(Page)  # Page opens path.as_uri(); a fragment needs the address with it
-        page.page = browser.new_page(viewport={"width": 1200, "height": 900})
-        page.errors, page.requests = [], []
-        page.page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
-        page.page.on("pageerror", lambda error: page.errors.append(str(error)))
-        page.page.on("request", lambda request: page.requests.append(request.url))
-        page.page.goto(path.as_uri() + fragment)
-        page.wait("document.querySelector('.attnscope-root')?.dataset.drawn")
-        opened.append(page)
-        return page
-
-    yield open_
-    for page in opened:
-        if not page.page.is_closed():
-            page.page.close()
-
-
 def quantized(values: np.ndarray) -> np.ndarray:
     """The bytes shipped for a layer-level map ``[q_pos, k_pos]``: scaled to the layer's largest value."""
     return np.rint(values / values.max() * 255)
@@ -69,7 +45,7 @@ def drawn_with(page: Page, field: str) -> None:
 
 
 def test_head_view_draws_alti_as_one_grey_line_set_and_its_rollout(measured, open_page):
-    record, measures, path = measured
+    _, measures, path = measured
     page = open_page(path)
     options = page.js("[...document.querySelectorAll('[data-role=measure] option')].map(o => [o.value, o.title])")
     assert [value for value, _ in options] == ["attention", "norms", "alti", "value_zeroing"]
@@ -140,7 +116,7 @@ def test_neuron_view_says_it_cannot_show_a_layer_level_measure(measured, open_pa
 
 
 def test_the_address_chooses_the_measure_and_norms_1_still_works(measured, open_page):
-    record, measures, path = measured
+    _, measures, path = measured
     page = open_page(path, "#view=head&layer=3&measure=alti&rollout=1")
     drawn_with(page, "mixing:alti:rollout")
     assert page.js(f"{APP}.state.layer") == 3 and page.page.input_value("[data-role=measure]") == "alti"
@@ -158,26 +134,10 @@ def test_the_address_chooses_the_measure_and_norms_1_still_works(measured, open_
 # ---- the explorer -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    from .test_serve_browser import free_port
+    from .test_serve_browser import running_server
 
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--model", "minilm", "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    address = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"{address}/api/models", timeout=5).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"attnscope serve did not start:\n{process.stdout.read()}") from None
-                time.sleep(0.5)
+    with running_server("minilm") as address:
         yield address
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_explorer_measure_select_fetches_alti_for_the_text(browser, server, minilm):

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -42,13 +44,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The address of a running `attnscope serve` with the default model and the toy translator."""
+@contextmanager
+def running_server(*models: str) -> Iterator[str]:
+    """`attnscope serve --model ...` started as a user starts it; yields its address, stops it after."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--model", "minilm", "--model",
-                                "toy-translator", "--port", str(port)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    arguments = [part for model in models for part in ("--model", model)]
+    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", *arguments, "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -64,6 +66,13 @@ def server():
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The address of a running `attnscope serve` with the default model and the toy translator."""
+    with running_server("minilm", "toy-translator") as address:
+        yield address
 
 
 class Explorer:

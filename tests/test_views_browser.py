@@ -57,14 +57,14 @@ def bart(tiny_model_dir, artifacts):
 class Page:
     """A page of views with its console errors and every URL it requested."""
 
-    def __init__(self, browser, path: Path) -> None:
+    def __init__(self, browser, path: Path, fragment: str = "") -> None:
         self.page = browser.new_page(viewport={"width": 1200, "height": 900}, accept_downloads=True)
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("request", lambda request: self.requests.append(request.url))
-        self.page.goto(path.as_uri())
+        self.page.goto(path.as_uri() + fragment)  # the fragment may choose the starting state (#view=model)
         self.wait("document.querySelector('.attnscope-root')?.dataset.drawn")
 
     def js(self, expression: str):
@@ -98,8 +98,8 @@ class Page:
 def open_page(browser):
     opened: list[Page] = []
 
-    def open_(path: Path) -> Page:
-        opened.append(Page(browser, path))
+    def open_(path: Path, fragment: str = "") -> Page:
+        opened.append(Page(browser, path, fragment))
         return opened[-1]
 
     yield open_
