@@ -180,3 +180,21 @@ def test_explorer_address_restores_the_measure_and_a_pair_offers_none(browser, s
     options = tab.js("[...document.querySelectorAll('#views [data-role=measure] option')].map(o => o.value)")
     assert options == ["attention", "norms"] and tab.js(f"{EXPLORER_APP}.field()") == "attention"
     tab.check_clean()
+
+
+def test_explorer_says_why_when_the_server_refuses_a_measure(browser, server):
+    import json
+
+    from .test_serve_browser import APP as EXPLORER_APP
+    from .test_serve_browser import Explorer
+
+    tab = Explorer(browser, server)
+    tab.analyze(TEXT)
+    refusal = {"status": 422, "content_type": "application/json", "body": json.dumps({"detail": "the model is busy"})}
+    tab.page.route("**/api/mixing", lambda route: route.fulfill(**refusal))
+    tab.page.select_option("#views [data-role=measure]", "norm_residual")
+    tab.page.wait_for_function("() => document.querySelector('#views .as-status').textContent.includes('busy')")
+    assert tab.js(f"{EXPLORER_APP}.field()") == "attention"
+    assert tab.page.input_value("#views [data-role=measure]") == "attention"
+    tab.errors = [e for e in tab.errors if "422" not in e]  # the browser logs the refused request itself
+    tab.check_clean()

@@ -223,11 +223,18 @@
         this.pendingMixing.set(key, this.mixingSource.fetch(method).then((entry) => {
           kind.mixing = [...(kind.mixing || []).filter((e) => e.method !== entry.method), entry];
         }).catch((error) => {
-          this.pendingMixing.delete(key);
+          this.pendingMixing.delete(key); // asked again if chosen again
           throw new Error(`${method}: ${error.message}`);
         }));
       }
-      await this.pendingMixing.get(key);
+      try {
+        await this.pendingMixing.get(key);
+      } catch (error) {
+        // draw α instead, the control showing it, and say why under the toolbar
+        this.notice = `attnscope: cannot show ${error.message}`;
+        this.state.measure = "attention";
+        this.syncControls();
+      }
     }
 
     async ensure() {
@@ -352,7 +359,8 @@
       const data = await prepare();
       if (ticket !== app.drawCount) return false;
       render(data);
-      app.status.textContent = "";
+      app.status.textContent = app.notice || ""; // a notice (e.g. a measure the server refused) stays one draw
+      app.notice = "";
       markDrawn(app);
       return true;
     } catch (error) {
