@@ -194,3 +194,15 @@ def test_api_mixing_bad_input_gets_a_422_with_one_line(client, body, message):
     assert answer.status_code == 422
     detail = answer.json()["detail"]
     assert isinstance(detail, str) and "\n" not in detail and message in detail, detail
+
+
+def test_the_notebook_widget_ships_the_measures_whole_beside_its_lazy_layers(minilm_measures):
+    pytest.importorskip("anywidget")
+    from attnscope.present.widget import widget
+
+    record, measures = minilm_measures
+    payload = widget(record, mixing=[measures["alti"]]).payload
+    kind = payload["kinds"][0]
+    assert kind["attention"]["lazy"] and kind["attention"]["data"] == ""  # fetched from the kernel per layer
+    assert_decodes_to(kind["mixing"][0]["layers"], measures["alti"].layers)  # small: shipped at once
+    validate(payload)

@@ -198,3 +198,19 @@ def test_explorer_says_why_when_the_server_refuses_a_measure(browser, server):
     assert tab.page.input_value("#views [data-role=measure]") == "attention"
     tab.errors = [e for e in tab.errors if "422" not in e]  # the browser logs the refused request itself
     tab.check_clean()
+
+
+def test_encoder_decoder_offers_the_measures_on_its_encoder_only(tiny_model_dir, open_page):
+    from attnscope import load_model
+    from attnscope.present import view_text
+
+    bart = load_model(str(tiny_model_dir("bart")))
+    path = view_text(bart, TEXT, "ein Ziel", measures=("alti",)).save(ARTIFACTS / "views_mixing_bart.html")
+    page = open_page(path, "#measure=alti")
+    options = "[...document.querySelectorAll('[data-role=measure] option')].map(o => o.value)"
+    assert page.js(f"{APP}.kind().kind") == "encoder" and page.js(options) == ["attention", "norms", "alti"]
+    drawn_with(page, "mixing:alti:layers")
+    page.page.select_option("[data-role=kind]", "1")  # decoder self-attention: the measures are not defined there
+    page.wait(f"{APP}.kind().kind === 'decoder' && {APP}.views.head.drawnWith.grid === {APP}.ready.get('1:attention')")
+    assert page.js(options) == ["attention", "norms"] and page.js(f"{APP}.field()") == "attention"
+    page.close()
