@@ -153,6 +153,7 @@ def test_explorer_measure_select_fetches_alti_for_the_text(browser, server, mini
     tab.page.wait_for_function(f"() => {EXPLORER_APP}.field() === 'mixing:alti:layers' && "
                                f"{EXPLORER_APP}.views.head.drawnWith.grid === {EXPLORER_APP}.ready.get('0:mixing:alti:layers')")
     assert any(url.endswith("/api/mixing") for url in tab.requests)
+    assert tab.js("[...document.querySelectorAll('#views [data-role=measure] option')].map(o => o.value)") == options
     alti = mixing_measures(minilm, TEXT, ["alti"])["alti"].layers[1]
     lines = tab.js(f"{EXPLORER_APP}.views.head.drawnLines()")
     assert {line["head"] for line in lines} == {None}

@@ -59,7 +59,9 @@
       if (!MIXING_KINDS.includes(kind.kind)) return offered;
       const shipped = kind.mixing || [];
       const fetchable = this.mixingSource ? this.mixingSource.methods : [];
-      for (const entry of [...shipped, ...fetchable.filter((m) => !shipped.some((s) => s.method === m.method))]) {
+      // in the fetchable list's order (a fetched measure keeps its place), then any other shipped one
+      const listed = [...fetchable, ...shipped.filter((s) => !fetchable.some((m) => m.method === s.method))];
+      for (const entry of listed) {
         offered.push({ value: mixingValue(entry.method), label: entry.label, title: `${entry.reference}; one map per layer (no heads)` });
       }
       return offered;
