@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -42,13 +44,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The address of a running `attnscope serve` with the default model and the toy translator."""
+@contextmanager
+def running_server(*models: str) -> Iterator[str]:
+    """`attnscope serve --model ...` started as a user starts it; yields its address, stops it after."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--model", "minilm", "--model",
-                                "toy-translator", "--port", str(port)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    arguments = [part for model in models for part in ("--model", model)]
+    process = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", *arguments, "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -64,6 +66,13 @@ def server():
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The address of a running `attnscope serve` with the default model and the toy translator."""
+    with running_server("minilm", "toy-translator") as address:
+        yield address
 
 
 class Explorer:
@@ -165,7 +174,7 @@ def test_the_address_restores_input_view_and_intervention(browser, server):
     tab.page.wait_for_selector("#views[data-drawn]")
     assert tab.page.input_value("#text") == PAIR[0] and tab.page.input_value("#pair") == PAIR[1]
     assert tab.js(f"{APP}.state.view") == "model"
-    assert tab.js(f"{APP}.state.norms") is True and tab.page.is_checked("#norms")
+    assert tab.js(f"{APP}.state.measure") == "norms" and tab.page.is_checked("#norms")
     assert tab.page.input_value("#mode") == "uniform" and tab.page.input_value("#change-heads") == "1.4, 4.0"
     assert tab.page.is_checked("input[name=showing][value=changed]")
     headers = tab.js("Array.from(document.querySelectorAll('#stats th')).map(th => th.dataset.column)")

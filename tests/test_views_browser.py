@@ -57,14 +57,14 @@ def bart(tiny_model_dir, artifacts):
 class Page:
     """A page of views with its console errors and every URL it requested."""
 
-    def __init__(self, browser, path: Path) -> None:
+    def __init__(self, browser, path: Path, fragment: str = "") -> None:
         self.page = browser.new_page(viewport={"width": 1200, "height": 900}, accept_downloads=True)
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("request", lambda request: self.requests.append(request.url))
-        self.page.goto(path.as_uri())
+        self.page.goto(path.as_uri() + fragment)  # the fragment may choose the starting state (#view=model)
         self.wait("document.querySelector('.attnscope-root')?.dataset.drawn")
 
     def js(self, expression: str):
@@ -98,8 +98,8 @@ class Page:
 def open_page(browser):
     opened: list[Page] = []
 
-    def open_(path: Path) -> Page:
-        opened.append(Page(browser, path))
+    def open_(path: Path, fragment: str = "") -> Page:
+        opened.append(Page(browser, path, fragment))
         return opened[-1]
 
     yield open_
@@ -176,10 +176,10 @@ def test_sentence_filters_and_special_toggle(pair, open_page):
     page.close()
 
 
-def test_norm_toggle_draws_norms(pair, open_page):
+def test_measure_control_draws_norms(pair, open_page):
     record, path = pair
     page = open_page(path)
-    page.page.check("[data-role=norms]")
+    page.page.select_option("[data-role=measure]", "norms")
     # the flag flips at once, the norms decode asynchronously: wait until the view is drawn from them
     page.wait(f"{APP}.field() === 'norms' && {APP}.views.head.drawnWith.grid === {APP}.ready.get('0:norms')")
     lines = page.lines()

@@ -40,6 +40,7 @@ _EXPORTS = {
     "long_view": "attnscope.present.longview",
     "TopAttention": "attnscope.report",
     "view": "attnscope.present.html",
+    "view_text": "attnscope.present.html",
     "AttentionView": "attnscope.present.html",
     # not in __all__: they need the notebook extra, and `from attnscope import *` must work without it
     "widget": "attnscope.present.widget",
@@ -84,6 +85,7 @@ __all__ = [
     "partial_statistics",
     "top_attention",
     "view",
+    "view_text",
 ]
 
 if TYPE_CHECKING:
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
+    from .present.html import view_text as view_text
     from .present.longview import long_view as long_view
     from .present.widget import AttentionWidget as AttentionWidget
     from .present.widget import widget as widget

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .html import AttentionView, head_view, model_view, neuron_view, view
+from .html import AttentionView, head_view, model_view, neuron_view, view, view_text
 from .longview import (
     LONG_VIEWS,
     build_long_payload,
@@ -58,6 +58,7 @@ __all__ = [
     "steps_schema",
     "top_k_rows",
     "view",
+    "view_text",
 ]
 
 

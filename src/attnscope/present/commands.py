@@ -32,7 +32,8 @@ def _input_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
 
 
-def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bool = False) -> AttentionRecord:
+def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bool = False,
+                      loaded=None) -> AttentionRecord:  # type: ignore[no-untyped-def]
     """The record to draw: loaded (``--record``, lazily), or captured from TEXT / ``--file``.
 
     With ``long`` (or an input longer than :data:`LONG_VIEW_TOKENS`), the capture keeps what the
@@ -48,7 +49,7 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
 
     text = read_document(args.file) if args.file is not None else args.text
     split_item((text, args.pair), 0)  # reject bad input before the model loads
-    loaded = load_from_args(args)
+    loaded = loaded or load_from_args(args)
     plan = long_view_plan(loaded, text, args.pair, args.max_tokens, force=long,
                           layers=getattr(args, "layers", None), heads=getattr(args, "heads", None))
     if plan is not None:
@@ -93,6 +94,42 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
                         help="long view: only these 0-indexed layers, e.g. 0-5 (fewer heads leave the page room "
                         "for more of each query's strongest keys)")
     parser.add_argument("--heads", type=number_list, help="long view: only these 0-indexed heads")
+    parser.add_argument("--measure", action="append", choices=[*MIXING_METHODS, "globenc"], default=[],
+                        help="add a context-mixing measure to the page's Measure control (repeatable): attention, "
+                        "norm, norm_residual = globenc, alti, value_zeroing; one map per layer and its rollout, "
+                        "computed on TEXT alone (see attnscope mixing)")
+
+
+def _check_measures(args: argparse.Namespace) -> list[str]:
+    """The measures asked for, once each; one clear line for what cannot carry them (before the model loads)."""
+    from ..analysis.mixing import method_name
+
+    names = list(dict.fromkeys(method_name(name) for name in args.measure))
+    if not names:
+        return names
+    if args.long or args.layers is not None or args.heads is not None:
+        raise AttnscopeError("--measure draws in the head and model views; the long view (--long, --layers, --heads) "
+                             "does not carry it")
+    if args.record is not None and names != ["attention"]:
+        raise AttnscopeError(f"--measure {' '.join(n for n in names if n != 'attention')} needs the model (it reads "
+                             "each layer's input and layer norms), which a record file does not hold: give TEXT "
+                             "(and --model) instead of --record")
+    return names
+
+
+def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[str], loaded) -> list:  # type: ignore[no-untyped-def]
+    """The measures ``names`` of the record's text: from the record for ``attention`` alone, else on the model."""
+    if not names:
+        return []
+    from ..analysis.mixing import mixing_from_record
+    from ..experiments.mixing import mixing_measures
+
+    if args.record is not None:
+        return [mixing_from_record(record, "attention")]
+    if record.is_partial:
+        raise AttnscopeError(f"--measure draws in the head and model views; this input has {len(record.tokens):,} "
+                             f"tokens, over the {LONG_VIEW_TOKENS} the line views take")
+    return list(mixing_measures(loaded, record.text[0], names).values())
 
 
 def _run_view(args: argparse.Namespace) -> int:
@@ -100,17 +137,23 @@ def _run_view(args: argparse.Namespace) -> int:
     from .html import view
 
     check_output_file(args.output)  # before the model loads
+    measures = _check_measures(args)
     needs_vectors = args.kind in ("neuron", "all")
+    loaded = load_from_args(args) if measures and args.record is None else None
+    if loaded is not None and args.pair is not None and not loaded.is_encoder_decoder:
+        raise AttnscopeError("--measure takes one text: leave out --pair (the measures are computed on TEXT alone)")
     with truncation_notes() as notes:
-        record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long)
+        record = _record_from_args(args, qkv=needs_vectors, norms=not args.no_norms, long=args.long, loaded=loaded)
+    mixing = _mixing_for(args, record, measures, loaded)
     if record.is_partial:
         return _write_long_view(record, args.output, notes)
-    page = with_notes(view(record, args.kind, norms=not args.no_norms), notes)
+    page = with_notes(view(record, args.kind, norms=not args.no_norms, mixing=mixing), notes)
     with writing(args.output):
         path = page.save(args.output)
     size = path.stat().st_size / 1024
     print(f"wrote {path} ({size:,.0f} KB; {', '.join(page.views)} view{'s' if len(page.views) > 1 else ''}; "
-          f"{len(record.tokens)} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
+          f"{len(record.tokens)} tokens{'; measures ' + ', '.join(measures) if measures else ''}; layers and heads "
+          "0-indexed): open it in any browser, it works offline")
     for note in page.payload["notes"]:
         print(f"note: {note}")
     return 0
@@ -216,11 +259,13 @@ COMMANDS = (
   attnscope view --record records/record_000000.safetensors --kind model -o model.html
   attnscope view --model smollm2 --file long.txt -o long.html     # up to 8,192 tokens: the long view
   attnscope view "The cat sat on the mat." --long -o small-long.html
+  attnscope view "The cat sat on the mat." --measure alti --measure value_zeroing -o mixing.html
   attnscope view --model smollm2 --file long.txt --layers 0-3 -o first-layers.html
 Inputs over 512 tokens get the long view (a zoomable heatmap from a block-averaged overview and
 each query's 32 strongest keys, thumbnails of every head, the lines of a window of tokens).
 The file needs no network: scripts, styles and data are inside. Hover tokens, click heads
-(double-click: only that head), export the current view as SVG or PNG.""", _view_arguments, _run_view),
+(double-click: only that head), export the current view as SVG or PNG. The Measure control
+switches between attention, ||alpha f(x)|| and each --measure (one map per layer, or its rollout).""", _view_arguments, _run_view),
     Command("plot", "draw a static figure (heatmap of a head, layers x heads grid, token types) as PNG/SVG/PDF",
             """examples:
   attnscope plot "I went to the store." --layer 2 --head 0 -o head.png

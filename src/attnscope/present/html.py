@@ -14,16 +14,20 @@ from __future__ import annotations
 import html
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .payload import LongPayload, Payload, build_payload, to_json
+
+if TYPE_CHECKING:
+    from ..analysis.mixing import Mixing
 
 # the order matters: later files use what earlier ones define on window.AttnscopeViews
 SCRIPTS = ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "long_view.js", "app.js")
@@ -104,7 +108,8 @@ class AttentionView:
         """A complete offline HTML document (scripts, styles and data inline; no network).
 
         Its address can choose the starting view: ``views.html#view=neuron&layer=2&head=3&query=5``
-        (0-indexed; ``kind=`` picks the kind of attention, ``norms=1`` the norm toggle).
+        (0-indexed; ``kind=`` picks the kind of attention, ``norms=1`` the norms, ``measure=alti`` a
+        shipped context-mixing measure and ``rollout=1`` its rollout instead of the layer's map).
         """
         return DOCUMENT.substitute(policy=CONTENT_POLICY, title=html.escape(self.payload["title"]),
                                    fragment=self.fragment("attnscope-view", from_address=True))
@@ -135,18 +140,51 @@ def summary(payload: Payload | LongPayload) -> str:
 
 def view(record: AttentionRecord, views: str | list[str] | tuple[str, ...] = "all", *, norms: bool = True,
          compress: bool = True, title: str | None = None, layer: int | None = None,
-         heads: Sequence[int] | None = None, include_layers: Sequence[int] | None = None) -> AttentionView:
+         heads: Sequence[int] | None = None, include_layers: Sequence[int] | None = None,
+         mixing: Mapping[str, Mixing] | Sequence[Mixing] | None = None) -> AttentionView:
     """The interactive views of ``record``: ``views`` is ``"all"`` or one or more of head, model, neuron.
 
     The neuron view needs a record extracted with ``qkv=True``; ``"all"`` leaves it out (with a note
     on the page) when there are no queries and keys. ``norms=False`` drops the norm toggle's data.
     As BertViz's arguments: ``layer`` and ``heads`` choose what the page opens on, ``include_layers``
-    ships only those layers (a smaller page); all 0-indexed.
+    ships only those layers (a smaller page); all 0-indexed. ``mixing``: context-mixing measures of
+    the same text (``attnscope.mixing``), offered by the page's measure control beside α and
+    ‖αf(x)‖ (:func:`view_text` computes them for you).
 
     >>> view(rec, layer=2, heads=[0, 5], include_layers=[0, 1, 2])   # doctest: +SKIP
+    >>> view(rec, mixing=[attnscope.mixing(model, text, method="alti")])   # doctest: +SKIP
     """
     return AttentionView(build_payload(record, views, norms=norms, compress=compress, title=title, layer=layer,
-                                       heads=heads, include_layers=include_layers))
+                                       heads=heads, include_layers=include_layers, mixing=mixing))
+
+
+def view_text(model: Any, text: str, pair: str | None = None, *, measures: Sequence[str] = (),
+              views: str | list[str] | tuple[str, ...] = "all", norms: bool = True, title: str | None = None,
+              layer: int | None = None, heads: Sequence[int] | None = None,
+              include_layers: Sequence[int] | None = None) -> AttentionView:
+    """The views of ``text`` on ``model`` (a loaded model or a name), with the context-mixing
+    ``measures`` (``attention``, ``norm``, ``norm_residual``/``globenc``, ``alti``,
+    ``value_zeroing``; see ``attnscope.analysis.mixing``) in the page's measure control.
+
+    The measures take one text (the input side: an encoder, a decoder, or an encoder-decoder's
+    encoder), so ``pair`` goes only with encoder-decoders (their target text). Other arguments as
+    :func:`view`.
+
+    >>> view_text("minilm", "The cat sat on the mat.", measures=("alti", "value_zeroing")).save("v.html")  # doctest: +SKIP
+    """
+    from ..analysis.mixing import method_name
+    from ..capture.extract import extract
+    from ..experiments.mixing import as_model, mixing_measures
+
+    names = list(dict.fromkeys(method_name(name) for name in measures))
+    loaded = as_model(model)
+    if names and pair is not None and not loaded.is_encoder_decoder:
+        raise AttnscopeError("the context-mixing measures take one text: leave out the second sentence")
+    wanted = [views] if isinstance(views, str) else list(views)
+    record = extract(loaded, text, pair, qkv=bool({"all", "neuron"} & set(wanted)), norms=norms)
+    mixing = mixing_measures(loaded, text, names) if names else None
+    return view(record, views, norms=norms, title=title, layer=layer, heads=heads, include_layers=include_layers,
+                mixing=mixing)
 
 
 def head_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None, layer: int | None = None,

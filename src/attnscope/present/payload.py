@@ -11,6 +11,13 @@ Python packs, JS draws. The payload carries what the views show and nothing deri
   scaled per layer for display: ``value = round(255 * norm / layer_max)`` and
   ``scale[layer] = layer_max / 255``, so decoding gives back the norm (to 1/510 of the layer's
   largest norm) and opacity ``value / 255`` compares heads within a layer;
+* optionally, on the input side only (``self``, or ``encoder``: the context-mixing measures are
+  defined there), context-mixing measures (``attnscope.analysis.mixing``): a list ``mixing`` of
+  ``{method, label, reference, layers, rollout}`` where ``layers`` is each layer's map and
+  ``rollout`` the maps aggregated through each layer, both ``[layer, q_pos, k_pos]`` (no head
+  axis: a layer-level measure) and encoded as the norms are, scaled per layer
+  (``value = round(255 * v / layer_max)``, ``scale[layer] = layer_max / 255``): decoded within
+  1/510 of the layer's largest value; rows that sum to 1 are off by at most 0.002 per entry;
 * for the neuron view, the query and key vectors ``[layer, head, pos, d_head]`` as little-endian
   float16, and the model's ``scaling`` (``1/sqrt(d_head)`` for most models). With grouped
   key/value heads only the distinct key heads are shipped (``[layer, kv_head, pos, d_head]``;
@@ -38,6 +45,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
+from ..analysis.mixing import REFERENCES, Mixing, method_name
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 
@@ -50,6 +58,16 @@ VIEWS = {
     "neuron": "query, key, q*k, q.k and softmax for one layer, head and query token (needs q/k)",
 }
 """Registry of the interactive views: name -> what it shows (CLI choices come from it)."""
+
+MIXING_KINDS = ("self", "encoder")  # the measures are defined on the input side only
+MIXING_LABELS = {
+    "attention": "attention (head mean)",
+    "norm": "\u2016\u03b1f(x)\u2016 (head sum)",
+    "norm_residual": "GlobEnc",
+    "alti": "ALTI",
+    "value_zeroing": "value zeroing",
+}
+"""How the views' measure control names each context-mixing measure (the paper is in its tooltip)."""
 
 KIND_LABELS = {
     "self": "self-attention",
@@ -88,6 +106,16 @@ class Vectors(TypedDict):
     n_kv_heads: int
 
 
+class MixingMaps(TypedDict):
+    """One context-mixing measure: ``layers`` and ``rollout`` ``[layer, q_pos, k_pos]``, uint8 scaled per layer."""
+
+    method: str
+    label: str
+    reference: str
+    layers: PackedArray
+    rollout: PackedArray
+
+
 class KindPayload(TypedDict):
     kind: str
     label: str
@@ -97,6 +125,7 @@ class KindPayload(TypedDict):
     attention: PackedArray
     norms: PackedArray | None
     vectors: Vectors | None
+    mixing: NotRequired[list[MixingMaps]]
 
 
 class Start(TypedDict, total=False):
@@ -188,8 +217,13 @@ def resolve_views(views: str | list[str] | tuple[str, ...], record: AttentionRec
 def build_payload(record: AttentionRecord, views: str | list[str] | tuple[str, ...] = "all", *,
                   norms: bool = True, compress: bool = True, title: str | None = None,
                   layer: int | None = None, heads: Sequence[int] | None = None,
-                  include_layers: Sequence[int] | None = None, lazy: bool = False) -> Payload:
+                  include_layers: Sequence[int] | None = None, lazy: bool = False,
+                  mixing: Mapping[str, Mixing] | Sequence[Mixing] | None = None) -> Payload:
     """The JSON-ready payload for ``record`` (see the module docstring and ``payload.schema.json``).
+
+    ``mixing``: context-mixing measures of the same input (``attnscope.mixing`` or
+    ``attnscope.experiments.mixing.mixing_measures``), shipped with the input side's attention so
+    the views' measure control offers them; their tokens must be the record's input tokens.
 
     ``norms=False`` leaves the record's norms out (smaller page, no norm toggle). ``layer`` and
     ``heads`` choose what the page opens on (0-indexed model numbers); ``include_layers`` ships only
@@ -206,6 +240,10 @@ def build_payload(record: AttentionRecord, views: str | list[str] | tuple[str, .
                                 record.arrays["target.sentence_ids"])
     shipping = _Shipping(layers, norms, "neuron" in chosen, compress, lazy)
     kinds = [_kind(record, kind, shipping) for kind in record.kinds]
+    measures = _checked_mixing(record, mixing)
+    if measures:
+        side = next(kind for kind in kinds if kind["kind"] in MIXING_KINDS)
+        side["mixing"] = [mixing_maps(measure, layers, compress) for measure in measures]
     payload = Payload(
         format=FORMAT,
         version=VERSION,
@@ -223,6 +261,33 @@ def build_payload(record: AttentionRecord, views: str | list[str] | tuple[str, .
     if start:
         payload["start"] = start
     return payload
+
+
+def _checked_mixing(record: AttentionRecord, mixing: Mapping[str, Mixing] | Sequence[Mixing] | None) -> list[Mixing]:
+    """The measures to ship, once each, in their given order; a clear error for a measure of another input."""
+    measures = list((mixing.values() if isinstance(mixing, Mapping) else mixing) or ())
+    if not measures:
+        return []
+    side = next((kind for kind in record.kinds if kind in MIXING_KINDS), None)
+    if side is None:
+        raise AttnscopeError("context-mixing measures belong to the input side's attention (self or encoder); "
+                             "the record has none")
+    n_layers = int(record.get(side).shape[0])  # type: ignore[union-attr]
+    for measure in measures:
+        if tuple(measure.tokens) != tuple(record.tokens) or measure.n_layers != n_layers:
+            raise AttnscopeError(f"the {measure.method} measure was computed on another input than the record's "
+                                 f"({len(measure.tokens)} tokens x {measure.n_layers} layers against {len(record.tokens)} "
+                                 f"x {n_layers}): compute it on the record's text alone (no second sentence)")
+    return list({method_name(m.method): m for m in measures}.values())
+
+
+def mixing_maps(measure: Mixing, layers: list[int], compress: bool = True) -> MixingMaps:
+    """One measure's per-layer maps and rollout ``[layer, q_pos, k_pos]`` for ``layers``, uint8 scaled per layer."""
+    method = method_name(measure.method)
+    maps, rollout = take_layers(measure.layers, layers), take_layers(measure.rollout, layers)
+    return MixingMaps(method=method, label=MIXING_LABELS[method], reference=REFERENCES[method],
+                      layers=pack_uint8(maps, _layer_max(maps), compress),
+                      rollout=pack_uint8(rollout, _layer_max(rollout), compress))
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,16 @@ Needs the ``notebook`` extra: ``pip install "attnscope[notebook]"``.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text, summary
 from .payload import Payload, build_payload, layer_arrays
+
+if TYPE_CHECKING:
+    from ..analysis.mixing import Mixing
 
 try:
     import anywidget
@@ -132,10 +135,13 @@ class AttentionWidget(anywidget.AnyWidget):  # type: ignore[misc]
 
 
 def widget(record: AttentionRecord, views: str | list[str] | tuple[str, ...] = "all", *, norms: bool = True,
-           layer: int = 0, heads: Sequence[int] | None = None, title: str | None = None) -> AttentionWidget:
+           layer: int = 0, heads: Sequence[int] | None = None, title: str | None = None,
+           mixing: Mapping[str, Mixing] | Sequence[Mixing] | None = None) -> AttentionWidget:
     """The notebook widget of ``record``: the views of :func:`attnscope.view`, with the selection in
-    traitlets (``layer``, ``heads``, ``selected_token``, ``view``) and layers fetched on demand."""
-    payload = build_payload(record, views, norms=norms, title=title, lazy=True)
+    traitlets (``layer``, ``heads``, ``selected_token``, ``view``) and layers fetched on demand.
+    ``mixing``: context-mixing measures of the same text for the Measure control (shipped whole:
+    one small map per layer, no heads)."""
+    payload = build_payload(record, views, norms=norms, title=title, lazy=True, mixing=mixing)
     selection: dict[str, Any] = {"layer": layer}
     if heads is not None:
         selection["heads"] = list(heads)

@@ -9,6 +9,8 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/analyze``: views payload, each head's pattern and statistics for one input;
 * ``POST /api/intervene``: the same input with heads ablated / corrupted or sublayers skipped;
 * ``POST /api/record``: one input's attention as plain JSON (the page downloads it);
+* ``POST /api/mixing``: one context-mixing measure of one text (ALTI, GlobEnc, value zeroing, ...),
+  packed as the views payload packs it (the page's Measure control asks for it on demand);
 * ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step.
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
@@ -35,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from ..analysis.mixing import METHOD_ALIASES, METHODS
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from . import service
@@ -104,6 +107,12 @@ class InputText(StrictRequest):
 
 class AnalyzeRequest(InputText):
     vectors: bool = Field(True, description="ship queries and keys for the neuron view")
+
+
+class MixingRequest(InputText):
+    method: Literal[(*METHODS, *METHOD_ALIASES)] = Field(  # type: ignore[valid-type]
+        ..., description="the measure: attention, norm (Kobayashi et al. 2020), norm_residual = globenc (Modarressi "
+                         "et al. 2022), alti (Ferrando et al. 2022), value_zeroing (Mohebbi et al. 2023)")
 
 
 class HeadRef(StrictRequest):
@@ -242,7 +251,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     @app.get("/api/models", summary="models offered, intervention modes and pattern classes", responses=REFUSALS)
     def models() -> dict[str, Any]:
         return {"default": pool.default, "max_tokens": max_tokens, "max_new_tokens": MAX_NEW_TOKENS, "modes": service.MODES,
-                "classes": service.pattern_classes(),
+                "classes": service.pattern_classes(), "measures": service.mixing_methods(),
                 "models": [{"name": c.name, "source": c.source, "description": c.description,
                             "loaded": pool.loaded(c.name)} for c in pool.choices.values()]}
 
@@ -273,6 +282,15 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat)
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
+
+    @app.post("/api/mixing", summary="one context-mixing measure of one text: per-layer maps and their rollout",
+              responses=ERRORS)
+    def mixing(request: MixingRequest) -> JSONResponse:
+        with pool.use(request.model or pool.default) as loaded:
+            checked(loaded, request)
+            measure = service.mixing_of(loaded, request.text, request.pair, request.method)
+        # packing needs no model: let the next request in
+        return JSONResponse(service.describe_mixing(measure, request.text))
 
     @app.post("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
               responses=ERRORS)

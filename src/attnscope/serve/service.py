@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ..errors import AttnscopeError
 from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
 from ..record import AttentionRecord
+
+if TYPE_CHECKING:
+    from ..analysis.mixing import Mixing
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
 # attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
@@ -203,6 +206,35 @@ def record_json(loaded: LoadedModel, text: str, pair: str | None) -> dict[str, A
             "special_mask": record.special_mask.tolist(), "sentence_ids": record.sentence_ids.tolist(),
             "word_ids": record.word_ids.tolist(), "attention": attention, "norms": norms,
             "layout": "attention[kind][layer][head][query][key], 0-indexed"}
+
+
+# ---- context mixing --------------------------------------------------------------------------
+def mixing_methods() -> list[dict[str, str]]:
+    """The context-mixing measures the page offers: method, short label and the paper."""
+    from ..analysis.mixing import METHODS, REFERENCES
+    from ..present.payload import MIXING_LABELS
+
+    return [{"method": m, "label": MIXING_LABELS[m], "reference": REFERENCES[m]} for m in METHODS]
+
+
+def mixing_of(loaded: LoadedModel, text: str, pair: str | None, method: str) -> Mixing:
+    """The measure ``method`` of ``text`` on the input side (an encoder-decoder's ``pair`` is its
+    target, which the encoder never sees; any other model's second sentence is refused)."""
+    from ..analysis.mixing import method_name
+    from ..experiments.mixing import mixing_measures
+
+    if pair is not None and not loaded.is_encoder_decoder:
+        raise InputError("the context-mixing measures take one text: leave out the second sentence")
+    name = method_name(method)
+    return mixing_measures(loaded, text, [name])[name]
+
+
+def describe_mixing(measure: Mixing, text: str) -> dict[str, Any]:
+    """``/api/mixing``'s answer: the measure packed as a views payload's ``kinds[i].mixing`` entry."""
+    from ..present.payload import mixing_maps
+
+    return {"model": measure.model, "text": text, "method": measure.method, "tokens": list(measure.tokens),
+            "mixing": mixing_maps(measure, list(range(measure.n_layers)))}
 
 
 # ---- interventions ---------------------------------------------------------------------------

@@ -3,12 +3,24 @@
  * AttnscopeViews.mount(root, payload) builds one instance in `root` (several can share a page,
  * e.g. in a notebook) and registers it in AttnscopeViews.instances[root.id]. When the first view
  * has drawn it sets performance mark "attnscope:<root id>:drawn" and root.dataset.drawn.
+ *
+ * The measure control chooses what the views draw: attention α and ‖αf(x)‖ (per head), or a
+ * context-mixing measure of the input side (payload kinds[i].mixing, or fetched on demand through
+ * options.mixing in the explorer). A mixing measure is one map per layer, no head axis: it is
+ * decoded as a grid [layer, 1, q_pos, k_pos] (one pseudo-head) and drawn in NEUTRAL grey; a second
+ * control picks the layer's own map or the rollout through the layer.
  */
 (function (NS) {
   "use strict";
 
   const VIEW_NAMES = { head: "Head view", model: "Model view", neuron: "Neuron view" };
   const VIEW_CLASSES = { head: () => NS.HeadView, model: () => NS.ModelView, neuron: () => NS.NeuronView };
+  const PER_HEAD = { attention: ["attention \u03b1", "the attention weights"],
+    norms: ["\u2016\u03b1f(x)\u2016", "norm of the weighted transformed vectors, Kobayashi et al. 2020"] };
+  const MIXING_KINDS = ["self", "encoder"]; // the context-mixing measures are defined on the input side
+  NS.NEUTRAL = "#444"; // the colour of a layer-level measure (it has no heads to colour)
+  /* The control's value of a mixing method: its name, but the head mean of attention is not α itself. */
+  const mixingValue = (method) => (method === "attention" ? "attention_mean" : method);
 
   class App {
     constructor(root, payload) {
@@ -21,7 +33,7 @@
       const heads = payload.model.n_heads;
       this.state = {
         view: payload.views[0], kind: 0, layer: 0, heads: new Set(Array.from({ length: heads }, (_, h) => h)),
-        norms: false, filter: "all", hideSpecial: false, neuronHead: 0, query: 0, selected: null,
+        measure: "attention", rollout: false, filter: "all", hideSpecial: false, neuronHead: 0, query: 0, selected: null,
       };
       this.applyStart(payload.start || {});
       this.build();
@@ -39,8 +51,32 @@
 
     // ---- state helpers used by the views -------------------------------------------------
     kind() { return this.payload.kinds[this.state.kind]; }
-    field() { return this.state.norms && this.kind().norms ? "norms" : "attention"; }
+    /* The measures the current kind can draw: [{value, label, title}], per-head ones first. */
+    measures() {
+      const kind = this.kind();
+      const offered = [{ value: "attention", label: PER_HEAD.attention[0], title: PER_HEAD.attention[1] }];
+      if (kind.norms) offered.push({ value: "norms", label: PER_HEAD.norms[0], title: PER_HEAD.norms[1] });
+      if (!MIXING_KINDS.includes(kind.kind)) return offered;
+      const shipped = kind.mixing || [];
+      const fetchable = this.mixingSource ? this.mixingSource.methods : [];
+      // in the fetchable list's order (a fetched measure keeps its place), then any other shipped one
+      const listed = [...fetchable, ...shipped.filter((s) => !fetchable.some((m) => m.method === s.method))];
+      for (const entry of listed) {
+        offered.push({ value: mixingValue(entry.method), label: entry.label, title: `${entry.reference}; one map per layer (no heads)` });
+      }
+      return offered;
+    }
+    /* True when the chosen measure is a context-mixing measure: one map per layer, no head axis. */
+    layerLevel() { return !(this.state.measure in PER_HEAD); }
+    mixingEntry() { return (this.kind().mixing || []).find((entry) => mixingValue(entry.method) === this.state.measure) || null; }
+    field() {
+      if (this.layerLevel()) return `mixing:${this.state.measure}:${this.state.rollout ? "rollout" : "layers"}`;
+      return this.state.measure === "norms" && this.kind().norms ? "norms" : "attention";
+    }
     nHeads() { return this.kind().attention.shape[1]; }
+    /* The heads whose lines are drawn, and their colour: one neutral line set for a layer-level measure. */
+    lineHeads() { return this.layerLevel() ? [0] : [...this.state.heads].sort((a, b) => a - b); }
+    lineColor(head) { return this.layerLevel() ? NS.NEUTRAL : NS.headColor(head); }
     /* The model's number of layer index `index` (payload.layers when only some layers were shipped). */
     layerName(index) { return this.payload.layers ? this.payload.layers[index] : index; }
     /* The index of model layer `number` in the shipped arrays, or null if it was not shipped. */
@@ -57,8 +93,17 @@
       return ["self", "encoder"].includes(this.kind().kind) ? windows[this.layerName(index)] || 0 : 0;
     }
     grid() { return this.ready.get(`${this.state.kind}:${this.field()}`); }
-    weightName() { return this.field() === "norms" ? "\u2016\u03b1f(x)\u2016 (Kobayashi et al. 2020)" : "attention weight \u03b1"; }
-    formatWeight(value) { return this.field() === "norms" ? value.toPrecision(3) : value.toFixed(3); }
+    /* A layer-level measure's decoded grid [layer, 1, q_pos, k_pos]: `which` is "layers" or "rollout". */
+    mixingGrid(which) { return this.ready.get(`${this.state.kind}:mixing:${this.state.measure}:${which}`); }
+    weightName() {
+      if (this.layerLevel()) {
+        const entry = this.mixingEntry();
+        const what = this.state.rollout ? "rollout through this layer" : "this layer's map";
+        return `${entry ? entry.reference : this.state.measure}, ${what}`;
+      }
+      return this.field() === "norms" ? "\u2016\u03b1f(x)\u2016 (Kobayashi et al. 2020)" : "attention weight \u03b1";
+    }
+    formatWeight(value) { return this.field() === "attention" ? value.toFixed(3) : value.toPrecision(3); }
     vectors() {
       const kind = this.kind();
       if (!kind.vectors) return null;
@@ -92,12 +137,13 @@
       [this.layerLabel, this.layerSelect] = NS.control("select", "Layer", "layer");
       this.layerSelect.addEventListener("change", () => this.setLayer(Number(this.layerSelect.value)));
       bar.append(this.layerLabel);
-      if (p.kinds.some((kind) => kind.norms)) {
-        [this.normsLabel, this.normsBox] = NS.control("checkbox", "show \u2016\u03b1f(x)\u2016 instead of \u03b1", "norms");
-        this.normsBox.addEventListener("change", () => { this.state.norms = this.normsBox.checked; this.draw(); });
-        this.normsLabel.title = "norm of the weighted transformed vectors, Kobayashi et al. 2020";
-        bar.append(this.normsLabel);
-      }
+      [this.measureLabel, this.measureSelect] = NS.control("select", "Measure", "measure");
+      this.measureSelect.addEventListener("change", () => this.setMeasure(this.measureSelect.value));
+      [this.aggregateLabel, this.aggregateSelect] = NS.control("select", "of", "aggregate");
+      this.aggregateSelect.append(new Option("this layer", "layer"), new Option("rollout through this layer", "rollout"));
+      this.aggregateLabel.title = "the layer's own map, or the maps of layers 0..this one aggregated by rollout (Abnar & Zuidema 2020)";
+      this.aggregateSelect.addEventListener("change", () => this.setMeasure(this.state.measure, this.aggregateSelect.value === "rollout"));
+      bar.append(this.measureLabel, this.aggregateLabel);
       for (const format of ["svg", "png"]) {
         const button = el("button", "as-export", `Export ${format.toUpperCase()}`);
         button.type = "button";
@@ -127,26 +173,74 @@
       this.layerSelect.replaceChildren(...Array.from({ length: layers }, (_, l) => new Option(String(this.layerName(l)), String(l))));
       this.layerSelect.value = String(this.state.layer);
       if (this.kindSelect) this.kindSelect.value = String(this.state.kind);
-      if (this.normsBox) {
-        this.normsBox.disabled = !this.kind().norms;
-        this.normsBox.checked = this.state.norms && !!this.kind().norms;
-      }
+      this.syncMeasure();
       for (const tab of this.tabs.children) tab.classList.toggle("as-active", tab.dataset.view === this.state.view);
       for (const [name, panel] of Object.entries(this.panels)) panel.hidden = name !== this.state.view;
       this.layerLabel.hidden = this.state.view === "model";
       for (const view of Object.values(this.views)) view.sync();
     }
 
+    /* The measure control lists what the current kind offers (a measure it lacks falls back to α). */
+    syncMeasure() {
+      const offered = this.measures();
+      if (!offered.some((m) => m.value === this.state.measure)) this.state.measure = "attention";
+      this.measureSelect.replaceChildren(...offered.map((m) => {
+        const option = new Option(m.label, m.value);
+        option.title = m.title;
+        return option;
+      }));
+      this.measureSelect.value = this.state.measure;
+      this.measureSelect.title = offered.find((m) => m.value === this.state.measure).title;
+      this.measureLabel.hidden = offered.length < 2;
+      this.aggregateLabel.hidden = !this.layerLevel();
+      this.aggregateSelect.value = this.state.rollout ? "rollout" : "layer";
+    }
+
     // ---- decoding (lazy: only what the current kind and view need) ---------------------------
     needed() {
       const kind = this.kind();
+      if (this.layerLevel()) {
+        const entry = this.mixingEntry();
+        // the model view draws a layer's map and its rollout side by side
+        const which = this.state.view === "model" ? ["layers", "rollout"] : [this.state.rollout ? "rollout" : "layers"];
+        const fields = which.map((part) => [`${this.state.kind}:mixing:${this.state.measure}:${part}`, headless(entry[part])]);
+        if (this.state.view === "neuron" && kind.vectors) fields.push(...["queries", "keys"].map((f) => [`${this.state.kind}:${f}`, kind.vectors[f]]));
+        return fields;
+      }
       const fields = [this.field()];
       if (this.state.view === "neuron" && kind.vectors) fields.push("queries", "keys");
       return fields.map((field) => [`${this.state.kind}:${field}`,
         field === "queries" || field === "keys" ? kind.vectors[field] : kind[field]]);
     }
 
+    /* A mixing measure the payload lacks but options.mixing offers: fetched once, then kept in the payload. */
+    async fetchMixing() {
+      if (!this.layerLevel() || this.mixingEntry()) return;
+      const method = this.mixingSource.methods.find((m) => mixingValue(m.method) === this.state.measure).method;
+      const kind = this.kind();
+      if (!this.pendingMixing) this.pendingMixing = new Map();
+      const key = `${this.state.kind}:${method}`;
+      if (!this.pendingMixing.has(key)) {
+        this.status.textContent = `computing ${method}\u2026`;
+        this.pendingMixing.set(key, this.mixingSource.fetch(method).then((entry) => {
+          kind.mixing = [...(kind.mixing || []).filter((e) => e.method !== entry.method), entry];
+        }).catch((error) => {
+          this.pendingMixing.delete(key); // asked again if chosen again
+          throw new Error(`${method}: ${error.message}`);
+        }));
+      }
+      try {
+        await this.pendingMixing.get(key);
+      } catch (error) {
+        // draw α instead, the control showing it, and say why under the toolbar
+        this.notice = `attnscope: cannot show ${error.message}`;
+        this.state.measure = "attention";
+        this.syncControls();
+      }
+    }
+
     async ensure() {
+      await this.fetchMixing();
       await Promise.all(this.needed().map(([key, packed]) => {
         if (packed.lazy) return this.fetchLayers(key, packed);
         if (!this.decoded.has(key)) {
@@ -187,6 +281,13 @@
       this.syncControls();
       return this.draw();
     }
+    /* Draw `measure` (attention, norms or a mixing method); `rollout` picks a mixing measure's rollout. */
+    setMeasure(measure, rollout) {
+      this.state.measure = measure;
+      if (rollout !== undefined) this.state.rollout = rollout;
+      this.syncControls();
+      return this.draw();
+    }
     setLayer(layer) {
       this.state.layer = layer;
       this.layerSelect.value = String(layer);
@@ -209,6 +310,12 @@
       for (const view of Object.values(this.views)) view.sync();
       return this.draw();
     }
+    /* From the model view, a layer-level measure: that layer's map (or rollout) in the head view. */
+    openLayer(layer, rollout) {
+      this.state.layer = layer;
+      this.state.rollout = rollout;
+      return this.setView(this.views.head ? "head" : this.state.view);
+    }
     /* From the model view: that layer, only that head, in the head view (or the neuron view if there is no head view). */
     openHead(layer, head) {
       this.state.layer = layer;
@@ -222,7 +329,8 @@
     fileName(extension) {
       const kind = this.kind().kind;
       const layer = this.state.view === "model" ? "" : `-layer${this.layerName(this.state.layer)}`;
-      return `attnscope-${this.state.view}-${kind}${layer}.${extension}`;
+      const measure = this.layerLevel() ? `-${this.state.measure}${this.state.rollout ? "-rollout" : ""}` : "";
+      return `attnscope-${this.state.view}-${kind}${measure}${layer}.${extension}`;
     }
     exportSVG() { return NS.toSVG(this.currentScene()); }
     exportPNG() {
@@ -253,7 +361,8 @@
       const data = await prepare();
       if (ticket !== app.drawCount) return false;
       render(data);
-      app.status.textContent = "";
+      app.status.textContent = app.notice || ""; // a notice (e.g. a measure the server refused) stays one draw
+      app.notice = "";
       markDrawn(app);
       return true;
     } catch (error) {
@@ -277,8 +386,15 @@
   }
   NS.drawLatest = drawLatest;
 
+  /* A layer-level packed array [layer, q_pos, k_pos] read as [layer, 1, q_pos, k_pos] (one pseudo-head). */
+  function headless(packed) {
+    const [layers, queries, keys] = packed.shape;
+    return { ...packed, shape: [layers, 1, queries, keys] };
+  }
+
   /* The state a page address asks for, e.g. views.html#view=neuron&layer=2&head=3&query=5
-   * (0-indexed; kind = index of the kind of attention; norms=1 for the norm toggle). */
+   * (0-indexed; kind = index of the kind of attention; norms=1 or measure=norms for ‖αf(x)‖,
+   * measure=alti (etc.) for a context-mixing measure, rollout=1 for its rollout). */
   function stateFromHash(app, hash) {
     const asked = new URLSearchParams(hash.replace(/^#/, ""));
     const number = (name, limit) => {
@@ -296,7 +412,9 @@
     if (head !== null) { app.state.heads = new Set([head]); app.state.neuronHead = head; }
     const query = number("query", shape[2]);
     if (query !== null) app.state.query = query;
-    app.state.norms = asked.get("norms") === "1";
+    if (asked.get("norms") === "1") app.state.measure = "norms";
+    if (asked.get("measure")) app.state.measure = asked.get("measure"); // syncControls falls back to α if not offered
+    app.state.rollout = asked.get("rollout") === "1";
   }
 
   NS.instances = NS.instances || {};
@@ -307,6 +425,11 @@
     const app = new App(root, payload);
     app.onChange = options && options.onChange;
     app.fetchLayer = options && options.fetchLayer;
+    // options.mixing = {methods: [{method, label, reference}], fetch(method) -> Promise of a payload mixing entry}
+    if (options && options.mixing) {
+      app.mixingSource = options.mixing;
+      app.syncControls();
+    }
     NS.instances[root.id] = app;
     if (options && options.hash && window.location.hash) {
       stateFromHash(app, window.location.hash);

@@ -4,7 +4,9 @@
  * (head, query, key) with opacity = weight in the head's colour. Lines whose weight rounds to 0
  * of 255 are invisible and not drawn; without hovering, long inputs show only their strongest
  * LINE_BUDGET lines (the caption gives the cut-off). Hovering a token draws all of its lines and
- * writes the weights beside the other column.
+ * writes the weights beside the other column. A layer-level measure (ALTI, GlobEnc, value
+ * zeroing, ...; see app.js) has no heads: its lines are one set in neutral grey, and the head
+ * squares give way to a legend that says so.
  */
 (function (NS) {
   "use strict";
@@ -38,7 +40,9 @@
       [this.specialLabel, this.hideSpecial] = NS.control("checkbox", "hide special tokens", "hide-special");
       this.swatches = element("div", "as-swatches");
       this.swatches.title = "click: show or hide a head; double-click: show only that head (again: all heads)";
-      controls.append(this.filterLabel, this.specialLabel, this.swatches);
+      this.legend = element("span", "as-hint");
+      this.legend.dataset.role = "measure-legend";
+      controls.append(this.filterLabel, this.specialLabel, this.swatches, this.legend);
       const wrap = element("div", "as-canvas-wrap");
       this.surface = new NS.Surface(wrap, "head-canvas");
       this.canvas = this.surface.canvas;
@@ -66,8 +70,26 @@
       const anySpecial = sides[kind.query_side].special.includes(true) || sides[kind.key_side].special.includes(true);
       this.specialLabel.hidden = !anySpecial;
       this.hideSpecial.checked = this.app.state.hideSpecial;
+      const layerLevel = this.layerLevel();
+      this.swatches.style.display = layerLevel ? "none" : ""; // (the stylesheet's display: flex beats hidden)
+      this.legend.hidden = !layerLevel;
+      this.writeLegend();
       this.buildSwatches();
     }
+
+    /* What the grey lines are (the measure's name arrives with it when the explorer fetches it). */
+    writeLegend() {
+      if (!this.layerLevel()) return;
+      const entry = this.app.mixingEntry();
+      const name = entry ? entry.label : this.app.state.measure;
+      this.legend.textContent = `grey lines: ${name}, one map per layer (it has no heads); opacity = value / the layer's largest`;
+    }
+
+    /* A layer-level measure is drawn (the long view's window app has none). */
+    layerLevel() { return !!this.app.layerLevel && this.app.layerLevel(); }
+    /* The (pseudo-)heads whose lines are drawn and their colour. */
+    lineHeads() { return this.app.lineHeads ? this.app.lineHeads() : [...this.app.state.heads].sort((a, b) => a - b); }
+    lineColor(head) { return this.app.lineColor ? this.app.lineColor(head) : NS.headColor(head); }
 
     buildSwatches() {
       const heads = this.app.nHeads();
@@ -137,6 +159,7 @@
       const left = this.positions("query");
       const right = this.positions("key");
       const layout = this.computeLayout(left, right);
+      layout.width = Math.max(layout.width, NS.textWidth(this.captionText(), 12) * 1.1 + 16); // bold is wider
       this.layout = layout;
       const scene = new NS.Scene(layout.width, layout.height);
       this.drawTokens(scene, layout);
@@ -146,18 +169,23 @@
       this.scene = scene;
       this.drawnWith = { grid, layer }; // what drawnLines() reads weights from
       this.surface.show(scene);
+      this.writeLegend();
       this.paintSwatches();
+    }
+
+    captionText() {
+      const app = this.app;
+      const heads = [...app.state.heads].sort((a, b) => a - b).map((head) => this.headName(head));
+      const shownHeads = this.layerLevel() ? "no heads (a layer-level measure), grey" : heads.length === app.nHeads() ? "all heads"
+        : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
+      const window = app.window(app.state.layer);
+      const slide = window ? ` \u00b7 sliding window: ${window} keys` : "";
+      return `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`;
     }
 
     drawCaption(scene, layout) {
       const app = this.app;
-      const heads = [...app.state.heads].sort((a, b) => a - b).map((head) => this.headName(head));
-      const shownHeads = heads.length === app.nHeads() ? "all heads"
-        : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
-      const window = app.window(app.state.layer);
-      const slide = window ? ` \u00b7 sliding window: ${window} keys` : "";
-      scene.text(8, 10, `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`,
-        { size: 12, weight: "bold" });
+      scene.text(8, 10, this.captionText(), { size: 12, weight: "bold" });
       if (this.minByte > 1) {
         scene.text(8, 26, `showing the ${this.drawn} strongest of ${this.total} lines (weight \u2265 ${app.formatWeight(app.grid().value(app.state.layer, this.minByte))}); hover a token to see all of its lines`,
           { size: 11, color: "#8a4b00" });
@@ -200,7 +228,8 @@
       const right = pick(layout.right, "key");
       const keys = Int32Array.from(right, ([pos]) => pos);
       const keyY = Float64Array.from(right, ([, y]) => y);
-      const heads = [...this.app.state.heads].sort((a, b) => a - b);
+      const heads = this.lineHeads();
+      const layerLevel = this.layerLevel();
       const histogram = new Float64Array(256);
       for (const head of heads) {
         for (const [query] of left) {
@@ -227,7 +256,8 @@
         }
         for (const [byte, segments] of coords) {
           this.drawn += segments.length / 4;
-          scene.lines(segments, { color: NS.headColor(head), alpha: byte / 255, width }, { head, byte, pairs: pairs.get(byte) });
+          scene.lines(segments, { color: this.lineColor(head), alpha: byte / 255, width },
+            { head: layerLevel ? null : head, byte, pairs: pairs.get(byte) });
         }
       }
     }
@@ -239,7 +269,7 @@
       const other = hover.side === "query" ? layout.right : layout.left;
       const x = hover.side === "query" ? layout.rightStart + layout.rightText + 8 : SIDE_SPACE - 8;
       const align = hover.side === "query" ? "left" : "right";
-      const heads = [...app.state.heads];
+      const heads = this.lineHeads();
       other.shown.forEach((pos, row) => {
         const [query, key] = hover.side === "query" ? [hover.pos, pos] : [pos, hover.pos];
         const weights = heads.map((head) => [head, grid.row(layer, head, query)[key]])
@@ -247,8 +277,8 @@
         if (!weights.length) return;
         const text = weights.slice(0, 3).map(([head, byte]) => app.formatWeight(grid.value(layer, byte)) +
           (heads.length > 1 ? ` h${head}` : "")).join("  ");
-        scene.text(x, this.rowY(layout, row), text, { size: Math.min(11, layout.size), align, color: NS.headColor(weights[0][0]) },
-          { role: "weight", query, key, heads: weights.map(([head]) => head) });
+        scene.text(x, this.rowY(layout, row), text, { size: Math.min(11, layout.size), align, color: this.lineColor(weights[0][0]) },
+          { role: "weight", query, key, heads: this.layerLevel() ? [] : weights.map(([head]) => head) });
       });
     }
 
@@ -278,7 +308,7 @@
       this.render();
     }
 
-    /* For tests and tools: every drawn line as {head, q_pos, k_pos, weight}. */
+    /* For tests and tools: every drawn line as {head, q_pos, k_pos, weight} (head null: a layer-level measure). */
     drawnLines() {
       const out = [];
       if (!this.scene) return out;

@@ -49,16 +49,24 @@
       const vectors = app.vectors();
       this.head.value = String(app.state.neuronHead);
       this.query.value = String(app.state.query);
-      if (!vectors) {
-        const scene = new NS.Scene(640, 40);
-        scene.text(8, 20, `No queries/keys for ${kind.label}: extract with qkv=True to see the neuron view.`, { size: 13 });
-        this.scene = scene;
-        this.surface.show(scene);
-        return;
+      if (!vectors) return this.say(`No queries/keys for ${kind.label}: extract with qkv=True to see the neuron view.`);
+      if (app.layerLevel()) {
+        // its numbers are per layer, not per head: beside one head's q.k they would read as that head's
+        const entry = app.mixingEntry();
+        return this.say(`The neuron view compares one head's q\u00b7k with its recorded row; ${entry ? entry.label : app.state.measure} ` +
+          "is one map per layer (no heads), so it is not shown here: choose attention \u03b1 or \u2016\u03b1f(x)\u2016 in Measure.");
       }
       const numbers = this.compute(vectors);
       this.scene = this.draw(numbers);
       this.surface.show(this.scene);
+    }
+
+    /* A one-line scene instead of the figure (role "message", for tests). */
+    say(text) {
+      const scene = new NS.Scene(Math.max(640, NS.textWidth(text, 13) + 16), 40);
+      scene.text(8, 20, text, { size: 13 }, { role: "message" });
+      this.scene = scene;
+      this.surface.show(scene);
     }
 
     /* q, every visible k, q*k, q.k, softmax(q.k * scaling), and the recorded row, for the current choice. */

@@ -3,8 +3,10 @@
  * It asks the JSON API (/api/models, /api/analyze, /api/intervene, /api/record), mounts the head / model /
  * neuron views of present/static (AttnscopeViews.mount), and draws around them the pattern map,
  * the statistics table and the intervention panel. The page address keeps the state
- * (#model=..&text=..&pair=..&view=head&layer=2&head=3&norms=1&do=zero&heads=2.3&layers=&on=&show=changed)
- * so a view can be bookmarked or shared. Layers and heads are 0-indexed.
+ * (#model=..&text=..&pair=..&view=head&layer=2&head=3&norms=1&do=zero&heads=2.3&layers=&on=&show=changed;
+ * measure=alti&rollout=1 for a context-mixing measure) so a view can be bookmarked or shared. The
+ * views' Measure control offers the context-mixing measures of GET /api/models and fetches the one
+ * chosen for the analysed text from POST /api/mixing. Layers and heads are 0-indexed.
  */
 (function (V, Steps) {
   "use strict";
@@ -73,7 +75,9 @@
       if (app.state.kind) asked.set("kind", String(app.state.kind));
       asked.set("layer", String(app.state.layer));
       if (app.state.heads.size === 1) asked.set("head", String([...app.state.heads][0]));
-      if (app.state.norms) asked.set("norms", "1");
+      if (app.state.measure === "norms") asked.set("norms", "1");
+      else if (app.state.measure !== "attention") asked.set("measure", app.state.measure);
+      if (app.layerLevel() && app.state.rollout) asked.set("rollout", "1");
     }
     if (page.change) {
       asked.set("do", $("mode").value);
@@ -142,18 +146,32 @@
     const root = $("views");
     root.replaceChildren();
     delete root.dataset.drawn;
-    const app = V.mount(root, payload, { hash: !!fromAddress, onChange: viewsChanged });
+    const app = V.mount(root, payload, { hash: !!fromAddress, onChange: viewsChanged, mixing: mixingSource() });
     if (previous && !fromAddress) {
       const state = app.state;
       if (payload.views.includes(previous.state.view)) state.view = previous.state.view;
       state.kind = Math.min(previous.state.kind, payload.kinds.length - 1);
       state.layer = previous.state.layer;
       state.heads = new Set([...previous.state.heads].filter((h) => h < app.nHeads()));
-      state.norms = previous.state.norms;
+      state.measure = previous.state.measure; // falls back to α where it is not offered
+      state.rollout = previous.state.rollout;
       app.syncControls();
       app.draw();
     }
     page.views = app;
+  }
+
+  /* The context-mixing measures the views may fetch for the analysed text (POST /api/mixing): only
+   * for the intact model (the measures are of the model as it is), and for one text (an
+   * encoder-decoder's second text is its target, which the encoder never sees). */
+  function mixingSource() {
+    const data = page.analysis;
+    if (!data || page.showing === "changed" || (data.pair && data.model.type !== "encoder-decoder")) return null;
+    const fetchOne = async (method) => {
+      const answer = await api("/api/mixing", { model: data.model.name, text: data.text, pair: data.pair, method });
+      return answer.mixing;
+    };
+    return { methods: page.config.measures || [], fetch: fetchOne };
   }
 
   /* After each draw of the views: follow the open head and the norm toggle, keep the address. */
@@ -166,8 +184,9 @@
     for (const row of $("stats").querySelectorAll("tbody tr")) {
       row.classList.toggle("ex-open", !!page.open && +row.dataset.layer === page.open[0] && +row.dataset.head === page.open[1]);
     }
-    if ($("norms").checked !== app.state.norms) {
-      $("norms").checked = app.state.norms;
+    const norms = app.state.measure === "norms";
+    if ($("norms").checked !== norms) {
+      $("norms").checked = norms;
       drawStatistics(shown());
     }
     writeAddress();
@@ -289,10 +308,8 @@
 
   function setNorms(on) {
     const app = page.views;
-    app.state.norms = on && !!app.kind().norms;
-    if (app.normsBox) app.normsBox.checked = app.state.norms;
     drawStatistics(shown());
-    app.draw();
+    app.setMeasure(on && app.kind().norms ? "norms" : "attention");
   }
 
   // ---- interventions -----------------------------------------------------------------------
