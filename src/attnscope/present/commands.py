@@ -18,6 +18,8 @@ from ..record import ATTENTION_KINDS, AttentionRecord
 from .payload import VIEWS
 
 if TYPE_CHECKING:
+    from ..analysis.mixing import Mixing
+    from ..models.loading import LoadedModel
     from .html import AttentionView
 
 
@@ -33,7 +35,7 @@ def _input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bool = False,
-                      loaded=None) -> AttentionRecord:  # type: ignore[no-untyped-def]
+                      loaded: LoadedModel | None = None) -> AttentionRecord:
     """The record to draw: loaded (``--record``, lazily), or captured from TEXT / ``--file``.
 
     With ``long`` (or an input longer than :data:`LONG_VIEW_TOKENS`), the capture keeps what the
@@ -117,7 +119,8 @@ def _check_measures(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[str], loaded) -> list:  # type: ignore[no-untyped-def]
+def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[str],
+                loaded: LoadedModel | None) -> list[Mixing]:
     """The measures ``names`` of the record's text: from the record for ``attention`` alone, else on the model."""
     if not names:
         return []
@@ -129,7 +132,8 @@ def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[s
     if record.is_partial:
         raise AttnscopeError(f"--measure draws in the head and model views; this input has {len(record.tokens):,} "
                              f"tokens, over the {LONG_VIEW_TOKENS} the line views take")
-    return list(mixing_measures(loaded, record.text[0], names).values())
+    assert loaded is not None, "_run_view loads the model whenever measures come without --record"
+    return list(mixing_measures(loaded, record.text[0], names, progress=True).values())
 
 
 def _run_view(args: argparse.Namespace) -> int:
