@@ -24,6 +24,11 @@ shot head_view 760,600 "view=head&layer=2"
 shot model_view 1080,730 "view=model"
 shot neuron_view 1130,580 "view=neuron&layer=2&head=3&query=5"
 
+# a context-mixing measure in the head view: ALTI's rollout through the last layer (one text: no pair)
+PAGE=$(mktemp -d)/mixing.html
+"$BIN/attnscope" view "$PAIR" --kind head --measure alti --measure value_zeroing -o "$PAGE" >/dev/null
+shot head_view_alti 760,600 "view=head&layer=5&measure=alti&rollout=1"
+
 "$BIN/attnscope" plot "$TEXT" --pair "$PAIR" --layer 2 --head 0 -o "$OUT/plot_head.png"
 "$BIN/attnscope" plot "$TEXT" --pair "$PAIR" --figure types -o "$OUT/plot_types.png"
 
