@@ -11,6 +11,7 @@ import pytest
 
 from attnscope import AttnscopeError, extract, load_model
 from attnscope.analysis.mixing import REFERENCES
+from attnscope.capture.tokens import TruncationWarning
 from attnscope.experiments.mixing import mixing_measures
 from attnscope.present import build_payload, payload_schema
 from attnscope.present.html import view_text
@@ -130,6 +131,21 @@ def test_cli_view_measure_ships_the_measures(tiny_model_dir, tmp_path, capsys):
     assert [entry["method"] for entry in shipped] == ["alti", "norm_residual"]
     for entry in shipped:
         assert_decodes_to(entry["rollout"], expected[entry["method"]].rollout)
+
+
+def test_cli_view_measure_on_a_text_cut_by_max_tokens(tiny_model_dir, tmp_path, capsys):
+    """--max-tokens cuts the text for the measures as for the record (one truncation warning, not two)."""
+    from attnscope.cli import main
+
+    folder = str(tiny_model_dir("bert"))
+    out = tmp_path / "views.html"
+    assert main(["view", TEXT, "--model", folder, "--max-tokens", "5", "--measure", "alti", "-o", str(out)]) == 0
+    assert capsys.readouterr().err.count("truncated to 5") == 1
+    shipped = payload_of(out)["kinds"][0]["mixing"][0]
+    with pytest.warns(TruncationWarning, match="truncated to 5 .chosen; the model takes up to"):
+        expected = mixing_measures(load_model(folder), TEXT, ["alti"], max_length=5)["alti"]
+    assert expected.rollout.shape[-1] == 5
+    assert_decodes_to(shipped["rollout"], expected.rollout)
 
 
 def test_cli_view_measure_bad_inputs_get_one_line(tiny_model_dir, tmp_path, capsys):

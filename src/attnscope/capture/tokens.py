@@ -163,9 +163,10 @@ def ids_within(tokenizer: Any, texts: list[str], limit: int, what: str, *, targe
     return [list(ids) for ids in cut]
 
 
-def encode_side(tokenizer: Any, first: str, second: str | None, max_length: int, index: int) -> Side:
+def encode_side(tokenizer: Any, first: str, second: str | None, max_length: int, index: int,
+                model_limit: int | None = None) -> Side:
     """One input's :func:`encode_sides`."""
-    return encode_sides(tokenizer, [(first, second)], max_length, [index])[0]
+    return encode_sides(tokenizer, [(first, second)], max_length, [index], model_limit)[0]
 
 
 def _side(tokenizer: Any, encoding: Any, row: int, has_pair: bool) -> Side:

@@ -82,11 +82,13 @@ def input_side(loaded: LoadedModel) -> nn.Module:
     return loaded.model.get_encoder() if loaded.is_encoder_decoder else loaded.model.base_model
 
 
-def encode_text(loaded: LoadedModel, text: str) -> tuple[Side, dict[str, Any]]:
-    """The tokenized input and its model inputs (batch of one)."""
+def encode_text(loaded: LoadedModel, text: str, max_length: int | None = None) -> tuple[Side, dict[str, Any]]:
+    """The tokenized input (cut to ``max_length`` tokens, at most the model's limit) and its model
+    inputs (batch of one)."""
     if not text or not text.strip():
         raise AttnscopeError("the text is empty; give a sentence to measure context mixing on")
-    side = encode_side(loaded.tokenizer, text, None, loaded.max_length, 0)
+    limit = min(max_length or loaded.max_length, loaded.max_length)
+    side = encode_side(loaded.tokenizer, text, None, limit, 0, loaded.max_length)
     ids = torch.tensor([side.input_ids])
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if loaded.causal:
@@ -135,12 +137,13 @@ def _layer_modules(loaded: LoadedModel, kind: str, n_layers: int) -> Modules:
     return _MODULES[loaded.model]
 
 
-def capture_layers(loaded: LoadedModel, text: str) -> Captured:
-    """Run the input side once and keep what the mixing measures need (see the module docstring)."""
+def capture_layers(loaded: LoadedModel, text: str, max_length: int | None = None) -> Captured:
+    """Run the input side once and keep what the mixing measures need (see the module docstring);
+    ``max_length``: cut the text to that many tokens (as ``extract`` does)."""
     if loaded.adapter.norms is None:
         raise AttnscopeError(f"the adapter for {loaded.config.model_type!r} does not say where its layer norms are; "
                              "context mixing beyond raw attention is unavailable for it")
-    side, inputs = encode_text(loaded, text)
+    side, inputs = encode_text(loaded, text, max_length)
     kind = main_kind(loaded.sites.values())
     sites = sorted((s for s in loaded.sites.values() if s.kind == kind), key=lambda s: s.layer)
     blocks, first, second = _layer_modules(loaded, kind, len(sites))
@@ -212,12 +215,12 @@ def as_model(model: LoadedModel | str) -> LoadedModel:
 
 
 def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] = METHODS,
-                    progress: bool = False) -> dict[str, Mixing]:
+                    progress: bool = False, max_length: int | None = None) -> dict[str, Mixing]:
     """Several measures of one input from one capture pass: ``{method: Mixing}`` (``progress``: a bar
-    over value zeroing's block runs)."""
+    over value zeroing's block runs; ``max_length``: cut the text to that many tokens)."""
     loaded = as_model(model)
     names = [method_name(m) for m in methods]
-    captured = capture_layers(loaded, text)
+    captured = capture_layers(loaded, text, max_length)
     distances = value_zeroing_distances(captured, progress=progress) if "value_zeroing" in names else None
     return {name: mixing_from_tensors(name, captured.layers, captured.tokens, loaded.name, distances, loaded.causal)
             for name in names}

@@ -133,7 +133,11 @@ def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[s
         raise AttnscopeError(f"--measure draws in the head and model views; this input has {len(record.tokens):,} "
                              f"tokens, over the {LONG_VIEW_TOKENS} the line views take")
     assert loaded is not None, "_run_view loads the model whenever measures come without --record"
-    return list(mixing_measures(loaded, record.text[0], names, progress=True).values())
+    from ..capture.tokens import TruncationWarning
+
+    with warnings.catch_warnings():  # the record's capture already said the text was cut
+        warnings.simplefilter("ignore", TruncationWarning)
+        return list(mixing_measures(loaded, record.text[0], names, progress=True, max_length=args.max_tokens).values())
 
 
 def _run_view(args: argparse.Namespace) -> int:
