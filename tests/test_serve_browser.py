@@ -166,6 +166,21 @@ def test_the_attention_downloads_as_json_through_a_post(browser, server, minilm)
     tab.check_clean()
 
 
+def test_the_api_page_works_offline(browser, server):
+    """/docs draws the schema with Swagger UI served by attnscope itself (FastAPI's default takes it from a CDN)."""
+    page = browser.new_page()
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{server}/docs")
+    page.wait_for_selector(".opblock-summary-path[data-path=\"/api/mixing\"]", timeout=30_000)
+    assert page.locator(".opblock").count() >= 5  # one block per endpoint
+    assert errors == []
+    assert requests and all(url.startswith((server, "data:", "blob:")) for url in requests)
+    page.close()
+
+
 def test_the_address_restores_input_view_and_intervention(browser, server):
     fragment = (f"#model=minilm&text={quote(PAIR[0])}&pair={quote(PAIR[1])}&view=model&norms=1"
                 "&do=uniform&heads=1.4,4.0&show=changed")

@@ -30,10 +30,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
@@ -60,7 +62,12 @@ ASSETS = {
         "steps.js", "steps.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
 }
-MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
+# Swagger UI's files, from the swagger-ui-bundle-v2 package (FastAPI's default /docs loads them from a CDN)
+DOCS_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png")
+# the schema's page: its own assets, one inline script (FastAPI's start-up of Swagger UI), the schema
+DOCS_POLICY = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+               "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'")
 # the page loads only its own assets and talks only to this server
 CONTENT_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
                   "connect-src 'self' data: blob:; frame-ancestors 'none'")
@@ -183,7 +190,7 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     pool = ModelPool(choices, dtype=dtype, device=device, loaded=loaded)
     if preload:
         pool.preload(pool.default)
-    app = FastAPI(title="attnscope explorer", version="1",
+    app = FastAPI(title="attnscope explorer", version="1", docs_url=None, redoc_url=None,
                   description="Capture, classify and intervene on a transformer's attention. "
                               "Layers and heads are 0-indexed everywhere.")
     app.state.pool = pool
@@ -230,11 +237,34 @@ def _asset(name: str) -> str:
     return resources.files(package).joinpath(folder, name).read_text(encoding="utf-8")
 
 
+def _docs_asset(name: str) -> bytes:
+    from swagger_ui_bundle import swagger_ui_path
+
+    return (Path(swagger_ui_path) / name).read_bytes()
+
+
 def _add_page_routes(app: FastAPI) -> None:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
         html = resources.files("attnscope.serve").joinpath("static", "explorer.html").read_text(encoding="utf-8")
         return HTMLResponse(html, headers={"Content-Security-Policy": CONTENT_POLICY})
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def docs() -> HTMLResponse:
+        """The schema's page (Swagger UI), its script and style served from here: it works offline."""
+        page = get_swagger_ui_html(openapi_url="/openapi.json", title="attnscope explorer: API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon-32x32.png")
+        page.headers["Content-Security-Policy"] = DOCS_POLICY
+        return page
+
+    @app.get("/docs-assets/{name}", include_in_schema=False)
+    def docs_asset(name: str) -> Response:
+        if name not in DOCS_ASSETS:
+            return _problem(404, f"no asset {name!r}")
+        return Response(_docs_asset(name), media_type=MEDIA_TYPES[name[name.rindex("."):]],
+                        headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/static/{name}", include_in_schema=False)
     def asset(name: str) -> Response:

@@ -46,8 +46,6 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
 # an API answer opened as a page may load, run or frame nothing
 API_POLICY = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-# FastAPI's own schema pages load Swagger UI / ReDoc from their CDN: the API policy would blank them
-OWN_POLICY_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc")
 # a Host header: a DNS name or IPv4 address, or an IPv6 address in brackets, then an optional port
 HOST_HEADER = re.compile(r"(?P<name>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
 
@@ -178,14 +176,12 @@ class Guard:
 
     @staticmethod
     def _with_headers(scope: Scope, send: Send) -> Send:
-        own_policy = scope["path"] in OWN_POLICY_PATHS
-
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 names = {name.lower() for name, _ in headers}
                 headers.append((b"x-content-type-options", b"nosniff"))
-                if b"content-security-policy" not in names and not own_policy:
+                if b"content-security-policy" not in names:  # pages (/, /docs) bring their own
                     headers.append((b"content-security-policy", API_POLICY.encode()))
                 message = {**message, "headers": headers}
             await send(message)
