@@ -128,15 +128,20 @@ def measure(loaded, length: int) -> dict[str, float | int | bool]:  # type: igno
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 while another process "
+                        "holds a core, where two threads wait on each other)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     loaded = attnscope.load_model("smollm2")
     attnscope.generate(loaded, "The sea is", max_new_tokens=4)  # warm-up
     plain_generate(loaded, loaded.tokenizer("The sea is")["input_ids"], 4)
     rows = [measure(loaded, length) for length in lengths]
     figures = {name: [row[name] for row in rows] for name in rows[0]}
-    emit("generate_long", {**figures, "cpu": cpu_name()}, keep=args.lengths == ",".join(map(str, LENGTHS)))
+    figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name()}
+    emit("generate_long", figures, keep=args.lengths == ",".join(map(str, LENGTHS)))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def test_kept_rows_equal_a_teacher_forced_pass(last_rows, expected):
     record = last_rows
     assert record.prompt_length >= PROMPT_TOKENS and record.n_steps == NEW_TOKENS
     assert record.first_row == record.prompt_length - 1 and not record.has_prompt_rows
+    assert f"rows from position {record.first_row}" in repr(record)
     n = len(record.tokens)
     assert record.arrays["rows"].shape == (3, 6, packed_length(n) - row_offset(record.first_row))
     for position in range(record.first_row, n):

@@ -188,8 +188,9 @@ class GenerationRecord:
 
     def __repr__(self) -> str:
         changed = f", changes={self.changes!r}" if self.changes else ""
+        rows = f", rows from position {self.first_row}" if self.first_row else ""
         return (f"GenerationRecord(model={self.model.name!r}, prompt={self.prompt_length} tokens, "
-                f"generated={self.n_steps} tokens, layers={self.n_layers}, heads={self.n_heads}{changed})")
+                f"generated={self.n_steps} tokens, layers={self.n_layers}, heads={self.n_heads}{rows}{changed})")
 
     # ---- conversion ---------------------------------------------------------------------
     def attention_matrix(self) -> np.ndarray:
