@@ -150,6 +150,7 @@ class GenerationRecord:
         """Attention of the token at ``position`` over positions ``0..position``: ``[layer, head, position + 1]``.
 
         ``weighted``: the norm-weighted row ``alpha_ij * ||v_j W_O^h||`` (Kobayashi et al. 2020).
+        Refused for a position before ``first_row`` (its row was not kept).
         """
         if not 0 <= position < len(self.tokens):
             raise AttnscopeError(f"position {position} is outside 0..{len(self.tokens) - 1}")
@@ -205,7 +206,8 @@ class GenerationRecord:
 
     def to_attention_record(self, *, max_tokens: int = TO_RECORD_LIMIT) -> AttentionRecord:
         """The final text as an :class:`AttentionRecord` (every view, statistic and classifier works
-        on it). Refuses beyond ``max_tokens``: the matrix grows with tokens squared."""
+        on it). Refuses beyond ``max_tokens`` (the matrix grows with tokens squared) and when the
+        prompt's rows were not kept (``first_row > 0``)."""
         self._require_prompt_rows()
         n = len(self.tokens)
         if n > max_tokens:
