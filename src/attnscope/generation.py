@@ -1,10 +1,14 @@
 """What a decoder attended to while it generated: :class:`GenerationRecord`.
 
-A record holds, for every position of the final text (prompt, then generated tokens), that
-position's attention row over all earlier positions, for every layer and head, and for every
-generated token the model's top candidates. Rows are stored packed: row ``q`` has ``q + 1`` keys
-and starts at offset ``q * (q + 1) / 2`` of the last axis, so the whole record grows with the
-number of rows kept (about tokens² / 2 per head), never with a padded ``[T, T]`` per step.
+A record holds, for every position of the final text (prompt, then generated tokens) from
+``first_row`` on, that position's attention row over all earlier positions, for every layer and
+head, and for every generated token the model's top candidates. Rows are stored packed: row ``q``
+has ``q + 1`` keys and starts at offset ``q * (q + 1) / 2 - first_row * (first_row + 1) / 2`` of the
+last axis, so the record grows with the rows kept, never with a padded ``[T, T]`` per step.
+
+A long prompt's rows are usually not kept (``first_row = prompt_length - 1``): they grow with the
+prompt squared (8,192 tokens of SmolLM2 would be 34 GiB of float32), while every step's row, the one that
+chose each generated token, grows only with the text.
 
 Step ``s`` (0-indexed) chose generated token ``s``, at position ``prompt_length + s``; the
 attention that made that choice is the row of the position before it (:meth:`step_attention`).
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
 
 GENERATION_FORMAT = "attnscope-generation/1"
 TO_RECORD_LIMIT = 2048  # tokens: beyond this a [layer, head, T, T] matrix is rarely what a user wants
+NO_PROMPT_ROWS_ADVICE = ("generate(..., prompt_rows=True) or attnscope generate --prompt-rows all keeps them, "
+                         "or capture the prompt alone with attnscope.extract / attnscope view")
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,8 @@ class GenerationRecord:
 
     ``arrays``:
 
-    * ``rows`` float32 ``[layer, head, packed]``: row ``q`` at ``[row_offset(q), row_offset(q + 1))``;
+    * ``rows`` float32 ``[layer, head, packed]``: row ``q`` (``q >= first_row``) at
+      ``[row_offset(q) - row_offset(first_row), row_offset(q + 1) - row_offset(first_row))``;
     * ``value_norms`` float32 ``[layer, head, position]`` (optional): ``||v_j W_O^h||`` of each key
       (Kobayashi et al. 2020), so a norm-weighted row is ``row * value_norms[..., :q + 1]``;
     * ``token_ids`` int64, ``special_mask`` bool and ``word_ids`` int64 ``[position]`` (as in a record);
@@ -68,7 +75,9 @@ class GenerationRecord:
 
     ``candidate_tokens`` are the candidates as readable strings ``[step][k]``; ``settings`` the
     decoding settings (greedy or sampling, temperature, ...); ``changes`` names the interventions
-    active during generation ("" if none).
+    active during generation ("" if none). ``first_row``: the first position whose row is kept
+    (at most ``prompt_length - 1``, the row that chose the first generated token); positions before
+    it have none.
     """
 
     model: ModelInfo
@@ -79,6 +88,7 @@ class GenerationRecord:
     prompt: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
     changes: str = ""
+    first_row: int = 0
 
     def __post_init__(self) -> None:
         arrays = {key: np.ascontiguousarray(value) for key, value in self.arrays.items()}
@@ -86,11 +96,14 @@ class GenerationRecord:
             value.flags.writeable = False
         object.__setattr__(self, "arrays", MappingProxyType(arrays))
         n = len(self.tokens)
-        rows = arrays.get("rows")
-        if rows is None or rows.ndim != 3 or rows.shape[-1] != packed_length(n):
-            raise ValueError(f"rows must be [layer, head, {packed_length(n)}] for {n} tokens")
         if not 0 < self.prompt_length <= n:
             raise ValueError(f"prompt_length {self.prompt_length} must be within 1..{n}")
+        if not 0 <= self.first_row < self.prompt_length:
+            raise ValueError(f"first_row {self.first_row} must be within 0..{self.prompt_length - 1} "
+                             "(the row that chose the first generated token is always kept)")
+        rows, length = arrays.get("rows"), packed_length(n) - row_offset(self.first_row)
+        if rows is None or rows.ndim != 3 or rows.shape[-1] != length:
+            raise ValueError(f"rows must be [layer, head, {length}] for {n} tokens from row {self.first_row}")
         if arrays["candidate_ids"].shape[0] != self.n_steps or len(self.candidate_tokens) != self.n_steps:
             raise ValueError(f"candidates must have one entry per generated token ({self.n_steps})")
 
@@ -128,14 +141,24 @@ class GenerationRecord:
     def has_norms(self) -> bool:
         return "value_norms" in self.arrays
 
+    @property
+    def has_prompt_rows(self) -> bool:
+        """Whether every position's row is kept (``first_row == 0``), the prompt's included."""
+        return self.first_row == 0
+
     def row(self, position: int, *, weighted: bool = False) -> np.ndarray:
         """Attention of the token at ``position`` over positions ``0..position``: ``[layer, head, position + 1]``.
 
         ``weighted``: the norm-weighted row ``alpha_ij * ||v_j W_O^h||`` (Kobayashi et al. 2020).
+        Refused for a position before ``first_row`` (its row was not kept).
         """
         if not 0 <= position < len(self.tokens):
             raise AttnscopeError(f"position {position} is outside 0..{len(self.tokens) - 1}")
-        row = self.arrays["rows"][:, :, row_offset(position) : row_offset(position + 1)]
+        if position < self.first_row:
+            raise AttnscopeError(f"the rows of positions 0..{self.first_row - 1} (the prompt's) were not kept; "
+                                 f"{NO_PROMPT_ROWS_ADVICE}")
+        base = row_offset(self.first_row)
+        row = self.arrays["rows"][:, :, row_offset(position) - base : row_offset(position + 1) - base]
         if not weighted:
             return row
         if not self.has_norms:
@@ -166,12 +189,15 @@ class GenerationRecord:
 
     def __repr__(self) -> str:
         changed = f", changes={self.changes!r}" if self.changes else ""
+        rows = f", rows from position {self.first_row}" if self.first_row else ""
         return (f"GenerationRecord(model={self.model.name!r}, prompt={self.prompt_length} tokens, "
-                f"generated={self.n_steps} tokens, layers={self.n_layers}, heads={self.n_heads}{changed})")
+                f"generated={self.n_steps} tokens, layers={self.n_layers}, heads={self.n_heads}{rows}{changed})")
 
     # ---- conversion ---------------------------------------------------------------------
     def attention_matrix(self) -> np.ndarray:
-        """The full lower-triangular attention ``[layer, head, q_pos, k_pos]`` of the final text."""
+        """The full lower-triangular attention ``[layer, head, q_pos, k_pos]`` of the final text
+        (refused when the prompt's rows were not kept)."""
+        self._require_prompt_rows()
         n = len(self.tokens)
         queries, keys = np.tril_indices(n)  # row-major: the packed order
         matrix = np.zeros((self.n_layers, self.n_heads, n, n), dtype=np.float32)
@@ -180,7 +206,9 @@ class GenerationRecord:
 
     def to_attention_record(self, *, max_tokens: int = TO_RECORD_LIMIT) -> AttentionRecord:
         """The final text as an :class:`AttentionRecord` (every view, statistic and classifier works
-        on it). Refuses beyond ``max_tokens``: the matrix grows with tokens squared."""
+        on it). Refuses beyond ``max_tokens`` (the matrix grows with tokens squared) and when the
+        prompt's rows were not kept (``first_row > 0``)."""
+        self._require_prompt_rows()
         n = len(self.tokens)
         if n > max_tokens:
             raise AttnscopeError(f"{n} tokens is more than max_tokens={max_tokens} for a full [layer, head, T, T] "
@@ -197,6 +225,11 @@ class GenerationRecord:
             arrays["self.norms"] = matrix * self.arrays["value_norms"][:, :, None, :]
         return AttentionRecord(model=self.model, tokens=self.tokens, arrays=arrays,
                                text=(self.prompt + self.generated_text,))
+
+    def _require_prompt_rows(self) -> None:
+        if not self.has_prompt_rows:
+            raise AttnscopeError(f"this generation kept no rows before position {self.first_row} (the prompt's), "
+                                 f"so it has no full [layer, head, T, T] matrix; {NO_PROMPT_ROWS_ADVICE}")
 
     # ---- the step view -------------------------------------------------------------------
     def steps_payload(self, *, compress: bool = True, title: str | None = None) -> StepsPayload:
@@ -249,7 +282,8 @@ class GenerationRecord:
     def _metadata(self) -> dict[str, Any]:
         return {"format": GENERATION_FORMAT, "model": self.model.to_json(), "tokens": list(self.tokens),
                 "prompt_length": self.prompt_length, "candidate_tokens": [list(c) for c in self.candidate_tokens],
-                "prompt": self.prompt, "settings": dict(self.settings), "changes": self.changes}
+                "prompt": self.prompt, "settings": dict(self.settings), "changes": self.changes,
+                "first_row": self.first_row}
 
     @classmethod
     def load(cls, path: str | Path) -> GenerationRecord:
@@ -265,6 +299,7 @@ class GenerationRecord:
             return cls(model=ModelInfo(**meta["model"]), tokens=tuple(meta["tokens"]),
                        prompt_length=int(meta["prompt_length"]), arrays=arrays,
                        candidate_tokens=tuple(tuple(c) for c in meta["candidate_tokens"]), prompt=meta["prompt"],
-                       settings=meta["settings"], changes=meta["changes"])
+                       settings=meta["settings"], changes=meta["changes"],
+                       first_row=int(meta.get("first_row", 0)))  # files from before first_row kept every row
         except (KeyError, TypeError, ValueError) as error:
             raise AttnscopeError(f"generation record {path} is damaged: {error}") from None

@@ -29,18 +29,29 @@ from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
 GENERATE_ADVICE = "generate fewer tokens (max_new_tokens) or use a shorter prompt"
+DROP_PROMPT_ROWS_ADVICE = "keep only the steps' rows (prompt_rows=False, --prompt-rows last)"
+# The prompt's rows are kept by default while they take at most this much (float32, all layers and
+# heads): a SmolLM2 prompt of about 1,000 tokens. Below it, a record converts to a full [layer, head,
+# T, T] AttentionRecord for every view and statistic, and memory stays small next to a laptop's; above
+# it the prompt's rows grow with its square (8,192 tokens: 34 GiB) while the step view and the
+# per-step table never read them (only each step's own row), and `attnscope view`/`extract` capture a
+# long prompt's attention on their own, in row chunks.
+PROMPT_ROWS_BUDGET = 512 * 2**20
 
 
 @dataclass
 class StepRows:
     """Receives every attention call of a generation (a capture session's ``step_sink``).
 
-    Per layer, a list of ``(first_position, probs [head, q_pos, k_pos])``: the prompt arrives as
-    one ``[head, P, P]`` block, then each step as ``[head, 1, k]``. Keys are the last ``k``
-    positions up to the call's last query (a sliding-window cache may hold fewer than all).
+    The prompt arrives as one ``[head, P, P]`` block per layer, then each step as ``[head, 1, k]``;
+    keys are the last ``k`` positions up to the call's last query (a sliding-window cache may hold
+    fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
+    are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
+    ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
     """
 
-    blocks: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    first_row: int = 0
+    segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
@@ -50,20 +61,23 @@ class StepRows:
             return
         self.first = self.first or captured
         start = self.positions.get(site.layer, 0)  # the call's first query position
-        block = captured.attention[0].float().cpu().numpy()  # batch of one: [head, q_pos, k_pos]
-        self.blocks.setdefault(site.layer, []).append((start, block))
+        block = captured.attention[0]  # batch of one: [head, q_pos, k_pos]
         self.positions[site.layer] = start + block.shape[1]
+        kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
+        if kept < block.shape[1]:
+            self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
 
     def packed(self, n_positions: int) -> np.ndarray:
-        """Every position's row, ``[layer, head, packed]`` (see :func:`attnscope.generation.row_offset`)."""
-        layers = sorted(self.blocks)
-        n_heads = self.blocks[layers[0]][0][1].shape[0]
-        rows = np.zeros((len(layers), n_heads, packed_length(n_positions)), dtype=np.float32)
+        """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
+        :func:`attnscope.generation.row_offset`); the per-call pieces are let go layer by layer."""
+        layers = sorted(self.segments)
+        n_heads = self.segments[layers[0]][0].shape[0]
+        rows = np.empty((len(layers), n_heads, packed_length(n_positions) - row_offset(self.first_row)),
+                        dtype=np.float32)
         for index, layer in enumerate(layers):
-            for start, block in self.blocks[layer]:
-                _place_rows(rows[index], start, block)
+            np.concatenate(self.segments.pop(layer), axis=-1, out=rows[index])
         return rows
 
     def value_norms(self) -> np.ndarray | None:
@@ -73,15 +87,19 @@ class StepRows:
         return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
 
 
-def _place_rows(rows: np.ndarray, start: int, block: np.ndarray) -> None:
-    """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query)
-    into ``rows`` ``[head, packed]``; keys before the block's first key stay 0."""
+def pack_rows(start: int, block: torch.Tensor) -> np.ndarray:
+    """``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) as
+    rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]``
+    float32; keys before the block's first key (outside a sliding window's cache) hold 0."""
     n_queries, n_keys = block.shape[1], block.shape[2]
     first_key = start + n_queries - n_keys  # absolute position of the block's key 0
-    for i in range(n_queries):
-        position = start + i
-        seen = position + 1 - first_key  # the keys up to this query (the rest are future, masked)
-        rows[:, row_offset(position + 1) - seen : row_offset(position + 1)] = block[:, i, :seen]
+    if first_key > 0:  # a step of a sliding-window layer ([head, 1, window]): small, pad it to every key
+        padded = block.new_zeros((block.shape[0], n_queries, start + n_queries))
+        padded[:, :, first_key:] = block
+        block = padded
+    queries = torch.arange(start, start + n_queries, device=block.device)[:, None]
+    causal = torch.arange(start + n_queries, device=block.device)[None, :] <= queries  # [q, key]
+    return block[:, causal].float().cpu().numpy()  # row-major over [q, key]: the packed order
 
 
 def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
@@ -98,8 +116,9 @@ def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
-def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
-    """Refuse models that do not generate this way, too long texts, and rows that would not fit."""
+def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0) -> None:
+    """Refuse models that do not generate this way, too long texts, and rows that would not fit
+    (``first_row``: the first position whose row is kept)."""
     if loaded.is_encoder_decoder or not loaded.causal:
         raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; generate needs one "
                              "(the toy translator has its own step view: attnscope toy translate --html)")
@@ -108,10 +127,32 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) ->
         raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
                              f"{loaded.name}'s limit of {loaded.max_length} tokens")
     layers, heads = n_main_layers(loaded), n_config_heads(loaded)  # decoder-only: the main side is "self"
-    kept = layers * heads * packed_length(total) * 4 * 2  # rows, and one copy while they are packed
-    working = layers * heads * n_prompt * n_prompt * 4 * 3  # the prompt's block, as in a full capture
-    check_memory(MemoryEstimate(kept=kept, working=working), what=f"generating {total} tokens with {loaded.name}",
-                 advice=GENERATE_ADVICE)
+    estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row)
+    advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
+    check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
+
+
+def generation_memory(n_layers: int, n_heads: int, n_prompt: int, max_new_tokens: int, *,
+                      first_row: int = 0) -> MemoryEstimate:
+    """Bytes a generation needs at its peak, besides the model (float32, as capture computes).
+
+    Kept: the rows of positions ``first_row`` on, for every layer and head, twice (the per-call
+    pieces and the record's array while they are joined). Working: the prompt's forward pass, one
+    layer at a time: that layer's scores, probabilities and one more ``[head, P, P]`` (a scaled or
+    masked copy) and the causal masks; the rows not kept are dropped as each layer's call ends.
+    """
+    kept = n_layers * n_heads * (packed_length(n_prompt + max_new_tokens) - row_offset(first_row)) * 4 * 2
+    square = n_prompt * n_prompt * 4
+    working = n_heads * square * 3 + square * 2  # masks: one per kind of layer (global, sliding window)
+    return MemoryEstimate(kept=kept, working=working)
+
+
+def keeps_prompt_rows(prompt_rows: bool | None, n_layers: int, n_heads: int, n_prompt: int) -> bool:
+    """Whether to keep every prompt position's row: ``prompt_rows`` when given, else (None) while
+    they take at most :data:`PROMPT_ROWS_BUDGET`."""
+    if prompt_rows is not None:
+        return prompt_rows
+    return n_layers * n_heads * packed_length(n_prompt) * 4 <= PROMPT_ROWS_BUDGET
 
 
 class _Progress:
@@ -132,13 +173,17 @@ class _Progress:
 def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64, chat: bool = False,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, candidates: int = DEFAULT_CANDIDATES, norms: bool = True,
-             changes: str = "", progress: bool = False) -> GenerationRecord:
+             changes: str = "", progress: bool = False, prompt_rows: bool | None = None) -> GenerationRecord:
     """Generate up to ``max_new_tokens`` after ``prompt`` and keep what every token attended to.
 
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
     ``seed``). ``chat`` wraps the prompt in the model's chat template. ``candidates``: how many top
     next tokens each step keeps. ``norms``: also keep ``||v W_O||`` per key, for norm-weighted rows.
     ``changes`` labels interventions active around the call (kept in the record for the views).
+    ``prompt_rows``: True keeps every prompt position's row (a full ``[layer, head, T, T]`` record
+    can be made), False only the rows from the prompt's last position on (each step's row: what the
+    step view and the per-step table show; memory grows with the text, not its square); None (the
+    default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`.
 
     >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
     >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
@@ -147,11 +192,13 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     if max_new_tokens < 1 or candidates < 1:
         raise AttnscopeError("max_new_tokens and candidates must be at least 1")
     ids = prompt_ids(loaded, prompt, chat=chat)
-    check_generation(loaded, len(ids), max_new_tokens)
+    keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
+    first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token
+    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    rows = StepRows()
+    rows = StepRows(first_row=first_row)
     with (torch.inference_mode(), capture(loaded.sites, norms=norms, step_sink=rows),
           torch.random.fork_rng(devices=[]), _quiet_transformers()):
         torch.manual_seed(seed)
@@ -207,4 +254,4 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
-                            changes=changes)
+                            changes=changes, first_row=rows.first_row)

@@ -116,6 +116,9 @@ def _run_primer(args: argparse.Namespace) -> int:
 
 
 # ---- generate ---------------------------------------------------------------------------------
+PROMPT_ROWS = {"auto": None, "all": True, "last": False}  # --prompt-rows -> generate(prompt_rows=...)
+
+
 def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     from ..capture.options import number_list
 
@@ -125,6 +128,13 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", "-n", type=positive_int, default=64, help="tokens to generate (default: 64)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
+    parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
+                        help="which prompt positions keep their attention row. 'last': only the prompt's last "
+                        "(the one that chose the first new token); every step's row is kept either way, so the "
+                        "table, --json and --html are the same, and a long prompt (a whole context window) costs "
+                        "memory in proportion to its length, not its square. 'all': every prompt row, for a full "
+                        "[layer, head, T, T] record from --save (to_attention_record). 'auto' (default): all while "
+                        "they stay small (about 1,000 tokens of SmolLM2), else last")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
     sampling.add_argument("--temperature", type=finite_float, default=1.0)
@@ -185,7 +195,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
-               "top_k": args.sample_top_k, "seed": args.seed, "progress": True}
+               "top_k": args.sample_top_k, "seed": args.seed, "progress": True,
+               "prompt_rows": PROMPT_ROWS[args.prompt_rows]}
     if changes.empty:
         from ..capture.generate import generate
 
@@ -244,6 +255,7 @@ COMMANDS = (
   attnscope generate "Write one sentence about the sea." --chat --html steps.html   # step through it
   attnscope generate "Write one sentence about the sea." --chat --ablate 3:4,7 --corrupt uniform --layers 0-5
   attnscope generate "Once upon a time" --sample --temperature 0.8 --seed 1 --json
+  attnscope generate "$(cat report.txt) In short," -n 32 --prompt-rows last --html steps.html   # a long prompt
 Per step: the chosen token, its probability, the runners-up and the earlier token attended to most
 (averaged over layers and heads, the first token, the attention sink, left out). With interventions,
 the intact and changed texts side by side and the first step where they part. In Python:
