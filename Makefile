@@ -55,6 +55,7 @@ bench-mixing: install-test
 bench-long: install-test
 	$(BIN)/python benchmarks/long.py
 	$(BIN)/python benchmarks/long_view.py
+	$(BIN)/python benchmarks/generate_long.py
 
 # saved notebook size: the widget against the HTML views for a 1,000-token SmolLM2 input
 bench-widget: install-test
