@@ -179,6 +179,24 @@ def test_cli_prompt_rows_flag(tiny_llama_dir, long_prompt, tmp_path, capsys):
     assert error.startswith("attnscope: error:") and "--prompt-rows" in error
 
 
+def test_cli_reads_a_long_prompt_from_a_file(tiny_llama_dir, long_prompt, tmp_path, capsys):
+    from attnscope.cli import main
+
+    document = tmp_path / "report.txt"
+    document.write_text(long_prompt, encoding="utf-8")
+    common = ["--model", str(tiny_llama_dir), "-n", "3", "--prompt-rows", "last", "--json"]
+    assert main(["generate", "--file", str(document), *common]) == 0
+    from_file = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["generate", long_prompt, *common]) == 0
+    assert from_file == json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for arguments, message in [(["generate", "hi", "--file", str(document)], "one of them"),
+                               (["generate"], "one of them"),
+                               (["generate", "--file", str(tmp_path / "missing.txt")], "cannot read")]:
+        assert main([*arguments, "--model", str(tiny_llama_dir)]) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and error[0].startswith("attnscope: error:") and message in error[0]
+
+
 @needs_chromium
 def test_the_step_page_draws_after_a_prompt_without_its_rows(browser, last_rows):
     page = chromium_page(browser, last_rows.save_html(ARTIFACTS / "steps_long_prompt.html"))

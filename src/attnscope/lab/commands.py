@@ -122,7 +122,8 @@ PROMPT_ROWS = {"auto": None, "all": True, "last": False}  # --prompt-rows -> gen
 def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     from ..capture.options import number_list
 
-    parser.add_argument("prompt", help="the text the model continues")
+    parser.add_argument("prompt", nargs="?", help="the text the model continues (or --file)")
+    parser.add_argument("--file", type=Path, help="read the prompt from this UTF-8 text file (a long document)")
     parser.add_argument("--model", "-m", default="smollm2", help="a decoder-only model (default: smollm2)")
     add_compute_arguments(parser)
     parser.add_argument("--max-new-tokens", "-n", type=positive_int, default=64, help="tokens to generate (default: 64)")
@@ -184,10 +185,20 @@ def _generation_changes(args: argparse.Namespace):  # type: ignore[no-untyped-de
                              corrupt_heads=args.heads, skip_attention=args.skip_attention, skip_ffn=args.skip_ffn)
 
 
+def _prompt_from_args(args: argparse.Namespace) -> str:
+    """The prompt: the PROMPT argument or the whole ``--file``, exactly one of them."""
+    from ..inputs import read_document
+
+    if (args.prompt is None) == (args.file is None):
+        raise AttnscopeError("give the prompt as an argument or --file FILE (one of them)")
+    return read_document(args.file) if args.file is not None else args.prompt
+
+
 def _run_generate(args: argparse.Namespace) -> int:
     from ..models.loading import load_model
     from ..outputs import check_output_file, writing
 
+    prompt = _prompt_from_args(args)
     changes = _generation_changes(args)
     for path in (args.save, args.html):
         if path:
@@ -200,12 +211,12 @@ def _run_generate(args: argparse.Namespace) -> int:
     if changes.empty:
         from ..capture.generate import generate
 
-        record = generate(loaded, args.prompt, **options)
+        record = generate(loaded, prompt, **options)
         result = _print_generation(record, args.json)
     else:
         from ..experiments.generation import compare_generations
 
-        comparison = compare_generations(loaded, args.prompt, changes, **options)
+        comparison = compare_generations(loaded, prompt, changes, **options)
         record = comparison.changed
         result = _print_comparison(comparison, args.json)
     if args.save:
@@ -255,7 +266,7 @@ COMMANDS = (
   attnscope generate "Write one sentence about the sea." --chat --html steps.html   # step through it
   attnscope generate "Write one sentence about the sea." --chat --ablate 3:4,7 --corrupt uniform --layers 0-5
   attnscope generate "Once upon a time" --sample --temperature 0.8 --seed 1 --json
-  attnscope generate "$(cat report.txt) In short," -n 32 --prompt-rows last --html steps.html   # a long prompt
+  attnscope generate --file report.txt -n 32 --prompt-rows last --html steps.html   # a long prompt
 Per step: the chosen token, its probability, the runners-up and the earlier token attended to most
 (averaged over layers and heads, the first token, the attention sink, left out). With interventions,
 the intact and changed texts side by side and the first step where they part. In Python:
