@@ -13,7 +13,7 @@ each length, in one process, side by side, greedy, the same 16 new tokens:
              attention function delegates to PyTorch's fused SDPA; nothing is kept;
 (b) capture  ``attnscope.generate(..., prompt_rows=False)``: every step's attention row of every layer
              and head (from the prompt's last position on), the top-10 candidates and the value norms;
-             the prompt's own rows are dropped layer by layer as the prompt's forward pass makes them;
+             the prompt runs fused (SDPA) but for its last row, whose probabilities are computed alone;
 (c) check    a teacher-forced, chunked capture of the final text (``CapturePlan`` of the last rows,
              256 queries at a time, no cache): ``rows_max_abs_err`` is its largest difference from
              (b)'s rows.

@@ -200,3 +200,8 @@ def test_sliding_window_layers_keep_zeros_outside_the_window(tmp_path):
     np.testing.assert_allclose(record.attention_matrix(), expected, atol=1e-5)
     keys_seen = (record.attention_matrix() > 0).sum(-1)  # [layer, head, q_pos]
     assert keys_seen[0].max() == 4 and keys_seen[2].max() == len(record.tokens)
+    # without the prompt's rows the prompt runs fused (its window in the mask) and the steps' rows are the same
+    last = attnscope.generate(loaded, "The cat sat on the mat.", max_new_tokens=8, prompt_rows=False)
+    assert last.first_row == last.prompt_length - 1 and last.tokens == record.tokens
+    for position in range(last.first_row, len(last.tokens)):
+        np.testing.assert_allclose(last.row(position), expected[:, :, position, : position + 1], atol=1e-5)

@@ -71,6 +71,7 @@ class SiteCapture:
     values: torch.Tensor | None = None
     norms: torch.Tensor | None = None
     new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
+    first_query: int = 0  # the call's queries before this one have no row here (a step sink did not want them)
 
     @property
     def n_heads(self) -> int:
@@ -283,6 +284,11 @@ def attnscope_attention(
                                       **kwargs)
     if kwargs.get("s_aux") is not None:
         raise AttnscopeError("attention sinks (s_aux) are not supported by attnscope's capture yet")
+    unwanted = _rows_not_wanted(session, site, query.shape[2]) if recording and not interventions else 0
+    if unwanted and kwargs.get("softcap") is None:
+        assert session is not None and site is not None
+        return _fused_with_last_rows(module, session, site, query, key, value, attention_mask, scaling, unwanted,
+                                     kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads = query.shape[1]
     keys = expand_kv_heads(key, n_heads)
@@ -309,6 +315,42 @@ def attnscope_attention(
         output = intervention.modify_output(site, output)
     output = output.contiguous()
     return output, probs.to(query.dtype)
+
+
+def _rows_not_wanted(session: CaptureSession | None, site: AttentionSite | None, n_queries: int) -> int:
+    """How many of this call's first queries the step sink wants no row of (0 without such a sink)."""
+    ask = getattr(session.step_sink, "rows_not_wanted", None) if session is not None else None
+    return 0 if ask is None or site is None else min(int(ask(site, n_queries)), n_queries - 1)
+
+
+def _fused_with_last_rows(module: nn.Module, session: CaptureSession, site: AttentionSite, query: torch.Tensor,
+                          key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                          scaling: float | None, unwanted: int, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, None]:
+    """A call whose first ``unwanted`` query rows nobody keeps (a long prompt in generation): the
+    output by PyTorch's fused SDPA, as without capture, and the probabilities of the other rows
+    only, computed as the eager path computes them. Memory: one ``[head, q - unwanted, k]`` block,
+    not ``[head, q, k]``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    n_queries, n_heads = query.shape[2], query.shape[1]
+    keys, values = expand_kv_heads(key, n_heads), expand_kv_heads(value, n_heads)
+    if attention_mask is not None and attention_mask.shape[-2] == n_queries:
+        mask: torch.Tensor | None = attention_mask[..., unwanted:, :]
+    elif attention_mask is None and site.causal and n_queries == keys.shape[2]:
+        mask = causal_mask(n_queries - unwanted, unwanted, keys.shape[2], query.device)
+    else:
+        mask = attention_mask
+    wanted = query[:, :, unwanted:]
+    probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
+    captured = _site_capture(session, site, wanted, keys, values, probs, key.shape[1], scaling)
+    assert isinstance(captured, SiteCapture), "a step sink's session has no plan"
+    captured.first_query = unwanted
+    if session.norms:  # every value this call added, not only the wanted rows'
+        captured.new_value_norms = value_norms(values[:, :, -n_queries:].detach(), site)
+    _keep(session, site, captured)
+    return output, None
 
 
 def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:

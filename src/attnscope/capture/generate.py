@@ -60,7 +60,7 @@ class StepRows:
         if site.kind != "self":
             return
         self.first = self.first or captured
-        start = self.positions.get(site.layer, 0)  # the call's first query position
+        start = self.positions.get(site.layer, 0) + captured.first_query  # the block's first query position
         block = captured.attention[0]  # batch of one: [head, q_pos, k_pos]
         self.positions[site.layer] = start + block.shape[1]
         kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
@@ -68,6 +68,11 @@ class StepRows:
             self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        """How many of a call's first queries have no row kept: the attention function then runs them
+        fused and computes the probabilities of the others only (a long prompt's prefill)."""
+        return max(0, self.first_row - self.positions.get(site.layer, 0)) if site.kind == "self" else 0
 
     def packed(self, n_positions: int) -> np.ndarray:
         """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
@@ -138,12 +143,13 @@ def generation_memory(n_layers: int, n_heads: int, n_prompt: int, max_new_tokens
 
     Kept: the rows of positions ``first_row`` on, for every layer and head, twice (the per-call
     pieces and the record's array while they are joined). Working: the prompt's forward pass, one
-    layer at a time: that layer's scores, probabilities and one more ``[head, P, P]`` (a scaled or
-    masked copy) and the causal masks; the rows not kept are dropped as each layer's call ends.
+    layer at a time: the scores, probabilities and one more copy of the rows it keeps (every prompt
+    row, or from ``first_row`` on, the rest running fused: see ``StepRows.rows_not_wanted``), and
+    the causal masks (one per kind of layer: global, sliding window).
     """
     kept = n_layers * n_heads * (packed_length(n_prompt + max_new_tokens) - row_offset(first_row)) * 4 * 2
-    square = n_prompt * n_prompt * 4
-    working = n_heads * square * 3 + square * 2  # masks: one per kind of layer (global, sliding window)
+    computed_rows = n_prompt - first_row if first_row else n_prompt
+    working = n_heads * computed_rows * n_prompt * 4 * 3 + n_prompt * n_prompt * 4 * 2
     return MemoryEstimate(kept=kept, working=working)
 
 
