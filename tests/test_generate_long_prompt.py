@@ -19,6 +19,7 @@ from attnscope.capture import generate as generating
 from attnscope.capture.attention import capture
 from attnscope.capture.generate import StepRows, generation_memory, keeps_prompt_rows
 from attnscope.data import brown_sentences
+from attnscope.experiments.interventions import HeadAblation
 from attnscope.generation import packed_length, row_offset
 from attnscope.record import write_attnscope_file
 
@@ -158,7 +159,18 @@ def test_the_memory_estimate_follows_the_rows_kept_and_one_layers_prefill(tiny_l
     assert smollm2_window.working < one_layer / 2, "the prompt runs fused: its masks and one row per head"
     every_row = generation_memory(30, 9, 8176, 16, first_row=0)
     assert 3 * one_layer <= every_row.working < 4 * one_layer, "one layer's [head, P, P] blocks, not 30"
+    under_an_intervention = generation_memory(30, 9, 8176, 16, first_row=8175, fused_prompt=False)
+    assert under_an_intervention.working == every_row.working and under_an_intervention.kept == smollm2_window.kept
     assert every_row.kept > 60 * gib  # every prompt row, twice
+    # An intervention makes the prompt run eagerly: the same generation is refused under one only
+    ids = tiny_llama.tokenizer(long_prompt)["input_ids"]
+    layers, heads = len(tiny_llama.sites), tiny_llama.model.config.num_attention_heads
+    fused = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1)
+    eager = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1, fused_prompt=False)
+    monkeypatch.setattr("attnscope.capture.plan.available_memory", lambda: int((fused.total + eager.total) / 2 / 0.8))
+    attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)
+    with pytest.raises(AttnscopeError, match="needs about"), attnscope.intervene(HeadAblation("zero", layers=[0])):
+        attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)
     # Refused in one line when it would not fit (the machine's available memory set small)
     monkeypatch.setattr("attnscope.capture.plan.available_memory", lambda: 2**20)
     with pytest.raises(AttnscopeError, match="prompt_rows=False, --prompt-rows last") as refused:

@@ -185,6 +185,11 @@ def capture(
         _ACTIVE_SESSION.reset(token)
 
 
+def interventions_active() -> bool:
+    """Whether any intervention is active in this thread / task (``intervene``)."""
+    return bool(_ACTIVE_INTERVENTIONS.get())
+
+
 def expand_kv_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
     """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``; query head h uses kv head h // group."""
     group = n_heads // states.shape[1]

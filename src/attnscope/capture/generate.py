@@ -22,7 +22,7 @@ from ..errors import AttnscopeError
 from ..generation import GenerationRecord, packed_length, row_offset
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
-from .attention import SiteCapture, capture
+from .attention import SiteCapture, capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
 from .tokens import guess_word_ids, readable_tokens
@@ -132,23 +132,26 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
         raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
                              f"{loaded.name}'s limit of {loaded.max_length} tokens")
     layers, heads = n_main_layers(loaded), n_config_heads(loaded)  # decoder-only: the main side is "self"
-    estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row)
+    # an intervention changes every row, so the prompt runs eagerly whatever rows are kept
+    estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row,
+                                 fused_prompt=not interventions_active())
     advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
     check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
 
 
 def generation_memory(n_layers: int, n_heads: int, n_prompt: int, max_new_tokens: int, *,
-                      first_row: int = 0) -> MemoryEstimate:
+                      first_row: int = 0, fused_prompt: bool = True) -> MemoryEstimate:
     """Bytes a generation needs at its peak, besides the model (float32, as capture computes).
 
     Kept: the rows of positions ``first_row`` on, for every layer and head, twice (the per-call
     pieces and the record's array while they are joined). Working: the prompt's forward pass, one
     layer at a time: the scores, probabilities and one more copy of the rows it keeps (every prompt
-    row, or from ``first_row`` on, the rest running fused: see ``StepRows.rows_not_wanted``), and
-    the causal masks (one per kind of layer: global, sliding window).
+    row, or from ``first_row`` on, the rest running fused: see ``StepRows.rows_not_wanted``; every
+    row without ``fused_prompt``, under an intervention), and the causal masks (one per kind of
+    layer: global, sliding window).
     """
     kept = n_layers * n_heads * (packed_length(n_prompt + max_new_tokens) - row_offset(first_row)) * 4 * 2
-    computed_rows = n_prompt - first_row if first_row else n_prompt
+    computed_rows = n_prompt - first_row if first_row and fused_prompt else n_prompt
     working = n_heads * computed_rows * n_prompt * 4 * 3 + n_prompt * n_prompt * 4 * 2
     return MemoryEstimate(kept=kept, working=working)
 
