@@ -62,6 +62,11 @@ def method_name(method: str) -> str:
     return name
 
 
+def method_names(methods: Sequence[str]) -> list[str]:
+    """The canonical names of ``methods``, each once, in the order given."""
+    return list(dict.fromkeys(method_name(m) for m in methods))
+
+
 @dataclass(frozen=True, eq=False)
 class NormFacts:
     """A LayerNorm applied to a sum of per-token terms: ``weight``/``bias`` ``[d_model]``, and ``scale``

@@ -210,6 +210,13 @@ def value_zeroing_distances(captured: Captured, layers: Iterable[int] | None = N
     return distances
 
 
+def check_one_text(loaded: LoadedModel, pair: str | None) -> None:
+    """The measures read the input side alone: an encoder-decoder's ``pair`` is its target, which the
+    encoder never sees; any other model's second sentence would make them measure another input."""
+    if pair is not None and not loaded.is_encoder_decoder:
+        raise AttnscopeError("the context-mixing measures take one text: leave out the second sentence")
+
+
 def as_model(model: LoadedModel | str) -> LoadedModel:
     return model if isinstance(model, LoadedModel) else load_model(model)
 

@@ -104,9 +104,9 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_measures(args: argparse.Namespace) -> list[str]:
     """The measures asked for, once each; one clear line for what cannot carry them (before the model loads)."""
-    from ..analysis.mixing import method_name
+    from ..analysis.mixing import method_names
 
-    names = list(dict.fromkeys(method_name(name) for name in args.measure))
+    names = method_names(args.measure)
     if not names:
         return names
     if args.long or args.layers is not None or args.heads is not None:

@@ -172,14 +172,14 @@ def view_text(model: Any, text: str, pair: str | None = None, *, measures: Seque
 
     >>> view_text("minilm", "The cat sat on the mat.", measures=("alti", "value_zeroing")).save("v.html")  # doctest: +SKIP
     """
-    from ..analysis.mixing import method_name
+    from ..analysis.mixing import method_names
     from ..capture.extract import extract
-    from ..experiments.mixing import as_model, mixing_measures
+    from ..experiments.mixing import as_model, check_one_text, mixing_measures
 
-    names = list(dict.fromkeys(method_name(name) for name in measures))
+    names = method_names(measures)
     loaded = as_model(model)
-    if names and pair is not None and not loaded.is_encoder_decoder:
-        raise AttnscopeError("the context-mixing measures take one text: leave out the second sentence")
+    if names:
+        check_one_text(loaded, pair)
     wanted = [views] if isinstance(views, str) else list(views)
     record = extract(loaded, text, pair, qkv=bool({"all", "neuron"} & set(wanted)), norms=norms)
     mixing = mixing_measures(loaded, text, names) if names else None

@@ -221,10 +221,9 @@ def mixing_of(loaded: LoadedModel, text: str, pair: str | None, method: str) -> 
     """The measure ``method`` of ``text`` on the input side (an encoder-decoder's ``pair`` is its
     target, which the encoder never sees; any other model's second sentence is refused)."""
     from ..analysis.mixing import method_name
-    from ..experiments.mixing import mixing_measures
+    from ..experiments.mixing import check_one_text, mixing_measures
 
-    if pair is not None and not loaded.is_encoder_decoder:
-        raise InputError("the context-mixing measures take one text: leave out the second sentence")
+    check_one_text(loaded, pair)
     name = method_name(method)
     return mixing_measures(loaded, text, [name])[name]
 
