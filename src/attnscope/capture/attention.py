@@ -301,8 +301,8 @@ def attnscope_attention(
     if recording and session is not None and site is not None and session.plan is not None and not interventions:
         output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
         return output, None
-    if attention_mask is None and site is not None and site.causal and query.shape[2] == keys.shape[2] > 1:
-        attention_mask = causal_mask(query.shape[2], 0, keys.shape[2], query.device)  # the lazy mask left causality to us
+    if site is not None:
+        attention_mask = rows_mask(attention_mask, site, query.shape[2], keys.shape[2], 0, query.device)
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
@@ -341,20 +341,10 @@ def _fused_with_last_rows(module: nn.Module, session: CaptureSession, site: Atte
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_queries, n_heads = query.shape[2], query.shape[1]
     keys, values = expand_kv_heads(key, n_heads), expand_kv_heads(value, n_heads)
-    if attention_mask is not None and attention_mask.shape[-2] == n_queries:
-        mask: torch.Tensor | None = attention_mask[..., unwanted:, :]
-    elif attention_mask is None and site.causal and n_queries == keys.shape[2]:
-        mask = causal_mask(n_queries - unwanted, unwanted, keys.shape[2], query.device)
-    else:
-        mask = attention_mask
+    mask = rows_mask(attention_mask, site, n_queries, keys.shape[2], unwanted, query.device)
     wanted = query[:, :, unwanted:]
     probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
-    captured = _site_capture(session, site, wanted, keys, values, probs, key.shape[1], scaling)
-    assert isinstance(captured, SiteCapture), "a step sink's session has no plan"
-    captured.first_query = unwanted
-    if session.norms:  # every value this call added, not only the wanted rows'
-        captured.new_value_norms = value_norms(values[:, :, -n_queries:].detach(), site)
-    _keep(session, site, captured)
+    _keep(session, site, _site_capture(session, site, wanted, keys, values, probs, key.shape[1], scaling, unwanted))
     return output, None
 
 
@@ -368,6 +358,17 @@ def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | 
     session.captured[(site.kind, site.layer)] = captured
     if session.stop_after is not None and session.stop_after <= session.captured.keys():
         raise CaptureComplete
+
+
+def rows_mask(attention_mask: torch.Tensor | None, site: AttentionSite, n_queries: int, n_keys: int, first: int,
+              device: torch.device) -> torch.Tensor | None:
+    """The mask of a call's queries ``first..n_queries-1``: the given mask's rows, or, where the lazy
+    mask left causality to us (None at a causal site, a square call), the causal mask of those rows."""
+    if attention_mask is not None and attention_mask.shape[-2] == n_queries:
+        return attention_mask[..., first:, :]
+    if attention_mask is None and site.causal and n_queries == n_keys > 1:
+        return causal_mask(n_queries - first, first, n_keys, device)
+    return attention_mask
 
 
 def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -413,18 +414,21 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
 
 def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
                   values: torch.Tensor, probs: torch.Tensor, n_kv_heads: int,
-                  scaling: float) -> SiteCapture | RowCapture:
+                  scaling: float, first_query: int = 0) -> SiteCapture | RowCapture:
+    """``first_query``: the call's queries before it have no row in ``query``/``probs`` (a step sink
+    did not want them); the values they added still get their norms."""
     if session.plan is not None:  # a plan under interventions: the full matrix, then kept chunk by chunk
         collector = session.collector(site, values.detach(), n_heads=probs.shape[1], n_keys=probs.shape[-1])
         for start in range(0, probs.shape[2], session.plan.chunk):
             collector.add(start, probs[:, :, start : start + session.plan.chunk].detach())
         return collector.finish(n_heads=probs.shape[1], n_kv_heads=n_kv_heads, d_head=query.shape[-1],
                                 scaling=scaling)
-    result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling)
+    result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling,
+                         first_query=first_query)
     if session.qkv:
         result.queries, result.keys, result.values = (t.detach().float() for t in (query, keys, values))
     if session.norms and session.step_sink is not None:  # the earlier keys' norms came with earlier calls
-        result.new_value_norms = value_norms(values[:, :, -query.shape[2]:].detach(), site)
+        result.new_value_norms = value_norms(values[:, :, -(first_query + query.shape[2]):].detach(), site)
     elif session.norms:
         result.norms = probs.detach() * value_norms(values.detach(), site)[:, :, None, :]
     return result
