@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 from extract import CpuWatch
 
 import attnscope
@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="64 sentences")
     parser.add_argument("--batch-size", type=int, default=32)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sentences, args.batch_size = 4, 4
     n = 64 if args.quick else args.sentences
     load_before = os.getloadavg()[0]
     loaded = attnscope.load_model("minilm")
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "other_cpu_share": {"sweep": round(sweep_busy, 3), "naive": round(naive_busy, 3)},
     }
     print(f"ratio {result['ratio']:.3f} (target <= 0.65), max abs diff {result['max_abs_diff']:.3g} (<= 1e-5)")
-    emit("ablate", result, keep=not args.quick and args.sentences == 256)
+    emit("ablate", result, keep=not (args.quick or args.smoke) and args.sentences == 256)
     return 0
 
 

@@ -8,6 +8,7 @@ Every benchmark's figures name the device they were measured on and its model (`
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -45,12 +46,21 @@ def device_name(device: str = "cpu") -> str:
     return cpu_name()
 
 
+SMOKE_HELP = ("smallest sizes, seconds: only checks that the benchmark still runs end to end (make test runs every "
+              "benchmark so); its figures mean nothing and are never kept")
+
+
+def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
+    """``--smoke``: the same code path at the smallest sizes (``make test`` runs every benchmark with it)."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
 def emit(name: str, figures: dict[str, Any], keep: bool = True, device: str = "cpu") -> None:
     """Print ``figures``, with the ``device`` they were measured on and its name, as the last JSON line;
-    with ``keep``, also write them to docs/bench/NAME.json."""
+    with ``keep``, also write them to docs/bench/NAME.json (never from a ``--smoke`` run)."""
     figures = {**figures, "device": device, "device_name": device_name(device)}
     sys.stdout.write(json.dumps(figures) + "\n")
-    if keep:
+    if keep and "--smoke" not in sys.argv[1:]:
         DOCS_BENCH.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python", f"benchmarks/{name}.py", *sys.argv[1:]])
         kept = {"command": command, "date": date.today().isoformat(), "cpu": cpu_name(), "figures": figures}

@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 
 import attnscope
 from attnscope.capture.linear import OneDNNLinear, PackedWeights
@@ -269,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of (a), (a'), (b), (b'), (d); the best counts")
     parser.add_argument("--retries", type=int, default=2,
                         help="extra runs of a variant whose best run was disturbed by other processes")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sentences, args.batch_size, args.repeats, args.retries = 4, 2, 1, 0
     n = args.sentences if args.sentences is not None else (QUICK_SENTENCES if args.quick else 1000)
     if n < 1 or args.batch_size < 1 or args.repeats < 1 or args.retries < 0:
         parser.error("--sentences, --batch-size and --repeats must be positive, --retries not negative")
@@ -395,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if max(contention.values()) > CONTENTION_LIMIT:
         log(f"warning: other processes used more than {CONTENTION_LIMIT:.0%} of the cpus during a counted run; the figures are "
             "unreliable (see other_cpu_share_counted_runs); rerun on a quiet machine")
-    emit("extract", result, keep=not args.quick and args.sentences is None)
+    emit("extract", result, keep=not (args.quick or args.smoke) and args.sentences is None)
     return 0
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 from extract import CpuWatch  # sibling benchmark script, not a package
 
 import attnscope
@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nx-pairs", type=int, default=16, help="(output, input) pairs networkx solves")
     parser.add_argument("--nx-flow", choices=["edmonds_karp", "preflow_push"], default="edmonds_karp")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of ours on the full problem; best counts")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.tokens, args.nx_pairs, args.repeats = 16, 2, 1
     if args.tokens < 2 or not 1 <= args.nx_pairs <= args.tokens or args.repeats < 1:
         parser.error("need --tokens >= 2, 1 <= --nx-pairs <= --tokens and --repeats >= 1")
 

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import cpu_name, emit
+from bench_json import cpu_name, add_smoke_flag, emit
 from long import document_ids, peak_mb, reset_peak
 
 import attnscope
@@ -88,8 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="64 new tokens instead of 256")
     parser.add_argument("--new-tokens", type=int, help="new tokens (overrides --quick)")
+    add_smoke_flag(parser)
     args = parser.parse_args()
-    new_tokens = args.new_tokens or (64 if args.quick else 256)
+    new_tokens = 4 if args.smoke else args.new_tokens or (64 if args.quick else 256)
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     loaded = attnscope.load_model("smollm2")
     ids = document_ids(loaded.tokenizer)[:PROMPT_TOKENS]
@@ -119,7 +120,7 @@ def main() -> None:
         "same_tokens": same,
         "cpu": cpu_name(),
     }
-    emit("generate", figures, keep=not args.quick and args.new_tokens is None)
+    emit("generate", figures, keep=not (args.quick or args.smoke) and args.new_tokens is None)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import cpu_name, emit
+from bench_json import cpu_name, add_smoke_flag, emit
 from generate import plain_generate
 from long import peak_mb, reset_peak
 
@@ -130,7 +130,10 @@ def main() -> None:
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 while another process "
                         "holds a core, where two threads wait on each other)")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.lengths = "64"
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -29,6 +29,7 @@ The last line is one JSON object of figures; the CPU is printed first.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import json
 import platform
 import sys
@@ -42,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json, render.py and long_view.py (page timer)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # long_view.py imports the tests' synthetic data
 
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 
 from attnscope import load_model
 from attnscope.capture.extract import extract, extract_to_file
@@ -102,7 +103,7 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
     build_s = time.perf_counter() - start
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        loads = [run["view_load_ms"] for run in fresh_loads(browser, measure_page, path, 3)]
+        loads = [run["view_load_ms"] for run in fresh_loads(browser, partial(measure_page, tokens=length), path, 3)]
         browser.close()
     return {"view_load_ms_at_max": round(statistics.median(loads), 1), "view_html_mb": round(path.stat().st_size / 1e6, 1),
             "view_capture_and_build_s": round(build_s, 1), "view_top_k_in_page": page.payload["top_k"]["k"]}
@@ -111,7 +112,10 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.lengths = "64,128"
     lengths = [int(n) for n in args.lengths.split(",")]
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     model = load_model("smollm2")

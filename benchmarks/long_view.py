@@ -27,6 +27,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import os
 import statistics
 import sys
@@ -38,20 +39,22 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' synthetic attention
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 from render import CHROMIUM, CHROMIUM_ARGS, fresh_loads, log, time_in_page
 
 from attnscope.present import long_view
 from tests.long_attention import synthetic_long_attention
 
 
-def measure(browser: Any, path: Path) -> dict[str, float]:
-    """One fresh load: ms to the drawn heatmap, then zoom, model view and window head view timings."""
-    return time_in_page(browser, path, """
-        let t = performance.now(); await app.views.heatmap.setZoom(4000, 3968, 64); flush('heatmap');
-        const zoom = performance.now() - t;
+def measure(browser: Any, path: Path, tokens: int = 8192) -> dict[str, float]:
+    """One fresh load: ms to the drawn heatmap, then zoom, model view and window head view timings
+    (zoom and window near the middle of ``tokens``: at 8,192 tokens, query 4,000)."""
+    middle = tokens * 4000 // 8192
+    return time_in_page(browser, path, f"""
+        let t = performance.now(); await app.views.heatmap.setZoom({middle}, {max(0, middle - 32)}, {min(64, tokens)});
+        flush('heatmap'); const zoom = performance.now() - t;
         t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
-        app.setWindow(4000, 128);
+        app.setWindow({middle}, {min(128, tokens)});
         t = performance.now(); await app.setView('window'); flush('window'); const window = performance.now() - t;
         return {view_load_ms: load, zoom_ms: zoom, model_view_ms: model, window_ms: window};""", height=1000)
 
@@ -63,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--loads", type=int, default=3, help="fresh page loads; the median counts")
     parser.add_argument("--keep", type=Path, help="folder to keep the generated HTML file in")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.tokens, args.layers, args.heads, args.loads = 256, 2, 2, 1
     from playwright.sync_api import sync_playwright
 
     wall = time.perf_counter()
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        runs = fresh_loads(browser, measure, path, args.loads)
+        runs = fresh_loads(browser, partial(measure, tokens=args.tokens), path, args.loads)
         browser.close()
 
     median = {key: round(statistics.median(run[key] for run in runs), 1) for key in runs[0]}

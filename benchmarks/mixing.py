@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 
 from attnscope import load_model
 from attnscope.analysis.mixing import METHODS
@@ -114,7 +114,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=64, help="sentences per model")
     parser.add_argument("--loop-sentences", type=int, default=4, help="sentences of the loop comparison")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.sentences, args.loop_sentences = 2, 1
     torch.set_num_threads(1)
     start = time.perf_counter()
     texts = brown_sentences(args.sentences)

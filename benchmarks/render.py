@@ -40,6 +40,7 @@ load_ms <= 1500 at 512 tokens.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import os
 import statistics
 import tempfile
@@ -48,7 +49,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 
 import attnscope
 from attnscope.data import brown_sentences
@@ -121,12 +122,14 @@ def fresh_loads(browser: Any, measure: Any, path: Path, loads: int) -> list[dict
     return runs
 
 
-def measure_ours(browser: Any, path: Path) -> dict[str, float]:
-    """One fresh load of our page: load time to the drawn head view, then interaction timings."""
+def measure_ours(browser: Any, path: Path, hover: int = 100) -> dict[str, float]:
+    """One fresh load of our page: load time to the drawn head view, then interaction timings (hovering the
+    query at position ``hover``)."""
     return time_in_page(browser, path, """
         let t = performance.now(); await app.setLayer(3); flush('head'); const layer = performance.now() - t;
         const head = app.views.head;
-        t = performance.now(); head.setHover({{side: 'query', pos: 100}}); flush('head'); const hover = performance.now() - t;
+        t = performance.now(); head.setHover({side: 'query', pos: """ + str(hover) + """});
+        flush('head'); const hover = performance.now() - t;
         head.setHover(null);
         t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
         return {load_ms: load, layer_ms: layer, hover_ms: hover, model_view_ms: model};""")
@@ -164,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bertviz-timeout", type=float, default=60.0, help="seconds to wait for BertViz to draw")
     parser.add_argument("--bertviz-deps", type=Path, help="folder with require.js, d3.min.js, jquery.min.js")
     parser.add_argument("--keep", type=Path, help="folder to keep the generated HTML files in")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    tokens = 32 if args.smoke else TOKENS
+    if args.smoke:
+        args.loads, args.bertviz_timeout = 1, 10.0
     if args.bertviz_deps is not None and not all((args.bertviz_deps / f).exists() for f in BERTVIZ_DEPS.values()):
         parser.error(f"--bertviz-deps needs {', '.join(BERTVIZ_DEPS.values())}")
     from playwright.sync_api import sync_playwright
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     load_before = os.getloadavg()[0]
     log(f"attnscope {attnscope.__version__}, {os.cpu_count()} cpus, load average {load_before:.2f}")
-    record = long_record(TOKENS)
+    record = long_record(tokens)
     log(f"record: {len(record.tokens)} tokens, attention {list(record.attention.shape)} [layer, head, q_pos, k_pos]")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="attnscope-render-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        runs = fresh_loads(browser, measure_ours, ours, args.loads)
+        runs = fresh_loads(browser, partial(measure_ours, hover=min(100, len(record.tokens) - 1)), ours, args.loads)
         bertviz_ms, bertviz_error = measure_bertviz(browser, bertviz_path, args.bertviz_timeout, None)
         log(f"bertviz offline: {bertviz_ms} ms; {bertviz_error}")
         local: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_json import emit
+from bench_json import add_smoke_flag, emit
 
 from attnscope.generation import GenerationRecord, packed_length, row_offset
 from attnscope.record import ModelInfo
@@ -70,10 +70,11 @@ def page_size(record: GenerationRecord, folder: Path) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", type=Path, help="a saved GenerationRecord to measure as well")
+    add_smoke_flag(parser)
     args = parser.parse_args()
     figures: dict[str, float | int] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for new_tokens in (64, 500):
+        for new_tokens in (4,) if args.smoke else (64, 500):
             size, seconds = page_size(synthetic_generation(new_tokens), Path(folder))
             figures[f"page_mb_{new_tokens}"], figures[f"build_s_{new_tokens}"] = round(size, 2), round(seconds, 1)
             print(f"{new_tokens} new tokens: {size:.2f} MB in {seconds:.1f} s", file=sys.stderr)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.notebooks:
 
 import nbclient
 import nbformat
-from bench_json import cpu_name, emit
+from bench_json import cpu_name, add_smoke_flag, emit
 
 from tests.notebooks import kernel_environment
 
@@ -70,7 +70,10 @@ def printed(notebook: nbformat.NotebookNode, index: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=1000, help="input length in SmolLM2 tokens (default 1000)")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens = 16
     print(f"CPU: {cpu_name()}", flush=True)
     setup = SETUP.format(data=str(DATA), tokens=args.tokens)
     with tempfile.TemporaryDirectory() as work:

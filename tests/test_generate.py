@@ -205,3 +205,16 @@ def test_sliding_window_layers_keep_zeros_outside_the_window(tmp_path):
     assert last.first_row == last.prompt_length - 1 and last.tokens == record.tokens
     for position in range(last.first_row, len(last.tokens)):
         np.testing.assert_allclose(last.row(position), expected[:, :, position, : position + 1], atol=1e-5)
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_generation_uses_no_deprecated_transformers_api(tiny_llama, sample):
+    """No library warning reaches users: transformers' deprecation warnings (e.g. ``past_key_values``, renamed
+    ``cache``) fail here, so the code keeps working once the old name is removed."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record = attnscope.generate(tiny_llama, "The cat sat on the mat.", max_new_tokens=3, do_sample=sample,
+                                    progress=False)
+    assert record.n_steps == 3

@@ -214,7 +214,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
         output = _run_generate(loaded, ids, settings, _Progress(bar))
         sequence = output.sequences[0]
-        _complete_last_row(loaded, sequence, output.past_key_values)
+        _complete_last_row(loaded, sequence, output.cache)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
     return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes)
@@ -234,7 +234,7 @@ def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, An
 
 def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, cache: Any) -> None:
     """One more cached forward pass: the last token's own row (generate never feeds it back)."""
-    loaded.model(input_ids=sequence[None, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    loaded.model(input_ids=sequence[None, -1:], cache=cache, use_cache=True, logits_to_keep=1)
 
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],

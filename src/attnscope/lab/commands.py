@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
+from ..capture.options import number_list
 from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
 
@@ -31,6 +32,10 @@ def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     corrupt.add_argument("--mode", default="all", help="an experiment name, or 'all' (default)")
     evaluate = actions.add_parser("evaluate", help="exact match on the held-out split, intact and corrupted")
     evaluate.add_argument("--json", action="store_true", help="print the figures as one JSON object (last line)")
+    evaluate.add_argument("--seeds", type=number_list, metavar="SEEDS",
+                          help="evaluate a translator trained with each of these seeds (e.g. 0-4; each trained once "
+                               "and cached, about 20 s) and report the mean and range over them: one training run is "
+                               "one draw, and floating point differs between CPUs")
 
 
 def _run_toy(args: argparse.Namespace) -> int:
@@ -88,15 +93,27 @@ def _corrupt(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .experiments import evaluate_experiments
+    from .experiments import evaluate_experiments, evaluate_seed, summarise_seeds
 
-    figures = evaluate_experiments(_load_toy())
-    if not args.json:
-        print(f"held-out exact match {figures['exact_match']:.3f} on {figures['test_pairs']} pairs")
-        for mode, score in figures["corrupted"].items():
-            print(f"  {mode:30s} {score:.3f}")
+    if args.seeds is None:
+        figures = evaluate_experiments(_load_toy())
+        if not args.json:
+            print(f"held-out exact match {figures['exact_match']:.3f} on {figures['test_pairs']} pairs")
+            for mode, score in figures["corrupted"].items():
+                print(f"  {mode:30s} {score:.3f}")
+    else:
+        per_seed = [evaluate_seed(seed, progress=not args.json) for seed in args.seeds]
+        figures = {"seeds": args.seeds, "per_seed": per_seed, "over_seeds": summarise_seeds(per_seed)}
+        if not args.json:
+            _print_over_seeds(figures["over_seeds"], len(args.seeds))
     print(json.dumps(figures))
     return 0
+
+
+def _print_over_seeds(over_seeds: dict[str, dict[str, float]], seeds: int) -> None:
+    print(f"held-out exact match over {seeds} seeds: mean [min-max]")
+    for name, figure in over_seeds.items():
+        print(f"  {name:30s} {figure['mean']:.3f} [{figure['min']:.3f}-{figure['max']:.3f}]")
 
 
 def _primer_arguments(parser: argparse.ArgumentParser) -> None:

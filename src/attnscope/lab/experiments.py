@@ -155,3 +155,25 @@ def evaluate_experiments(loaded: LoadedModel, seed: int = 0) -> dict[str, Any]:
         "corrupted": {name: round(exact_match(translate_with(loaded, sources, name), references), 4)
                       for name in EXPERIMENTS},
     }
+
+
+def evaluate_seed(seed: int, progress: bool = True) -> dict[str, Any]:
+    """:func:`evaluate_experiments` for the toy translator trained with ``seed`` (trained first if not cached),
+    on that seed's own held-out split: ``{seed, exact_match, test_pairs, corrupted}``."""
+    from ..models.loading import load_model
+    from .translator import build
+
+    loaded = load_model(str(build(seed, progress=progress)))
+    return {"seed": seed, **evaluate_experiments(loaded, seed)}
+
+
+def summarise_seeds(per_seed: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, min and max over seeds of every exact-match figure: ``{"intact" | experiment: {mean, min, max}}``.
+
+    One training run is one draw: floating point differs between CPUs (and seeds), so a figure is
+    only a property of the method when it holds over several runs."""
+    columns = {"intact": [figures["exact_match"] for figures in per_seed]}
+    for name in EXPERIMENTS:
+        columns[name] = [figures["corrupted"][name] for figures in per_seed]
+    return {name: {"mean": round(sum(values) / len(values), 4), "min": min(values), "max": max(values)}
+            for name, values in columns.items()}

