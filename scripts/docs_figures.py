@@ -109,23 +109,70 @@ def view_sizes(work: Path) -> dict[str, Any]:
     return figures
 
 
-def toy_translator(work: Path) -> dict[str, Any]:
-    """``attnscope toy evaluate --json`` and ``toy corrupt`` on the README's sentence, plus the corpus' size."""
-    from attnscope.lab import corpus as toy_corpus
-    from attnscope.lab.experiments import BEGINNING_TOKENS, EXPERIMENTS, translate_with
-    from attnscope.lab.translator import TrainingSettings
-    from attnscope.models.loading import load_model
+TOY_SEEDS = (0, 1, 2, 3, 4)
+# what the README's toy table says of each experiment, as predicates on one training run's figures: the producer
+# records whether each holds for every seed, and the tests check a fresh run on any CPU
+TOY_CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "intact_translates": lambda run: run["exact_match"] >= 0.95,
+    "cross_attention_corruptions_break_it": lambda run: max(
+        run["corrupted"][name] for name in ("uniform", "beginning", "end", "no-cross-attention")) <= 0.1,
+    "no_cross_attention_same_output_for_every_input": lambda run: run["no_cross_distinct_outputs"] == 1,
+    "decoder_self_attention_only_never_stops": lambda run: len(
+        run["example_outputs"]["decoder-self-attention-only"].split()) >= 16,
+    "no_feed_forward_repeats_a_word": lambda run: any(
+        a == b for a, b in zip(run["example_outputs"]["no-feed-forward"].split(),
+                               run["example_outputs"]["no-feed-forward"].split()[1:])),
+    "no_layer_norm_least_harmful_switch_off": lambda run: run["corrupted"]["no-layer-norm"] > max(
+        run["corrupted"][name] for name in ("no-cross-attention", "decoder-self-attention-only", "no-feed-forward")),
+    "shuffled_source_not_translated": lambda run: run["corrupted"]["shuffled-source"] <= 0.6,
+}
 
-    evaluated = last_json(attnscope("toy", "evaluate", "--json"))
-    loaded = load_model("toy-translator")
-    outputs = {name: translate_with(loaded, [TOY_EXAMPLE], name)[0] for name in EXPERIMENTS}
+
+def toy_seed_figures(seed: int) -> dict[str, Any]:
+    """One training run of the toy translator (``seed``): ``attnscope toy evaluate --seeds SEED --json``'s figures,
+    the README sentence under every experiment, and how many distinct outputs no cross-attention gives."""
+    from attnscope.lab import corpus as toy_corpus
+    from attnscope.lab.experiments import EXPERIMENTS, load_toy_seed, translate_with
+
+    evaluated = last_json(attnscope("toy", "evaluate", "--seeds", str(seed), "--json"))["per_seed"][0]
+    loaded = load_toy_seed(seed)
+    without_cross = translate_with(loaded, [pair.english for pair in toy_corpus.make_corpus(seed).test],
+                                   "no-cross-attention")
+    return {**evaluated, "example_intact": translate_with(loaded, [TOY_EXAMPLE])[0],
+            "example_outputs": {name: translate_with(loaded, [TOY_EXAMPLE], name)[0] for name in EXPERIMENTS},
+            "no_cross_distinct_outputs": len(set(without_cross))}
+
+
+def toy_band(figure: dict[str, float]) -> tuple[float, float]:
+    """Where a fresh run's exact match must fall: the range over the recorded seeds, widened on each side by half
+    its width and at least 0.05 (five seeds under-cover the spread of one more draw, and another CPU's float
+    differences are one more source of it)."""
+    margin = max(0.05, (figure["max"] - figure["min"]) / 2)
+    return max(0.0, figure["min"] - margin), min(1.0, figure["max"] + margin)
+
+
+def toy_outside_band(over_seeds: dict[str, dict[str, float]], run: dict[str, Any]) -> dict[str, float]:
+    """The exact-match figures of ``run`` (one seed's) outside their recorded band: ``{"intact" | experiment: value}``."""
+    values = {"intact": run["exact_match"], **run["corrupted"]}
+    return {name: value for name, value in values.items()
+            if not toy_band(over_seeds[name])[0] <= value <= toy_band(over_seeds[name])[1]}
+
+
+def toy_translator(work: Path) -> dict[str, Any]:
+    """``attnscope toy evaluate --seeds 0-4 --json`` with the README sentence under every experiment: each figure as
+    its mean and range over seeds (one training run is one draw), the README's claims checked on every seed."""
+    from attnscope.lab import corpus as toy_corpus
+    from attnscope.lab.experiments import BEGINNING_TOKENS, summarise_seeds
+    from attnscope.lab.translator import TrainingSettings
+
+    runs = [toy_seed_figures(seed) for seed in TOY_SEEDS]
     made = toy_corpus.make_corpus(0)
-    without_cross = translate_with(loaded, [pair.english for pair in made.test], "no-cross-attention")
     settings = TrainingSettings()
+    example_end_empty = sum(not run["example_outputs"]["end"].strip() for run in runs)
     return {"layers": settings.layers, "heads": settings.heads, "beginning_tokens": BEGINNING_TOKENS,
-            "no_cross_distinct_outputs": len(set(without_cross)),"exact_match": evaluated["exact_match"], "test_pairs": evaluated["test_pairs"],
-            "corrupted": evaluated["corrupted"], "example": TOY_EXAMPLE,
-            "example_intact": translate_with(loaded, [TOY_EXAMPLE])[0], "example_outputs": outputs,
+            "seeds": list(TOY_SEEDS), "test_pairs": runs[0]["test_pairs"], "over_seeds": summarise_seeds(runs),
+            "claims": {name: all(claim(run) for run in runs) for name, claim in TOY_CLAIMS.items()},
+            "example": TOY_EXAMPLE, "draw": runs[0], "example_end_empty_seeds": example_end_empty,
             "pairs": len(made.train) + len(made.test), "subjects": len(toy_corpus.SUBJECTS),
             "verbs": len(toy_corpus.VERBS), "train_seconds": toy_training_seconds()}
 
@@ -281,8 +328,8 @@ GROUPS: dict[str, Group] = {
                      example_shape),
     "views": Group(f"attnscope view <first {LONG_INPUT_SENTENCES} Brown sentences, cut to 512 tokens> "
                    "[--kind head --no-norms]", view_sizes),
-    "toy": Group(f'attnscope toy evaluate --json; attnscope toy corrupt "{TOY_EXAMPLE}"', toy_translator,
-                 ("train_seconds",)),
+    "toy": Group(f'attnscope toy evaluate --seeds 0-{TOY_SEEDS[-1]} --json; attnscope toy corrupt "{TOY_EXAMPLE}" '
+                 '(each seed)', toy_translator, ("train_seconds",)),
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
     "sinks": Group(f"attnscope sinks brown --model smollm2 --limit {SINK_MODEL_INPUTS} -o out/ --json; "
                    "sink_agreement on labels/smollm2_sinks.tsv", sink_report),

@@ -70,13 +70,16 @@ def visible_keys(n: int, causal: bool, window: int = 0) -> np.ndarray:
 
 
 def sink_positions(attention: np.ndarray, visible: np.ndarray, factor: float = SINK_FACTOR,
-                   min_queries: int = MIN_QUERIES) -> np.ndarray:
+                   min_queries: int = MIN_QUERIES, query_positions: np.ndarray | None = None) -> np.ndarray:
     """Bool ``[head, k_pos]``: the other sink positions (never position 0) of each head of one layer.
 
-    ``attention``: ``[head, q_pos, k_pos]``; ``visible``: ``[q_pos, k_pos]`` (see :func:`visible_keys`).
+    ``attention``: ``[head, q, k_pos]``; ``visible``: ``[q, k_pos]`` (see :func:`visible_keys`);
+    ``query_positions``: the position of each of the ``q`` rows (default: every position, ``0..k_pos - 1``),
+    for the rows a generation kept.
     """
     n = attention.shape[-1]
-    distance = np.arange(n)[:, None] - np.arange(n)[None, :]
+    queries = np.arange(attention.shape[-2]) if query_positions is None else np.asarray(query_positions)
+    distance = queries[:, None] - np.arange(n)[None, :]
     judged = visible & (distance >= 2)  # [q_pos, k_pos]: the queries that judge each key
     counts = judged.sum(axis=0)  # [k_pos]
     uniform = (judged / np.maximum(visible.sum(axis=1, keepdims=True), 1)).sum(axis=0)  # [k_pos], summed over q

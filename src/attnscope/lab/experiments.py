@@ -157,14 +157,18 @@ def evaluate_experiments(loaded: LoadedModel, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def evaluate_seed(seed: int, progress: bool = True) -> dict[str, Any]:
-    """:func:`evaluate_experiments` for the toy translator trained with ``seed`` (trained first if not cached),
-    on that seed's own held-out split: ``{seed, exact_match, test_pairs, corrupted}``."""
+def load_toy_seed(seed: int, progress: bool = True) -> LoadedModel:
+    """The toy translator trained with ``seed`` (trained first if not cached; seed 0 is ``toy-translator``)."""
     from ..models.loading import load_model
     from .translator import build
 
-    loaded = load_model(str(build(seed, progress=progress)))
-    return {"seed": seed, **evaluate_experiments(loaded, seed)}
+    return load_model(str(build(seed, progress=progress)))
+
+
+def evaluate_seed(seed: int, progress: bool = True) -> dict[str, Any]:
+    """:func:`evaluate_experiments` for the toy translator trained with ``seed``, on that seed's own held-out
+    split (another seed's test pairs may be its training pairs): ``{seed, exact_match, test_pairs, corrupted}``."""
+    return {"seed": seed, **evaluate_experiments(load_toy_seed(seed, progress), seed)}
 
 
 def summarise_seeds(per_seed: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -6,27 +6,47 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.sinks import sink_positions
 from ..generation import GenerationRecord
 
 RUNNERS_UP = 3
 
 
-def most_attended(record: GenerationRecord, step: int) -> tuple[int, float] | None:
-    """The earlier position the choice at ``step`` attended to most, averaged over layers and heads,
-    and its weight; the first token (the attention sink of causal models) is left out."""
-    mean = record.step_attention(step).mean(axis=(0, 1))  # [keys]
-    if mean.shape[0] < 2:
+def step_sinks(record: GenerationRecord) -> np.ndarray:
+    """Bool ``[layer, head, key]``: each head's attention sinks as the rows that chose the tokens show them:
+    position 0 and every key the sink report calls a sink (:func:`attnscope.analysis.sinks.sink_positions`:
+    at least 5x the uniform share, averaged over the steps' queries that come two or more positions later)."""
+    n_keys = record.prompt_length + record.n_steps - 1  # the last step's row: the prompt and the text before it
+    rows = np.zeros((record.model.n_layers, record.model.n_heads, record.n_steps, n_keys), dtype=np.float32)
+    for step in range(record.n_steps):
+        row = record.step_attention(step)  # [layer, head, prompt_length + step]
+        rows[:, :, step, : row.shape[-1]] = row
+    queries = record.prompt_length - 1 + np.arange(record.n_steps)  # the position whose row chose each step
+    visible = np.arange(n_keys)[None, :] <= queries[:, None]  # [step, key]
+    sinks = np.stack([sink_positions(layer, visible, query_positions=queries) for layer in rows])
+    sinks[..., 0] = True
+    return sinks
+
+
+def most_attended(record: GenerationRecord, step: int, sinks: np.ndarray | None = None) -> tuple[int, float] | None:
+    """The earlier position the choice at ``step`` attended to most and its weight, averaged over layers and
+    heads with each head's sinks (``sinks``, default :func:`step_sinks`) counted as 0: a sink draws a large
+    share at every step and says nothing about this one."""
+    sinks = step_sinks(record) if sinks is None else sinks
+    row = record.step_attention(step)  # [layer, head, keys]
+    mean = np.where(sinks[..., : row.shape[-1]], 0.0, row).mean(axis=(0, 1))  # [keys]
+    if not mean.any():
         return None
-    position = int(np.argmax(mean[1:])) + 1
+    position = int(np.argmax(mean))
     return position, float(mean[position])
 
 
 def step_rows(record: GenerationRecord) -> list[dict[str, Any]]:
     """One JSON-ready dict per generated token (steps 0-indexed)."""
-    rows = []
+    rows, sinks = [], step_sinks(record)
     for step in range(record.n_steps):
         chosen = record.chosen(step)
-        focus = most_attended(record, step)
+        focus = most_attended(record, step, sinks)
         rows.append({"step": step, "token": chosen.token, "probability": round(chosen.probability, 4),
                      "candidates": [[c.token, round(c.probability, 4)] for c in record.candidates(step)],
                      "most_attended": None if focus is None else {"position": focus[0],
@@ -41,7 +61,7 @@ def steps_table(record: GenerationRecord) -> Any:
 
     table = Table(title=f"{record.model.name}: {record.n_steps} generated tokens"
                   + (f" ({record.changes})" if record.changes else ""))
-    for column in ("step", "token", "p", "runners-up", "attended most (mean, sink left out)"):
+    for column in ("step", "token", "p", "runners-up", "attended most (mean over heads, each head's sinks left out)"):
         table.add_column(column)
     for row in step_rows(record):
         others = [f"{token!r} {p:.2f}" for token, p in row["candidates"] if token != row["token"]][:RUNNERS_UP]
