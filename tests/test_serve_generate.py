@@ -49,6 +49,20 @@ def test_generate_returns_the_step_view_of_what_generate_writes(client, app):
     assert client.get("/api/models").json()["max_new_tokens"] == MAX_NEW_TOKENS
 
 
+def test_a_long_prompt_keeps_only_the_steps_rows_when_asked(client):
+    """A document longer than the other endpoints' 4,000 characters, with only the prompt's last row kept (the CLI's
+    --prompt-rows last): every step is there, and the steps' keys run over the whole prompt."""
+    document = " ".join(["The sea was calm that morning, and the boats went out before the sun."] * 70)
+    assert len(document) > 4000
+    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": document, "max_new_tokens": 2,
+                                                "prompt_rows": "last"})
+    assert answer.status_code == 200, answer.text
+    payload = answer.json()["payload"]
+    assert len(payload["steps"]) == 2 and payload["keys"][0] > 900  # the prompt's tokens, all seen by step 0
+    refused = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "prompt_rows": "some"})
+    assert refused.status_code == 422 and "prompt_rows" in refused.json()["detail"]
+
+
 @pytest.mark.parametrize(("body", "detail"), [
     ({"model": "smollm2", "prompt": "   "}, "prompt is empty"),
     ({"model": "smollm2", "prompt": PROMPT, "max_new_tokens": MAX_NEW_TOKENS + 1}, "max_new_tokens: "),
@@ -94,6 +108,7 @@ def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, serv
     errors.clear()  # the browser logs the 422 answer; the page itself raised nothing
 
     page.select_option("#gen-model", "smollm2")
+    page.select_option("#gen-prompt-rows", "last")
     page.fill("#gen-tokens", "3")
     page.click("#generate")
     page.wait_for_selector("#gen-steps[data-drawn]", timeout=120_000)

@@ -52,3 +52,12 @@ def plan_from_args(args: argparse.Namespace) -> CapturePlan | None:
     plan = CapturePlan(layers=args.layers, heads=args.heads, queries=queries, attention=args.rows or not figures,
                        statistics=args.stats, top_k=args.top_k, overview=args.overview, chunk=args.chunk)
     return None if plan.keeps_everything and args.chunk == DEFAULT_CHUNK else plan
+
+
+# the names the CLI (--prompt-rows) and the explorer (prompt_rows) give generate(prompt_rows=...)
+PROMPT_ROWS = {"auto": None, "all": True, "last": False}
+PROMPT_ROWS_HELP = ("which prompt positions keep their attention row. 'last': only the prompt's last (the one that "
+                    "chose the first new token); every step's row is kept either way, so the steps shown are the "
+                    "same, and a long prompt (a whole context window) costs memory in proportion to its length, not "
+                    "its square. 'all': every prompt row, for a full [layer, head, T, T] record. 'auto' (default): "
+                    "all while they stay small (about 1,000 tokens of SmolLM2), else last")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
-from ..capture.options import number_list
+from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
 from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
 
@@ -133,7 +133,6 @@ def _run_primer(args: argparse.Namespace) -> int:
 
 
 # ---- generate ---------------------------------------------------------------------------------
-PROMPT_ROWS = {"auto": None, "all": True, "last": False}  # --prompt-rows -> generate(prompt_rows=...)
 
 
 def _generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,12 +146,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
     parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
-                        help="which prompt positions keep their attention row. 'last': only the prompt's last "
-                        "(the one that chose the first new token); every step's row is kept either way, so the "
-                        "table, --json and --html are the same, and a long prompt (a whole context window) costs "
-                        "memory in proportion to its length, not its square. 'all': every prompt row, for a full "
-                        "[layer, head, T, T] record from --save (to_attention_record). 'auto' (default): all while "
-                        "they stay small (about 1,000 tokens of SmolLM2), else last")
+                        help=PROMPT_ROWS_HELP + " (the table, --json and --html are the same; 'all' lets --save's "
+                        "record become a full AttentionRecord: to_attention_record)")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
     sampling.add_argument("--temperature", type=finite_float, default=1.0)

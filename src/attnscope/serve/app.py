@@ -40,6 +40,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ..analysis.mixing import METHOD_ALIASES, METHODS
+from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from . import service
@@ -47,6 +48,9 @@ from .guard import MAX_BODY_BYTES, AllowedHosts, Guard
 from .pool import ModelPool, UnknownModel, default_choices
 
 MAX_TEXT_CHARS = 4000  # checked before tokenizing; the token limit (--max-tokens) is checked after
+# a prompt may be a long document (a whole context window: SmolLM2's 8,192 tokens are about 35,000 characters);
+# generate() checks its memory before it runs. Written compactly, the largest such body stays under the guard's limit
+MAX_PROMPT_CHARS = 100_000
 # A text is empty when str.strip() leaves nothing (what extract and service.check_input check):
 # it must hold a character that is not white space in Python's sense, all of which lie below
 # U+10000. Written as \uXXXX escapes, which Python, Rust (pydantic) and JSON Schema read alike.
@@ -150,12 +154,13 @@ class InterveneRequest(InputText):
 
 class GenerateRequest(StrictRequest):
     model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's first)")
-    prompt: str = Field(..., min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
-                        description="the text the model continues; not only spaces",
+    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,
+                        description="the text the model continues (up to a whole document); not only spaces",
                         examples=["Write one sentence about the sea."])
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS), BeforeValidator(_whole_number)] = Field(
         16, description=f"tokens to generate (1 to {MAX_NEW_TOKENS}; greedy)")
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
+    prompt_rows: Literal[tuple(PROMPT_ROWS)] = Field("auto", description=PROMPT_ROWS_HELP)  # type: ignore[valid-type]
 
     _check_prompt = field_validator("prompt")(_utf8)
 
@@ -309,7 +314,8 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         from ..capture.generate import generate
 
         with pool.use(request.model or pool.default) as loaded:
-            record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat)
+            record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
+                              prompt_rows=PROMPT_ROWS[request.prompt_rows])
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
 

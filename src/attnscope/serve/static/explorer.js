@@ -481,7 +481,8 @@
     status.textContent = "generating…";
     try {
       const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
-        max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked };
+        max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked,
+        prompt_rows: $("gen-prompt-rows").value };
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
       delete holder.dataset.drawn;
