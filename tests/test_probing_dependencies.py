@@ -68,8 +68,8 @@ def test_a_head_pointing_at_syntactic_heads_gets_every_relation_right_despite_sp
     best = result.best_heads().set_index("relation")
     assert best.loc["det", "best_head"] == "0-0" and best.loc["det", "accuracy"] == 1.0
     headline = result.headline()
-    assert headline["best_head_acc"]["dobj"] == {"head": "0-0", "acc": 1.0, "baseline": 1.0,
-                                                 "direction": "dependent->head", "arcs": 1}
+    assert headline["best_head_acc"]["dobj"] == {"head": "0-0", "acc": 1.0, "baseline": 1.0, "offset": -2,
+                                                 "ci": [0.2065, 1.0], "direction": "dependent->head", "arcs": 1}
     assert headline["any_relation_acc"] == 1.0 and headline["arcs"] == 6
 
 

@@ -32,7 +32,7 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     treebank = treebank or shipped_treebank()
     tally = MismatchTally()
     counts = count_dependency_heads(attend_words(loaded, treebank.sentences, batch_size=batch_size,
-                                                 progress=progress, tally=tally))
+                                                 progress=progress, tally=tally), causal=loaded.causal)
     return DependencyResult(counts, loaded.name, treebank.annotation, treebank.silver, tally.to_dict(), min_arcs)
 
 
