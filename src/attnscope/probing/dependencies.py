@@ -57,7 +57,8 @@ def wilson_interval(hits: float, n: int, z: float = Z_95) -> tuple[float, float]
     share = hits / n
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return float(0.0 if hits == 0 else low), float(1.0 if hits == n else high)  # exact ends, not 0.99999...
 
 
 @dataclass
