@@ -195,7 +195,7 @@ def align_record(tokenizer: Any, item: WordSpans, record: AttentionRecord, tally
 
 def word_token_counts(tokenizer: Any, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
     """``[word]``: how many of the tokenizer's pieces each word gets in ``text`` (no special tokens, no limit)."""
-    encoding = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    encoding = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False, verbose=False)
     offsets = [tuple(o) for o in encoding["offset_mapping"]]
     alignment = align_words(spans, offsets, [False] * len(offsets))
     return [len(group) for group in alignment.groups]
