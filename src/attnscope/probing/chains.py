@@ -70,7 +70,7 @@ Window(start=6, end=10, own=8)]
         end = max(end, own + 1)  # a word longer than the window still gets one (cut) window
         windows.append(Window(start, end, own))
         back, new_start = 0, end
-        while new_start > own + 1 and back + token_counts[new_start - 1] <= budget // 2:
+        while new_start > start + 1 and back + token_counts[new_start - 1] <= budget // 2:
             new_start -= 1
             back += token_counts[new_start]
         start, own = new_start, end
