@@ -1,8 +1,8 @@
 """Which arcs a dependency probe scores: UD relations as written, their bases, and Clark et al.'s names.
 
-Every arc of a tree is scored under its relation as written (``nmod:poss``). An arc whose
-relation has a subtype is scored a second time under its base with ``:*`` (``nmod:*`` = every
-``nmod`` arc, subtypes included; plain ``nmod`` stays the arcs without a subtype).
+Every arc of a tree is scored under its relation as written (``nmod:poss``), and a second time
+under its base with ``:*`` (``nmod:*`` = every ``nmod`` arc, subtypes included; plain ``nmod``
+stays the arcs without a subtype). Reports leave out a ``base:*`` row that holds no subtype.
 
 Clark et al. 2019 report Stanford dependencies of the Penn Treebank (``det``, ``dobj``, ``pobj``,
 ``poss``). UD names three of them differently, and one is built the other way round; the mapping
@@ -53,13 +53,12 @@ def labelled_arcs(sentence: Any) -> list[tuple[int, int, str]]:
     >>> s = sentence_from_units([(w, True, [(w, h, r, u)]) for w, h, r, u in
     ...     [("sat", -1, "root", "VERB"), ("in", 2, "case", "ADP"), ("it", 0, "obl:in", "PRON")]])
     >>> labelled_arcs(s)
-    [(1, 2, 'case'), (2, 0, 'obl:in'), (2, 0, 'obl:*'), (2, 1, 'pobj')]
+    [(1, 2, 'case'), (1, 2, 'case:*'), (2, 0, 'obl:in'), (2, 0, 'obl:*'), (2, 1, 'pobj')]
     """
     labelled = []
     for dep, head, relation in sentence.arcs():
         labelled.append((dep, head, relation))
-        if ":" in relation:
-            labelled.append((dep, head, base_relation(relation) + BASE_SUFFIX))
+        labelled.append((dep, head, base_relation(relation) + BASE_SUFFIX))  # shown only where subtypes exist
         if relation in _RENAMED:
             labelled.append((dep, head, _RENAMED[relation]))
         preposition = _preposition_of(sentence, dep) if base_relation(relation) in _PREPOSITIONAL else None
