@@ -118,11 +118,11 @@ def _deps(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _chains(args: argparse.Namespace) -> dict[str, Any]:
-    from .documents import first_documents
+    from .documents import first_documents, require_entities
     from .run import probe_chains
     from .treebank import read_conllu
 
-    treebank = first_documents(read_conllu(args.conllu), args.documents)  # bad files fail before the model loads
+    treebank = require_entities(first_documents(read_conllu(args.conllu), args.documents))  # before the model loads
     result = probe_chains(load_from_args(args), treebank, window=args.window, singletons=args.singletons,
                           batch_size=args.batch_size or 2, progress=not args.json)
     page = result.save(args.out)

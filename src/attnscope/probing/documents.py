@@ -170,9 +170,11 @@ def mention_head(span: Sequence[int], heads: Sequence[int]) -> int:
     return next((word for word in span if heads[word] not in inside), span[0])
 
 
-def entity_count(treebank: Treebank) -> int:
-    """How many words carry an ``Entity=`` annotation (0: the file has no coreference)."""
-    return sum(bool(value) for sentence in treebank.sentences for value in sentence.entities)
+def require_entities(treebank: Treebank) -> Treebank:
+    """``treebank``, or a clear error when no word carries an ``Entity=`` annotation (no coreference)."""
+    if not any(value for sentence in treebank.sentences for value in sentence.entities):
+        raise AttnscopeError(f"{treebank.source} has no coreference annotation (MISC Entity=, as in GUM or CorefUD)")
+    return treebank
 
 
 def first_documents(treebank: Treebank, n: int | None) -> Treebank:

@@ -15,7 +15,7 @@ from .chains import ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyResult, count_dependency_heads
 from .probes import ProbeResult, collect, evaluate_probes, held_out_sentences, reinitialised_model
-from .documents import documents_of, entity_count
+from .documents import documents_of, require_entities
 from .treebank import Treebank, shipped_treebank
 
 WINDOW_TOKENS = 512
@@ -63,10 +63,7 @@ def probe_chains(model: Any, treebank: Treebank, *, window: int = WINDOW_TOKENS,
     >>> result = probe_chains("minilm", read_conllu("en_gum-ud-test.conllu"))   # doctest: +SKIP
     >>> result.headline()["best_head_acc"], result.headline()["nearest_acc"]     # doctest: +SKIP
     """
-    from ..errors import AttnscopeError
-
-    if not entity_count(treebank):
-        raise AttnscopeError(f"{treebank.source} has no coreference annotation (MISC Entity=, as in GUM or CorefUD)")
+    require_entities(treebank)
     loaded = as_loaded(model)
     tokenizer = loaded.tokenizer
     specials = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
