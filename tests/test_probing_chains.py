@@ -4,6 +4,7 @@ coreference head found at 100% on synthetic documents (the whole path from CoNLL
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_windows_cover_every_word_once_within_the_budget_and_overlap_by_half():
     windows = plan_windows(counts, 40)
     owned = [w for window in windows for w in range(window.own, window.end)]
     assert owned == list(range(300))  # each word scored in exactly one window
-    for previous, window in zip(windows, windows[1:]):
+    for previous, window in pairwise(windows):
         assert sum(counts[window.start:window.end]) <= 40
         context = sum(counts[window.start:window.own])
         assert 20 - 3 < context <= 20 and window.own == previous.end  # about half the window before the new part

@@ -74,12 +74,12 @@ def test_probe_coref_on_gold_documents_with_a_tiny_model(capsys, tmp_path, tiny_
 def test_probe_coref_bad_files_are_one_clear_line(capsys, tmp_path):
     no_entities = tmp_path / "trees.conllu"
     no_entities.write_text("1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n")
-    code, out, err = run_cli(capsys, "probe", "coref", "--conllu", str(no_entities), "-o", str(tmp_path / "a"))
+    code, _, err = run_cli(capsys, "probe", "coref", "--conllu", str(no_entities), "-o", str(tmp_path / "a"))
     assert code != 0 and "no coreference annotation" in err and "Traceback" not in err
     not_conllu = tmp_path / "text.conllu"
     not_conllu.write_text("just some words\nand more\n")
-    code, out, err = run_cli(capsys, "probe", "coref", "--conllu", str(not_conllu), "-o", str(tmp_path / "b"))
+    code, _, err = run_cli(capsys, "probe", "coref", "--conllu", str(not_conllu), "-o", str(tmp_path / "b"))
     assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    code, out, err = run_cli(capsys, "probe", "coref", "--conllu", str(tmp_path / "missing.conllu"), "-o",
+    code, _, err = run_cli(capsys, "probe", "coref", "--conllu", str(tmp_path / "missing.conllu"), "-o",
                              str(tmp_path / "c"))
     assert code != 0 and "cannot read" in err

@@ -114,7 +114,8 @@ def count_dependency_heads(sentences: Iterable[AlignedSentence], causal: bool = 
     counts: DependencyCounts | None = None
     for sentence in sentences:
         if counts is None:
-            counts = DependencyCounts(*sentence.attention.shape[:2], causal=causal)
+            n_layers, n_heads = sentence.attention.shape[:2]
+            counts = DependencyCounts(n_layers, n_heads, causal=causal)
         counts.add(sentence)
     if counts is None:
         from ..errors import AttnscopeError

@@ -113,7 +113,12 @@ def documents_of(treebank: Treebank) -> list[Document]:
 
 def document_from(sentences: Sequence[Sentence]) -> Document:
     """One document: the sentences' words at document positions, and the mentions their brackets make."""
-    text_parts, spans, words, heads, feats, entities = [], [], [], [], [], []
+    text_parts: list[str] = []
+    spans: list[tuple[int, int]] = []
+    words: list[str] = []
+    heads: list[int] = []
+    feats: list[str] = []
+    entities: list[str] = []
     start = 0
     for sentence in sentences:
         first = len(words)

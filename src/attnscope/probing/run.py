@@ -14,8 +14,8 @@ from .alignment import MismatchTally, attend_words, word_token_counts
 from .chains import ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyResult, count_dependency_heads
-from .probes import ProbeResult, collect, evaluate_probes, held_out_sentences, reinitialised_model
 from .documents import documents_of, require_entities
+from .probes import ProbeResult, collect, evaluate_probes, held_out_sentences, reinitialised_model
 from .treebank import Treebank, shipped_treebank
 
 WINDOW_TOKENS = 512

@@ -153,7 +153,7 @@ def parse_conllu(text: str, source: str = "CoNLL-U") -> Treebank:
 
 def _doc_ids(token_lists: Sequence[Any]) -> list[str]:
     """The ``# newdoc id`` in force at each sentence (``""`` before the first)."""
-    current, ids = "", []
+    current, ids = "", list[str]()
     for tokens in token_lists:
         metadata = tokens.metadata
         if "newdoc id" in metadata or "newdoc" in metadata:
