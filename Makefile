@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test bench bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-long: install-test
 # saved notebook size: the widget against the HTML views for a 1,000-token SmolLM2 input
 bench-widget: install-test
 	$(BIN)/python benchmarks/widget.py
+
+# dependency heads on UD EWT test, coreference heads on UD GUM test, per built-in model (gold data in
+# ../shared/data/ud or $ATTNSCOPE_UD_DIR; skipped with a message where absent)
+bench-gold: install-test
+	$(BIN)/python benchmarks/gold.py
 
 bench-serve: install-test
 	$(BIN)/python benchmarks/serve.py

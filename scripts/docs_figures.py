@@ -316,6 +316,65 @@ def mixing_summary(table: dict[str, Any]) -> dict[str, Any]:
     return {"table": table, "ranking": ranking, "claims": claims, "sentences": DEFAULT_SENTENCES}
 
 
+# per built-in model: (first N EWT test sentences, first N GUM test documents); None = the whole split.
+# The decoders run on a share so that `make docs-figures` stays within minutes on 2 shared cores
+# (benchmarks/gold.py runs every model on the full splits); the README says how many each one saw.
+GOLD_MODELS: dict[str, tuple[int | None, int | None]] = {"minilm": (None, None), "smollm2": (300, 4),
+                                                         "gemma3": (300, 4)}
+GOLD_RELATIONS = ("det", "dobj", "pobj", "poss")
+
+
+class Skipped(Exception):
+    """A producer cannot run here (its data is absent): the group keeps its last figures, nothing fails."""
+
+
+def gold_files() -> tuple[Path, Path]:
+    """EWT test and GUM test from ``../shared/data/ud`` (or $ATTNSCOPE_UD_DIR), or :class:`Skipped`."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnscope.probing.gold import EWT_TEST, GUM_TEST, gold_file, missing_message
+
+    found = [gold_file(name) for name in (EWT_TEST, GUM_TEST)]
+    for name, path in zip((EWT_TEST, GUM_TEST), found):
+        if path is None:
+            raise Skipped(missing_message(name))
+    return found[0], found[1]  # type: ignore[return-value]
+
+
+def gold(work: Path) -> dict[str, Any]:
+    """Per built-in model: ``probe deps`` on UD EWT test (Clark et al.'s four relations) and ``probe
+    coref`` on UD GUM test (gold chains), with their wall times."""
+    ewt, gum = gold_files()
+    figures: dict[str, Any] = {}
+    for model, (sentences, documents) in GOLD_MODELS.items():
+        started = time.perf_counter()
+        deps = last_json(attnscope("probe", "deps", "--conllu", str(ewt), "--model", model, "-o",
+                                   str(work / f"{model}-deps"), "--json", *_first("-n", sentences)))
+        deps_seconds = time.perf_counter() - started
+        coref = last_json(attnscope("probe", "coref", "--conllu", str(gum), "--model", model, "-o",
+                                    str(work / f"{model}-coref"), "--json", *_first("--documents", documents)))
+        figures[model] = {
+            "sentences": deps["sentences"], "sentences_too_long": deps["sentences_too_long"], "causal": deps["causal"],
+            "deps": {relation: deps["by_direction"].get(relation, {}) for relation in GOLD_RELATIONS},
+            "best": {relation: deps["best_head_acc"].get(relation) for relation in GOLD_RELATIONS},
+            "coref": {key: coref[key] for key in ("documents", "mentions", "best_head", "best_head_acc", "ci",
+                                                  "nearest_acc", "headword_acc", "rule_acc", "window_tokens",
+                                                  "overlap_tokens", "left_out", "mean_candidates")},
+            "deps_seconds": round(deps_seconds), "coref_seconds": round(time.perf_counter() - started - deps_seconds)}
+        print(f"  {model}: {figures[model]['deps_seconds']} s + {figures[model]['coref_seconds']} s", flush=True)
+    return {"models": figures, "ewt": ewt.name, "gum": gum.name}
+
+
+def _first(flag: str, n: int | None) -> list[str]:
+    return [] if n is None else [flag, str(n)]
+
+
+def _gold_command() -> str:
+    share = "; ".join(f"{model}" + ("" if n is None else f" -n {n}") + ("" if d is None else f" / --documents {d}")
+                      for model, (n, d) in GOLD_MODELS.items())
+    return ("attnscope probe deps --conllu ../shared/data/ud/ewt-en_ewt-ud-test.conllu --model M --json; "
+            f"attnscope probe coref --conllu ../shared/data/ud/gum-en_gum-ud-test.conllu --model M --json (M: {share})")
+
+
 @dataclass(frozen=True)
 class Group:
     command: str  # what a reader would type to get the same figures
@@ -341,6 +400,7 @@ GROUPS: dict[str, Group] = {
     "coref": Group("attnscope probe coref -o out/coref --json", probe("coref"), ("seconds",)),
     "edges": Group("attnscope probe edges -o out/edges --json", probe("edges"), ("seconds",)),
     "mixing": Group("attnscope mixing --evaluate --json", mixing_faithfulness, ("seconds",)),
+    "gold": Group(_gold_command(), gold),
 }
 
 
@@ -421,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {GROUPS[name].command}", flush=True)
         try:
             figures[name] = run_group(name)
+        except Skipped as reason:
+            print(f"  skipped, its figures are left as they were: {reason}", flush=True)
+            continue
         except (Exception, SystemExit) as error:  # noqa: BLE001 - report it, keep the group's last figures, go on
             failed.append(name)
             print(f"  FAILED, its figures are left as they were: {error}", flush=True)

@@ -40,7 +40,7 @@ def test_probe_deps_writes_tables_charts_summary_and_json(capsys, tmp_path, smal
             "mismatches.csv"} <= {p.name for p in tmp_path.iterdir()}
     with duckdb.connect(str(tmp_path / "probe_deps.duckdb"), read_only=True) as db:
         tables = {row[0] for row in db.execute("SHOW TABLES").fetchall()}
-        assert tables == {"best_heads", "head_accuracy", "offsets", "mismatches"}
+        assert tables == {"best_heads", "directions", "head_accuracy", "offsets", "mismatches"}
         assert db.execute("SELECT count(*) FROM head_accuracy WHERE relation = 'det'").fetchone()[0] == 2 * 2 * 4
     assert "not gold" in (tmp_path / "index.html").read_text()
 

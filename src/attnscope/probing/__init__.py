@@ -22,6 +22,7 @@ from .._lazy import lazy_exports
 
 # public name -> module that defines it; imported on first use so `attnscope --help` stays fast
 _EXPORTS = {
+    "ChainsResult": ".chains", "probe_chains": ".run",
     "CorefItem": ".coref", "CorefResult": ".coref", "winowhy_items": ".coref",
     "DependencyResult": ".dependencies", "ProbeResult": ".probes",
     "probe_coref": ".run", "probe_dependencies": ".run", "probe_edges": ".run",
@@ -30,6 +31,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ChainsResult",
     "CorefItem",
     "CorefResult",
     "DependencyResult",
@@ -38,6 +40,7 @@ __all__ = [
     "Treebank",
     "load_treebank",
     "parse_texts",
+    "probe_chains",
     "probe_coref",
     "probe_dependencies",
     "probe_edges",
@@ -47,11 +50,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .chains import ChainsResult as ChainsResult
     from .coref import CorefItem as CorefItem
     from .coref import CorefResult as CorefResult
     from .coref import winowhy_items as winowhy_items
     from .dependencies import DependencyResult as DependencyResult
     from .probes import ProbeResult as ProbeResult
+    from .run import probe_chains as probe_chains
     from .run import probe_coref as probe_coref
     from .run import probe_dependencies as probe_dependencies
     from .run import probe_edges as probe_edges

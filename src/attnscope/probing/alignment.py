@@ -12,7 +12,7 @@ them and count the arcs they lose.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,19 +90,24 @@ def align_words(spans: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, i
     return WordAlignment(tuple(tuple(g) for g in groups), mismatches)
 
 
-def word_attention(attention: np.ndarray, alignment: WordAlignment) -> np.ndarray:
+def word_attention(attention: np.ndarray, alignment: WordAlignment,
+                   rows: Sequence[int] | None = None) -> np.ndarray:
     """``[layer, head, q_tok, k_tok]`` -> ``[layer, head, q_word, k_word]`` over the treebank's words.
 
     Sum over the attended word's pieces, mean over the attending word's pieces; rows and columns
-    of unaligned words are 0 (check :attr:`WordAlignment.aligned`).
+    of unaligned words are 0 (check :attr:`WordAlignment.aligned`). With ``rows``, only those
+    attending words: ``[layer, head, len(rows), k_word]`` (a long window needs a few rows only).
     """
     n_layers, n_heads = attention.shape[:2]
     n_words = len(alignment.groups)
-    result = np.zeros((n_layers, n_heads, n_words, n_words), dtype=np.float32)
+    wanted = np.arange(n_words) if rows is None else np.asarray(rows, dtype=np.int64)
+    result = np.zeros((n_layers, n_heads, len(wanted), n_words), dtype=np.float32)
     aligned = np.flatnonzero(alignment.aligned)
-    if aligned.size:
-        groups = [list(alignment.groups[w]) for w in aligned]
-        result[:, :, aligned[:, None], aligned[None, :]] = aggregate_to_words(attention, groups, groups)
+    kept_rows = np.flatnonzero(alignment.aligned[wanted]) if len(wanted) else wanted
+    if aligned.size and kept_rows.size:
+        queries = [list(alignment.groups[w]) for w in wanted[kept_rows]]
+        keys = [list(alignment.groups[w]) for w in aligned]
+        result[:, :, kept_rows[:, None], aligned[None, :]] = aggregate_to_words(attention, queries, keys)
     return result
 
 
@@ -113,6 +118,7 @@ class AlignedSentence:
     words: Any  # the Sentence (or coreference item) the words come from
     attention: np.ndarray
     aligned: np.ndarray
+    truncated: bool = False  # the model's limit cut the text: some words were never seen
 
     def most_attended(self) -> np.ndarray:
         """``[layer, head, word]``: the word each word attends to most among aligned words (specials excluded)."""
@@ -160,26 +166,36 @@ def token_offsets(tokenizer: Any, text: str, token_ids: np.ndarray) -> tuple[lis
 
 
 def attend_words(loaded: Any, items: Sequence[WordSpans], *, batch_size: int = 16, progress: bool = True,
-                 tally: MismatchTally | None = None) -> Iterator[AlignedSentence]:
+                 tally: MismatchTally | None = None,
+                 rows: Callable[[Any], Sequence[int]] | None = None) -> Iterator[AlignedSentence]:
     """Run the model over each item's text and yield its word-level attention, in order.
 
     ``loaded`` is a :class:`~attnscope.models.loading.LoadedModel`; for encoder-decoders the
     encoder's attention is used (the text is given as its own target so nothing is generated).
-    Mismatches are added to ``tally`` when one is given.
+    Mismatches are added to ``tally`` when one is given. ``rows(item)``: the attending words to
+    keep (default: all; see :func:`word_attention`).
     """
     from ..capture.extract import extract_corpus
 
     inputs: Iterable[Any] = [(item.text, item.text) if loaded.is_encoder_decoder else item.text for item in items]
     records = extract_corpus(loaded, inputs, batch_size=batch_size, progress=progress, total=len(items))
     for item, record in zip(items, records):
-        yield align_record(loaded.tokenizer, item, record, tally)
+        yield align_record(loaded.tokenizer, item, record, tally, None if rows is None else rows(item))
 
 
-def align_record(tokenizer: Any, item: WordSpans, record: AttentionRecord,
-                 tally: MismatchTally | None = None) -> AlignedSentence:
-    """One record's attention at the level of ``item``'s words."""
+def align_record(tokenizer: Any, item: WordSpans, record: AttentionRecord, tally: MismatchTally | None = None,
+                 rows: Sequence[int] | None = None) -> AlignedSentence:
+    """One record's attention at the level of ``item``'s words (only the attending words ``rows`` if given)."""
     offsets, special, truncated = token_offsets(tokenizer, item.text, record.token_ids)
     alignment = align_words(item.spans, offsets, special, truncated)
     if tally is not None:
         tally.add(alignment)
-    return AlignedSentence(item, word_attention(record.attention, alignment), alignment.aligned)
+    return AlignedSentence(item, word_attention(record.attention, alignment, rows), alignment.aligned, truncated)
+
+
+def word_token_counts(tokenizer: Any, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """``[word]``: how many of the tokenizer's pieces each word gets in ``text`` (no special tokens, no limit)."""
+    encoding = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False, verbose=False)
+    offsets = [tuple(o) for o in encoding["offset_mapping"]]
+    alignment = align_words(spans, offsets, [False] * len(offsets))
+    return [len(group) for group in alignment.groups]

@@ -15,7 +15,8 @@ from ..errors import AttnscopeError
 def _common(parser: argparse.ArgumentParser, action: str) -> None:
     add_model_arguments(parser)
     add_output_folder(parser, f"probe_{action}", "tables, charts and index.html")
-    parser.add_argument("--batch-size", type=positive_int, default=16, help="sentences per forward pass (default: 16)")
+    parser.add_argument("--batch-size", type=positive_int,
+                        help="inputs per forward pass (default: 16 sentences; coref --conllu: 2 windows)")
     parser.add_argument("--json", action="store_true", help="print the headline figures as one JSON object (last line)")
 
 
@@ -32,16 +33,41 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     deps = actions.add_parser("deps", help="best head per dependency relation vs the fixed-offset baseline",
                               description="Per relation, head and direction (dependent->head, head->dependent): "
-                              "how often the most-attended word is the arc's other end (Clark et al. 2019).")
+                              "how often the most-attended word is the arc's other end (Clark et al. 2019), on "
+                              "word-level attention (sum over the attended word's pieces, mean over the attending "
+                              "word's), against the best fixed offset on the same arcs, with a 95% interval. UD "
+                              "files: multiword tokens give their words, empty nodes are skipped; each arc is "
+                              "counted under its relation (nmod:poss), its base with subtypes (nmod:*) and Clark "
+                              "et al.'s name where one maps (obj=dobj, nmod:poss=poss, obl/nmod with a case "
+                              "preposition=pobj from the nominal to the preposition). Decoders: a direction "
+                              "counts only the arcs where it points backwards. Sentences longer than the model's "
+                              "limit are skipped and counted.")
     _trees(deps)
     deps.add_argument("--min-arcs", type=positive_int, default=50,
                       help="relations with fewer arcs stay out of the chart and JSON (default: 50)")
     _common(deps, "deps")
-    coref = actions.add_parser("coref", help="coreference heads on Winograd schemas vs nearest mention",
-                               description="Per head: how often a pronoun attends more to its antecedent than to "
-                               "the other candidate (273 Winograd items from BIG-bench winowhy).")
-    coref.add_argument("--items", type=Path,
-                       help='your own items, .jsonl lines {"sentence", "pronoun", "antecedent", "wrong"}')
+    coref = actions.add_parser("coref", help="coreference heads: gold chains in whole documents, or Winograd schemas",
+                               description="With --conllu (gold chains in MISC Entity=, e.g. UD English GUM): for "
+                               "each mention with an earlier mention of its chain in the model's window, does a "
+                               "head's most-attended earlier mention belong to the chain? Baselines: nearest "
+                               "mention, same head word, rule-based sieves (Clark et al. 2019). Documents are read "
+                               "in windows of --window tokens overlapping by half; each mention is scored once, "
+                               "with at least the overlap as left context. Without --conllu: how often a pronoun "
+                               "attends more to its antecedent than to the other candidate (273 Winograd items "
+                               "from BIG-bench winowhy).", formatter_class=argparse.RawDescriptionHelpFormatter,
+                               epilog="examples:\n  attnscope probe coref --conllu en_gum-ud-test.conllu -o out/gum\n"
+                               "  attnscope probe coref --conllu en_gum-ud-test.conllu --model smollm2 --documents 3\n"
+                               "  attnscope probe coref --items my_items.jsonl -o out/wino")
+    source = coref.add_mutually_exclusive_group()
+    source.add_argument("--conllu", type=Path, help="CoNLL-U with gold coreference (CorefUD MISC Entity=, e.g. GUM)")
+    source.add_argument("--items", type=Path,
+                        help='your own Winograd-style items, .jsonl lines {"sentence", "pronoun", "antecedent", "wrong"}')
+    coref.add_argument("--window", type=positive_int, default=512,
+                       help="tokens per window with --conllu (default: 512, at most the model's limit)")
+    coref.add_argument("--documents", type=positive_int, help="with --conllu: only the first N documents")
+    coref.add_argument("--singletons", action="store_true",
+                       help="with --conllu: singleton mentions are candidates too (default: only mentions of chains, "
+                       "as CoNLL-2012)")
     _common(coref, "coref")
     edges = actions.add_parser("edges", help="attention-only probes: edge, relation, parser (UAS) with baselines",
                                description="Logistic regressions on all heads' attention between two words "
@@ -76,23 +102,48 @@ def _deps(args: argparse.Namespace) -> dict[str, Any]:
     from .run import probe_dependencies
 
     treebank = _treebank(args)  # bad files fail before the model loads
-    result = probe_dependencies(load_from_args(args), treebank, batch_size=args.batch_size, min_arcs=args.min_arcs)
+    result = probe_dependencies(load_from_args(args), treebank, batch_size=args.batch_size or 16,
+                                min_arcs=args.min_arcs, progress=not args.json)
     page = result.save(args.out)
     headline = result.headline()
     print(f"heads: {result.annotation}\n{headline['sentences']} sentences, {headline['arcs']} arcs "
-          f"({headline['arcs_left_out']} left out: a word had no word piece); layer-head names are 0-indexed")
+          f"({headline['arcs_left_out']} left out: a word had no word piece; {headline['sentences_too_long']} "
+          f"sentences left out: longer than the model's limit); layer-head names are 0-indexed"
+          + ("; decoder: only arcs pointing backwards in a direction are scored in it" if headline["causal"] else ""))
     print(result.best_heads().to_string(index=False, float_format=lambda v: f"{v:.3f}",
-                                        columns=["relation", "arcs", "best_head", "direction", "accuracy",
-                                                 "baseline_offset", "baseline_accuracy"]))
+                                        columns=["relation", "arcs", "best_head", "direction", "accuracy", "ci_low",
+                                                 "ci_high", "baseline_offset", "baseline_accuracy"]))
     print(f"summary: {page}")
     return headline
+
+
+def _chains(args: argparse.Namespace) -> dict[str, Any]:
+    from .documents import first_documents, require_entities
+    from .run import probe_chains
+    from .treebank import read_conllu
+
+    treebank = require_entities(first_documents(read_conllu(args.conllu), args.documents))  # before the model loads
+    result = probe_chains(load_from_args(args), treebank, window=args.window, singletons=args.singletons,
+                          batch_size=args.batch_size or 2, progress=not args.json)
+    page = result.save(args.out)
+    h = result.headline()
+    left_out = ", ".join(f"{n} {reason}" for reason, n in h["left_out"].items()) or "none"
+    print(f"{h['documents']} documents, {h['windows']} windows of {h['window_tokens']} tokens (overlap "
+          f"{h['overlap_tokens']}); {h['mentions']} mentions scored (left out: {left_out}); "
+          f"layer-head names are 0-indexed\n"
+          f"best head {h['best_head']}: {h['best_head_acc']:.3f} (95% interval {h['ci'][0]:.3f}-{h['ci'][1]:.3f}); "
+          f"nearest mention {h['nearest_acc']:.3f}; same head word {h['headword_acc']:.3f}; "
+          f"rule-based {h['rule_acc']:.3f}\nsummary: {page}")
+    return h
 
 
 def _coref(args: argparse.Namespace) -> dict[str, Any]:
     from .run import probe_coref
 
+    if args.conllu:
+        return _chains(args)
     items = _read_items(args.items) if args.items else None
-    result = probe_coref(load_from_args(args), items, batch_size=args.batch_size)
+    result = probe_coref(load_from_args(args), items, batch_size=args.batch_size or 16)
     page = result.save(args.out)
     headline = result.headline()
     print(f"{headline['items']} items scored, left out: {headline['items_left_out'] or 'none'}"
@@ -110,7 +161,7 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 < args.test_share < 1:
         raise AttnscopeError("--test-share must be between 0 and 1")
     treebank = _treebank(args)
-    result = probe_edges(load_from_args(args), treebank, batch_size=args.batch_size, reinit=not args.no_reinit,
+    result = probe_edges(load_from_args(args), treebank, batch_size=args.batch_size or 16, reinit=not args.no_reinit,
                          test_share=args.test_share, seed=args.seed)
     page = result.save(args.out)
     print(f"heads: {result.annotation}")
@@ -146,7 +197,7 @@ COMMANDS = (
     Command("probe", "linguistic probing of heads: dependency relations, coreference, attention-only probes",
             """actions:
   deps    best head per dependency relation (both directions) vs the best fixed-offset baseline
-  coref   coreference heads on 273 Winograd schemas vs the nearest-mention baseline
+  coref   coreference heads: gold chains of whole documents (--conllu, e.g. GUM) or 273 Winograd schemas
   edges   logistic-regression probes on all heads' attention: edge, relation, parser UAS
 
 examples:
@@ -154,6 +205,7 @@ examples:
   attnscope probe deps --conllu en_ewt-ud-test.conllu -o out/ewt --json
   attnscope probe deps --text my_sentences.txt --model smollm2 -o out/smol
   attnscope probe coref -o out/coref --json
+  attnscope probe coref --conllu en_gum-ud-test.conllu --model smollm2 -o out/gum
   attnscope probe edges -o out/edges -n 300 --no-reinit
 Each writes CSV tables, one .duckdb database, PNG charts and index.html. Layers and heads are 0-indexed.""",
             _probe_arguments, _run_probe),

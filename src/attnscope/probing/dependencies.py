@@ -8,9 +8,18 @@ end of the arc:
 * ``head->dependent``: the head's most-attended word is this dependent.
 
 The baseline is Clark et al.'s fixed offset: always predict the word ``k`` positions away, with
-the best ``k`` for that relation (the same in both directions, up to sign). Arcs with a word that
-has no word piece (see :mod:`attnscope.probing.alignment`) are left out and counted.
-Layers and heads are 0-indexed.
+the best ``k`` for that relation and direction, on the same arcs as the heads. Arcs are scored
+under their relation, its base and Clark et al.'s name (:mod:`attnscope.probing.relations`).
+
+Decoders (``causal``): a word can only attend to itself and earlier words, so a direction is
+defined only for the arcs where it points backwards (``dependent->head`` when the head comes
+first, ``head->dependent`` when the dependent does); each direction has its own number of arcs.
+Encoders score every arc in both directions.
+
+Left out, and counted: arcs with a word that has no word piece (see
+:mod:`attnscope.probing.alignment`), and whole sentences longer than the model's limit (never cut).
+Each best head's accuracy comes with a 95% Wilson interval over its arcs (the interval of that
+head; it does not correct for having picked the best of all heads). Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -24,8 +33,10 @@ from typing import Any
 import numpy as np
 
 from .alignment import AlignedSentence
+from .relations import BASE_SUFFIX, CLARK_MAPPING, labelled_arcs
 
 DIRECTIONS = ("dependent->head", "head->dependent")
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 ANY_RELATION = "(any relation)"
 MIN_ARCS = 50  # relations with fewer arcs are in the tables but not in the headline figures
 
@@ -35,42 +46,76 @@ def head_name(layer: int, head: int) -> str:
     return f"{layer}-{head}"
 
 
+def wilson_interval(hits: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """95% Wilson score interval of a share ``hits / n`` (``(0, 1)`` when ``n`` is 0).
+
+    >>> [round(v, 3) for v in wilson_interval(8, 10)]
+    [0.49, 0.943]
+    """
+    if n == 0:
+        return 0.0, 1.0
+    share = hits / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return float(0.0 if hits == 0 else low), float(1.0 if hits == n else high)  # exact ends, not 0.99999...
+
+
 @dataclass
 class DependencyCounts:
-    """Running counts: per relation ``[direction, layer, head]`` correct arcs, arcs, and offsets."""
+    """Running counts per label: ``correct[label]`` ``[direction, layer, head]``, ``arcs[label]``
+    ``[direction]`` and per direction how often each offset (target - source position) occurs.
+
+    ``causal``: the model is a decoder, so a direction counts only arcs where it points backwards.
+    """
 
     n_layers: int
     n_heads: int
+    causal: bool = False
     correct: dict[str, np.ndarray] = field(default_factory=dict)
-    arcs: Counter[str] = field(default_factory=Counter)
-    offsets: dict[str, Counter[int]] = field(default_factory=lambda: defaultdict(Counter))
+    arcs: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: dict[str, tuple[Counter[int], Counter[int]]] = field(
+        default_factory=lambda: defaultdict(lambda: (Counter(), Counter())))
     dropped_arcs: int = 0
     sentences: int = 0
+    too_long: int = 0
 
     def add(self, sentence: AlignedSentence) -> None:
-        """Score every arc of one sentence whose two words are aligned."""
-        tree = sentence.words
+        """Score every arc of one sentence whose two words are aligned (nothing of a sentence cut by the limit)."""
+        if sentence.truncated:
+            self.too_long += 1
+            return
         most = sentence.most_attended()  # [layer, head, word]
         self.sentences += 1
-        for dep, head, relation in tree.arcs():
-            if not (sentence.aligned[dep] and sentence.aligned[head]):
+        aligned = sentence.aligned
+        for dep, head, _ in sentence.words.arcs():  # each tree arc once
+            if aligned[dep] and aligned[head]:
+                self._count(ANY_RELATION, dep, head, most)
+            else:
                 self.dropped_arcs += 1
-                continue
-            hits = np.stack([most[:, :, dep] == head, most[:, :, head] == dep])  # [direction, layer, head]
-            for name in (relation, ANY_RELATION):
-                if name not in self.correct:
-                    self.correct[name] = np.zeros((2, self.n_layers, self.n_heads), dtype=np.int64)
-                self.correct[name] += hits
-                self.arcs[name] += 1
-                self.offsets[name][head - dep] += 1
+        for dep, head, label in labelled_arcs(sentence.words):  # as written, base:*, Clark's names
+            if aligned[dep] and aligned[head]:
+                self._count(label, dep, head, most)
+
+    def _count(self, name: str, dep: int, head: int, most: np.ndarray) -> None:
+        if name not in self.correct:
+            self.correct[name] = np.zeros((2, self.n_layers, self.n_heads), dtype=np.int64)
+            self.arcs[name] = np.zeros(2, dtype=np.int64)
+        for d, (source, target) in enumerate(((dep, head), (head, dep))):
+            if self.causal and target > source:
+                continue  # a decoder's word cannot attend forwards
+            self.correct[name][d] += most[:, :, source] == target
+            self.arcs[name][d] += 1
+            self.offsets[name][d][target - source] += 1
 
 
-def count_dependency_heads(sentences: Iterable[AlignedSentence]) -> DependencyCounts:
+def count_dependency_heads(sentences: Iterable[AlignedSentence], causal: bool = False) -> DependencyCounts:
     """Accumulate :class:`DependencyCounts` over word-level attention of parsed sentences."""
     counts: DependencyCounts | None = None
     for sentence in sentences:
         if counts is None:
-            counts = DependencyCounts(*sentence.attention.shape[:2])
+            n_layers, n_heads = sentence.attention.shape[:2]
+            counts = DependencyCounts(n_layers, n_heads, causal=causal)
         counts.add(sentence)
     if counts is None:
         from ..errors import AttnscopeError
@@ -80,12 +125,14 @@ def count_dependency_heads(sentences: Iterable[AlignedSentence]) -> DependencyCo
 
 
 def best_offset(offsets: Counter[int]) -> tuple[int, float]:
-    """The fixed offset (head position - dependent position) that is right most often, and how often.
+    """The fixed offset (target position - source position) that is right most often, and how often.
 
     >>> best_offset(Counter({1: 3, -2: 1}))
     (1, 0.75)
     """
     total = sum(offsets.values())
+    if not total:
+        return 0, 0.0
     offset, hits = max(offsets.items(), key=lambda pair: (pair[1], -abs(pair[0])))
     return offset, hits / total
 
@@ -102,53 +149,92 @@ class DependencyResult:
     min_arcs: int = MIN_ARCS
 
     def accuracy(self, relation: str) -> np.ndarray:
-        """``[direction, layer, head]`` accuracy for ``relation``."""
-        return self.counts.correct[relation] / self.counts.arcs[relation]
+        """``[direction, layer, head]`` accuracy for ``relation`` (0 in a direction without arcs)."""
+        arcs = self.counts.arcs[relation][:, None, None]  # [direction, 1, 1]
+        return self.counts.correct[relation] / np.maximum(arcs, 1)
+
+    def total_arcs(self, relation: str) -> int:
+        """Arcs of ``relation`` scored in at least one direction."""
+        return int(self.counts.arcs[relation].max())
 
     def to_frame(self) -> Any:
-        """One row per relation, direction, layer and head (0-indexed)."""
+        """One row per relation, direction, layer and head (0-indexed); directions without arcs left out."""
         import pandas as pd
 
         rows = []
         for relation in self.relations(min_arcs=1):
             accuracy = self.accuracy(relation)
             for d, direction in enumerate(DIRECTIONS):
-                for layer in range(self.counts.n_layers):
+                arcs = int(self.counts.arcs[relation][d])
+                for layer in range(self.counts.n_layers * bool(arcs)):
                     for head in range(self.counts.n_heads):
                         rows.append({"relation": relation, "direction": direction, "layer": layer, "head": head,
                                      "correct": int(self.counts.correct[relation][d, layer, head]),
-                                     "arcs": self.counts.arcs[relation], "accuracy": float(accuracy[d, layer, head])})
+                                     "arcs": arcs, "accuracy": float(accuracy[d, layer, head])})
         return pd.DataFrame(rows)
 
     def relations(self, min_arcs: int | None = None) -> list[str]:
-        """Relations with at least ``min_arcs`` arcs, most frequent first (the any-relation row last)."""
-        limit = self.min_arcs if min_arcs is None else min_arcs
-        kept = [r for r, n in self.counts.arcs.most_common() if n >= limit and r != ANY_RELATION]
-        return kept + ([ANY_RELATION] if ANY_RELATION in self.counts.arcs else [])
+        """Relations with at least ``min_arcs`` arcs, most frequent first (the any-relation row last).
 
-    def best_heads(self, min_arcs: int | None = None) -> Any:
-        """Per relation: the best head and direction, its accuracy, and the best fixed-offset baseline."""
+        A base group (``nmod:*``) is left out when it holds no subtype (it would repeat ``nmod``)."""
+        limit = self.min_arcs if min_arcs is None else min_arcs
+        totals = {r: self.total_arcs(r) for r in self.counts.arcs}
+        kept = [r for r, n in sorted(totals.items(), key=lambda pair: -pair[1])
+                if n >= limit and r != ANY_RELATION and not self._repeats_its_base(r, totals)]
+        return kept + ([ANY_RELATION] if ANY_RELATION in totals else [])
+
+    @staticmethod
+    def _repeats_its_base(relation: str, totals: dict[str, int]) -> bool:
+        return relation.endswith(BASE_SUFFIX) and totals[relation] == totals.get(relation[:-len(BASE_SUFFIX)], -1)
+
+    def direction_rows(self, relation: str) -> list[dict[str, Any]]:
+        """Per direction with arcs: the best head, its accuracy and 95% interval, and the best fixed offset."""
+        accuracy = self.accuracy(relation)
+        total = self.total_arcs(relation)
+        rows = []
+        for d, direction in enumerate(DIRECTIONS):
+            arcs = int(self.counts.arcs[relation][d])
+            if not arcs:
+                continue
+            layer, head = np.unravel_index(int(np.argmax(accuracy[d])), accuracy[d].shape)
+            offset, baseline = best_offset(self.counts.offsets[relation][d])
+            low, high = wilson_interval(int(self.counts.correct[relation][d, layer, head]), arcs)
+            rows.append({"relation": relation, "direction": direction, "arcs": arcs, "arcs_share": arcs / total,
+                         "best_head": head_name(int(layer), int(head)), "layer": int(layer), "head": int(head),
+                         "accuracy": float(accuracy[d, layer, head]), "ci_low": low, "ci_high": high,
+                         "baseline_offset": offset, "baseline_accuracy": baseline})
+        return rows
+
+    def directions_frame(self, min_arcs: int | None = None) -> Any:
+        """One row per relation and direction (see :meth:`direction_rows`)."""
         import pandas as pd
 
+        return pd.DataFrame([row for relation in self.relations(min_arcs) for row in self.direction_rows(relation)])
+
+    def best_heads(self, min_arcs: int | None = None) -> Any:
+        """Per relation: the best head over both directions, its accuracy and interval, and the best
+        fixed-offset baseline on the same arcs. A direction with fewer than ``min_arcs`` arcs competes
+        only when no direction has that many (a decoder sees few det arcs from determiner to noun)."""
+        import pandas as pd
+
+        limit = self.min_arcs if min_arcs is None else min_arcs
         rows = []
         for relation in self.relations(min_arcs):
-            accuracy = self.accuracy(relation)
-            direction, layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
-            offset, baseline = best_offset(self.counts.offsets[relation])
-            rows.append({"relation": relation, "arcs": self.counts.arcs[relation],
-                         "best_head": head_name(int(layer), int(head)), "layer": int(layer), "head": int(head),
-                         "direction": DIRECTIONS[direction], "accuracy": float(accuracy[direction, layer, head]),
-                         "baseline_offset": offset, "baseline_accuracy": baseline})
+            candidates = self.direction_rows(relation)
+            enough = [row for row in candidates if row["arcs"] >= limit]
+            pool = enough or [max(candidates, key=lambda row: row["arcs"])]
+            rows.append(max(pool, key=lambda row: row["accuracy"]))
         return pd.DataFrame(rows)
 
     def offsets_frame(self) -> Any:
-        """How often each offset (head position - dependent position) occurs, per relation."""
+        """How often each offset (target position - source position) occurs, per relation and direction."""
         import pandas as pd
 
-        return pd.DataFrame([{"relation": relation, "offset": offset, "arcs": count,
-                              "share": count / self.counts.arcs[relation]}
+        return pd.DataFrame([{"relation": relation, "direction": direction, "offset": offset, "arcs": count,
+                              "share": count / self.counts.arcs[relation][d]}
                              for relation in self.relations(min_arcs=1)
-                             for offset, count in sorted(self.counts.offsets[relation].items())])
+                             for d, direction in enumerate(DIRECTIONS)
+                             for offset, count in sorted(self.counts.offsets[relation][d].items())])
 
     def save(self, folder: str | Path) -> Path:
         """Tables (CSV + DuckDB), charts and ``index.html`` in ``folder``; returns the page."""
@@ -161,8 +247,8 @@ class DependencyResult:
         best = self.best_heads()
         note = f"heads: {self.annotation}"
         mismatches = {"kind": list(self.mismatches), "count": list(self.mismatches.values())}
-        write_tables({"best_heads": best, "head_accuracy": self.to_frame(), "offsets": self.offsets_frame(),
-                      "mismatches": pd.DataFrame(mismatches)}, folder, "probe_deps")
+        write_tables({"best_heads": best, "directions": self.directions_frame(), "head_accuracy": self.to_frame(),
+                      "offsets": self.offsets_frame(), "mismatches": pd.DataFrame(mismatches)}, folder, "probe_deps")
         per_relation = best[best.relation != ANY_RELATION].head(MAX_CHART_RELATIONS)
         plot_best_heads(per_relation, f"{self.model}: best single head per relation vs fixed-offset baseline "
                         f"({len(per_relation)} most frequent relations)\n{note}", folder / "best_heads.png")
@@ -173,6 +259,10 @@ class DependencyResult:
         facts = {"annotation": note, "model": self.model, "sentences": headline["sentences"],
                  "arcs scored": headline["arcs"],
                  "arcs left out (a word without word pieces)": headline["arcs_left_out"],
+                 "sentences left out (longer than the model's limit)": headline["sentences_too_long"],
+                 "directions": "decoder: only the backward direction of each arc is scored" if self.counts.causal
+                 else "encoder: every arc in both directions",
+                 **{f"Clark et al.'s {name}": ud for name, ud in CLARK_MAPPING.items()},
                  "any relation: best head": f"{headline['any_relation_head']} ({headline['any_relation_direction']}) "
                  f"{headline['any_relation_acc']:.3f} vs fixed offset {headline['any_relation_baseline']:.3f}",
                  **{f"alignment: {kind}": count for kind, count in self.mismatches.items()},
@@ -186,14 +276,24 @@ class DependencyResult:
     def headline(self) -> dict[str, Any]:
         """The JSON figures: ``best_head_acc`` {relation: {head, acc, baseline, ...}}, ``any_relation_acc``."""
         best = self.best_heads()
-        per_relation = {row.relation: {"head": row.best_head, "acc": round(row.accuracy, 4),
-                                       "baseline": round(row.baseline_accuracy, 4), "direction": row.direction,
-                                       "arcs": int(row.arcs)}
-                        for row in best.itertuples() if row.relation != ANY_RELATION}
+        per_relation = {row["relation"]: _figures(row) for row in best.to_dict("records")
+                        if row["relation"] != ANY_RELATION}
+        by_direction = {relation: {row["direction"]: _figures(row) for row in self.direction_rows(relation)}
+                        for relation in self.relations() if relation != ANY_RELATION}
         overall = best[best.relation == ANY_RELATION].iloc[0]
         return {"model": self.model, "annotation": self.annotation, "silver": self.silver,
                 "heads_indexing": "layer-head, both 0-indexed", "sentences": self.counts.sentences,
-                "best_head_acc": per_relation, "any_relation_acc": round(float(overall.accuracy), 4),
+                "sentences_too_long": self.counts.too_long, "causal": self.counts.causal,
+                "best_head_acc": per_relation, "by_direction": by_direction,
+                "any_relation_acc": round(float(overall.accuracy), 4),
                 "any_relation_head": overall.best_head, "any_relation_direction": overall.direction,
                 "any_relation_baseline": round(float(overall.baseline_accuracy), 4),
-                "arcs": int(overall.arcs), "arcs_left_out": self.counts.dropped_arcs, "mismatches": self.mismatches}
+                "arcs": self.total_arcs(ANY_RELATION), "arcs_left_out": self.counts.dropped_arcs,
+                "clark_mapping": CLARK_MAPPING, "mismatches": self.mismatches}
+
+
+def _figures(row: dict[str, Any]) -> dict[str, Any]:
+    """One best-head row as JSON figures: head, acc, ci, baseline (best fixed offset), direction, arcs."""
+    return {"head": row["best_head"], "acc": round(row["accuracy"], 4),
+            "ci": [round(row["ci_low"], 4), round(row["ci_high"], 4)], "baseline": round(row["baseline_accuracy"], 4),
+            "offset": int(row["baseline_offset"]), "direction": row["direction"], "arcs": int(row["arcs"])}

@@ -10,11 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.extract import as_loaded
-from .alignment import MismatchTally, attend_words
+from .alignment import MismatchTally, attend_words, word_token_counts
+from .chains import ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyResult, count_dependency_heads
+from .documents import documents_of, require_entities
 from .probes import ProbeResult, collect, evaluate_probes, held_out_sentences, reinitialised_model
 from .treebank import Treebank, shipped_treebank
+
+WINDOW_TOKENS = 512
+WINDOW_MARGIN = 8  # tokens kept free: a window's text may split into a few more pieces than inside its document
 
 
 def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_size: int = 16,
@@ -32,7 +37,7 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     treebank = treebank or shipped_treebank()
     tally = MismatchTally()
     counts = count_dependency_heads(attend_words(loaded, treebank.sentences, batch_size=batch_size,
-                                                 progress=progress, tally=tally))
+                                                 progress=progress, tally=tally), causal=loaded.causal)
     return DependencyResult(counts, loaded.name, treebank.annotation, treebank.silver, tally.to_dict(), min_arcs)
 
 
@@ -46,6 +51,33 @@ def probe_coref(model: Any, items: list[CorefItem] | None = None, *, batch_size:
     located, left_out = locate_items(items if items is not None else winowhy_items())
     aligned = attend_words(loaded, located, batch_size=batch_size, progress=progress)
     return score_coref(aligned, left_out, loaded.name)
+
+
+def probe_chains(model: Any, treebank: Treebank, *, window: int = WINDOW_TOKENS, singletons: bool = False,
+                 batch_size: int = 2, progress: bool = True) -> ChainsResult:
+    """Coreference heads on gold chains (CorefUD ``Entity=``, e.g. GUM): see :mod:`attnscope.probing.chains`.
+
+    Documents are read in windows of ``window`` tokens (at most the model's limit) overlapping by
+    half; ``singletons``: singleton mentions are candidates too.
+
+    >>> result = probe_chains("minilm", read_conllu("en_gum-ud-test.conllu"))   # doctest: +SKIP
+    >>> result.headline()["best_head_acc"], result.headline()["nearest_acc"]     # doctest: +SKIP
+    """
+    require_entities(treebank)
+    loaded = as_loaded(model)
+    tokenizer = loaded.tokenizer
+    specials = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
+    tokens = min(window, loaded.max_length)
+    budget = tokens - specials - WINDOW_MARGIN
+    documents = documents_of(treebank)
+    counts = [word_token_counts(tokenizer, document.text, document.spans) for document in documents]
+    texts, left_out = plan_documents(documents, counts, budget, singletons)
+    aligned = attend_words(loaded, texts, batch_size=batch_size, progress=progress, rows=lambda item: item.rows())
+    settings = {"window_tokens": tokens, "overlap_tokens": budget // 2, "windows": len(texts),
+                "candidates": "all earlier mentions, singletons included" if singletons
+                else "earlier mentions of chains with two or more mentions (as CoNLL-2012)",
+                "causal": loaded.causal}
+    return score_chains(aligned, left_out, loaded.name, treebank.source, len(documents), settings)
 
 
 def probe_edges(model: Any, treebank: Treebank | None = None, *, batch_size: int = 16, progress: bool = True,

@@ -30,6 +30,9 @@ class Sentence:
 
     ``spans[i]`` is the ``(start, end)`` character span of word ``i`` in ``text``; the words of a
     multiword token (UD's ``2-3 don't`` = ``do`` + ``n't``) share the span of that token.
+    Read from CoNLL-U, ``feats[i]`` is word ``i``'s FEATS column (``Number=Plur|Person=3`` or ``_``),
+    ``entities[i]`` its MISC ``Entity=`` value (coreference brackets, ``""`` when absent) and
+    ``doc_id`` the ``# newdoc id`` in force; other sources leave them empty.
     """
 
     words: tuple[str, ...]
@@ -39,6 +42,9 @@ class Sentence:
     spans: tuple[tuple[int, int], ...]
     upos: tuple[str, ...] = ()
     sent_id: str = ""
+    feats: tuple[str, ...] = ()
+    entities: tuple[str, ...] = ()
+    doc_id: str = ""
 
     def __len__(self) -> int:
         return len(self.words)
@@ -70,10 +76,15 @@ class Treebank:
 
 
 # ---- building sentences ---------------------------------------------------------------------
-def sentence_from_units(units: Sequence[tuple[str, bool, Sequence[tuple[str, int, str, str]]]],
-                        sent_id: str = "") -> Sentence:
+Word = tuple[str, int, str, str]  # (form, head 0-indexed or -1, relation, upos)
+WordExtras = tuple[str, str]  # (FEATS, MISC Entity=) of a word read from CoNLL-U
+
+
+def sentence_from_units(units: Sequence[tuple[str, bool, Sequence[Word]]], sent_id: str = "",
+                        extras: Sequence[WordExtras] = (), doc_id: str = "") -> Sentence:
     """A sentence from surface units ``(form, space_after, words)``; each word is ``(form, head, relation, upos)``
-    with ``head`` 0-indexed (``-1`` = root). A unit with several words is a multiword token."""
+    with ``head`` 0-indexed (``-1`` = root). A unit with several words is a multiword token.
+    ``extras``: per word ``(feats, entity)`` (empty: none)."""
     text_parts: list[str] = []
     words, heads, relations, upos, spans = [], [], [], [], []
     position = 0
@@ -88,7 +99,8 @@ def sentence_from_units(units: Sequence[tuple[str, bool, Sequence[tuple[str, int
             upos.append(tag)
             spans.append(span)
     return Sentence(tuple(words), tuple(heads), tuple(relations), "".join(text_parts).rstrip(), tuple(spans),
-                    tuple(upos), sent_id)
+                    tuple(upos), sent_id, tuple(feats for feats, _ in extras), tuple(entity for _, entity in extras),
+                    doc_id)
 
 
 # ---- CoNLL-U ------------------------------------------------------------------------------------
@@ -103,9 +115,12 @@ def _conllu() -> Any:
 def read_conllu(path: str | Path) -> Treebank:
     """Every tree of a CoNLL-U file (UD or any treebank in that format).
 
-    Empty nodes (``8.1``) are skipped: they are not in the text. Multiword tokens keep their
-    surface form in the text; their words share its span. A file whose first comments include
-    ``# annotation = silver...`` (as the shipped sample does) is marked as parser output.
+    Empty nodes (``8.1``, enhanced-graph copies) are skipped: they are not in the text and have no
+    basic head. Multiword tokens (``2-3 don't``) keep their surface form in the text; their words
+    (``do``, ``n't``) share its span, and each keeps its own head and relation. Relations are kept
+    as written, subtype included (``nmod:poss``); see :mod:`attnscope.probing.relations` for bases and
+    Clark et al.'s names. A file whose first comments include ``# annotation = silver...`` (as the
+    shipped sample does) is marked as parser output.
     """
     path = Path(path)
     try:
@@ -123,8 +138,8 @@ def parse_conllu(text: str, source: str = "CoNLL-U") -> Treebank:
     except (conllu.exceptions.ParseException, ValueError) as error:
         raise AttnscopeError(f"{source} is not valid CoNLL-U: {error}") from None
     try:
-        sentences = tuple(_sentence_from_tokens(tokens, number, source)
-                          for number, tokens in enumerate(token_lists, 1))
+        sentences = tuple(_sentence_from_tokens(tokens, number, source, doc_id)
+                          for number, (tokens, doc_id) in enumerate(zip(token_lists, _doc_ids(token_lists)), 1))
     except (KeyError, TypeError):  # a word line without HEAD/DEPREL columns
         raise AttnscopeError(f"{source} is not valid CoNLL-U: word lines need the 10 tab-separated columns") from None
     sentences = tuple(s for s in sentences if len(s))
@@ -136,9 +151,21 @@ def parse_conllu(text: str, source: str = "CoNLL-U") -> Treebank:
     return Treebank(sentences, source, silver, label)
 
 
-def _sentence_from_tokens(tokens: Any, number: int, source: str) -> Sentence:
+def _doc_ids(token_lists: Sequence[Any]) -> list[str]:
+    """The ``# newdoc id`` in force at each sentence (``""`` before the first)."""
+    current, ids = "", list[str]()
+    for tokens in token_lists:
+        metadata = tokens.metadata
+        if "newdoc id" in metadata or "newdoc" in metadata:
+            current = str(metadata.get("newdoc id") or metadata.get("newdoc") or len(ids))
+        ids.append(current)
+    return ids
+
+
+def _sentence_from_tokens(tokens: Any, number: int, source: str, doc_id: str = "") -> Sentence:
     """One conllu TokenList as a :class:`Sentence` (heads converted to 0-indexed, root = -1)."""
-    units: list[tuple[str, bool, list[tuple[str, int, str, str]]]] = []
+    units: list[tuple[str, bool, list[Word]]] = []
+    extras: list[WordExtras] = []
     open_range: tuple[int, int] | None = None
     for token in tokens:
         token_id = token["id"]
@@ -151,15 +178,22 @@ def _sentence_from_tokens(tokens: Any, number: int, source: str) -> Sentence:
         if not isinstance(head, int):
             raise AttnscopeError(f"{source} sentence {number}: word {token_id} has no head")
         word = (token["form"], head - 1, str(token["deprel"]), str(token["upos"] or "_"))
+        extras.append(_extras(token))
         if open_range is not None and open_range[0] <= token_id <= open_range[1]:
             units[-1][2].append(word)
         else:
             open_range = None
             units.append((token["form"], _space_after(token), [word]))
-    sentence = sentence_from_units(units, str(tokens.metadata.get("sent_id", number)))
+    sentence = sentence_from_units(units, str(tokens.metadata.get("sent_id", number)), extras, doc_id)
     if any(not ROOT <= head < len(sentence) for head in sentence.heads):
         raise AttnscopeError(f"{source} sentence {number}: a head points outside the sentence")
     return sentence
+
+
+def _extras(token: Any) -> WordExtras:
+    feats = token["feats"] or {}
+    misc = token["misc"] or {}
+    return "|".join(f"{k}={v}" for k, v in feats.items()) or "_", str(misc.get("Entity") or "")
 
 
 def _space_after(token: Any) -> bool:
