@@ -25,12 +25,21 @@ def test_view_long_writes_the_long_page_from_a_plan(tmp_path, capsys):
     text.write_text("The cat sat on the mat. " * 40 + "Then it slept.", encoding="utf-8")
     out = tmp_path / "long.html"
     assert main(["view", "--file", str(text), "--long", "-o", str(out)]) == 0
-    assert "long view" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "long view" in printed.out
+    # the long work is not silent: a bar per captured layer, then the page, on stderr
+    assert "capturing" in printed.err and "/6 [" in printed.err and "building the long view" in printed.err
     payload = _payload(out.read_text(encoding="utf-8"))
     assert payload["format"] == "attnscope.longview" and payload["views"] == list(LONG_VIEWS)
     full = extract("minilm", text.read_text(encoding="utf-8"))
     assert payload["tokens"] == list(full.tokens)
     assert payload["layers"] == list(range(full.n_layers)) and payload["heads"] == list(range(full.n_heads))
+
+
+def test_the_progress_bar_leaves_the_capture_unchanged():
+    text = "The cat sat on the mat. Then it slept."
+    quiet, shown = extract("minilm", text), extract("minilm", text, progress=True)
+    np.testing.assert_array_equal(quiet.attention, shown.attention)
 
 
 def test_view_of_a_partial_record_without_an_overview_says_what_it_needs(tmp_path, capsys):

@@ -8,13 +8,15 @@ Right padding plus an additive mask make batched results equal one-at-a-time res
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from itertools import chain, islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, load_model
@@ -44,19 +46,46 @@ def extract(
     onednn: bool | None = None,
     plan: CapturePlan | None = None,
     max_length: int | None = None,
+    progress: bool = False,
 ) -> AttentionRecord:
     """Capture the attention of every layer and head for one input.
 
     ``pair`` is the second sentence for encoders and decoders, or the target text for
     encoder-decoders (None: the model's own greedy translation is used as the target).
     ``plan`` says what to keep (:class:`~attnscope.capture.plan.CapturePlan`; default: everything).
+    ``progress``: a bar on stderr that advances as each layer's attention runs (a whole document's
+    forward pass can take minutes).
 
     >>> rec = extract("minilm", "I went to the store.")      # doctest: +SKIP
     >>> rec.attention.shape                                  # [layer, head, q_pos, k_pos]
     (6, 12, 8, 8)
     """
-    return next(extract_corpus(model, [(text, pair)], batch_size=1, qkv=qkv, norms=norms, progress=False,
-                               onednn=onednn, plan=plan, max_length=max_length))
+    loaded = as_loaded(model)
+    with layer_progress(loaded, progress):
+        return next(extract_corpus(loaded, [(text, pair)], batch_size=1, qkv=qkv, norms=norms, progress=False,
+                                   onednn=onednn, plan=plan, max_length=max_length))
+
+
+@contextmanager
+def layer_progress(loaded: LoadedModel, enabled: bool = True, desc: str = "capturing") -> Iterator[None]:
+    """Inside the block, a progress bar on stderr advances each time one of the model's main attention layers
+    finishes (self-attention, or the encoder's; in the calling thread only), and is cleared at the end."""
+    if not enabled:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    from .hooks import local_hooks
+
+    kind = main_kind(loaded.sites.values())
+    modules = [module for module, site in loaded.sites.items() if site.kind == kind]
+    with tqdm(total=len(modules), unit="layer", desc=desc, leave=False) as bar:
+
+        def advance(_module: nn.Module, _inputs: tuple[Any, ...], _output: Any) -> None:
+            bar.update(1)  # returns None: the layer's output is left as it is
+
+        with local_hooks(modules, advance):
+            yield
 
 
 def extract_corpus(

@@ -55,8 +55,8 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
     plan = long_view_plan(loaded, text, args.pair, args.max_tokens, force=long,
                           layers=getattr(args, "layers", None), heads=getattr(args, "heads", None))
     if plan is not None:
-        return extract(loaded, text, args.pair, plan=plan, max_length=args.max_tokens)
-    return extract(loaded, text, args.pair, qkv=qkv, norms=norms, max_length=args.max_tokens)
+        return extract(loaded, text, args.pair, plan=plan, max_length=args.max_tokens, progress=True)
+    return extract(loaded, text, args.pair, qkv=qkv, norms=norms, max_length=args.max_tokens, progress=True)
 
 
 LONG_VIEW_TOKENS = 512  # longer inputs get the long view: the line views are unreadable past this
@@ -192,7 +192,7 @@ def with_notes(page: AttentionView, notes: list[str]) -> AttentionView:
 def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) -> int:
     from .longview import long_view_of
 
-    page = with_notes(long_view_of(record), notes)
+    page = with_notes(long_view_of(record, progress=True), notes)
     path = page.save(output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
           f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")

@@ -25,6 +25,8 @@ shows. Schema: ``longview.schema.json``.
 
 from __future__ import annotations
 
+import sys
+
 import json
 import math
 import zlib
@@ -121,9 +123,11 @@ def long_view(tokens: Sequence[str], overview: np.ndarray, block: int, topk_indi
                                             max_mb=max_mb))
 
 
-def long_view_of(record: AttentionRecord, *, title: str | None = None, max_mb: float = 36.0) -> AttentionView:
+def long_view_of(record: AttentionRecord, *, title: str | None = None, max_mb: float = 36.0,
+                 progress: bool = False) -> AttentionView:
     """The long view of a record captured with an overview and top-k keys for every query
-    (``CapturePlan(attention=False, top_k=32, overview=block)``, as ``attnscope view --long`` does)."""
+    (``CapturePlan(attention=False, top_k=32, overview=block)``, as ``attnscope view --long`` does).
+    ``progress``: say on stderr when the page starts building (tens of seconds for a whole document)."""
     kind = record.model.main_kind
     overview, indices, weights = (record.get(kind, name) for name in ("overview", "topk_indices", "topk_weights"))
     if overview is None or indices is None or weights is None:
@@ -135,6 +139,8 @@ def long_view_of(record: AttentionRecord, *, title: str | None = None, max_mb: f
     block = int((record.selection.plan if record.selection else {}).get("overview") or 0)
     if block < 1:
         raise AttnscopeError("this record does not say the overview's block size (capture it with a plan)")
+    if progress:
+        print(f"attnscope: building the long view of {len(record.tokens):,} tokens...", file=sys.stderr, flush=True)
     return long_view(record.tokens, overview, block, indices, weights, layers=record.layers_held,
                      heads=record.heads_held, causal=record.model.causal, special_mask=record.special_mask,
                      title=title, max_mb=max_mb)
