@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import cpu_name, add_smoke_flag, emit
+from bench_json import add_smoke_flag, cpu_name, emit
 from long import document_ids, peak_mb, reset_peak
 
 import attnscope

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import cpu_name, add_smoke_flag, emit
+from bench_json import add_smoke_flag, cpu_name, emit
 from generate import plain_generate
 from long import peak_mb, reset_peak
 

@@ -29,12 +29,12 @@ The last line is one JSON object of figures; the CPU is printed first.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 import json
 import platform
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np

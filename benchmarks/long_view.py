@@ -27,12 +27,12 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 import os
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def measure(browser: Any, path: Path, tokens: int = 8192) -> dict[str, float]:
         t = performance.now(); await app.setView('model'); flush('model'); const model = performance.now() - t;
         app.setWindow({middle}, {min(128, tokens)});
         t = performance.now(); await app.setView('window'); flush('window'); const window = performance.now() - t;
-        return {view_load_ms: load, zoom_ms: zoom, model_view_ms: model, window_ms: window};""", height=1000)
+        return {{view_load_ms: load, zoom_ms: zoom, model_view_ms: model, window_ms: window}};""", height=1000)
 
 
 def main(argv: list[str] | None = None) -> int:

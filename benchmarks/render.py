@@ -40,12 +40,12 @@ load_ms <= 1500 at 512 tokens.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 import os
 import statistics
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 

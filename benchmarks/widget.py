@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.notebooks:
 
 import nbclient
 import nbformat
-from bench_json import cpu_name, add_smoke_flag, emit
+from bench_json import add_smoke_flag, cpu_name, emit
 
 from tests.notebooks import kernel_environment
 

@@ -25,10 +25,9 @@ shows. Schema: ``longview.schema.json``.
 
 from __future__ import annotations
 
-import sys
-
 import json
 import math
+import sys
 import zlib
 from collections.abc import Sequence
 from functools import cache
