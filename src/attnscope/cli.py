@@ -79,6 +79,27 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="where the model runs: cpu (default), cuda, cuda:1, mps, or auto (the layers spread "
                         "over every GPU, then the CPU, for a model larger than one device)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help=f"torch's CPU threads (default: ${THREADS_VARIABLE} if set, else torch's choice, one per "
+                        "core). While another process keeps a core busy (a second attnscope, the explorer "
+                        "answering, a build), one thread can be several times faster than two that wait on each "
+                        "other; benchmarks/threads.py measures it on your machine")
+
+
+THREADS_VARIABLE = "ATTNSCOPE_THREADS"
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's CPU threads from ``--threads``, else from ``$ATTNSCOPE_THREADS``; neither: torch's default."""
+    if threads is None and os.environ.get(THREADS_VARIABLE, "").strip():
+        value = os.environ[THREADS_VARIABLE].strip()
+        if not value.isdigit() or int(value) < 1:
+            raise AttnscopeError(f"${THREADS_VARIABLE} must be a whole number of threads, at least 1; got {value!r}")
+        threads = int(value)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -279,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_utf8(argv)
         args = build_parser(_command_named(argv)).parse_args(argv)
+        apply_threads(getattr(args, "threads", None))
         with _Quiet():
             return int(args.run(args))
     except AttnscopeError as error:
