@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
@@ -79,13 +80,18 @@ def _linear_arguments(input: torch.Tensor, weight: torch.Tensor,
     return input, weight, bias
 
 
-ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+@cache
+def onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes oneDNN's packed linear runs on this CPU: float32, and bfloat16 where the CPU has the
+    instructions oneDNN's bf16 path needs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has not, and
+    packing a bf16 weight there raises)."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
 def _suits_onednn(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Same supported dtype on the CPU, a plain 2-D weight with a version counter, no autograd."""
     tensors = (inputs, weight) if bias is None else (inputs, weight, bias)
-    return (inputs.dtype in ONEDNN_DTYPES
+    return (inputs.dtype in onednn_dtypes()
             and all(t.dtype == inputs.dtype and t.device.type == "cpu" and t.layout == torch.strided for t in tensors)
             and inputs.dim() >= 2 and weight.dim() == 2 and not weight.is_inference()
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
