@@ -22,13 +22,17 @@ DOCS_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench"
 
 
 def cpu_name() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo; platform's guess elsewhere) and core count."""
+    """The CPU's model name (Linux /proc/cpuinfo; platform's guess elsewhere), the vector instructions torch uses
+    on it, and its core count: machines named "AMD EPYC" here came with AVX-512 and with AVX2 only, and bfloat16
+    and GEMM figures differ several times between them."""
+    import torch
+
     try:
         found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
         name = found.group(1).strip() if found else platform.processor()
     except OSError:
         name = platform.processor()
-    return f"{name or 'unknown CPU'}, {os.cpu_count()} cores"
+    return f"{name or 'unknown CPU'} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores"
 
 
 def device_name(device: str = "cpu") -> str:
