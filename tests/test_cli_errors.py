@@ -138,3 +138,47 @@ def test_an_over_long_encoder_decoder_target_is_cut_with_a_warning():
     messages = [str(w.message) for w in caught]
     assert any("target text" in m and "truncated to 32 (the model's limit)" in m for m in messages), messages
     assert record.target_tokens is not None and len(record.target_tokens) == 32
+
+
+# (command, the slow work it must not start, the refusal): layers and heads are checked against the model first
+INDEX_CASES = {
+    "generate --ablate LAYER": (["generate", "hi", "-m", "{llama}", "-n", "2", "--ablate", "99:0"],
+                                "attnscope.experiments.generation.generate", "--ablate: layer 99 does not exist"),
+    "generate --ablate LAYER:HEAD": (["generate", "hi", "-m", "{llama}", "-n", "2", "--ablate", "0:99"],
+                                     "attnscope.experiments.generation.generate", "--ablate: head 99 does not exist"),
+    "generate --corrupt --layers": (["generate", "hi", "-m", "{llama}", "--corrupt", "uniform", "--layers", "3"],
+                                    "attnscope.experiments.generation.generate", "--layers: layer 3 does not exist"),
+    "generate --corrupt --heads": (["generate", "hi", "-m", "{llama}", "--corrupt", "uniform", "--heads", "6"],
+                                   "attnscope.experiments.generation.generate", "--heads: head 6 does not exist"),
+    "generate --skip-ffn": (["generate", "hi", "-m", "{llama}", "--skip-ffn", "7"],
+                            "attnscope.experiments.generation.generate", "--skip-ffn: layer 7 does not exist"),
+    "generate --skip-attention": (["generate", "hi", "-m", "{llama}", "--skip-attention", "0,3"],
+                                  "attnscope.experiments.generation.generate", "--skip-attention: layer 3"),
+    "report --layers": (["report", "hi", "-m", "{bert}", "--layers", "2"], "attnscope.capture.extract.extract",
+                        "--layers: layer 2 does not exist: the model has 2 layers"),
+    "plot --layer": (["plot", "hi", "-m", "{bert}", "--layer", "2", "--head", "0", "-o", "{tmp}/p.png"],
+                     "attnscope.capture.extract.extract", "--layer: layer 2 does not exist"),
+    "plot --head": (["plot", "hi", "-m", "{bert}", "--layer", "0", "--head", "4", "-o", "{tmp}/p.png"],
+                    "attnscope.capture.extract.extract", "--head: head 4 does not exist: the model has 4 heads"),
+    "plot --measure --layer": (["plot", "hi", "-m", "{bert}", "--measure", "alti", "--layer", "5", "-o", "{tmp}/p.png"],
+                               "attnscope.experiments.mixing.mixing", "--layer: layer 5 does not exist"),
+    "ablate --layers": (["ablate", "-m", "{bert}", "--layers", "0,2", "-n", "2", "-o", "{tmp}/ablate"],
+                        "attnscope.experiments.metrics.prepare_metric", "--layers: layer 2 does not exist"),
+}
+
+
+@pytest.mark.parametrize("name", list(INDEX_CASES))
+def test_layers_and_heads_are_checked_against_the_model_before_the_work(name, tiny_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    args, slow, expect = INDEX_CASES[name]
+
+    def started(*_args, **_kwargs):
+        raise AssertionError(f"{slow} ran before the layers and heads were checked")
+
+    monkeypatch.setattr(slow, started)
+    folders = {"llama": tiny_model_dir("llama"), "bert": tiny_model_dir("bert")}
+    code = exit_code([arg.format(tmp=tmp_path, **folders) for arg in args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert expect in lines[0], lines[0]

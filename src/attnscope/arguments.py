@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from pathlib import Path
+
+from .errors import AttnscopeError
 
 
 def positive_int(value: str) -> int:
@@ -44,6 +47,15 @@ def index_list(value: str) -> list[int]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated 0-indexed numbers like 0,5, got {value!r}")
     return [non_negative_int(part.strip()) for part in parts]
+
+
+def check_indices(numbers: Iterable[int] | None, limit: int, noun: str, option: str = "") -> None:
+    """Refuse any of ``numbers`` (0-indexed layers or heads; None: all) outside ``0..limit - 1``
+    with one line naming ``option``; call it once the model is known, before any slow work."""
+    bad = [number for number in numbers or () if not 0 <= number < limit]
+    if bad:
+        raise AttnscopeError(f"{option + ': ' if option else ''}{noun} {bad[0]} does not exist: the model has "
+                             f"{limit} {noun}s (0-indexed: 0-{limit - 1})")
 
 
 def _int(value: str) -> int:

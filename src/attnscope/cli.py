@@ -101,15 +101,16 @@ def _run_report(args: argparse.Namespace) -> int:
     from .capture.tokens import split_item
     from .report import top_attention
 
+    from .experiments.interventions import check_layers_and_heads
+
     split_item((args.text, args.pair), 0)  # reject bad input before the model loads
-    record = extract(load_from_args(args), args.text, args.pair)
-    layers = args.layers
-    if layers is not None and any(not 0 <= layer < record.n_layers for layer in layers):
-        raise AttnscopeError(f"--layers must be between 0 and {record.n_layers - 1}")
+    loaded = load_from_args(args)
+    check_layers_and_heads(loaded, args.layers)
+    record = extract(loaded, args.text, args.pair)
     info = record.model
     print(f"model {info.name} ({info.model_type}): {info.n_layers} layers x {info.n_heads} heads "
           f"({info.n_kv_heads} key/value heads), {len(record.tokens)} tokens, layers and heads 0-indexed\n")
-    print(top_attention(record).to_text(layers))
+    print(top_attention(record).to_text(args.layers))
     return 0
 
 
