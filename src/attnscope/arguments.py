@@ -41,6 +41,40 @@ def finite_float(value: str) -> float:
     return number
 
 
+# sampling options: name -> (rule, what it asks); checked the same way by generate() and the CLI's types
+SAMPLING_RULES = {
+    "temperature": (lambda value: value > 0, "more than 0"),
+    "top_p": (lambda value: 0 < value <= 1, "more than 0 and at most 1"),
+    "top_k": (lambda value: value >= 1, "at least 1"),
+}
+
+
+def check_sampling(**options: float | None) -> None:
+    """Refuse a sampling option (``temperature``, ``top_p``, ``top_k``; None: not set) out of its range."""
+    for name, value in options.items():
+        rule, wanted = SAMPLING_RULES[name]
+        if value is not None and not (math.isfinite(value) and rule(value)):
+            raise AttnscopeError(f"{name} must be {wanted}, got {value}")
+
+
+def temperature(value: str) -> float:
+    """argparse type of ``--temperature``: a number above 0."""
+    return _sampling_option("temperature", finite_float(value))
+
+
+def top_p(value: str) -> float:
+    """argparse type of ``--top-p``: a number in (0, 1]."""
+    return _sampling_option("top_p", finite_float(value))
+
+
+def _sampling_option(name: str, number: float) -> float:
+    try:
+        check_sampling(**{name: number})
+    except AttnscopeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return number
+
+
 def index_list(value: str) -> list[int]:
     """Comma-separated 0-indexed layers or heads, at least one: ``"0,5"`` -> ``[0, 5]``."""
     parts = [part for part in value.split(",") if part.strip()]
