@@ -34,6 +34,9 @@ def files(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     made["empty_line_4"].write_text('{"text": "fine"}\n\n{"text": "also fine"}\n{"text": ""}\n')
     made["one_word_lines"].write_text("Hello\nworld\n")
     made["texts"].write_text("\n".join(SENTENCES) + "\n")
+    made["invisible_words"] = root / "invisible.txt"  # spaCy sees words, the tokenizer gives them no piece
+    made["invisible_words"].write_text("\u200b \u200c\n\u00ad \u00ad \u00ad\n")
+    made["tiny_bert"] = tiny_model_dir("bert")
     return made
 
 
@@ -89,6 +92,8 @@ CASES = {
     "empty text on JSONL line 4": bad("extract", "--file", "{empty_line_4}", expect="line 4"),
     "one-word sentences for probe deps": bad("probe", "deps", "--text", "{one_word_lines}", "-o", "{tmp}/deps",
                                              expect="no dependency arc"),
+    "no word with a word piece for probe deps": bad("probe", "deps", "--text", "{invisible_words}", "-m", "{tiny_bert}",
+                                                    "-o", "{tmp}/deps", expect="no dependency arc could be scored"),
     "empty sentence for toy corrupt": bad("toy", "corrupt", "", expect="empty"),
     "empty sentence for toy translate": bad("toy", "translate", " ", expect="empty"),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.extract import as_loaded
+from ..errors import AttnscopeError
 from .alignment import MismatchTally, attend_words
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyResult, count_dependency_heads
@@ -33,6 +34,10 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     tally = MismatchTally()
     counts = count_dependency_heads(attend_words(loaded, treebank.sentences, batch_size=batch_size,
                                                  progress=progress, tally=tally))
+    if not sum(counts.arcs.values()):  # nothing to tabulate: say why, rather than write empty tables
+        raise AttnscopeError(f"no dependency arc could be scored: all {counts.dropped_arcs} arc(s) have a word that "
+                             f"{loaded.name}'s tokenizer gives no word piece (e.g. only invisible or control "
+                             "characters); give sentences with words")
     return DependencyResult(counts, loaded.name, treebank.annotation, treebank.silver, tally.to_dict(), min_arcs)
 
 
