@@ -413,9 +413,11 @@ def write_attnscope_file(path: str | Path, arrays: Mapping[str, np.ndarray], met
     """One ``.safetensors`` file: ``arrays``, with ``metadata`` as JSON under the header key ``attnscope``."""
     from safetensors.numpy import save_file
 
+    from .files import written
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(dict(arrays), str(path), metadata={"attnscope": json.dumps(metadata)})
+    with written(path) as temporary:
+        save_file(dict(arrays), str(temporary), metadata={"attnscope": json.dumps(metadata)})
     return path
 
 
