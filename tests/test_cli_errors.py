@@ -61,6 +61,14 @@ CASES = {
                                          "-m", "nope", expect="cannot create the folder"),
     "toy step view onto a full disk": bad("toy", "translate", "i can eat apples", "--html", "/dev/full",
                                           expect="cannot write /dev/full"),
+    # files that are missing or folders, said in words (not Python's "[Errno 2] No such file or directory: '...'")
+    "record that does not exist (view)": bad("view", "--record", "{tmp}/missing.safetensors", "-o", "{tmp}/v.html",
+                                             expect="error: no such file: "),
+    "record that does not exist (plot)": bad("plot", "--record", "{tmp}/missing.safetensors", "--layer", "0", "--head",
+                                             "0", "-o", "{tmp}/p.png", expect="error: no such file: "),
+    "record that is a folder": bad("view", "--record", "{tmp}", "-o", "{tmp}/v.html", expect="is a folder, not a record"),
+    "text file that is a folder": bad("extract", "--file", "{tmp}", expect="is a folder, not a text file"),
+    "prompt file that does not exist": bad("generate", "--file", "{tmp}/missing.txt", expect="no such file: "),
     # broken model files
     "garbage .gguf": bad("report", "hi", "--model", "{garbage_gguf}", expect="cannot read"),
     "corrupt model.safetensors": bad("report", "hi", "--model", "{broken_model}", expect="cannot load model"),
@@ -107,6 +115,20 @@ def test_bad_input_is_one_line_and_exit_2(name, files, tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expect in lines[0], lines[0]
+
+
+def test_errors_about_files_never_show_python_s_errno(files, tmp_path, capsys):
+    for name, (args, _) in CASES.items():
+        exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
+        err = capsys.readouterr().err
+        assert "[Errno" not in err, (name, err)
+
+
+def test_a_garbage_gguf_is_one_stderr_line(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNSCOPE_CACHE", str(tmp_path))
+    assert exit_code(["report", "hi", "--model", str(files["garbage_gguf"])]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "not a GGUF file" in err[0], err
 
 
 def exit_code(args: list[str]) -> int:
@@ -187,3 +209,16 @@ def test_layers_and_heads_are_checked_against_the_model_before_the_work(name, ti
     lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expect in lines[0], lines[0]
+
+
+def test_a_refused_connection_is_named_so_not_a_file_operation(monkeypatch, tmp_path, capsys):
+    """``heads --engine ray --address HOST:PORT`` where nothing listens: Ray raises ConnectionError (an OSError)."""
+    import attnscope.analysis.engines as engines
+
+    def refused(*_args, **_kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(engines, "analyze_heads", refused)
+    assert exit_code(["heads", "brown", "--engine", "ray", "--address", "127.0.0.1:1", "-o", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "attnscope: error: cannot connect: Connection refused", err

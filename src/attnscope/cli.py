@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second one at exit's flush
         return EXIT_BROKEN_PIPE
+    except ConnectionError as error:  # e.g. a Ray cluster that refuses the connection: not a file's fault
+        return _fail(f"cannot connect: {error.strerror or error}")
     except OSError as error:  # a file that passed the early checks but failed on writing (a full disk, /dev/full)
         return _fail(f"{error.filename}: {error.strerror}" if error.filename else f"a file operation failed: {error}")
 

@@ -70,3 +70,24 @@ def _finish(temporary: Path, path: Path, replace: bool) -> None:
 
 def _cannot_write(path: Path, error: OSError) -> AttnscopeError:
     return AttnscopeError(f"cannot write {path}: {error.strerror or error}")
+
+
+def cannot_read(path: str | Path, error: Exception, what: str = "text") -> AttnscopeError:
+    """One line, in words, for a ``what`` file (text, record, ...) that could not be read:
+    ``no such file: X``, ``X is a folder, not a record file``, or ``cannot read X: <reason>``."""
+    path = Path(path)
+    if path.is_dir():
+        return AttnscopeError(f"{path} is a folder, not a {what} file")
+    if not path.exists() and not path.is_symlink():
+        return AttnscopeError(f"no such file: {path}")
+    if isinstance(error, UnicodeDecodeError):
+        return AttnscopeError(f"cannot read {path}: it is not UTF-8 text (byte {error.start} is not UTF-8)")
+    return AttnscopeError(f"cannot read {what} {path}: {getattr(error, 'strerror', None) or error}")
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file; one line in words (:func:`cannot_read`) if it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise cannot_read(path, error) from None

@@ -426,12 +426,14 @@ def read_attnscope_file(path: str | Path, what: str) -> tuple[str | None, dict[s
     wrote; an unreadable file is one :class:`AttnscopeError` line naming ``what`` it should hold."""
     from safetensors import SafetensorError, safe_open
 
+    from .files import cannot_read
+
     try:
         with safe_open(str(path), framework="numpy") as handle:
             header = (handle.metadata() or {}).get("attnscope")
             arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
     except (OSError, ValueError, RuntimeError, SafetensorError) as error:
-        raise AttnscopeError(f"cannot read {what} {path}: {error}") from None
+        raise cannot_read(path, error, what) from None
     return header, arrays
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..files import cannot_read
 
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
                "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
@@ -109,7 +110,9 @@ def open_arrays(path: Path) -> tuple[str, dict[str, np.ndarray]]:
             raise AttnscopeError(f"{path} is not an attnscope record")
         unfinished = json.loads(meta_text).get("complete") is False
         arrays = {name: _mapped(path, 8 + header_size, entry, size) for name, entry in header.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as error:
+    except OSError as error:
+        raise cannot_read(path, error, "record") from None
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error) as error:
         raise AttnscopeError(f"cannot open record {path}: {error}") from None
     if unfinished:
         raise AttnscopeError(f"{path} was not finished (the capture that wrote it stopped early)")
