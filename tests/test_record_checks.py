@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -363,3 +364,43 @@ def test_checks_work_on_memory_mapped_arrays(good, tmp_path):
     damaged.flush()
     with pytest.raises(AttnscopeError, match=r"mapped is not a valid attnscope record: self.norms holds NaN .*layer 1"):
         check_record_parts(header, mapped, "mapped", FORMAT_VERSION)
+
+
+def appended_garbage(good_files: dict[str, Path], folder: Path) -> Path:
+    path = folder / "appended.safetensors"
+    path.write_bytes(good_files["bert"].read_bytes() + b"garbage after the last array")
+    return path
+
+
+# four damaged records that view and plot drew (exit 0) while AttentionRecord.load refused them (issue 25, item 8)
+DRAWN_DAMAGES = {
+    "flipped bytes": (lambda files, folder: damaged_file(files, "bert", flip_high_byte(T), folder),
+                      r"self.attention rows should sum to 1"),
+    "NaN bytes in attention": (lambda files, folder: damaged_file(files, "bert", poke(T, np.nan), folder),
+                               r"self.attention holds NaN"),
+    "NaN bytes in norms": (lambda files, folder: damaged_file(files, "bert", poke("self.norms", np.nan), folder),
+                           r"self.norms holds NaN"),
+    "garbage appended": (appended_garbage, r"28 byte\(s\) after its last array|file not fully covered"),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAWN_DAMAGES))
+@pytest.mark.parametrize("command", [["view"], ["plot", "--layer", "0", "--head", "1"], ["plot", "--figure", "grid"],
+                                     ["plot", "--measure", "attention"]])
+def test_view_and_plot_refuse_the_damaged_records_load_refuses(good_files, tmp_path, capsys, name, command):
+    make, message = DRAWN_DAMAGES[name]
+    path = make(good_files, tmp_path)
+    with pytest.raises(AttnscopeError, match=message):
+        AttentionRecord.load(path)
+    with pytest.raises(AttnscopeError, match=message):  # the lazy path checks the same, when asked to
+        AttentionRecord.open(path, values=True)
+    output = tmp_path / ("v.html" if command == ["view"] else "p.png")
+    code = main([*command, "--record", str(path), "-o", str(output)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("attnscope: error: "), err
+    assert re.search(message, err) and not output.exists()
+
+
+def test_the_lazy_open_refuses_bytes_appended_without_reading_the_arrays(good_files, tmp_path):
+    with pytest.raises(AttnscopeError, match=r"cannot open record .* byte\(s\) after its last array"):
+        AttentionRecord.open(appended_garbage(good_files, tmp_path))

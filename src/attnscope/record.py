@@ -339,16 +339,19 @@ class AttentionRecord:
         return cls._from_parts(meta, arrays)
 
     @classmethod
-    def open(cls, path: str | Path) -> AttentionRecord:
+    def open(cls, path: str | Path, *, values: bool = False) -> AttentionRecord:
         """Map a record file lazily: arrays are read from disk only where they are indexed.
 
         For records larger than memory (``attnscope extract --stream``). Arrays keep the stored
-        dtype (float16 stays float16); slicing one head of one layer reads only its pages.
+        dtype (float16 stays float16); slicing one head of one layer reads only its pages. The
+        metadata, names, dtypes, shapes and the file's size are checked; ``values=True`` also checks
+        what :meth:`load` does (finite values, rows summing to 1), reading one layer at a time:
+        for a record about to be drawn.
         """
         from .capture.stream import open_arrays
 
         header, arrays = open_arrays(Path(path))
-        meta = check_record_parts(header, arrays, path, FORMAT_VERSION, values=False)  # shapes only: no full read
+        meta = check_record_parts(header, arrays, path, FORMAT_VERSION, values=values)
         return cls._from_parts(meta, arrays)
 
     @classmethod

@@ -44,7 +44,7 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
     if args.record is not None:
         if args.pair is not None:
             raise AttnscopeError("--pair goes with TEXT, not with --record")
-        return AttentionRecord.open(args.record)
+        return AttentionRecord.open(args.record, values=True)  # what is drawn is checked as load checks it
     from ..capture.extract import extract
     from ..capture.tokens import split_item
     from ..inputs import read_document
@@ -265,7 +265,7 @@ def _measure_figure(args: argparse.Namespace, loaded: LoadedModel | None):  # ty
     from ..inputs import read_document
 
     if loaded is None:
-        mix = mixing(AttentionRecord.open(args.record), method=args.measure)
+        mix = mixing(AttentionRecord.open(args.record, values=True), method=args.measure)
     else:
         text = read_document(args.file) if args.file is not None else args.text
         mix = mixing(loaded, text, method=args.measure)
