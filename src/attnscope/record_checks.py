@@ -67,7 +67,8 @@ class _Damaged(Exception):
 
 
 # ---- metadata -------------------------------------------------------------------------------
-def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
+def _json_object(header: str | None) -> dict[str, Any]:
+    """The metadata of a record file (of either kind): a JSON object."""
     if header is None:
         raise _Damaged("a safetensors file without attnscope metadata")
     try:
@@ -76,6 +77,11 @@ def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
         raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(meta, dict):
         raise _Damaged(f"its metadata is a JSON {_json_type(meta)}, not an object")
+    return meta
+
+
+def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
+    meta = _json_object(header)
     version: Any = meta.get("format_version")
     if _numeric(version) and version > format_version:
         raise _Damaged(f"format version {version} is newer than this attnscope reads ({format_version}); "
@@ -406,14 +412,7 @@ def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], 
 
 
 def _parse_generation_metadata(header: str | None) -> dict[str, Any]:
-    if header is None:
-        raise _Damaged("a safetensors file without attnscope metadata")
-    try:
-        meta = json.loads(header, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as error:
-        raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
-    if not isinstance(meta, dict):
-        raise _Damaged(f"its metadata is a JSON {_json_type(meta)}, not an object")
+    meta = _json_object(header)
     problem = schema_problem(meta, generation_schema())
     if problem:
         raise _Damaged(problem)
