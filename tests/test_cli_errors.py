@@ -111,7 +111,11 @@ CASES = {
 def test_bad_input_is_one_line_and_exit_2(name, files, tmp_path, capsys):
     args, expect = CASES[name]
     code = exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
-    err = capsys.readouterr().err
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+
+
+def assert_one_error_line(code: int, err: str, expect: str) -> None:
+    """Exit code 2, one ``attnscope: error:`` line holding ``expect``, no traceback."""
     lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expect in lines[0], lines[0]
@@ -205,10 +209,7 @@ def test_layers_and_heads_are_checked_against_the_model_before_the_work(name, ti
     monkeypatch.setattr(slow, started)
     folders = {"llama": tiny_model_dir("llama"), "bert": tiny_model_dir("bert")}
     code = exit_code([arg.format(tmp=tmp_path, **folders) for arg in args])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert expect in lines[0], lines[0]
+    assert_one_error_line(code, capsys.readouterr().err, expect)
 
 
 def test_a_refused_connection_is_named_so_not_a_file_operation(monkeypatch, tmp_path, capsys):
