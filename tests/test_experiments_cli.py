@@ -131,7 +131,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, texts, tmp_path, capsy
 @pytest.mark.parametrize("args", [["-n", "1"], ["--data", "{one}"], ["--data", "{one}", "--metric", "loss"]])
 def test_ablate_with_one_example_refuses_the_bootstrap_in_one_line(tiny_model_dir, texts, tmp_path, capsys, args):
     one = tmp_path / "one.txt"
-    one.write_text("\n".join(["I went to the store.", "", "   "]) + "\n")
+    one.write_text("I went to the store.\n\n   \n")  # one usable line, a blank one, one of spaces
     model = tiny_model_dir("llama" if "loss" in args else "bert")
     data = [] if "--data" in args else ["--data", str(texts)]
     code, _, err = run(capsys, "ablate", "--model", str(model), *data, *(a.format(one=one) for a in args), "--layers",

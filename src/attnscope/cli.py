@@ -99,9 +99,8 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from .capture.extract import extract
     from .capture.tokens import split_item
-    from .report import top_attention
-
     from .experiments.interventions import check_layers_and_heads
+    from .report import top_attention
 
     split_item((args.text, args.pair), 0)  # reject bad input before the model loads
     loaded = load_from_args(args)

@@ -454,9 +454,8 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
             raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)
     starts = np.cumsum([0, *range(first_row + 1, n)])  # where each kept row begins on the packed axis
-    for name in ("rows", "value_norms"):
-        array = arrays.get(name)
-        for layer in range(array.shape[0] if array is not None else 0):
+    for name, array in ((name, arrays[name]) for name in ("rows", "value_norms") if name in arrays):
+        for layer in range(array.shape[0]):
             values = np.asarray(array[layer])  # [head, packed or position]
             if not np.isfinite(values).all():
                 raise _Damaged(f"{name} holds NaN or infinite values (layer {layer}, 0-indexed)")

@@ -22,7 +22,6 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .payload import LongPayload, Payload, build_payload, to_json
 

@@ -120,9 +120,8 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_items(path: Path) -> list[Any]:
-    from .coref import CorefItem
-
     from ..files import read_text
+    from .coref import CorefItem
 
     lines = read_text(path).splitlines()
     items = []
