@@ -59,8 +59,8 @@ def test_extract_writes_loadable_records(tmp_path):
     [
         (("report", "   "), ("text is empty",)),
         (("report", "hi", "--model", "no-such-model"), ("unknown model 'no-such-model'", "huggingface-cli download")),
-        (("extract", "--file", "/no/such/file.txt"), ("cannot read /no/such/file.txt",)),
-        (("report", "hi", "--layers", "7"), ("--layers must be between 0 and 5",)),
+        (("extract", "--file", "/no/such/file.txt"), ("no such file: /no/such/file.txt",)),
+        (("report", "hi", "--layers", "7"), ("--layers: layer 7 does not exist: the model has 6 layers",)),
     ],
 )
 def test_bad_input_gets_one_clear_line_and_nonzero_exit(args, fragments):

@@ -34,6 +34,9 @@ def files(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     made["empty_line_4"].write_text('{"text": "fine"}\n\n{"text": "also fine"}\n{"text": ""}\n')
     made["one_word_lines"].write_text("Hello\nworld\n")
     made["texts"].write_text("\n".join(SENTENCES) + "\n")
+    made["invisible_words"] = root / "invisible.txt"  # spaCy sees words, the tokenizer gives them no piece
+    made["invisible_words"].write_text("\u200b \u200c\n\u00ad \u00ad \u00ad\n")
+    made["tiny_bert"] = tiny_model_dir("bert")
     return made
 
 
@@ -58,6 +61,14 @@ CASES = {
                                          "-m", "nope", expect="cannot create the folder"),
     "toy step view onto a full disk": bad("toy", "translate", "i can eat apples", "--html", "/dev/full",
                                           expect="cannot write /dev/full"),
+    # files that are missing or folders, said in words (not Python's "[Errno 2] No such file or directory: '...'")
+    "record that does not exist (view)": bad("view", "--record", "{tmp}/missing.safetensors", "-o", "{tmp}/v.html",
+                                             expect="error: no such file: "),
+    "record that does not exist (plot)": bad("plot", "--record", "{tmp}/missing.safetensors", "--layer", "0", "--head",
+                                             "0", "-o", "{tmp}/p.png", expect="error: no such file: "),
+    "record that is a folder": bad("view", "--record", "{tmp}", "-o", "{tmp}/v.html", expect="is a folder, not a record"),
+    "text file that is a folder": bad("extract", "--file", "{tmp}", expect="is a folder, not a text file"),
+    "prompt file that does not exist": bad("generate", "--file", "{tmp}/missing.txt", expect="no such file: "),
     # broken model files
     "garbage .gguf": bad("report", "hi", "--model", "{garbage_gguf}", expect="cannot read"),
     "corrupt model.safetensors": bad("report", "hi", "--model", "{broken_model}", expect="cannot load model"),
@@ -89,6 +100,8 @@ CASES = {
     "empty text on JSONL line 4": bad("extract", "--file", "{empty_line_4}", expect="line 4"),
     "one-word sentences for probe deps": bad("probe", "deps", "--text", "{one_word_lines}", "-o", "{tmp}/deps",
                                              expect="no dependency arc"),
+    "no word with a word piece for probe deps": bad("probe", "deps", "--text", "{invisible_words}", "-m", "{tiny_bert}",
+                                                    "-o", "{tmp}/deps", expect="no dependency arc could be scored"),
     "empty sentence for toy corrupt": bad("toy", "corrupt", "", expect="empty"),
     "empty sentence for toy translate": bad("toy", "translate", " ", expect="empty"),
 }
@@ -98,10 +111,28 @@ CASES = {
 def test_bad_input_is_one_line_and_exit_2(name, files, tmp_path, capsys):
     args, expect = CASES[name]
     code = exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
-    err = capsys.readouterr().err
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+
+
+def assert_one_error_line(code: int, err: str, expect: str) -> None:
+    """Exit code 2, one ``attnscope: error:`` line holding ``expect``, no traceback."""
     lines = [line for line in err.splitlines() if line.startswith("attnscope: error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expect in lines[0], lines[0]
+
+
+def test_errors_about_files_never_show_python_s_errno(files, tmp_path, capsys):
+    for name, (args, _) in CASES.items():
+        exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
+        err = capsys.readouterr().err
+        assert "[Errno" not in err, (name, err)
+
+
+def test_a_garbage_gguf_is_one_stderr_line(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNSCOPE_CACHE", str(tmp_path))
+    assert exit_code(["report", "hi", "--model", str(files["garbage_gguf"])]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "not a GGUF file" in err[0], err
 
 
 def exit_code(args: list[str]) -> int:
@@ -138,3 +169,57 @@ def test_an_over_long_encoder_decoder_target_is_cut_with_a_warning():
     messages = [str(w.message) for w in caught]
     assert any("target text" in m and "truncated to 32 (the model's limit)" in m for m in messages), messages
     assert record.target_tokens is not None and len(record.target_tokens) == 32
+
+
+# (command, the slow work it must not start, the refusal): layers and heads are checked against the model first
+INDEX_CASES = {
+    "generate --ablate LAYER": (["generate", "hi", "-m", "{llama}", "-n", "2", "--ablate", "99:0"],
+                                "attnscope.experiments.generation.generate", "--ablate: layer 99 does not exist"),
+    "generate --ablate LAYER:HEAD": (["generate", "hi", "-m", "{llama}", "-n", "2", "--ablate", "0:99"],
+                                     "attnscope.experiments.generation.generate", "--ablate: head 99 does not exist"),
+    "generate --corrupt --layers": (["generate", "hi", "-m", "{llama}", "--corrupt", "uniform", "--layers", "3"],
+                                    "attnscope.experiments.generation.generate", "--layers: layer 3 does not exist"),
+    "generate --corrupt --heads": (["generate", "hi", "-m", "{llama}", "--corrupt", "uniform", "--heads", "6"],
+                                   "attnscope.experiments.generation.generate", "--heads: head 6 does not exist"),
+    "generate --skip-ffn": (["generate", "hi", "-m", "{llama}", "--skip-ffn", "7"],
+                            "attnscope.experiments.generation.generate", "--skip-ffn: layer 7 does not exist"),
+    "generate --skip-attention": (["generate", "hi", "-m", "{llama}", "--skip-attention", "0,3"],
+                                  "attnscope.experiments.generation.generate", "--skip-attention: layer 3"),
+    "report --layers": (["report", "hi", "-m", "{bert}", "--layers", "2"], "attnscope.capture.extract.extract",
+                        "--layers: layer 2 does not exist: the model has 2 layers"),
+    "plot --layer": (["plot", "hi", "-m", "{bert}", "--layer", "2", "--head", "0", "-o", "{tmp}/p.png"],
+                     "attnscope.capture.extract.extract", "--layer: layer 2 does not exist"),
+    "plot --head": (["plot", "hi", "-m", "{bert}", "--layer", "0", "--head", "4", "-o", "{tmp}/p.png"],
+                    "attnscope.capture.extract.extract", "--head: head 4 does not exist: the model has 4 heads"),
+    "plot --measure --layer": (["plot", "hi", "-m", "{bert}", "--measure", "alti", "--layer", "5", "-o", "{tmp}/p.png"],
+                               "attnscope.experiments.mixing.mixing", "--layer: layer 5 does not exist"),
+    "ablate --layers": (["ablate", "-m", "{bert}", "--layers", "0,2", "-n", "2", "-o", "{tmp}/ablate"],
+                        "attnscope.experiments.metrics.prepare_metric", "--layers: layer 2 does not exist"),
+}
+
+
+@pytest.mark.parametrize("name", list(INDEX_CASES))
+def test_layers_and_heads_are_checked_against_the_model_before_the_work(name, tiny_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    args, slow, expect = INDEX_CASES[name]
+
+    def started(*_args, **_kwargs):
+        raise AssertionError(f"{slow} ran before the layers and heads were checked")
+
+    monkeypatch.setattr(slow, started)
+    folders = {"llama": tiny_model_dir("llama"), "bert": tiny_model_dir("bert")}
+    code = exit_code([arg.format(tmp=tmp_path, **folders) for arg in args])
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+
+
+def test_a_refused_connection_is_named_so_not_a_file_operation(monkeypatch, tmp_path, capsys):
+    """``heads --engine ray --address HOST:PORT`` where nothing listens: Ray raises ConnectionError (an OSError)."""
+    from attnscope.analysis import engines
+
+    def refused(*_args, **_kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(engines, "analyze_heads", refused)
+    assert exit_code(["heads", "brown", "--engine", "ray", "--address", "127.0.0.1:1", "-o", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "attnscope: error: cannot connect: Connection refused", err

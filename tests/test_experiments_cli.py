@@ -117,15 +117,34 @@ def test_prune_an_encoder_decoder_writes_the_curve_but_no_sliced_model(tiny_mode
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, texts, tmp_path, capsys):
     bert, llama = str(tiny_model_dir("bert")), str(tiny_model_dir("llama"))
     cases = [
-        (("ablate", "--model", bert, "--data", str(tmp_path / "missing.txt")), "cannot read"),
+        (("ablate", "--model", bert, "--data", str(tmp_path / "missing.txt")), "no such file: "),
         (("ablate", "--model", llama, "--metric", "cosine", "--data", str(texts)), "for sentence encoders"),
         (("prune", "--model", bert, "--metric", "cosine", "--data", str(texts)), "gradient is zero"),
         (("prune", "--model", llama, "--metric", "loss", "--data", str(texts), "--percent", "35"), "multiple of 10"),
-        (("ablate", "--model", bert, "--data", str(texts), "--layers", "9"), "between 0 and 1"),
+        (("ablate", "--model", bert, "--data", str(texts), "--layers", "9"), "--layers: layer 9 does not exist"),
     ]
     for args, fragment in cases:
         code, _, err = run(capsys, *args, "-o", str(tmp_path / "out"))
         assert code == 2 and fragment in one_error_line(err), args
+
+
+@pytest.mark.parametrize("args", [["-n", "1"], ["--data", "{one}"], ["--data", "{one}", "--metric", "loss"]])
+def test_ablate_with_one_example_refuses_the_bootstrap_in_one_line(tiny_model_dir, texts, tmp_path, capsys, args):
+    one = tmp_path / "one.txt"
+    one.write_text("I went to the store.\n\n   \n")  # one usable line, a blank one, one of spaces
+    model = tiny_model_dir("llama" if "loss" in args else "bert")
+    data = [] if "--data" in args else ["--data", str(texts)]
+    code, _, err = run(capsys, "ablate", "--model", str(model), *data, *(a.format(one=one) for a in args), "--layers",
+                       "0", "-o", str(tmp_path / "out"))
+    assert code == 2 and "needs at least 2 examples and the data gives 1" in one_error_line(err)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_ablate_with_one_example_and_no_bootstrap_reports_the_change_without_an_interval(tiny_model_dir, texts,
+                                                                                        tmp_path, capsys):
+    code, stdout, _ = run(capsys, "ablate", "--model", str(tiny_model_dir("bert")), "--data", str(texts), "-n", "1",
+                          "--bootstrap", "0", "--layers", "0", "-o", str(tmp_path / "out"))
+    assert code == 0 and "(1 examples)" in stdout and "(no bootstrap interval)" in stdout
 
 
 def test_help_has_examples(capsys):

@@ -218,3 +218,34 @@ def test_generation_uses_no_deprecated_transformers_api(tiny_llama, sample):
         record = attnscope.generate(tiny_llama, "The cat sat on the mat.", max_new_tokens=3, do_sample=sample,
                                     progress=False)
     assert record.n_steps == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"temperature": 0}, "temperature must be more than 0, got 0"),
+    ({"temperature": -1.5}, "temperature must be more than 0"),
+    ({"top_p": 2}, "top_p must be more than 0 and at most 1, got 2"),
+    ({"top_p": 0}, "top_p must be more than 0"),
+    ({"top_k": 0}, "top_k must be at least 1, got 0"),
+    ({"temperature": float("nan")}, "temperature must be more than 0"),
+])
+def test_sampling_options_out_of_range_are_refused_before_generating(tiny_llama, options, message):
+    with pytest.raises(AttnscopeError, match=message):
+        attnscope.generate(tiny_llama, "The dog ran.", max_new_tokens=2, do_sample=True, **options)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--temperature", "0"], "argument --temperature: temperature must be more than 0, got 0.0"),
+    (["--temperature", "-1"], "argument --temperature: temperature must be more than 0"),
+    (["--top-p", "2"], "argument --top-p: top_p must be more than 0 and at most 1, got 2.0"),
+    (["--top-p", "0"], "argument --top-p: top_p must be more than 0"),
+    (["--sample-top-k", "0"], "argument --sample-top-k: expected a positive integer"),
+])
+def test_cli_generate_refuses_sampling_options_out_of_range(arguments, message, capsys):
+    from attnscope.cli import main
+
+    try:  # the model named does not exist: the options are refused before it would load
+        code = main(["generate", "x", "--sample", "-m", "no-such-model", *arguments])
+    except SystemExit as raised:
+        code = raised.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("attnscope: error: generate: ") and message in err[-1], err

@@ -210,7 +210,7 @@ def test_cli_reads_a_long_prompt_from_a_file(tiny_llama_dir, long_prompt, tmp_pa
     assert from_file == json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for arguments, message in [(["generate", "hi", "--file", str(document)], "one of them"),
                                (["generate"], "one of them"),
-                               (["generate", "--file", str(tmp_path / "missing.txt")], "cannot read")]:
+                               (["generate", "--file", str(tmp_path / "missing.txt")], "no such file: ")]:
         assert main([*arguments, "--model", str(tiny_llama_dir)]) == 2
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and error[0].startswith("attnscope: error:") and message in error[0]

@@ -279,7 +279,7 @@ def test_plot_measure_draws_the_rollout(tiny_model_dir, tmp_path, capsys):
     assert figure.read_bytes()[:4] == b"\x89PNG"
     assert main(["plot", TEXT, "--model", folder, "--measure", "globenc", "--layer", "7", "-o",
                  str(tmp_path / "bad.png")]) == 2
-    assert "--layer must be between 0 and 1" in capsys.readouterr().err
+    assert "--layer: layer 7 does not exist: the model has 2 layers" in capsys.readouterr().err
     record = tmp_path / "rec.safetensors"
     extract(load_model(folder), TEXT).save(record)
     assert main(["plot", "--record", str(record), "--measure", "alti", "-o", str(tmp_path / "r.png")]) == 2

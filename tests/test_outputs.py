@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,81 @@ def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, capsys):
     code, _, err = run(capsys, "extract", "hi", "--out", str(out), "--model", "no-such-model")
     assert code == 2 and "unknown model" in one_error_line(err)
     assert not out.exists()
+
+
+# ---- every write is checked (issue 25, item 8) -----------------------------------------------------
+FULL = Path("/dev/full")  # a device whose every write fails with ENOSPC; it must stay a device
+needs_full = pytest.mark.skipif(not FULL.is_char_device(), reason="no /dev/full")
+
+
+def full_link(tmp_path: Path, name: str) -> Path:
+    """``name`` in ``tmp_path``: a symlink to /dev/full (writers pick the format by the suffix)."""
+    link = tmp_path / name
+    link.symlink_to(FULL)
+    return link
+
+
+@needs_full
+@pytest.mark.parametrize("write", ["record", "generation", "html", "png", "parquet", "csv", "summary"])
+def test_a_write_onto_a_full_device_is_one_error_and_the_device_stays(write, tmp_path, tiny_model_dir):
+    import pandas as pd
+
+    from attnscope.experiments.report import write_summary, write_table
+    from attnscope.present.figures import plot, save_figure
+    from attnscope.present.html import write_page
+
+    writes = {
+        "record": lambda path: _record(tiny_model_dir).save(path),
+        "generation": lambda path: _generation(tiny_model_dir).save(path),
+        "html": lambda path: write_page(path, "<p>hi</p>"),
+        "png": lambda path: save_figure(plot(_record(tiny_model_dir), "head", layer=0, head=0), path),
+        "parquet": lambda path: write_table(pd.DataFrame({"a": [1.0]}), path),
+        "csv": lambda path: write_table(pd.DataFrame({"a": [1.0]}), path),
+        "summary": lambda path: write_summary(path, "t", {"a": 1}, [], pd.DataFrame({"a": [1]})),
+    }
+    suffix = {"record": ".safetensors", "generation": ".safetensors", "html": ".html", "summary": ".html"}
+    for target in (FULL, full_link(tmp_path, f"out{suffix.get(write, '.' + write)}")):
+        if write in ("png", "parquet", "csv") and target == FULL:
+            continue  # the format comes from the suffix: only the link names one
+        with pytest.raises(AttnscopeError, match=f"cannot write {target}: No space left on device"):
+            writes[write](target)
+        assert FULL.is_char_device()  # never replaced by a regular file (safetensors' own save did that)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"out{suffix.get(write, '.' + write)}"]  # no leftovers
+
+
+def test_a_failed_write_keeps_the_old_file_whole_and_leaves_no_temporary(tmp_path):
+    from attnscope.files import written
+
+    target = tmp_path / "view.html"
+    target.write_text("the user's earlier page")
+    target.chmod(0o640)
+    with pytest.raises(RuntimeError), written(target) as temporary:
+        temporary.write_text("half a pa")
+        raise RuntimeError("the writer failed half-way")
+    assert target.read_text() == "the user's earlier page" and [p.name for p in tmp_path.iterdir()] == ["view.html"]
+    with written(target) as temporary:
+        temporary.write_text("the new page")
+    assert target.read_text() == "the new page" and (target.stat().st_mode & 0o777) == 0o640
+    with pytest.raises(AttnscopeError, match="cannot write .*: the writer wrote nothing"), written(tmp_path / "x"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]
+
+
+@needs_full
+@pytest.mark.parametrize("option", ["--save", "--html"])
+def test_cli_generate_onto_a_full_device_fails_in_one_line(option, tiny_model_dir, capsys):
+    code, out, err = run(capsys, "generate", "hi", "-m", str(tiny_model_dir("llama")), "-n", "2", option, str(FULL))
+    assert code == 2 and one_error_line(err) == f"attnscope: error: cannot write {FULL}: No space left on device"
+    assert "generation record:" not in out and "step view:" not in out and FULL.is_char_device()
+
+
+def _record(tiny_model_dir) -> AttentionRecord:
+    from attnscope import extract, load_model
+
+    return extract(load_model(str(tiny_model_dir("bert"))), "I went to the store.")
+
+
+def _generation(tiny_model_dir):
+    from attnscope import generate, load_model
+
+    return generate(load_model(str(tiny_model_dir("llama"))), "I went", max_new_tokens=2)

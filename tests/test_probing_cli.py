@@ -77,7 +77,7 @@ def test_probe_edges_reports_every_probe_and_baseline(capsys, tmp_path, small_co
 
 def test_bad_input_is_one_clear_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "probe", "deps", "--conllu", str(tmp_path / "missing.conllu"))
-    assert code == 2 and err.startswith("attnscope: error: cannot read") and len(err.strip().splitlines()) == 1
+    assert code == 2 and err.startswith("attnscope: error: no such file: ") and len(err.strip().splitlines()) == 1
     bad = tmp_path / "items.jsonl"
     bad.write_text('{"sentence": "x"}\n')
     code, _, err = run_cli(capsys, "probe", "coref", "--items", str(bad))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -363,3 +364,163 @@ def test_checks_work_on_memory_mapped_arrays(good, tmp_path):
     damaged.flush()
     with pytest.raises(AttnscopeError, match=r"mapped is not a valid attnscope record: self.norms holds NaN .*layer 1"):
         check_record_parts(header, mapped, "mapped", FORMAT_VERSION)
+
+
+def appended_garbage(good_files: dict[str, Path], folder: Path) -> Path:
+    path = folder / "appended.safetensors"
+    path.write_bytes(good_files["bert"].read_bytes() + b"garbage after the last array")
+    return path
+
+
+# four damaged records that view and plot drew (exit 0) while AttentionRecord.load refused them (issue 25, item 8)
+DRAWN_DAMAGES = {
+    "flipped bytes": (lambda files, folder: damaged_file(files, "bert", flip_high_byte(T), folder),
+                      r"self.attention rows should sum to 1"),
+    "NaN bytes in attention": (lambda files, folder: damaged_file(files, "bert", poke(T, np.nan), folder),
+                               r"self.attention holds NaN"),
+    "NaN bytes in norms": (lambda files, folder: damaged_file(files, "bert", poke("self.norms", np.nan), folder),
+                           r"self.norms holds NaN"),
+    "garbage appended": (appended_garbage, r"28 byte\(s\) after its last array|file not fully covered"),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAWN_DAMAGES))
+@pytest.mark.parametrize("command", [["view"], ["plot", "--layer", "0", "--head", "1"], ["plot", "--figure", "grid"],
+                                     ["plot", "--measure", "attention"]])
+def test_view_and_plot_refuse_the_damaged_records_load_refuses(good_files, tmp_path, capsys, name, command):
+    make, message = DRAWN_DAMAGES[name]
+    path = make(good_files, tmp_path)
+    with pytest.raises(AttnscopeError, match=message):
+        AttentionRecord.load(path)
+    with pytest.raises(AttnscopeError, match=message):  # the lazy path checks the same, when asked to
+        AttentionRecord.open(path, values=True)
+    output = tmp_path / ("v.html" if command == ["view"] else "p.png")
+    code = main([*command, "--record", str(path), "-o", str(output)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("attnscope: error: "), err
+    assert re.search(message, err) and not output.exists()
+
+
+def test_the_lazy_open_refuses_bytes_appended_without_reading_the_arrays(good_files, tmp_path):
+    with pytest.raises(AttnscopeError, match=r"cannot open record .* byte\(s\) after its last array"):
+        AttentionRecord.open(appended_garbage(good_files, tmp_path))
+
+
+# ---- generation records (issue 25, item 8) --------------------------------------------------------
+def truncate(cut: int) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(path.read_bytes()[:cut])
+
+
+def overwrite(start: int, length: int) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        raw[start : start + length] = b"\xff" * length
+        path.write_bytes(bytes(raw))
+
+    return damage
+
+
+def flip_row_byte(parts: Parts) -> None:
+    """The exponent byte of one kept weight: a row then sums to about 1e31 (flipped data bytes)."""
+    parts.data[parts.tensors["rows"]["data_offsets"][0] + 4 * 7 + 3] = 0x74
+
+
+R = "rows"
+GENERATION_DAMAGES: dict[str, tuple[Callable[[Parts], None], str]] = {
+    "metadata not JSON": (raw_meta("{not json"), r"metadata is not JSON"),
+    "metadata a list": (raw_meta("[]"), r"metadata is a JSON array, not an object"),
+    "no attnscope metadata": (lambda p: setattr(p, "drop_meta", True), r"without attnscope metadata"),
+    "another format": (set_meta("format", "attnscope-generation/2"), r"format: should be one of"),
+    "an attention record's metadata": (lambda p: p.meta.pop("format"), r"missing 'format'"),
+    "settings a list": (set_meta("settings", ["greedy"]), r"settings: should be object, not array"),
+    "settings missing": (lambda p: p.meta.pop("settings"), r"missing 'settings'"),
+    "extra key": (set_meta("extra", 1), r"unexpected key\(s\) 'extra'"),
+    "prompt_length 0": (set_meta("prompt_length", 0), r"prompt_length: should be at least 1"),
+    "prompt_length a string": (set_meta("prompt_length", "4"), r"prompt_length: should be integer, not string"),
+    "prompt as long as the text": (lambda p: p.meta.__setitem__("prompt_length", len(p.meta["tokens"])),
+                                   r"leaves no generated token"),
+    "first_row past the prompt": (lambda p: p.meta.__setitem__("first_row", p.meta["prompt_length"]),
+                                  r"first_row \d+ is past the prompt's last position"),
+    "a token dropped": (lambda p: p.meta["tokens"].pop(0), r"candidate_tokens should be|has \d+ "),
+    "a step's candidates missing": (lambda p: p.meta["candidate_tokens"].pop(), r"candidate_tokens should be 4 lists"),
+    "wrong layer count in the model info": (set_model("n_layers", 30), r"rows has 3 layers .*metadata says 30"),
+    "wrong head count in the model info": (set_model("n_heads", 9), r"rows has 6 heads .*metadata says 9"),
+    "model info without n_heads": (lambda p: p.meta["model"].pop("n_heads"), r"model: missing 'n_heads'"),
+    "rows missing": (drop_tensor(R), r"no rows array"),
+    "rows relabelled int32": (set_dtype(R, "I32"), r"rows is int32, should be floating point"),
+    "rows with heads and keys merged": (set_shape(R, lambda s: [s[0], 1, s[1] * s[2]]), r"rows has 1 heads"),
+    "unknown array": (lambda p: p.tensors.__setitem__("attention", p.tensors[R]), r"unexpected array\(s\) attention"),
+    "NaN row": (lambda p: p.array(R).__setitem__((1, 2, slice(None)), np.nan), r"rows holds NaN .*layer 1"),
+    "flipped data bytes": (flip_row_byte, r"rows should sum to 1, layer 0 head 0 position \d+ sums to \S+e\+3"),
+    "rows sum to 0.999": (scale(R, 0.999), r"rows should sum to 1, .* sums to 0.999"),
+    "negative weight": (poke(R, -0.5, (0, 0, 0)), r"rows holds negative values"),
+    "infinite norms": (poke("value_norms", np.inf, (2, 1, 3)), r"value_norms holds NaN or infinite values \(layer 2"),
+    "candidate probability 3": (poke("candidate_probs", 3.0, (0, 0)), r"candidate_probs holds a value that is no prob"),
+    "NaN chosen probability": (poke("chosen_probs", np.nan, (1,)), r"chosen_probs holds a value that is no prob"),
+    "candidate ids a step short": (set_shape("candidate_ids", lambda s: [s[0] - 1, s[1] + 1]),
+                                   r"candidate_ids has 3 steps"),
+}
+GENERATION_FILE_DAMAGES: dict[str, Callable[[Path], None]] = {
+    "truncated to 0 bytes": truncate(0), "truncated in the header": truncate(100),
+    "truncated in the data": truncate(-10), "header overwritten": overwrite(8, 40),
+    "length prefix overwritten": overwrite(0, 8), "garbage appended": lambda p: p.write_bytes(p.read_bytes() + b"\0" * 9),
+}
+
+
+@pytest.fixture(scope="module")
+def generation_file(tiny_model_dir, tmp_path_factory) -> Path:
+    """A real generation (a tiny Llama with grouped key/value heads, sampled, value norms), saved."""
+    from attnscope import generate
+
+    record = generate(load_model(str(tiny_model_dir("llama"))), "The cat sat on the mat.", max_new_tokens=4,
+                      candidates=3, do_sample=True, temperature=0.8, seed=1)
+    assert record.has_norms and record.n_layers == 3 and record.n_heads == 6 and record.n_steps == 4
+    return record.save(tmp_path_factory.mktemp("generation") / "gen.safetensors")
+
+
+def test_a_good_generation_round_trips_through_the_checks(generation_file, tmp_path):
+    from attnscope import GenerationRecord
+
+    copied = write_parts(read_parts(generation_file), tmp_path / "copy.safetensors")  # the parts reader is faithful
+    again = GenerationRecord.load(copied)
+    assert again.settings["temperature"] == 0.8 and again.step_attention(3).shape == (3, 6, again.prompt_length + 3)
+    assert len(GENERATION_DAMAGES) + len(GENERATION_FILE_DAMAGES) >= 16
+
+
+@pytest.mark.parametrize("name", list(GENERATION_DAMAGES))
+def test_a_damaged_generation_record_is_refused_by_name(generation_file, tmp_path, name):
+    from attnscope import GenerationRecord
+
+    damage, message = GENERATION_DAMAGES[name]
+    parts = read_parts(generation_file)
+    damage(parts)
+    path = write_parts(parts, tmp_path / "damaged.safetensors")
+    with pytest.raises(AttnscopeError, match=message) as caught:
+        GenerationRecord.load(path)
+    assert str(caught.value).startswith(f"{path} is not a valid attnscope generation record: ")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", list(GENERATION_FILE_DAMAGES))
+def test_a_cut_or_overwritten_generation_file_is_refused(generation_file, tmp_path, name):
+    from attnscope import GenerationRecord
+
+    path = tmp_path / "damaged.safetensors"
+    path.write_bytes(generation_file.read_bytes())
+    GENERATION_FILE_DAMAGES[name](path)
+    with pytest.raises(AttnscopeError, match=f"cannot read generation record {path}|{path} is not a valid") as caught:
+        GenerationRecord.load(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_generation_schema_reader_agrees_with_jsonschema(generation_file):
+    from attnscope.record_checks import generation_schema
+
+    schema = generation_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for damage, _ in [(lambda p: None, ""), *GENERATION_DAMAGES.values()]:
+        parts = read_parts(generation_file)
+        damage(parts)
+        if parts.raw_meta is None and not parts.drop_meta:
+            assert (schema_problem(parts.meta, schema) is None) == validator.is_valid(parts.meta), parts.meta

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from pathlib import Path
+
+from .errors import AttnscopeError
 
 
 def positive_int(value: str) -> int:
@@ -38,12 +41,55 @@ def finite_float(value: str) -> float:
     return number
 
 
+# sampling options: name -> (rule, what it asks); checked the same way by generate() and the CLI's types
+SAMPLING_RULES = {
+    "temperature": (lambda value: value > 0, "more than 0"),
+    "top_p": (lambda value: 0 < value <= 1, "more than 0 and at most 1"),
+    "top_k": (lambda value: value >= 1, "at least 1"),
+}
+
+
+def check_sampling(**options: float | None) -> None:
+    """Refuse a sampling option (``temperature``, ``top_p``, ``top_k``; None: not set) out of its range."""
+    for name, value in options.items():
+        rule, wanted = SAMPLING_RULES[name]
+        if value is not None and not (math.isfinite(value) and rule(value)):
+            raise AttnscopeError(f"{name} must be {wanted}, got {value}")
+
+
+def temperature(value: str) -> float:
+    """argparse type of ``--temperature``: a number above 0."""
+    return _sampling_option("temperature", finite_float(value))
+
+
+def top_p(value: str) -> float:
+    """argparse type of ``--top-p``: a number in (0, 1]."""
+    return _sampling_option("top_p", finite_float(value))
+
+
+def _sampling_option(name: str, number: float) -> float:
+    try:
+        check_sampling(**{name: number})
+    except AttnscopeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return number
+
+
 def index_list(value: str) -> list[int]:
     """Comma-separated 0-indexed layers or heads, at least one: ``"0,5"`` -> ``[0, 5]``."""
     parts = [part for part in value.split(",") if part.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated 0-indexed numbers like 0,5, got {value!r}")
     return [non_negative_int(part.strip()) for part in parts]
+
+
+def check_indices(numbers: Iterable[int] | None, limit: int, noun: str, option: str = "") -> None:
+    """Refuse any of ``numbers`` (0-indexed layers or heads; None: all) outside ``0..limit - 1``
+    with one line naming ``option``; call it once the model is known, before any slow work."""
+    bad = [number for number in numbers or () if not 0 <= number < limit]
+    if bad:
+        raise AttnscopeError(f"{option + ': ' if option else ''}{noun} {bad[0]} does not exist: the model has "
+                             f"{limit} {noun}s (0-indexed: 0-{limit - 1})")
 
 
 def _int(value: str) -> int:

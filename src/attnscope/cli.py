@@ -120,17 +120,17 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from .capture.extract import extract
     from .capture.tokens import split_item
+    from .experiments.interventions import check_layers_and_heads
     from .report import top_attention
 
     split_item((args.text, args.pair), 0)  # reject bad input before the model loads
-    record = extract(load_from_args(args), args.text, args.pair)
-    layers = args.layers
-    if layers is not None and any(not 0 <= layer < record.n_layers for layer in layers):
-        raise AttnscopeError(f"--layers must be between 0 and {record.n_layers - 1}")
+    loaded = load_from_args(args)
+    check_layers_and_heads(loaded, args.layers)
+    record = extract(loaded, args.text, args.pair)
     info = record.model
     print(f"model {info.name} ({info.model_type}): {info.n_layers} layers x {info.n_heads} heads "
           f"({info.n_kv_heads} key/value heads), {len(record.tokens)} tokens, layers and heads 0-indexed\n")
-    print(top_attention(record).to_text(layers))
+    print(top_attention(record).to_text(args.layers))
     return 0
 
 
@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second one at exit's flush
         return EXIT_BROKEN_PIPE
+    except ConnectionError as error:  # e.g. a Ray cluster that refuses the connection: not a file's fault
+        return _fail(f"cannot connect: {error.strerror or error}")
     except OSError as error:  # a file that passed the early checks but failed on writing (a full disk, /dev/full)
         return _fail(f"{error.filename}: {error.strerror}" if error.filename else f"a file operation failed: {error}")
 

@@ -18,7 +18,6 @@ Layers and heads are 0-indexed. With a sliding-window layer, keys outside the wi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +28,11 @@ import numpy as np
 
 from .errors import AttnscopeError
 from .record import AttentionRecord, ModelInfo, read_attnscope_file, write_attnscope_file
+from .record_checks import GENERATION_FORMAT, check_generation_parts
 
 if TYPE_CHECKING:
     from .present.steps import StepInfo, StepsPayload, StepsView
 
-GENERATION_FORMAT = "attnscope-generation/1"
 TO_RECORD_LIMIT = 2048  # tokens: beyond this a [layer, head, T, T] matrix is rarely what a user wants
 NO_PROMPT_ROWS_ADVICE = ("generate(..., prompt_rows=True) or attnscope generate --prompt-rows all keeps them, "
                          "or capture the prompt alone with attnscope.extract / attnscope view")
@@ -289,17 +288,8 @@ class GenerationRecord:
     def load(cls, path: str | Path) -> GenerationRecord:
         """Read a file written by :meth:`save` (one clear error line for anything else)."""
         header, arrays = read_attnscope_file(path, "generation record")
-        try:
-            meta = json.loads(header or "{}")
-        except ValueError as error:
-            raise AttnscopeError(f"cannot read generation record {path}: {error}") from None
-        if meta.get("format") != GENERATION_FORMAT:
-            raise AttnscopeError(f"{path} is not an attnscope generation record (format {meta.get('format')!r})")
-        try:
-            return cls(model=ModelInfo(**meta["model"]), tokens=tuple(meta["tokens"]),
-                       prompt_length=int(meta["prompt_length"]), arrays=arrays,
-                       candidate_tokens=tuple(tuple(c) for c in meta["candidate_tokens"]), prompt=meta["prompt"],
-                       settings=meta["settings"], changes=meta["changes"],
-                       first_row=int(meta.get("first_row", 0)))  # files from before first_row kept every row
-        except (KeyError, TypeError, ValueError) as error:
-            raise AttnscopeError(f"generation record {path} is damaged: {error}") from None
+        meta = check_generation_parts(header, arrays, path)  # one AttnscopeError line naming the fault
+        return cls(model=ModelInfo(**meta["model"]), tokens=tuple(meta["tokens"]), prompt_length=meta["prompt_length"],
+                   arrays=arrays, candidate_tokens=tuple(tuple(c) for c in meta["candidate_tokens"]),
+                   prompt=meta["prompt"], settings=meta["settings"], changes=meta["changes"],
+                   first_row=meta.get("first_row", 0))  # files from before first_row kept every row

@@ -30,10 +30,9 @@ class InputLine:
 
 def read_document(path: Path) -> str:
     """A whole text file (UTF-8), e.g. a long document read as one input."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    from .files import read_text
+
+    return read_text(path)
 
 
 def read_input_lines(path: Path) -> list[InputLine]:
@@ -42,10 +41,12 @@ def read_input_lines(path: Path) -> list[InputLine]:
 
     A malformed line, or an empty text or pair, is an :class:`AttnscopeError` naming the file and line.
     """
+    from .files import cannot_read
+
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
+        raise cannot_read(path, error) from None
     inputs, bad = parse_input_file(str(path), data)
     if bad:
         raise AttnscopeError(bad[0].message)

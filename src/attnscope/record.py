@@ -339,16 +339,19 @@ class AttentionRecord:
         return cls._from_parts(meta, arrays)
 
     @classmethod
-    def open(cls, path: str | Path) -> AttentionRecord:
+    def open(cls, path: str | Path, *, values: bool = False) -> AttentionRecord:
         """Map a record file lazily: arrays are read from disk only where they are indexed.
 
         For records larger than memory (``attnscope extract --stream``). Arrays keep the stored
-        dtype (float16 stays float16); slicing one head of one layer reads only its pages.
+        dtype (float16 stays float16); slicing one head of one layer reads only its pages. The
+        metadata, names, dtypes, shapes and the file's size are checked; ``values=True`` also checks
+        what :meth:`load` does (finite values, rows summing to 1), reading one layer at a time:
+        for a record about to be drawn.
         """
         from .capture.stream import open_arrays
 
         header, arrays = open_arrays(Path(path))
-        meta = check_record_parts(header, arrays, path, FORMAT_VERSION, values=False)  # shapes only: no full read
+        meta = check_record_parts(header, arrays, path, FORMAT_VERSION, values=values)
         return cls._from_parts(meta, arrays)
 
     @classmethod
@@ -413,9 +416,11 @@ def write_attnscope_file(path: str | Path, arrays: Mapping[str, np.ndarray], met
     """One ``.safetensors`` file: ``arrays``, with ``metadata`` as JSON under the header key ``attnscope``."""
     from safetensors.numpy import save_file
 
+    from .files import written
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(dict(arrays), str(path), metadata={"attnscope": json.dumps(metadata)})
+    with written(path) as temporary:
+        save_file(dict(arrays), str(temporary), metadata={"attnscope": json.dumps(metadata)})
     return path
 
 
@@ -424,12 +429,14 @@ def read_attnscope_file(path: str | Path, what: str) -> tuple[str | None, dict[s
     wrote; an unreadable file is one :class:`AttnscopeError` line naming ``what`` it should hold."""
     from safetensors import SafetensorError, safe_open
 
+    from .files import cannot_read
+
     try:
         with safe_open(str(path), framework="numpy") as handle:
             header = (handle.metadata() or {}).get("attnscope")
             arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
     except (OSError, ValueError, RuntimeError, SafetensorError) as error:
-        raise AttnscopeError(f"cannot read {what} {path}: {error}") from None
+        raise cannot_read(path, error, what) from None
     return header, arrays
 
 

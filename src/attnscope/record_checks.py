@@ -67,7 +67,8 @@ class _Damaged(Exception):
 
 
 # ---- metadata -------------------------------------------------------------------------------
-def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
+def _json_object(header: str | None) -> dict[str, Any]:
+    """The metadata of a record file (of either kind): a JSON object."""
     if header is None:
         raise _Damaged("a safetensors file without attnscope metadata")
     try:
@@ -76,6 +77,11 @@ def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
         raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(meta, dict):
         raise _Damaged(f"its metadata is a JSON {_json_type(meta)}, not an object")
+    return meta
+
+
+def _parse_metadata(header: str | None, format_version: int) -> dict[str, Any]:
+    meta = _json_object(header)
     version: Any = meta.get("format_version")
     if _numeric(version) and version > format_version:
         raise _Damaged(f"format version {version} is newer than this attnscope reads ({format_version}); "
@@ -306,7 +312,10 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          "values": ("layers", "heads", "positions", "d_head"),
          "topk_indices": ("layers", "heads", "rows", "keys kept"), "topk_weights": ("layers", "heads", "rows", "keys kept"),
          "overview": ("layers", "heads", "query blocks", "key blocks"),
-         "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",)}
+         "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",),
+         # generation records
+         "rows": ("layers", "heads", "packed keys"), "value_norms": ("layers", "heads", "positions"),
+         "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",)}
 _DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
 
 
@@ -316,7 +325,7 @@ def _check_array(name: str, array: ArrayLike, kind_of_dtype: str, shape: Shape) 
         raise _Damaged(f"{name} is {actual.name}, should be {_DTYPE_KINDS[kind_of_dtype]}")
     if len(array.shape) != len(shape):
         raise _Damaged(f"{name} has {len(array.shape)} dimensions {list(array.shape)}, should have {len(shape)}")
-    field_name = name.split(".")[1]
+    field_name = name.split(".")[-1]
     axes = _AXES.get(field_name, ("layers", "heads", "rows") if field_name.startswith("stat_") else ("tokens",))
     for axis, size, wanted in zip(axes, array.shape, shape):
         if isinstance(wanted, Agreed) and size != wanted.size:
@@ -364,3 +373,102 @@ def _check_rows(name: str, layer: int, values: np.ndarray, tolerance: float) -> 
         head, query = (int(i) for i in worst)
         raise _Damaged(f"{name} rows should sum to 1, layer {layer} head {head} query {query} sums to "
                        f"{sums[worst]:.6g} (0-indexed)")
+
+
+# ---- generation records ---------------------------------------------------------------------
+GENERATION_FORMAT = "attnscope-generation/1"
+
+
+@cache
+def generation_schema() -> dict[str, Any]:
+    """The JSON Schema of a generation record's metadata (its model info is a record's)."""
+    strings = {"type": "array", "items": {"type": "string"}}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["format", "model", "tokens", "prompt_length", "candidate_tokens", "prompt", "settings",
+                         "changes"],
+            "properties": {"format": {"enum": [GENERATION_FORMAT]}, "model": record_schema()["properties"]["model"],
+                           "tokens": {**strings, "minItems": 2}, "prompt_length": {"type": "integer", "minimum": 1},
+                           "candidate_tokens": {"type": "array", "items": {**strings, "minItems": 1}},
+                           "prompt": {"type": "string"}, "settings": {"type": "object"}, "changes": {"type": "string"},
+                           "first_row": {"type": "integer", "minimum": 0}}}
+
+
+def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
+    """A generation record's metadata parsed from ``header``, once it and ``arrays`` are checked to agree
+    (see :class:`attnscope.GenerationRecord` for the arrays): the schema, positions and steps, every
+    array's dtype and shape against the model info and the tokens, finite values, probabilities in
+    [0, 1] and attention rows summing to 1 within the stored precision. One AttnscopeError line."""
+    try:
+        meta = _parse_generation_metadata(header)
+        for name, (kind_of_dtype, shape) in _generation_shapes(meta, arrays).items():
+            if name in arrays:
+                _check_array(name, arrays[name], kind_of_dtype, shape)
+            elif name != "value_norms":
+                raise _Damaged(f"no {name} array")
+        _check_generation_values(meta, arrays)
+    except _Damaged as problem:
+        raise AttnscopeError(f"{path} is not a valid attnscope generation record: {problem}") from None
+    return meta
+
+
+def _parse_generation_metadata(header: str | None) -> dict[str, Any]:
+    meta = _json_object(header)
+    problem = schema_problem(meta, generation_schema())
+    if problem:
+        raise _Damaged(problem)
+    n, prompt_length, first_row = len(meta["tokens"]), meta["prompt_length"], meta.get("first_row", 0)
+    if prompt_length >= n:
+        raise _Damaged(f"prompt_length {prompt_length} leaves no generated token of the {n}")
+    if first_row >= prompt_length:
+        raise _Damaged(f"first_row {first_row} is past the prompt's last position ({prompt_length - 1})")
+    steps, k = n - prompt_length, {len(c) for c in meta["candidate_tokens"]}
+    if len(meta["candidate_tokens"]) != steps or len(k) > 1:
+        raise _Damaged(f"candidate_tokens should be {steps} lists (one per generated token) of one length")
+    return meta
+
+
+def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> dict[str, tuple[str, Shape]]:
+    """Array name -> (numpy dtype kind, shape) of a generation record; names ``<field>`` (no kind)."""
+    model, n = meta["model"], len(meta["tokens"])
+    first_row, steps = meta.get("first_row", 0), n - meta["prompt_length"]
+    packed = n * (n + 1) // 2 - first_row * (first_row + 1) // 2  # rows first_row..n-1 hold first_row+1..n keys
+    k = len(meta["candidate_tokens"][0])
+    shapes: dict[str, tuple[str, Shape]] = {
+        "rows": ("f", (model["n_layers"], model["n_heads"], packed)),
+        "value_norms": ("f", (model["n_layers"], model["n_heads"], n)),
+        **{name: (kind, (n,)) for name, kind in (("token_ids", "i"), ("special_mask", "b"), ("word_ids", "i"))},
+        "candidate_ids": ("i", (steps, k)), "candidate_probs": ("f", (steps, k)), "chosen_probs": ("f", (steps,)),
+    }
+    unknown = sorted(set(arrays) - set(shapes))
+    if unknown:
+        raise _Damaged(f"unexpected array(s) {', '.join(unknown)}")
+    return shapes
+
+
+def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> None:
+    """Finite values; norms non-negative; probabilities in [0, 1]; each kept row ``[layer, head, keys]``
+    non-negative and summing to 1 (read one layer at a time)."""
+    for name in ("candidate_probs", "chosen_probs"):
+        values = np.asarray(arrays[name])
+        if not (np.isfinite(values).all() and (values >= 0).all() and (values <= 1).all()):
+            raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
+    n, first_row = len(meta["tokens"]), meta.get("first_row", 0)
+    starts = np.cumsum([0, *range(first_row + 1, n)])  # where each kept row begins on the packed axis
+    for name, array in ((name, arrays[name]) for name in ("rows", "value_norms") if name in arrays):
+        for layer in range(array.shape[0]):
+            values = np.asarray(array[layer])  # [head, packed or position]
+            if not np.isfinite(values).all():
+                raise _Damaged(f"{name} holds NaN or infinite values (layer {layer}, 0-indexed)")
+            if values.size and values.min() < 0:
+                raise _Damaged(f"{name} holds negative values (layer {layer}, 0-indexed)")
+            if name == "rows":
+                _check_packed_rows(layer, values, starts, first_row, row_sum_tolerance(array.dtype, n))
+
+
+def _check_packed_rows(layer: int, values: np.ndarray, starts: np.ndarray, first_row: int, tolerance: float) -> None:
+    """Each row of ``values`` ``[head, packed]`` (rows begin at ``starts``) sums to 1 within ``tolerance``."""
+    sums = np.add.reduceat(values.astype(np.float64), starts, axis=-1)  # [head, row]
+    head, row = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
+    if not math.isclose(sums[head, row], 1.0, abs_tol=tolerance):
+        raise _Damaged(f"rows should sum to 1, layer {layer} head {head} position {first_row + row} sums to "
+                       f"{sums[head, row]:.6g} (0-indexed)")

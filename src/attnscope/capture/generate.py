@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..arguments import check_sampling
 from ..errors import AttnscopeError
 from ..generation import GenerationRecord, packed_length, row_offset
 from ..models.adapters import AttentionSite
@@ -200,6 +201,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     loaded = as_loaded(model)
     if max_new_tokens < 1 or candidates < 1:
         raise AttnscopeError("max_new_tokens and candidates must be at least 1")
+    check_sampling(temperature=temperature, top_p=top_p, top_k=top_k)
     ids = prompt_ids(loaded, prompt, chat=chat)
     keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
     first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token

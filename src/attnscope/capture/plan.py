@@ -150,10 +150,11 @@ class CapturePlan:
 
     def check_against(self, n_layers: int | None = None, n_heads: int | None = None) -> None:
         """Refuse layers or heads the model does not have, with one clear line (None: not checked)."""
+        from ..arguments import check_indices
+
         for name, chosen, limit in (("layer", self.layers, n_layers), ("head", self.heads, n_heads)):
-            bad = [number for number in chosen or () if limit is not None and number >= limit]
-            if bad:
-                raise AttnscopeError(f"{name} {bad[0]} does not exist: the model has {limit} {name}s (0-indexed)")
+            if limit is not None:
+                check_indices(chosen, limit, name)
 
     def layer_numbers(self, n_layers: int) -> tuple[int, ...]:
         return tuple(range(n_layers)) if self.layers is None else tuple(sorted(set(self.layers)))

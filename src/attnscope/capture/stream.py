@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..files import cannot_read
 
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
                "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
@@ -109,11 +110,22 @@ def open_arrays(path: Path) -> tuple[str, dict[str, np.ndarray]]:
             raise AttnscopeError(f"{path} is not an attnscope record")
         unfinished = json.loads(meta_text).get("complete") is False
         arrays = {name: _mapped(path, 8 + header_size, entry, size) for name, entry in header.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as error:
+        _check_size(header, 8 + header_size, size)
+    except OSError as error:
+        raise cannot_read(path, error, "record") from None
+    except (ValueError, KeyError, TypeError, AttributeError, struct.error) as error:
         raise AttnscopeError(f"cannot open record {path}: {error}") from None
     if unfinished:
         raise AttnscopeError(f"{path} was not finished (the capture that wrote it stopped early)")
     return meta_text, arrays
+
+
+def _check_size(header: Mapping[str, Any], data_start: int, file_size: int) -> None:
+    """The arrays fill the file to its end, as safetensors requires: bytes after them are not a record's."""
+    end = data_start + max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    if end != file_size:
+        raise ValueError(f"the file has {file_size - end:,} byte(s) after its last array (damaged, or something "
+                         "appended)")
 
 
 def _mapped(path: Path, data_start: int, entry: Mapping[str, Any], file_size: int) -> np.ndarray:

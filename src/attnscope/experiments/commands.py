@@ -43,9 +43,11 @@ def _read_data(args: argparse.Namespace) -> list[tuple[str, str | None]] | None:
 def _prepare(args: argparse.Namespace, items: list[tuple[str, str | None]] | None,
              default: Any = None) -> tuple[Any, Any]:
     """The model and the prepared metric task named by the arguments."""
+    from .interventions import check_layers_and_heads
     from .metrics import default_metric, prepare_metric
 
     loaded = load_from_args(args)
+    check_layers_and_heads(loaded, getattr(args, "layers", None), kind=getattr(args, "kind", None))
     task = prepare_metric(args.metric or (default or default_metric)(loaded), loaded, items, n=args.examples,
                           batch_size=args.batch_size)
     return loaded, task

@@ -16,7 +16,7 @@ from ..capture.generate import generate
 from ..errors import AttnscopeError
 from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
-from .interventions import ablate_heads, corrupt_attention, pattern_names, skip_sublayers
+from .interventions import ablate_heads, check_layers_and_heads, corrupt_attention, pattern_names, skip_sublayers
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,15 @@ class GenerationChanges:
         if self.skip_ffn:
             parts.append(f"skip feed-forward of layers {_numbers(self.skip_ffn)}")
         return "; ".join(parts)
+
+    def check(self, loaded: LoadedModel) -> None:
+        """Refuse a layer or head ``loaded`` does not have (one line naming the option), before any
+        generation: an intervention on a layer that does not exist would change nothing, silently."""
+        ablated_heads = [head for heads in self.ablate.values() for head in heads or ()]
+        check_layers_and_heads(loaded, self.ablate, ablated_heads, options=("--ablate", "--ablate"))
+        check_layers_and_heads(loaded, self.corrupt_layers, self.corrupt_heads)
+        check_layers_and_heads(loaded, self.skip_attention, options=("--skip-attention", ""))
+        check_layers_and_heads(loaded, self.skip_ffn, options=("--skip-ffn", ""))
 
     @contextmanager
     def active(self, loaded: LoadedModel) -> Iterator[None]:
@@ -110,6 +119,7 @@ def compare_generations(loaded: LoadedModel, prompt: str, changes: GenerationCha
     unless ``do_sample`` with the same seed); ``options`` go to :func:`attnscope.generate`."""
     if changes.empty:
         raise AttnscopeError("nothing to change: give --ablate, --corrupt, --skip-attention or --skip-ffn")
+    changes.check(loaded)
     intact = generate(loaded, prompt, **options)
     with changes.active(loaded):
         changed = generate(loaded, prompt, changes=changes.describe(), **options)

@@ -295,6 +295,27 @@ def n_heads_per_kind(loaded: LoadedModel) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+def attention_shape(loaded: LoadedModel, kind: str | None = None) -> tuple[str, int, int]:
+    """``(kind, n_layers, n_heads)`` of attention ``kind`` (None: the input side's); one line for a
+    kind the model does not have."""
+    shapes = n_heads_per_kind(loaded)
+    kind = kind or main_kind(loaded)
+    if kind not in shapes:
+        raise AttnscopeError(f"model {loaded.name!r} has no {kind!r} attention; it has {', '.join(shapes)}")
+    return (kind, *shapes[kind])
+
+
+def check_layers_and_heads(loaded: LoadedModel, layers: Iterable[int] | None = None, heads: Iterable[int] | None = None,
+                           *, kind: str | None = None, options: tuple[str, str] = ("--layers", "--heads")) -> None:
+    """Refuse 0-indexed ``layers`` or ``heads`` (None: all) that attention ``kind`` of ``loaded`` does not
+    have, naming the options they came from; call it before any slow work."""
+    from ..arguments import check_indices
+
+    _, n_layers, n_heads = attention_shape(loaded, kind)
+    check_indices(layers, n_layers, "layer", options[0])
+    check_indices(heads, n_heads, "head", options[1])
+
+
 def attention_head_count(loaded: LoadedModel, module: nn.Module) -> int:
     """Query heads of one attention module (from its attributes, else the config)."""
     for attribute in ("num_attention_heads", "num_heads", "n_heads", "n_head"):

@@ -32,7 +32,10 @@ def finish_figure(figure: Any, path: str | Path | None, dpi: int = 130) -> Any:
     """Lay out ``figure``; save it to ``path`` (and release it) when given."""
     figure.tight_layout()
     if path is not None:
-        figure.savefig(path, dpi=dpi)
+        from ..files import written
+
+        with written(path) as temporary:
+            figure.savefig(temporary, dpi=dpi)
         pyplot().close(figure)
     return figure
 
@@ -46,17 +49,20 @@ def table_format(path: Path) -> str:
 
 def write_table(frame: Any, path: Path, table: str = "results") -> Path:
     """Write ``frame`` as CSV, Parquet (needs pyarrow) or a DuckDB database with one table ``table``."""
+    from ..files import written
+
     fmt = table_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "csv":
-        frame.to_csv(path, index=False)
-    elif fmt == "parquet":
-        try:
-            frame.to_parquet(path, index=False)
-        except ImportError:
-            raise AttnscopeError("writing Parquet needs pyarrow: pip install pyarrow") from None
-    else:
-        _write_duckdb(frame, path, table)
+    with written(path) as temporary:
+        if fmt == "csv":
+            frame.to_csv(temporary, index=False)
+        elif fmt == "parquet":
+            try:
+                frame.to_parquet(temporary, index=False)
+            except ImportError:
+                raise AttnscopeError("writing Parquet needs pyarrow: pip install pyarrow") from None
+        else:
+            temporary.unlink()  # DuckDB makes its own database file
+            _write_duckdb(frame, temporary, table)
     return path
 
 
@@ -107,5 +113,8 @@ def write_summary(path: Path, title: str, facts: Mapping[str, Any], figures: Seq
                            figures=images,
                            table_title=html.escape(table_title),
                            table=table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
-    path.write_text(page, encoding="utf-8")
+    from ..files import written
+
+    with written(path) as temporary:
+        temporary.write_text(page, encoding="utf-8")
     return path

@@ -35,7 +35,7 @@ from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..models.adapters import find_modules
 from ..models.loading import LoadedModel
-from .interventions import HeadAblation, head_output_means, main_kind, n_heads_per_kind
+from .interventions import HeadAblation, attention_shape, head_output_means, n_heads_per_kind
 from .metrics import Batch, Task
 
 SWEEPS = ("heads", "layers", "keep-one")
@@ -186,12 +186,11 @@ def run_sweep(loaded: LoadedModel, task: Task, sweep: str = "heads", *, mode: st
     ``cached``: None = prefix caching where possible, False = the naive loop, True = require it.
     ``mode="mean"`` uses ``means`` or the head outputs averaged over the task's own batches.
     """
-    kind = kind or main_kind(loaded)
-    shapes = n_heads_per_kind(loaded)
-    if kind not in shapes:
-        raise AttnscopeError(f"{loaded.name} has no {kind!r} attention; it has {', '.join(sorted(shapes))}")
-    n_layers, n_heads = shapes[kind]
+    kind, n_layers, n_heads = attention_shape(loaded, kind)
     variants = sweep_variants(sweep, n_layers, n_heads, layers)
+    if n_resamples and task.n_examples < 2:
+        raise AttnscopeError(f"a bootstrap interval needs at least 2 examples and the data gives {task.n_examples}: "
+                             "give more (--data, -n), or --bootstrap 0 for the change without an interval")
     if mode == "mean" and means is None:
         means = head_output_means(loaded, (task.reference_inputs(batch) for batch in task.batches), [kind])
     make = lambda heads, layer: HeadAblation(mode, layers=[layer], heads=heads, kinds=[kind], means=means)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
+from ..arguments import add_output_folder, non_negative_int, positive_int, temperature, top_p
 from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
 from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
@@ -150,8 +150,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
                         "record become a full AttentionRecord: to_attention_record)")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
-    sampling.add_argument("--temperature", type=finite_float, default=1.0)
-    sampling.add_argument("--top-p", type=finite_float, help="nucleus sampling: keep the tokens within this mass")
+    sampling.add_argument("--temperature", type=temperature, default=1.0, help="more than 0 (default: 1)")
+    sampling.add_argument("--top-p", type=top_p, help="nucleus sampling: keep the tokens within this mass (0 to 1)")
     sampling.add_argument("--sample-top-k", type=positive_int, help="sample among the K most likely tokens")
     sampling.add_argument("--seed", type=non_negative_int, default=0)
     changes = parser.add_argument_group(

@@ -166,6 +166,17 @@ def _gguf_cache_folder(gguf_path: Path) -> Path:
     return cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
 
 
+def _check_gguf_magic(gguf_path: Path) -> None:
+    try:
+        with gguf_path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as error:
+        raise AttnscopeError(f"cannot read {gguf_path}: {error.strerror or error}") from None
+    if magic != b"GGUF":
+        raise AttnscopeError(f"cannot read {gguf_path} as a GGUF model: it does not start with the GGUF magic bytes, "
+                             "so it is not a GGUF file")
+
+
 def convert_gguf(gguf_path: Path, folder: Path | None = None) -> Path:
     """Dequantize a GGUF file once into a safetensors folder (``folder``, or one in the cache named after the
     file); later loads read that folder (~1 s, not ~20 s)."""
@@ -174,6 +185,7 @@ def convert_gguf(gguf_path: Path, folder: Path | None = None) -> Path:
         return folder
     import transformers
 
+    _check_gguf_magic(gguf_path)  # a file that is no GGUF at all is refused before the slow step is announced
     say_slow_step(f"converting {gguf_path.name} to float32 safetensors once (about 20 s for a 135M model, a minute "
                   f"for 270M); later loads read {folder} in a second or two")
     try:

@@ -44,7 +44,7 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
     if args.record is not None:
         if args.pair is not None:
             raise AttnscopeError("--pair goes with TEXT, not with --record")
-        return AttentionRecord.open(args.record)
+        return AttentionRecord.open(args.record, values=True)  # what is drawn is checked as load checks it
     from ..capture.extract import extract
     from ..capture.tokens import split_item
     from ..inputs import read_document
@@ -227,34 +227,48 @@ def _run_plot(args: argparse.Namespace) -> int:
     if args.output.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttnscopeError(f"cannot tell the format of {args.output}: use a .png, .svg or .pdf file name")
     check_output_file(args.output)
-    if args.measure is not None:
-        figure = _measure_figure(args)
-        with writing(args.output):
-            print(f"wrote {save_figure(figure, args.output)}")
-        return 0
-    if args.figure == "head" and (args.layer is None or args.head is None):
+    if args.measure is not None and args.pair is not None:
+        raise AttnscopeError("--measure takes one text; leave out --pair")
+    if args.measure is None and args.figure == "head" and (args.layer is None or args.head is None):
         raise AttnscopeError("the head figure needs --layer and --head (0-indexed)")
-    record = _record_from_args(args, qkv=False, norms=args.norms)
-    figure = plot(record, args.figure, layer=args.layer, head=args.head, kind=args.attention, norms=args.norms)
+    loaded = _checked_model(args)
+    if args.measure is not None:
+        figure = _measure_figure(args, loaded)
+    else:
+        record = _record_from_args(args, qkv=False, norms=args.norms, loaded=loaded)
+        figure = plot(record, args.figure, layer=args.layer, head=args.head, kind=args.attention, norms=args.norms)
     with writing(args.output):
         print(f"wrote {save_figure(figure, args.output)}")
     return 0
 
 
-def _measure_figure(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _checked_model(args: argparse.Namespace) -> LoadedModel | None:
+    """The model of TEXT / ``--file`` (None with ``--record``), once ``--layer`` and ``--head`` are
+    checked against it: before the capture and the measures, which take long on a long text."""
+    if args.record is not None:
+        return None
+    from ..capture.tokens import split_item
+    from ..experiments.interventions import check_layers_and_heads
+
+    if args.file is None:
+        split_item((args.text, args.pair), 0)  # reject bad input before the model loads
+    loaded = load_from_args(args)
+    chosen = [None if number is None else [number] for number in (args.layer, args.head)]
+    check_layers_and_heads(loaded, *chosen, kind=None if args.measure else args.attention, options=("--layer", "--head"))
+    return loaded
+
+
+def _measure_figure(args: argparse.Namespace, loaded: LoadedModel | None):  # type: ignore[no-untyped-def]
     """The rollout of ``--measure`` through ``--layer`` (default: the last), from a record (attention
-    only) or from TEXT / ``--file`` on the model."""
+    only) or from TEXT / ``--file`` on ``loaded``."""
     from ..experiments.mixing import mixing
     from ..inputs import read_document
 
-    if args.pair is not None:
-        raise AttnscopeError("--measure takes one text; leave out --pair")
-    if args.record is not None:
-        source = AttentionRecord.open(args.record)
-        mix = mixing(source, method=args.measure)
+    if loaded is None:
+        mix = mixing(AttentionRecord.open(args.record, values=True), method=args.measure)
     else:
         text = read_document(args.file) if args.file is not None else args.text
-        mix = mixing(load_from_args(args), text, method=args.measure)
+        mix = mixing(loaded, text, method=args.measure)
     if args.layer is not None and args.layer >= mix.n_layers:
         raise AttnscopeError(f"--layer must be between 0 and {mix.n_layers - 1}")
     return mix.plot(-1 if args.layer is None else args.layer)

@@ -232,9 +232,8 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in FIGURE_FORMATS:
         raise AttnscopeError(f"cannot tell the format of {path}: use a .png, .svg or .pdf file name")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, format=suffix, dpi=dpi)
-    except OSError as error:
-        raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
+    from ..files import written
+
+    with written(path) as temporary:
+        figure.savefig(temporary, format=suffix, dpi=dpi)
     return path

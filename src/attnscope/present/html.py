@@ -22,7 +22,6 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AttnscopeError
 from ..record import AttentionRecord
 from .payload import LongPayload, Payload, build_payload, to_json
 
@@ -70,12 +69,11 @@ def static_text(names: tuple[str, ...]) -> str:
 
 def write_page(path: str | Path, page: str) -> Path:
     """Write an HTML page (one clear error line if the file cannot be written) and return its path."""
+    from ..files import written
+
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
-    except OSError as error:
-        raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
+    with written(path) as temporary:
+        temporary.write_text(page, encoding="utf-8")
     return path
 
 

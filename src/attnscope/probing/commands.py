@@ -171,12 +171,10 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_items(path: Path) -> list[Any]:
+    from ..files import read_text
     from .coref import CorefItem
 
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    lines = read_text(path).splitlines()
     items = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.extract import as_loaded
+from ..errors import AttnscopeError
 from .alignment import MismatchTally, attend_words, word_token_counts
 from .chains import ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
@@ -38,6 +39,10 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     tally = MismatchTally()
     counts = count_dependency_heads(attend_words(loaded, treebank.sentences, batch_size=batch_size,
                                                  progress=progress, tally=tally), causal=loaded.causal)
+    if not sum(int(n.sum()) for n in counts.arcs.values()):  # nothing to tabulate: say why, not empty tables
+        raise AttnscopeError(f"no dependency arc could be scored: all {counts.dropped_arcs} arc(s) have a word that "
+                             f"{loaded.name}'s tokenizer gives no word piece (e.g. only invisible or control "
+                             "characters); give sentences with words")
     return DependencyResult(counts, loaded.name, treebank.annotation, treebank.silver, tally.to_dict(), min_arcs)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AttnscopeError
+from ..files import read_text
 
 ROOT = -1
 SHIPPED_SAMPLE = "brown_parsed_sample.conllu"
@@ -123,11 +124,7 @@ def read_conllu(path: str | Path) -> Treebank:
     shipped sample does) is marked as parser output.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-    return parse_conllu(text, source=path.name)
+    return parse_conllu(read_text(path), source=path.name)
 
 
 def parse_conllu(text: str, source: str = "CoNLL-U") -> Treebank:
@@ -289,10 +286,7 @@ def _parse_one(nlp: Any, text: str, sent_id: str) -> Sentence:
 def read_text_file(path: str | Path, n: int | None = None, *, progress: bool = True) -> Treebank:
     """One tree per non-blank line of a text file (the first ``n`` lines), parsed by spaCy (silver)."""
     path = Path(path)
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnscopeError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    lines = [line for line in read_text(path).splitlines() if line.strip()]
     if not lines:
         raise AttnscopeError(f"{path} holds no text")
     return parse_texts(lines[:n] if n is not None else lines, source=path.name, progress=progress)

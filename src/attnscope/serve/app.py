@@ -46,6 +46,7 @@ from ..models.loading import LoadedModel
 from . import service
 from .guard import MAX_BODY_BYTES, AllowedHosts, Guard
 from .pool import ModelPool, UnknownModel, default_choices
+from .schema import with_model_facts
 
 MAX_TEXT_CHARS = 4000  # checked before tokenizing; the token limit (--max-tokens) is checked after
 # a prompt may be a long document (a whole context window: SmolLM2's 8,192 tokens are about 35,000 characters);
@@ -153,7 +154,8 @@ class InterveneRequest(InputText):
 
 
 class GenerateRequest(StrictRequest):
-    model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's first)")
+    model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+                              "first decoder-only model)")
     prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,
                         description="the text the model continues (up to a whole document); not only spaces",
                         examples=["Write one sentence about the sea."])
@@ -202,9 +204,21 @@ def create_app(models: Sequence[str] = (), *, loaded: Sequence[LoadedModel] = ()
     _add_error_handlers(app)
     _add_page_routes(app)
     _add_api_routes(app, pool, max_tokens)
+    _add_model_facts(app, pool)
     json_paths = {getattr(route, "path", "") for route in app.routes if "POST" in getattr(route, "methods", ())}
     app.add_middleware(Guard, hosts=hosts or AllowedHosts.listening_on(), json_paths=frozenset(json_paths))
     return app
+
+
+def _add_model_facts(app: FastAPI, pool: ModelPool) -> None:
+    """The schema says what this server accepts for its models (:mod:`.schema`), read on first request."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            facts = {name: pool.facts(name) for name in pool.choices}
+            app.openapi_schema = with_model_facts(FastAPI.openapi(app), facts, pool.default, pool.generator)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _problem(status: int, message: str) -> JSONResponse:
@@ -313,7 +327,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def generate(request: GenerateRequest) -> JSONResponse:
         from ..capture.generate import generate
 
-        with pool.use(request.model or pool.default) as loaded:
+        with pool.use(request.model or pool.generator or pool.default) as loaded:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
                               prompt_rows=PROMPT_ROWS[request.prompt_rows])
         # packing the payload needs no model: let the next request in

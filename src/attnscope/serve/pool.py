@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel, check_device
+from .schema import ModelFacts, loaded_facts, model_facts
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,16 @@ def default_choices(extra: Sequence[str] = (), installed_aliases: bool = True) -
     return list(choices.values())
 
 
+def _source_facts(source: str) -> ModelFacts | None:
+    """The facts of an alias (its files, or its model type while it is not built yet) or of a local model."""
+    from ..models.registry import ALIASES
+
+    alias = ALIASES.get(source)
+    if alias is None:
+        return model_facts(Path(source).expanduser())
+    return model_facts(alias.locate(), alias.architecture)
+
+
 class ModelPool:
     """Named models, each loaded on first use (or by :meth:`preload`) and kept for the server's life."""
 
@@ -65,10 +76,23 @@ class ModelPool:
         self.dtype, self.device = dtype, device
         self._models: dict[str, LoadedModel] = {model.name: model for model in loaded}
         self._locks = {name: threading.Lock() for name in self.choices}
+        self._facts: dict[str, ModelFacts | None] = {}
 
     @property
     def default(self) -> str:
         return next(iter(self.choices))
+
+    def facts(self, name: str) -> ModelFacts | None:
+        """What requests may ask of model ``name`` (see :mod:`.schema`), read once without loading it."""
+        if name not in self._facts:
+            self._facts[name] = loaded_facts(self._models[name]) if name in self._models else _source_facts(
+                self.choices[name].source)
+        return self._facts[name]
+
+    @property
+    def generator(self) -> str | None:
+        """The first model offered that generates (decoder-only), or None."""
+        return next((name for name in self.choices if (facts := self.facts(name)) and facts.generates), None)
 
     def loaded(self, name: str) -> bool:
         return name in self._models

@@ -87,13 +87,9 @@ def check_input(loaded: LoadedModel, text: str, pair: str | None, max_tokens: in
 
 def head_shape(loaded: LoadedModel, kind: str | None) -> tuple[str, int, int]:
     """``(kind, n_layers, n_heads)`` of attention ``kind`` (None: the input side's)."""
-    from ..experiments.interventions import main_kind, n_heads_per_kind
+    from ..experiments.interventions import attention_shape
 
-    shapes = n_heads_per_kind(loaded)
-    kind = kind or main_kind(loaded)
-    if kind not in shapes:
-        raise InputError(f"model {loaded.name!r} has no {kind!r} attention; it has {', '.join(shapes)}")
-    return (kind, *shapes[kind])
+    return attention_shape(loaded, kind)
 
 
 def check_change(loaded: LoadedModel, change: Change) -> Change:
