@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
-from .dependencies import head_name, wilson_interval
+from .dependencies import ScoredHeads, head_name, wilson_interval
 from .documents import Document, Mention, feature
 
 AGREEMENT = ("Number", "Person", "Gender")
@@ -207,7 +207,7 @@ def score_window(aligned: AlignedSentence) -> tuple[list[Scored], int]:
 
 
 @dataclass(frozen=True)
-class ChainsResult:
+class ChainsResult(ScoredHeads):
     """Per head, the share of mentions whose most-attended earlier mention is of their chain; baselines."""
 
     scored: tuple[Scored, ...]
@@ -221,15 +221,6 @@ class ChainsResult:
     def correct(self) -> np.ndarray:
         """``[mention, layer, head]`` bool."""
         return np.stack([s.correct for s in self.scored])
-
-    @property
-    def accuracy(self) -> np.ndarray:
-        """``[layer, head]``."""
-        return self.correct.mean(axis=0)
-
-    def best_head(self) -> tuple[int, int]:
-        layer, head = np.unravel_index(int(np.argmax(self.accuracy)), self.accuracy.shape)
-        return int(layer), int(head)
 
     def baseline(self, name: str) -> float:
         return float(np.mean([s.baselines[name] for s in self.scored]))

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
-from .dependencies import head_name
+from .dependencies import ScoredHeads, head_name
 
 WINOWHY_ITEMS = "winowhy_items.jsonl"
 WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
@@ -195,23 +195,15 @@ def same_head_word(item: LocatedItem) -> tuple[int, bool]:
 
 
 @dataclass(frozen=True)
-class CorefResult:
-    """Per-head accuracy ``[layer, head]`` on located items, baselines and the items left out."""
+class CorefResult(ScoredHeads):
+    """Per-head accuracy ``[layer, head]`` on located items (the pronoun attends more to the antecedent), baselines
+    and the items left out."""
 
     correct: np.ndarray  # [item, layer, head] bool
     items: tuple[LocatedItem, ...]
     left_out: Counter[str]
     unaligned: int
     model: str
-
-    @property
-    def accuracy(self) -> np.ndarray:
-        """``[layer, head]`` share of items whose pronoun attends more to the antecedent."""
-        return self.correct.mean(axis=0)
-
-    def best_head(self) -> tuple[int, int]:
-        layer, head = np.unravel_index(int(np.argmax(self.accuracy)), self.accuracy.shape)
-        return int(layer), int(head)
 
     def best_head_p_value(self, permutations: int = 2000, seed: int = 0) -> float:
         """How often a best head at least this good appears when heads cannot tell the candidates apart.

@@ -61,6 +61,21 @@ def wilson_interval(hits: float, n: int, z: float = Z_95) -> tuple[float, float]
     return float(0.0 if hits == 0 else low), float(1.0 if hits == n else high)  # exact ends, not 0.99999...
 
 
+class ScoredHeads:
+    """A result whose ``correct`` is ``[item, layer, head]`` bool: each head's accuracy and the best head."""
+
+    correct: np.ndarray
+
+    @property
+    def accuracy(self) -> np.ndarray:
+        """``[layer, head]`` share of items the head got right."""
+        return self.correct.mean(axis=0)
+
+    def best_head(self) -> tuple[int, int]:
+        layer, head = np.unravel_index(int(np.argmax(self.accuracy)), self.accuracy.shape)
+        return int(layer), int(head)
+
+
 @dataclass
 class DependencyCounts:
     """Running counts per label: ``correct[label]`` ``[direction, layer, head]``, ``arcs[label]``
