@@ -20,7 +20,8 @@ def _payload(html: str) -> dict:
     return json.loads(match.group(1))
 
 
-def test_view_long_writes_the_long_page_from_a_plan(tmp_path, capsys):
+def test_view_long_writes_the_long_page_from_a_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("attnscope.capture.extract.PROGRESS_DELAY_S", 0.0)  # this short capture would show no bar
     text = tmp_path / "doc.txt"
     text.write_text("The cat sat on the mat. " * 40 + "Then it slept.", encoding="utf-8")
     out = tmp_path / "long.html"

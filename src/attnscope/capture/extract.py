@@ -66,10 +66,14 @@ def extract(
                                    onednn=onednn, plan=plan, max_length=max_length))
 
 
+PROGRESS_DELAY_S = 1.0  # a capture done sooner shows no bar: a short text's would only flash
+
+
 @contextmanager
 def layer_progress(loaded: LoadedModel, enabled: bool = True, desc: str = "capturing") -> Iterator[None]:
     """Inside the block, a progress bar on stderr advances each time one of the model's main attention layers
-    finishes (self-attention, or the encoder's; in the calling thread only), and is cleared at the end."""
+    finishes (self-attention, or the encoder's; in the calling thread only), and is cleared at the end. It shows
+    only once the work has taken :data:`PROGRESS_DELAY_S`."""
     if not enabled:
         yield
         return
@@ -79,7 +83,7 @@ def layer_progress(loaded: LoadedModel, enabled: bool = True, desc: str = "captu
 
     kind = main_kind(loaded.sites.values())
     modules = [module for module, site in loaded.sites.items() if site.kind == kind]
-    with tqdm(total=len(modules), unit="layer", desc=desc, leave=False) as bar:
+    with tqdm(total=len(modules), unit="layer", desc=desc, leave=False, delay=PROGRESS_DELAY_S) as bar:
 
         def advance(_module: nn.Module, _inputs: tuple[Any, ...], _output: Any) -> None:
             bar.update(1)  # returns None: the layer's output is left as it is
