@@ -221,6 +221,12 @@ def _add_model_facts(app: FastAPI, pool: ModelPool) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _named(model: str | None, default: str) -> str:
+    """The model a request names; ``default`` when it names none (null, or the key left out; "" names none
+    the server offers, so it is refused as the schema says)."""
+    return default if model is None else model
+
+
 def _problem(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
@@ -306,7 +312,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
 
     @app.post("/api/analyze", summary="views payload, patterns and statistics of one input", responses=ERRORS)
     def analyze(request: AnalyzeRequest) -> JSONResponse:
-        with pool.use(request.model or pool.default) as loaded:
+        with pool.use(_named(request.model, pool.default)) as loaded:
             checked(loaded, request)
             record = service.extract_record(loaded, request.text, request.pair, vectors=request.vectors)
             model = service.model_summary(loaded)
@@ -318,7 +324,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def intervene(request: InterveneRequest) -> JSONResponse:
         change = service.Change(request.mode, tuple((h.layer, h.head) for h in request.heads),
                                 tuple(request.layers), request.kind)
-        with pool.use(request.model or pool.default) as loaded:
+        with pool.use(_named(request.model, pool.default)) as loaded:
             checked(loaded, request)
             return JSONResponse(service.intervene(loaded, request.text, request.pair, change))
 
@@ -327,7 +333,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def generate(request: GenerateRequest) -> JSONResponse:
         from ..capture.generate import generate
 
-        with pool.use(request.model or pool.generator or pool.default) as loaded:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
                               prompt_rows=PROMPT_ROWS[request.prompt_rows])
         # packing the payload needs no model: let the next request in
@@ -336,7 +342,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     @app.post("/api/mixing", summary="one context-mixing measure of one text: per-layer maps and their rollout",
               responses=ERRORS)
     def mixing(request: MixingRequest) -> JSONResponse:
-        with pool.use(request.model or pool.default) as loaded:
+        with pool.use(_named(request.model, pool.default)) as loaded:
             checked(loaded, request)
             measure = service.mixing_of(loaded, request.text, request.pair, request.method)
         # packing needs no model: let the next request in
@@ -345,6 +351,6 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     @app.post("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
               responses=ERRORS)
     def record(request: InputText) -> JSONResponse:
-        with pool.use(request.model or pool.default) as loaded:
+        with pool.use(_named(request.model, pool.default)) as loaded:
             checked(loaded, request)
             return JSONResponse(service.record_json(loaded, request.text, request.pair))

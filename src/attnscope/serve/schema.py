@@ -101,8 +101,8 @@ def with_model_facts(schema: dict[str, Any], facts: Mapping[str, ModelFacts | No
         if not offered:
             continue
         groups = _groups(offered, generator if generate else default, TIES.get(name))
-        body["properties"]["model"] = {**body["properties"]["model"],
-                                       "anyOf": [{"enum": [*offered]}, {"type": "null"}]}
+        described = {key: value for key, value in body["properties"]["model"].items() if key != "anyOf"}
+        body["properties"]["model"] = {**described, "enum": [*offered, None]}  # one enum: null is no branch to break
         if len(groups) > 1 or any(tie for _, tie in groups):
             ties = [{"properties": {"model": {"enum": names}, **(tie or {})},
                      **({} if None in names else {"required": ["model"]})} for names, tie in groups]  # left out: null
