@@ -25,7 +25,7 @@ from attnscope.errors import AttnscopeError
 ray = pytest.importorskip("ray")
 
 N_SENTENCES = 300
-ACTOR_TITLE = "HeadRowsWorker"  # Ray names an actor's process ray::MapWorker(MapBatches(HeadRowsWorker))
+ACTOR_TITLE = "HeadsWorker"  # Ray names an actor's process ray::MapWorker(MapBatches(HeadsWorker))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..arguments import add_output_folder, finite_float, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from .engines import ENGINES
+from .engines import add_engine_arguments, engine_from_args
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
 from .sinks import DEFINITION, SINK_FACTOR
 from .stats import describe_statistics, statistic_names
@@ -124,13 +124,7 @@ def _heads_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-bad-line", choices=["fail", "skip"], default="fail",
                         help="a malformed line (bad JSON, empty text, not UTF-8) stops the run (fail, the default) "
                         "or is left out (skip); either way its file and line are printed")
-    parser.add_argument("--engine", choices=list(ENGINES), default="local",
-                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
-                        "(pip install 'attnscope[ray]'), rows also written to OUT/parquet/")
-    parser.add_argument("--address", help="--engine ray: the cluster to join ('auto': the one 'ray start' made on "
-                        "this node; default: a Ray started here)")
-    parser.add_argument("--num-actors", type=positive_int,
-                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
+    add_engine_arguments(parser)
     parser.add_argument("--top", metavar="METRIC", choices=RANKABLE,
                         help="print the heads with the highest mean METRIC, e.g. sep, norm_cls, prev, entropy "
                         "(any statistic, confidence or ev_<evidence>)")
@@ -176,9 +170,11 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .engines import analyze_heads
 
     start = time.perf_counter()
-    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=args.engine,
+    engine = engine_from_args(args)
+    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=engine.name,
                            batch_size=args.batch_size, limit=args.limit, skip_bad=args.on_bad_line == "skip",
-                           num_actors=args.num_actors, address=args.address)
+                           num_actors=engine.num_actors, address=engine.address, stall_s=engine.stall_s,
+                           verbose=engine.verbose)
     for bad in report.skipped:
         print(f"attnscope: skipped {bad.message}", file=sys.stderr)
     skipped = f", skipped {len(report.skipped)} malformed line(s)" if report.skipped else ""
