@@ -29,12 +29,12 @@ from .corpus import CorpusReport, examples_of, finding_inputs, head_rows, heads_
 from .ray_engine import (
     STALL_SECONDS,
     PartialWorker,
-    connect,
     corpus_dataset,
     corpus_sources_of,
     fold_on_ray,
     plan_corpus,
     ray_module,
+    ray_session,
 )
 
 ROWS_FOLDER = "parquet"
@@ -104,20 +104,16 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
         if (rows_dir / part).is_dir() and any((rows_dir / part).iterdir()):
             raise AttnscopeError(f"{rows_dir / part} already holds rows of an earlier run; choose a new output folder")
     ray = ray_module()
-    started_here = connect(ray, address, verbose=verbose)
-    try:
+    with ray_session(ray, address, verbose=verbose) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=skip_bad)
         loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         folded = fold_on_ray(ray, corpus_dataset(ray, plan), HeadsWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size,
                               "out_dir": str(rows_dir.resolve())},
                              n_inputs=plan.n_inputs, batch_size=batch_size * SORT_WINDOW_BATCHES,
-                             num_actors=num_actors, desc="analysing heads (ray)", progress=progress, stall_s=stall_s)
+                             num_actors=num_actors, desc="analysing heads (ray)", progress=progress and stderr, stall_s=stall_s)
         check_parts(rows_dir, folded.value, plan.n_inputs, folded.batches)
         report = _report(Path(out_dir), folded.value, loaded)
-    finally:
-        if started_here:
-            ray.shutdown()
     return replace(report, skipped=plan.skipped, engine="ray")
 
 

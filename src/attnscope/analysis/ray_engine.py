@@ -22,16 +22,18 @@ machine starve Ray Data's tasks and the job hangs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
@@ -39,6 +41,7 @@ from .aggregate import Coverage
 
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
 READ_CPUS = 0.25  # what a parsing task asks Ray for
+BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size (~200 inputs)
 STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
 
@@ -54,31 +57,75 @@ def ray_module() -> Any:
 
 
 # ---- connecting -----------------------------------------------------------------------------------
-def connect(ray: Any, address: str | None, *, verbose: bool = False, runtime_env: dict[str, Any] | None = None
-            ) -> bool:
-    """Join the cluster at ``address`` (None: a Ray started here), quietly unless ``verbose``; returns
-    whether this call started the connection (then :func:`disconnect` ends it). A cluster that cannot be
-    reached is one clear error naming the address."""
+@contextlib.contextmanager
+def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
+                runtime_env: dict[str, Any] | None = None) -> Iterator[TextIO]:
+    """Joined to the cluster at ``address`` (None: a Ray started here) for the ``with`` block, quietly unless
+    ``verbose``; an already initialised Ray is used as it is. A cluster that cannot be reached is one clear
+    error naming the address.
+
+    Yields the stream progress goes to (stderr). Quiet: nothing written to stdout or stderr during the
+    session (Ray's C++ core and its Python threads: state dumps and log tails when a node is lost, ...)
+    is shown but that stream; errors are raised, and printed by the caller after the session."""
     if ray.is_initialized():
-        return False
+        yield sys.stderr
+        return
     level = logging.INFO if verbose else logging.ERROR
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level)
+    _no_auto_init()
     if not verbose:
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # the core's own lines on stderr
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("default" if verbose else "ignore")
-            ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level,
-                     runtime_env=runtime_env)
-    except (ConnectionError, TimeoutError, ValueError, RuntimeError) as error:
-        where = f"the Ray cluster at {address}" if address else "a local Ray"
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise AttnscopeError(f"cannot connect to {where}: {reason}") from None
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # the driver shows one bar, over inputs
-    context.print_on_execution_start = verbose
-    return True
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    with contextlib.ExitStack() as stack:
+        progress_stream = sys.stderr if verbose else stack.enter_context(_silenced())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("default" if verbose else "ignore")
+                ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level,
+                         runtime_env=runtime_env)
+        except (ConnectionError, TimeoutError, ValueError, RuntimeError) as error:
+            where = f"the Ray cluster at {address}" if address else "a local Ray"
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise AttnscopeError(f"cannot connect to {where}: {reason}") from None
+        stack.callback(ray.shutdown)
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the driver shows one bar, over inputs
+        context.target_max_block_size = BLOCK_BYTES  # a big file's inputs reach every actor, not one
+        context.print_on_execution_start = verbose
+        yield progress_stream
+
+
+def _no_auto_init() -> None:
+    """A Ray Data thread that outlives the job (its autoscaler, its stats) calls Ray after ``shutdown``; by
+    default that starts a new local Ray in this process (whose lines then flood stdout). Never."""
+    from ray._private import auto_init_hook
+
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    auto_init_hook.enable_auto_connect = False  # read from the environment when Ray was imported
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[TextIO]:
+    """Everything this process writes to stdout and stderr goes nowhere (file descriptors 1 and 2, and
+    Python's ``sys.stdout``/``sys.stderr``, which Ray's threads print node deaths and log tails to);
+    yields a stream to the real stderr, for attnscope's progress bar."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    streams = sys.stdout, sys.stderr
+    real_stderr = open(saved[2], "w", buffering=1, encoding=streams[1].encoding, errors="replace", closefd=False)
+    with open(os.devnull, "w") as nowhere:
+        for fd in (1, 2):
+            os.dup2(nowhere.fileno(), fd)
+        sys.stdout = sys.stderr = nowhere
+        try:
+            yield real_stderr
+        finally:
+            real_stderr.flush()
+            sys.stdout, sys.stderr = streams
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 # ---- 1. and 2. reading on the workers -------------------------------------------------------------
@@ -253,17 +300,17 @@ class Folded:
 
 
 def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dict[str, Any], *, n_inputs: int,
-                batch_size: int, num_actors: int | None, desc: str, progress: bool,
+                batch_size: int, num_actors: int | None, desc: str, progress: bool | TextIO,
                 stall_s: float = STALL_SECONDS) -> Folded:
     """Run ``worker`` over ``dataset`` in an actor pool (batches of ``batch_size`` inputs) and merge the
     partials as they arrive (``partial.merge(other)``); checks every input id ``0 .. n_inputs - 1`` was
-    counted exactly once. ``kwargs``: the worker's arguments besides ``threads`` and ``progress``."""
+    counted exactly once. ``kwargs``: the worker's arguments besides ``threads`` and ``progress``.
+    ``progress``: a stream for the progress bar (True: stderr; False: none)."""
     actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
     counter = ray.remote(num_cpus=0)(_Progress).remote()
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        windows = dataset.repartition(target_num_rows_per_block=batch_size)  # streaming: a big file's inputs
-        partials = windows.map_batches(  # spread over every actor, not one actor per source
+        partials = dataset.map_batches(
             worker, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus, fn_constructor_kwargs={**kwargs, "threads": threads, "progress": counter},
             max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES, scheduling_strategy="SPREAD")
@@ -281,8 +328,8 @@ def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dic
     return Folded(merged["value"], merged["batches"])
 
 
-def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, desc: str, progress: bool,
-                 stall_s: float) -> None:
+def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, desc: str,
+                 progress: bool | TextIO, stall_s: float) -> None:
     """Run ``job`` on a thread while a tqdm bar (stderr) follows ``counter``; fail with one line when the
     job fails or stops progressing for ``stall_s`` seconds, naming the nodes lost meanwhile."""
     from tqdm.auto import tqdm
@@ -299,7 +346,8 @@ def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, de
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     last_change, done = time.monotonic(), 0
-    with tqdm(total=total, unit="input", desc=desc, disable=not progress) as bar:
+    stream = progress if not isinstance(progress, bool) else sys.stderr
+    with tqdm(total=total, unit="input", desc=desc, disable=progress is False, file=stream) as bar:
         while worker.is_alive():
             worker.join(0.5)
             now_done = min(total, _counted(ray, counter, done))
