@@ -207,6 +207,7 @@ def _sinks_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"an other sink position receives at least this many times its uniform share "
                         f"(default: {SINK_FACTOR:g})")
     parser.add_argument("--json", action="store_true", help="print the report's JSON instead of the summary")
+    add_engine_arguments(parser)
     add_model_arguments(parser)
 
 
@@ -226,12 +227,20 @@ def _run_sinks(args: argparse.Namespace) -> int:
     from .corpus import corpus_items
     from .sinks import sink_report
 
-    items = corpus_items(args.corpus, args.limit)
-    for index, item in enumerate(items):
-        split_item(item, index)  # reject bad input before the model loads
+    engine = engine_from_args(args)
     with output_folder(args.out, overwrite=args.overwrite, command="sinks"):
-        records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True, progress=False)
-        report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
+        if engine.name == "ray":
+            from .distributed import sinks_on_ray
+
+            report = sinks_on_ray(args.corpus, model=args.model, dtype=args.dtype, batch_size=args.batch_size,
+                                  limit=args.limit, factor=args.factor, engine=engine)
+        else:
+            items = corpus_items(args.corpus, args.limit)
+            for index, item in enumerate(items):
+                split_item(item, index)  # reject bad input before the model loads
+            records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True,
+                                     progress=False)
+            report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
         json_path = report.save(args.out / "sinks.json")
         figure_path = args.out / "sinks.png"
         report.plot(figure_path)
@@ -273,6 +282,7 @@ metrics for --top (means over inputs; also confidence and ev_<evidence> of the p
   attnscope sinks brown --model smollm2 --limit 200 -o sinks/   # sinks/sinks.json + sinks/sinks.png
   attnscope sinks sentences.txt --model gemma3 -o sinks-gemma3/
   attnscope sinks brown --limit 50 --json                       # the default encoder: its first token is [CLS]
+  attnscope sinks corpus.txt --engine ray --address HEAD:6379 -o sinks/   # an actor pool on a Ray cluster
 definitions (Xiao et al. 2023; norm-weighted as in Kobayashi et al. 2020):
 {textwrap.fill(DEFINITION, 100, initial_indent="  ", subsequent_indent="  ")}""", _sinks_arguments, _run_sinks),
 )

@@ -1,4 +1,5 @@
-"""The Ray engine of ``attnscope heads``: the local engine's report, its rows computed and aggregated on workers.
+"""The Ray engine of ``attnscope heads`` and ``attnscope sinks``: the local engine's reports, their figures
+computed and aggregated on the workers.
 
 The corpus is read and parsed by Ray tasks and the model runs in an actor pool
 (:mod:`attnscope.analysis.ray_engine`). Each actor turns a window of inputs (``batch_size`` x the local
@@ -12,6 +13,9 @@ input ids tile ``0 .. N-1`` (merged coverage), each window held every (layer, he
 only). It then writes the same report as the local engine; ``heads.duckdb`` holds ``meta`` and
 ``head_labels`` and views of the Parquet tables (paths relative to the report folder). The few inputs
 whose maps the report shows are re-run on the driver.
+
+``attnscope sinks`` goes the same way with :class:`SinksWorker`: each batch's sums of the sink measures
+(:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .aggregate import HeadsPartial
 from .corpus import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
 from .ray_engine import (
     STALL_SECONDS,
+    Engine,
     PartialWorker,
     corpus_dataset,
     corpus_sources_of,
@@ -36,6 +41,7 @@ from .ray_engine import (
     ray_module,
     ray_session,
 )
+from .sinks import SinkReport, SinkTotals
 
 ROWS_FOLDER = "parquet"
 PARTS = ("head_stats", "inputs")
@@ -158,3 +164,41 @@ def _report(out: Path, aggregate: HeadsPartial, loaded: Any) -> CorpusReport:
     with HeadStore(report.database) as database:  # the Parquet folder holds every table, as the database does
         database.export_parquet(out / ROWS_FOLDER, tables=("meta", "head_labels"))
     return report
+
+
+# ---- attnscope sinks ------------------------------------------------------------------------------
+class SinksWorker(PartialWorker):
+    """Turns a batch of inputs into the sums of their sink measures (:class:`~attnscope.analysis.sinks.SinkTotals`)."""
+
+    def __init__(self, model: str, dtype: str, threads: int, batch_size: int, factor: float,
+                 progress: Any = None) -> None:
+        super().__init__(model, dtype, threads, progress)
+        self.batch_size = batch_size
+        self.factor = factor
+
+    def partial(self, batch: Any) -> SinkTotals:
+        from ..capture.extract import extract_corpus
+
+        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
+        records = extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False)
+        totals = SinkTotals.of(records, self.factor)
+        self.done(len(items))
+        return totals
+
+
+def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_size: int, limit: int | None,
+                 factor: float, engine: Engine, progress: bool = True) -> SinkReport:
+    """:func:`~attnscope.analysis.sinks.sink_report` of a corpus, computed by an actor pool and merged from
+    each batch's sums (exactly once: the batches' input ids tile the corpus)."""
+    from ..models.loading import load_model
+
+    sources = corpus_sources_of(corpus)
+    ray = ray_module()
+    with ray_session(ray, engine.address, verbose=engine.verbose) as stderr:
+        plan = plan_corpus(ray, sources, limit, skip_bad=False)
+        load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        folded = fold_on_ray(ray, corpus_dataset(ray, plan), SinksWorker,
+                             {"model": model, "dtype": dtype, "batch_size": batch_size, "factor": factor},
+                             n_inputs=plan.n_inputs, batch_size=batch_size * 4, num_actors=engine.num_actors,
+                             desc="sinks (ray)", progress=progress and stderr, stall_s=engine.stall_s)
+    return folded.value.report()

@@ -15,38 +15,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..arguments import positive_int
 from ..errors import AttnscopeError
 from .corpus import CorpusReport, analyze_corpus, read_corpus
-from .ray_engine import STALL_SECONDS
+from .ray_engine import ENGINES, STALL_SECONDS, Engine
 
-ENGINES = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
-    cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
-    own log lines too)."""
-
-    name: str = "local"
-    address: str | None = None
-    num_actors: int | None = None
-    stall_s: float = STALL_SECONDS
-    verbose: bool = False
-
-    def __post_init__(self) -> None:
-        if self.name not in ENGINES:
-            raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
-        if self.name == "local" and (self.num_actors is not None or self.address is not None):
-            raise AttnscopeError("--num-actors and --address are options of --engine ray")
-        if self.num_actors is not None and self.num_actors < 1:
-            raise AttnscopeError("--num-actors must be at least 1")
-        if self.stall_s <= 0:
-            raise AttnscopeError("--stall-timeout must be above 0 seconds")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,11 +39,35 @@ from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
 from .aggregate import Coverage
 
+ENGINES = ("local", "ray")
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
 READ_CPUS = 0.25  # what a parsing task asks Ray for
 BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size (~200 inputs)
 STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
+    cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
+    own log lines too)."""
+
+    name: str = "local"
+    address: str | None = None
+    num_actors: int | None = None
+    stall_s: float = STALL_SECONDS
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
+        if self.name == "local" and (self.num_actors is not None or self.address is not None):
+            raise AttnscopeError("--num-actors and --address are options of --engine ray")
+        if self.num_actors is not None and self.num_actors < 1:
+            raise AttnscopeError("--num-actors must be at least 1")
+        if self.stall_s <= 0:
+            raise AttnscopeError("--stall-timeout must be above 0 seconds")
 
 
 def ray_module() -> Any:
@@ -68,8 +92,10 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
     session (Ray's C++ core and its Python threads: state dumps and log tails when a node is lost, ...)
     is shown but that stream; errors are raised, and printed by the caller after the session."""
     if ray.is_initialized():
+        _configure_data(ray, verbose)
         yield sys.stderr
         return
+    _check_reachable(address)
     level = logging.INFO if verbose else logging.ERROR
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level)
@@ -88,11 +114,30 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise AttnscopeError(f"cannot connect to {where}: {reason}") from None
         stack.callback(ray.shutdown)
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the driver shows one bar, over inputs
-        context.target_max_block_size = BLOCK_BYTES  # a big file's inputs reach every actor, not one
-        context.print_on_execution_start = verbose
+        _configure_data(ray, verbose)
         yield progress_stream
+
+
+def _configure_data(ray: Any, verbose: bool) -> None:
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the driver shows one bar, over inputs
+    context.target_max_block_size = BLOCK_BYTES  # a big file's inputs reach every actor, not one
+    context.print_on_execution_start = verbose
+
+
+def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT address where nothing listens fails now, in one line (Ray itself retries for minutes)."""
+    import socket
+
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit() or "://" in address:  # None, "auto", "local", ray:// ...: Ray decides
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        reason = "connection refused" if isinstance(error, ConnectionRefusedError) else error.strerror or str(error)
+        raise AttnscopeError(f"cannot connect to the Ray cluster at {address}: {reason} (is 'ray start --head' "
+                             "running there, and is the port its --port?)") from None
 
 
 def _no_auto_init() -> None:
