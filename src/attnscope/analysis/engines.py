@@ -24,7 +24,6 @@ from .corpus import CorpusReport, analyze_corpus, read_corpus
 from .ray_engine import ENGINES, STALL_SECONDS, Engine
 
 
-
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--verbose`` (every corpus command)."""
     parser.add_argument("--engine", choices=list(ENGINES), default="local",
