@@ -50,7 +50,9 @@ def test_ray_rows_equal_the_local_engine(local_ray, tmp_path):
     assert len(got) == N_SENTENCES * 72 and (got["input_id"].unique() == np.arange(N_SENTENCES)).all()
     for column in expected.columns:
         if expected[column].dtype.kind == "f":
-            np.testing.assert_allclose(got[column], expected[column], atol=1e-6, rtol=0, err_msg=column)
+            # float32 statistics summed by another number of threads differ in their last bits: distances in tokens
+            # (up to tens) agree to 1e-6 relative, shares in [0, 1] to 1e-6
+            np.testing.assert_allclose(got[column], expected[column], atol=1e-6, rtol=1e-6, err_msg=column)
         else:
             assert (got[column] == expected[column]).all(), column
     # the Parquet folder the actors wrote is a store of its own, read where it lies

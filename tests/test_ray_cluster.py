@@ -215,7 +215,7 @@ def test_a_node_killed_mid_job_leaves_exactly_once_rows_and_the_same_report_or_o
             job.kill()
             job.wait()
     local_out = tmp_path / "local"
-    local = subprocess.run([sys.executable, "-m", "attnscope", "heads", str(corpus), "-o", str(local_out)],
+    local = subprocess.run([sys.executable, "-m", "attnscope", "heads", str(corpus), "-o", str(local_out)], check=False,
                            env=cluster_env(tmp_path), capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert local.returncode == 0, local.stderr
     lines = [line for line in stderr.replace("\r", "\n").splitlines()
@@ -241,7 +241,7 @@ def test_an_address_where_no_cluster_listens_fails_with_one_line(tmp_path):
     corpus.write_text("The cat sat on the mat.\n")
     job = heads(corpus, tmp_path / "out", "--engine", "ray", "--address", f"127.0.0.1:{free_port()}")
     try:
-        stdout, stderr = job.communicate(timeout=120)
+        _, stderr = job.communicate(timeout=120)
     finally:
         job.kill()
         job.wait()

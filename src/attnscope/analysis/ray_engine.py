@@ -158,8 +158,8 @@ def _silenced() -> Iterator[TextIO]:
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     streams = sys.stdout, sys.stderr
-    real_stderr = open(saved[2], "w", buffering=1, encoding=streams[1].encoding, errors="replace", closefd=False)
-    with open(os.devnull, "w") as nowhere:
+    with (open(saved[2], "w", buffering=1, encoding=streams[1].encoding, errors="replace", closefd=False) as real_stderr,
+          open(os.devnull, "w") as nowhere):
         for fd in (1, 2):
             os.dup2(nowhere.fileno(), fd)
         sys.stdout = sys.stderr = nowhere
