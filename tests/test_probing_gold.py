@@ -82,4 +82,4 @@ def test_probe_coref_bad_files_are_one_clear_line(capsys, tmp_path):
     assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     code, _, err = run_cli(capsys, "probe", "coref", "--conllu", str(tmp_path / "missing.conllu"), "-o",
                              str(tmp_path / "c"))
-    assert code != 0 and "cannot read" in err
+    assert code != 0 and "no such file" in err
