@@ -1,33 +1,39 @@
-"""Corpus analysis, local engine vs Ray engine: the same 2,000 Brown sentences, side by side in one run.
+"""Corpus analysis, local engine vs Ray engine, and the Ray driver's memory at two corpus sizes, in one run.
 
 Run from the repository root (``make bench-corpus``; needs ``pip install -e '.[ray]'``)::
 
-    .venv/bin/python benchmarks/corpus.py                 # 2,000 sentences, 2 actors
-    .venv/bin/python benchmarks/corpus.py --sentences 300  # a quick look
+    .venv/bin/python benchmarks/corpus.py            # 2,000 sentences both engines, then 20,000 on Ray
+    .venv/bin/python benchmarks/corpus.py --quick    # 300 and 3,000 (does not touch docs/bench)
+    .venv/bin/python benchmarks/corpus.py --smoke    # 16 and 160, seconds (does not touch docs/bench)
 
-Both variants turn the shipped Brown sample into head rows (statistics, norm-weighted statistics,
-labels, confidences of every head of every input) with the default model, float32, batches of 32:
+Every variant runs ``attnscope heads`` on a text file of Brown sentences with the default model,
+float32, batches of 32 (the shipped sample, repeated for the large corpus unless ``--corpus`` names a
+bigger file, e.g. the full derived Brown corpus of ``scripts/derive_brown_corpus.py``):
 
-(a) local  ``load_model`` + ``extract_corpus`` + ``head_rows`` a batch at a time, in this process
-           (what ``attnscope heads`` runs before it writes the report);
-(b) ray    ``compute_rows`` of the Ray engine on a local Ray started here with one CPU per core:
-           an actor pool of ``--actors`` actors (each starts a process, imports torch and loads the
-           model once), the rows written as Parquet part files and read back by the driver.
+(a) local  the local engine, in this process (``--sentences`` N);
+(b) ray    the Ray engine on a local Ray with one CPU per core and ``--actors`` actors, its driver a
+           separate process, on N and on 10 x N sentences. The driver's peak RSS
+           (``getrusage(RUSAGE_SELF)``: the driver process only, not Ray's processes) is
+           ``driver_peak_mb_small`` and ``_large``; ``driver_growth`` is their ratio (at most 1.2: the
+           driver holds per-head aggregates, not rows).
 
-Timing is wall clock over the whole variant (model loads included); starting Ray itself
-(``ray.init``, a cluster's one-time cost) is printed but not counted. The report, the same code for
-both engines, is not timed. ``rows_equal``: same (input, layer, head) keys, every statistic within
-1e-6, same labels. The CPU is printed first; the last line is one JSON object of figures.
+``rows_equal`` and ``report_equal`` allow 1e-6, relative for values above 1. Timing is wall clock of the engine's call (model loads and actor start included); starting Ray itself
+(``ray.init``, a cluster's one-time cost) is printed but not counted. ``rows_equal``: same (input,
+layer, head) keys, every statistic within 1e-6, same labels; ``report_equal``: the report's per-head
+figures within 1e-6, the same labels, stable heads and findings. The projection to 1M and 100M
+sentences uses the large run's actor-seconds per sentence and Parquet bytes per sentence. The CPU is
+printed first; the last line is one JSON object of figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
+import resource
+import subprocess
 import sys
 import tempfile
 import time
-from itertools import islice
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,69 +42,140 @@ import numpy as np
 import pandas as pd
 from bench_json import cpu_name, emit
 
-from attnscope.analysis.corpus import head_rows, named_corpus
-from attnscope.capture.extract import extract_corpus
-from attnscope.models.loading import load_model
-
 BATCH_SIZE = 32
 TOLERANCE = 1e-6
+PROJECTED = (1_000_000, 100_000_000)
+NODE_ACTORS = 16  # one-thread actors per node in the projection (a 16-core node)
+NODE_HOURS = 24  # the projection's nodes finish in this many hours
 
 
-def local_rows(texts: list[tuple[str, str | None]]) -> pd.DataFrame:
-    """(a): the local engine's rows, ``BATCH_SIZE`` records at a time."""
-    records = enumerate(extract_corpus(load_model("minilm"), texts, batch_size=BATCH_SIZE, norms=True, progress=False))
-    frames = [head_rows([i for i, _ in batch], [r for _, r in batch])
-              for batch in iter(lambda: list(islice(records, BATCH_SIZE)), [])]
-    return pd.concat(frames, ignore_index=True)
+def write_corpus(path: Path, n: int, source: Path | None) -> Path:
+    """``n`` sentences, one per line: from ``source`` (a text file), else the shipped sample, repeated."""
+    from attnscope.data import brown_sentences
+
+    pool = source.read_text(encoding="utf-8").splitlines() if source else brown_sentences()
+    pool = [line for line in pool if line.strip()]
+    path.write_text("\n".join(pool[i % len(pool)] for i in range(n)) + "\n", encoding="utf-8")
+    return path
 
 
-def rows_equal(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
-    """Whether two engines' rows agree (keys, labels, statistics within TOLERANCE), and the largest difference."""
-    keys = ["input_id", "layer", "head"]
-    a, b = a.sort_values(keys, ignore_index=True), b.sort_values(keys, ignore_index=True)
+def run_driver(corpus: Path, out: Path, actors: int) -> dict[str, float]:
+    """The Ray engine's driver in a process of its own (``--driver``): its seconds and peak RSS."""
+    done = subprocess.run([sys.executable, __file__, "--driver", str(corpus), str(out), "--actors", str(actors)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the Ray driver failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def driver(corpus: str, out: str, actors: int) -> None:
+    """(b) in this process: start Ray, run the engine, print seconds and this process' peak RSS (MB)."""
+    import os
+
+    import ray
+
+    from attnscope.analysis.engines import analyze_heads
+
+    start = time.perf_counter()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    init_s = time.perf_counter() - start
+    start = time.perf_counter()
+    report = analyze_heads([corpus], out, engine="ray", num_actors=actors, batch_size=BATCH_SIZE, progress=False)
+    seconds = time.perf_counter() - start
+    ray.shutdown()
+    report.summary.to_parquet(Path(out) / "summary.parquet")
+    (Path(out) / "findings.json").write_text(json.dumps(findings(report)))
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    print(json.dumps({"seconds": seconds, "init_s": init_s, "peak_mb": peak_mb}))
+
+
+def findings(report) -> list:  # type: ignore[no-untyped-def]
+    return [[f.pattern, [[h["layer"], h["head"], h["example_input"]] for h in f.heads]] for f in report.findings]
+
+
+def head_stats(path: Path) -> pd.DataFrame:
+    from attnscope.analysis.store import HeadStore
+
+    with HeadStore(path) as store:
+        return store.query("SELECT * FROM head_stats ORDER BY input_id, layer, head")
+
+
+def frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, float]:
+    """Same columns and length, every float within TOLERANCE (relative for values above 1: float32 sums on
+    different thread counts differ in their last bits; NaN where NaN), the rest equal; the largest gap."""
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         return False, float("inf")
     floats = [c for c in a.columns if a[c].dtype.kind == "f"]
     others = [c for c in a.columns if c not in floats]
-    diff = np.abs(a[floats].to_numpy(float) - b[floats].to_numpy(float))
-    same_nan = (np.isnan(a[floats].to_numpy(float)) == np.isnan(b[floats].to_numpy(float))).all()
-    largest = float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0
-    return bool(same_nan and largest <= TOLERANCE and (a[others] == b[others]).all().all()), largest
+    x, y = a[floats].to_numpy(float), b[floats].to_numpy(float)
+    gap = np.abs(x - y) / np.maximum(1.0, np.abs(y))  # relative above 1 (distances in tokens), absolute below
+    largest = float(np.nanmax(gap)) if np.isfinite(gap).any() else 0.0
+    same = (np.isnan(x) == np.isnan(y)).all() and largest <= TOLERANCE
+    return bool(same and (a[others].to_numpy() == b[others].to_numpy()).all()), largest
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(path.stat().st_size for path in folder.rglob("*.parquet")) / 1e6
+
+
+def projection(seconds: float, actors: int, sentences: int, parquet_mb: float, driver_mb: float) -> list[dict]:
+    """Actor-seconds, nodes for NODE_HOURS, the driver's memory and the Parquet size at PROJECTED sizes."""
+    per_sentence = seconds * actors / sentences
+    rows = []
+    for n in PROJECTED:
+        actor_s = per_sentence * n
+        rows.append({"sentences": n, "actor_hours": round(actor_s / 3600, 1),
+                     "nodes": int(np.ceil(actor_s / (NODE_ACTORS * NODE_HOURS * 3600))),
+                     "driver_mb": round(driver_mb), "parquet_gb": round(parquet_mb * n / sentences / 1000, 1)})
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--corpus", type=Path, help="a text file of sentences for the large run (default: the "
+                        "shipped sample, repeated)")
+    parser.add_argument("--quick", action="store_true", help="300 and 3,000 sentences; docs/bench untouched")
+    parser.add_argument("--smoke", action="store_true", help="16 and 160 sentences, seconds; docs/bench untouched")
+    parser.add_argument("--driver", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import ray
+    if args.driver:
+        return driver(*args.driver, args.actors)
+    from attnscope.analysis.engines import analyze_heads
 
-    from attnscope.analysis.distributed import actor_resources, compute_rows
-
+    n = 16 if args.smoke else 300 if args.quick else args.sentences
     print(f"CPU: {cpu_name()}", flush=True)
-    inputs = named_corpus("brown")[:args.sentences]
-    start = time.perf_counter()
-    local = local_rows([entry.item for entry in inputs])
-    local_s = time.perf_counter() - start
-    print(f"local: {local_s:.1f} s", flush=True)
-
-    start = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    print(f"ray.init: {time.perf_counter() - start:.1f} s (not counted)", flush=True)
-    _, threads, cpus = actor_resources(os.cpu_count() or 1, args.actors)
-    print(f"{args.actors} actors x {threads} torch thread(s), {cpus} CPU asked each", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-corpus-") as work:
+        folder = Path(work)
+        small = write_corpus(folder / "small.txt", n, None)
+        large = write_corpus(folder / "large.txt", 10 * n, args.corpus)
         start = time.perf_counter()
-        on_ray = compute_rows(ray, inputs, Path(work) / "head_stats", model="minilm", dtype="float32",
-                              batch_size=BATCH_SIZE, num_actors=args.actors, progress=False)
-        ray_s = time.perf_counter() - start
-    ray.shutdown()
-    print(f"ray: {ray_s:.1f} s", flush=True)
-    equal, largest = rows_equal(local, on_ray)
-    print(f"largest difference of a statistic between the engines: {largest:.2g}", flush=True)
-    emit("corpus", {"sentences": len(inputs), "local_per_s": round(len(inputs) / local_s, 1),
-                    "ray_per_s": round(len(inputs) / ray_s, 1), "ray_overhead": round(ray_s / local_s, 3),
-                    "rows_equal": equal, "actors": args.actors})
+        local = analyze_heads([str(small)], folder / "local", batch_size=BATCH_SIZE, progress=False)
+        local_s = time.perf_counter() - start
+        print(f"local, {n} sentences: {local_s:.1f} s", flush=True)
+        runs = {}
+        for name, corpus in (("small", small), ("large", large)):
+            runs[name] = run_driver(corpus, folder / name, args.actors)
+            print(f"ray, {n if name == 'small' else 10 * n} sentences: "
+                  f"{runs[name]['seconds']:.1f} s (ray.init {runs[name]['init_s']:.1f} s, not counted), driver peak "
+                  f"{runs[name]['peak_mb']:.0f} MB", flush=True)
+        rows_equal, largest = frames_equal(head_stats(folder / "small" / "heads.duckdb"), head_stats(local.database))
+        summary_equal, _ = frames_equal(pd.read_parquet(folder / "small" / "summary.parquet"), local.summary)
+        report_equal = summary_equal and json.loads((folder / "small" / "findings.json").read_text()) == findings(local)
+        print(f"largest difference of a statistic between the engines: {largest:.2g}", flush=True)
+        parquet_mb = folder_mb(folder / "large" / "parquet")
+    peak_small, peak_large = runs["small"]["peak_mb"], runs["large"]["peak_mb"]
+    figures = {"sentences": n, "sentences_large": 10 * n, "actors": args.actors,
+               "local_per_s": round(n / local_s, 1), "ray_per_s": round(n / runs["small"]["seconds"], 1),
+               "ray_per_s_large": round(10 * n / runs["large"]["seconds"], 1),
+               "ray_overhead": round(runs["small"]["seconds"] / local_s, 3),
+               "rows_equal": rows_equal, "report_equal": report_equal,
+               "driver_peak_mb_small": round(peak_small), "driver_peak_mb_large": round(peak_large),
+               "driver_growth": round(peak_large / peak_small, 3), "parquet_mb_large": round(parquet_mb, 1),
+               "node_actors": NODE_ACTORS, "node_hours": NODE_HOURS,
+               "projection": projection(runs["large"]["seconds"], args.actors, 10 * n, parquet_mb, peak_large)}
+    emit("corpus", figures, keep=not (args.quick or args.smoke))
 
 
 if __name__ == "__main__":

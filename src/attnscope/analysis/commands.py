@@ -11,7 +11,7 @@ from pathlib import Path
 from ..arguments import add_output_folder, finite_float, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from .engines import ENGINES
+from .engines import add_engine_arguments, engine_from_args
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
 from .sinks import DEFINITION, SINK_FACTOR
 from .stats import describe_statistics, statistic_names
@@ -124,13 +124,7 @@ def _heads_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-bad-line", choices=["fail", "skip"], default="fail",
                         help="a malformed line (bad JSON, empty text, not UTF-8) stops the run (fail, the default) "
                         "or is left out (skip); either way its file and line are printed")
-    parser.add_argument("--engine", choices=list(ENGINES), default="local",
-                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
-                        "(pip install 'attnscope[ray]'), rows also written to OUT/parquet/")
-    parser.add_argument("--address", help="--engine ray: the cluster to join ('auto': the one 'ray start' made on "
-                        "this node; default: a Ray started here)")
-    parser.add_argument("--num-actors", type=positive_int,
-                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
+    add_engine_arguments(parser)
     parser.add_argument("--top", metavar="METRIC", choices=RANKABLE,
                         help="print the heads with the highest mean METRIC, e.g. sep, norm_cls, prev, entropy "
                         "(any statistic, confidence or ev_<evidence>)")
@@ -176,9 +170,11 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .engines import analyze_heads
 
     start = time.perf_counter()
-    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=args.engine,
+    engine = engine_from_args(args)
+    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=engine.name,
                            batch_size=args.batch_size, limit=args.limit, skip_bad=args.on_bad_line == "skip",
-                           num_actors=args.num_actors, address=args.address)
+                           num_actors=engine.num_actors, address=engine.address, stall_s=engine.stall_s,
+                           verbose=engine.verbose)
     for bad in report.skipped:
         print(f"attnscope: skipped {bad.message}", file=sys.stderr)
     skipped = f", skipped {len(report.skipped)} malformed line(s)" if report.skipped else ""
@@ -211,6 +207,7 @@ def _sinks_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"an other sink position receives at least this many times its uniform share "
                         f"(default: {SINK_FACTOR:g})")
     parser.add_argument("--json", action="store_true", help="print the report's JSON instead of the summary")
+    add_engine_arguments(parser)
     add_model_arguments(parser)
 
 
@@ -230,12 +227,20 @@ def _run_sinks(args: argparse.Namespace) -> int:
     from .corpus import corpus_items
     from .sinks import sink_report
 
-    items = corpus_items(args.corpus, args.limit)
-    for index, item in enumerate(items):
-        split_item(item, index)  # reject bad input before the model loads
+    engine = engine_from_args(args)
     with output_folder(args.out, overwrite=args.overwrite, command="sinks"):
-        records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True, progress=False)
-        report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
+        if engine.name == "ray":
+            from .distributed import sinks_on_ray
+
+            report = sinks_on_ray(args.corpus, model=args.model, dtype=args.dtype, batch_size=args.batch_size,
+                                  limit=args.limit, factor=args.factor, engine=engine)
+        else:
+            items = corpus_items(args.corpus, args.limit)
+            for index, item in enumerate(items):
+                split_item(item, index)  # reject bad input before the model loads
+            records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True,
+                                     progress=False)
+            report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
         json_path = report.save(args.out / "sinks.json")
         figure_path = args.out / "sinks.png"
         report.plot(figure_path)
@@ -277,6 +282,7 @@ metrics for --top (means over inputs; also confidence and ev_<evidence> of the p
   attnscope sinks brown --model smollm2 --limit 200 -o sinks/   # sinks/sinks.json + sinks/sinks.png
   attnscope sinks sentences.txt --model gemma3 -o sinks-gemma3/
   attnscope sinks brown --limit 50 --json                       # the default encoder: its first token is [CLS]
+  attnscope sinks corpus.txt --engine ray --address HEAD:6379 -o sinks/   # an actor pool on a Ray cluster
 definitions (Xiao et al. 2023; norm-weighted as in Kobayashi et al. 2020):
 {textwrap.fill(DEFINITION, 100, initial_indent="  ", subsequent_indent="  ")}""", _sinks_arguments, _run_sinks),
 )

@@ -16,7 +16,7 @@ head's clearest input, compressed, without the norm toggle's data, to keep the p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -28,6 +28,7 @@ from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
 from ..record import AttentionRecord
+from .aggregate import HeadsPartial
 from .patterns import (
     PATTERNS,
     STABLE_MIN_INPUTS,
@@ -307,65 +308,67 @@ def analyze_corpus(records: Iterable[AttentionRecord], out_dir: str | Path, *, t
                     for r in batch_records)
         collector.add_batch(ids, batch_records)
     rows = collector.rows()
-    return write_report(out_dir, rows, inputs_table(rows, list(inputs) if inputs is not None else seen),
-                        collector.model, collector.examples)
+    table = inputs_table(rows, list(inputs) if inputs is not None else seen)
+
+    def store(path: Path, meta: dict[str, str], head_labels: Any) -> None:
+        HeadStore.create(path, rows, table, meta, head_labels=head_labels).close()
+
+    return write_report(out_dir, heads_partial(rows, collector.model), collector.examples, store)
 
 
-def write_report(out_dir: str | Path, rows: Any, inputs: Any, model: str,
-                 examples: dict[tuple[str, int, int], Example], extra_meta: dict[str, str] | None = None) -> CorpusReport:
-    """The report of head rows (:func:`head_rows` of every input, sorted by input, layer, head):
-    ``heads.duckdb``, the figures and ``report.html`` in ``out_dir``, whichever engine made the rows.
-    ``examples``: the clearest input of each (pattern, layer, head) the findings may show."""
-    from .patterns import CorpusPatterns
+def heads_partial(rows: Any, model: str) -> HeadsPartial:
+    """The mergeable aggregate of head rows the report is made from (see :mod:`attnscope.analysis.aggregate`)."""
+    return HeadsPartial.from_rows(rows, model, FINDING_SCORE)
 
+
+def write_report(out_dir: str | Path, aggregate: HeadsPartial, examples: dict[tuple[str, int, int], Example],
+                 store: Callable[[Path, dict[str, str], Any], None],
+                 extra_meta: dict[str, str] | None = None) -> CorpusReport:
+    """The report of every input's head rows, from their aggregate (whichever engine made it):
+    ``heads.duckdb`` (written by ``store(path, meta, head_labels)``), the figures and ``report.html`` in
+    ``out_dir``. ``examples``: the clearest input of each (pattern, layer, head) the findings may show."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    patterns = CorpusPatterns.from_rows(rows, model)
-    numeric = [c for c in rows.columns if c not in ("input_id", "n_tokens", "label", "kovaleva")]
-    summary = rows[numeric].groupby(["layer", "head"], as_index=False).mean()
+    patterns = aggregate.patterns()
+    summary = aggregate.summary()
     summary.insert(2, "pattern", patterns.labels.ravel())
     summary.insert(3, "pattern_share", patterns.share.ravel())
     summary.insert(4, "stable", patterns.stable.ravel())
     database = out / DEFAULT_DB
-    meta = {"model": model, "inputs": str(len(inputs)), "attnscope": _version(),
+    meta = {"model": aggregate.model, "inputs": str(aggregate.n_inputs), "attnscope": _version(),
             "layers_heads": "0-indexed", "stable_rule": STABLE_RULE, **(extra_meta or {})}
-    HeadStore.create(database, rows, inputs, meta, head_labels=patterns.to_frame()).close()
+    store(database, meta, patterns.to_frame())
     findings = _findings(patterns, examples)
     figures = _write_figures(out, patterns, summary, findings, examples)
     findings = [replace(f, example=figures[f"example_{f.pattern}"].name) if f"example_{f.pattern}" in figures else f
                 for f in findings]
-    report = CorpusReport(out, out / "report.html", database, figures, summary, findings, patterns, len(inputs), model)
+    report = CorpusReport(out, out / "report.html", database, figures, summary, findings, patterns,
+                          aggregate.n_inputs, aggregate.model)
     _write_html(report, _example_views(findings, examples))
     return report
 
 
-def finding_inputs(rows: Any, model: str) -> dict[tuple[str, int, int], int]:
+def finding_inputs(aggregate: HeadsPartial) -> dict[tuple[str, int, int], int]:
     """For the heads the findings name: (pattern, layer, head) -> the input where the pattern's score is
     highest (the first such input on ties), as :class:`_Collector` keeps them while streaming."""
-    from .patterns import CorpusPatterns
-
     wanted = {}
-    for finding in _findings(CorpusPatterns.from_rows(rows, model), {}):
-        column = f"ev_{FINDING_SCORE[finding.pattern]}"
+    for finding in _findings(aggregate.patterns(), {}):
         for head in finding.heads:
-            scores = rows[(rows["layer"] == head["layer"]) & (rows["head"] == head["head"])]
-            scores = scores[np.isfinite(scores[column].to_numpy(dtype=float))]
-            if len(scores):
-                best = scores.sort_values([column, "input_id"], ascending=[False, True]).iloc[0]
-                wanted[(finding.pattern, head["layer"], head["head"])] = int(best["input_id"])
+            clearest = aggregate.clearest(finding.pattern, head["layer"], head["head"])
+            if clearest is not None:
+                wanted[(finding.pattern, head["layer"], head["head"])] = clearest[1]
     return wanted
 
 
-def examples_of(records: dict[int, AttentionRecord], rows: Any, wanted: dict[tuple[str, int, int], int]
-                ) -> dict[tuple[str, int, int], Example]:
+def examples_of(records: dict[int, AttentionRecord], aggregate: HeadsPartial,
+                wanted: dict[tuple[str, int, int], int]) -> dict[tuple[str, int, int], Example]:
     """:class:`Example` of each wanted (pattern, layer, head) from the records of their inputs (by input id)."""
     examples = {}
     for (pattern, layer, head), input_id in wanted.items():
         record = records[input_id]
-        score = rows[(rows["input_id"] == input_id) & (rows["layer"] == layer) & (rows["head"] == head)]
-        examples[(pattern, layer, head)] = Example(float(score[f"ev_{FINDING_SCORE[pattern]}"].iloc[0]),
-                                                   np.array(record.attention[layer, head]), record.tokens, input_id,
-                                                   record)
+        score, _ = aggregate.clearest(pattern, layer, head)  # type: ignore[misc]
+        examples[(pattern, layer, head)] = Example(score, np.array(record.attention[layer, head]), record.tokens,
+                                                   input_id, record)
     return examples
 
 

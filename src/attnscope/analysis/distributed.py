@@ -1,261 +1,204 @@
-"""The Ray engine of corpus analysis: the local engine's rows, computed by a pool of Ray actors.
+"""The Ray engine of ``attnscope heads`` and ``attnscope sinks``: the local engine's reports, their figures
+computed and aggregated on the workers.
 
-1. Ray Data reads the corpus files in parallel and parses each with the local engine's parser
-   (:func:`attnscope.inputs.parse_input_file`); the driver numbers the inputs in corpus order (files
-   in order, then lines) and reports malformed lines with their file and line.
-2. ``map_batches`` runs :class:`HeadRowsWorker` in an actor pool: each actor loads the model once and
-   turns each batch into :func:`~attnscope.analysis.corpus.head_rows` (statistics, norm-weighted
-   statistics, labels, confidences; never attention arrays). A dead actor is restarted and its batch
-   retried (``ACTOR_RETRIES``); a batch is a block, so a retried batch replaces its part file.
-3. Ray writes the rows as Parquet part files into ``OUT/parquet/head_stats/``; the driver checks that
-   every (input, layer, head) is there exactly once, writes ``inputs``, ``meta`` and ``head_labels``
-   beside them, and the same report as the local engine (``heads.duckdb``, figures, report.html).
-   The driver re-runs only the handful of inputs whose maps the report shows.
+The corpus is read and parsed by Ray tasks and the model runs in an actor pool
+(:mod:`attnscope.analysis.ray_engine`). Each actor turns a window of inputs (``batch_size`` x the local
+engine's sort window) into :func:`~attnscope.analysis.corpus.head_rows`, writes them, and its inputs, as
+Parquet part files named by the window's first input id (``OUT/parquet/head_stats/`` and
+``OUT/parquet/inputs/``; a retried window replaces its own files, written whole or not at all), and returns
+only their :class:`~attnscope.analysis.aggregate.HeadsPartial`. The driver merges the partials, so its
+memory does not grow with the corpus, and proves exactly-once without reading the rows back: the windows'
+input ids tile ``0 .. N-1`` (merged coverage), each window held every (layer, head) of its inputs once
+(checked by the actor), and DuckDB's count of the rows and files on disk equals the windows' (metadata
+only). It then writes the same report as the local engine; ``heads.duckdb`` holds ``meta`` and
+``head_labels`` and views of the Parquet tables (paths relative to the report folder). The few inputs
+whose maps the report shows are re-run on the driver.
 
-Each actor runs torch on ``threads`` threads (the cluster's CPUs / actors) and asks Ray for half a CPU
-less, so Ray Data's read and write tasks always find a CPU (whole-CPU actors on a 2-CPU machine
-starve them and the job hangs).
+``attnscope sinks`` goes the same way with :class:`SinksWorker`: each batch's sums of the sink measures
+(:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means.
 """
 
 from __future__ import annotations
 
-import threading
-import warnings
+import os
+import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import AttnscopeError
-from ..inputs import BadLine, InputLine, parse_input_file
-from .corpus import (
-    CorpusInputs,
-    CorpusReport,
-    corpus_sources,
-    examples_of,
-    finding_inputs,
-    head_rows,
-    inputs_table,
-    named_corpus,
-    write_report,
+from .aggregate import HeadsPartial
+from .corpus import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
+from .ray_engine import (
+    STALL_SECONDS,
+    Engine,
+    PartialWorker,
+    corpus_dataset,
+    corpus_sources_of,
+    fold_on_ray,
+    plan_corpus,
+    ray_module,
+    ray_session,
 )
+from .sinks import SinkReport, SinkTotals
 
-ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
 ROWS_FOLDER = "parquet"
-KEYS = ["input_id", "layer", "head"]
+PARTS = ("head_stats", "inputs")
+INPUT_COLUMNS = (("input_id", "int64"), ("text", "string"), ("pair", "string"), ("n_tokens", "int64"),
+                 ("source", "string"), ("line", "int64"))
 
 
-def ray_module() -> Any:
-    """``ray`` with Ray Data, or one clear error saying how to install it."""
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise AttnscopeError("the Ray engine needs Ray: pip install 'attnscope[ray]'") from None
-    return ray
+class HeadsWorker(PartialWorker):
+    """Turns a window of inputs into head rows, writes them and the inputs as Parquet, returns their aggregate."""
 
-
-class HeadRowsWorker:
-    """A Ray actor's state: the model, loaded once; called on a window of inputs (pandas, columns
-    ``input_id``, ``text``, ``pair``), it returns their head rows, computed ``batch_size`` at a time."""
-
-    def __init__(self, model: str, dtype: str, threads: int, batch_size: int, progress: Any = None) -> None:
-        import torch
-
+    def __init__(self, model: str, dtype: str, threads: int, batch_size: int, out_dir: str,
+                 progress: Any = None) -> None:
         from ..capture.linear import PackedWeights
-        from ..models.loading import load_model
 
-        torch.set_num_threads(threads)
-        self.loaded = load_model(model, dtype=dtype)
+        super().__init__(model, dtype, threads, progress)
         self.packed = PackedWeights()  # oneDNN weights packed once per actor, as the local engine does per run
         self.batch_size = batch_size
-        self.progress = progress
+        self.folder = Path(out_dir)
 
-    def __call__(self, batch: Any) -> Any:
+    def partial(self, batch: Any) -> HeadsPartial:
         from ..capture.extract import extract_corpus
 
         items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
-        records = list(extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False,
-                                      onednn=True, packed=self.packed, parallel_batches=1))
-        rows = head_rows([int(i) for i in batch["input_id"]], records)
-        if self.progress is not None:
-            self.progress.add.remote(len(items))
-        import pyarrow as pa
+        records = []
+        for record in extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False,
+                                     onednn=True, packed=self.packed, parallel_batches=1):
+            records.append(record)
+            if len(records) % self.batch_size == 0:
+                self.done(self.batch_size)
+        self.done(len(records) % self.batch_size)
+        ids = [int(i) for i in batch["input_id"]]
+        rows = head_rows(ids, records)
+        name = f"part-{min(ids):012d}.parquet"
+        inputs = batch[["input_id", "text", "pair", "source", "line"]].assign(n_tokens=[len(r.tokens) for r in records])
+        write_part(self.folder / "head_stats" / name, rows)
+        write_part(self.folder / "inputs" / name, inputs[[name for name, _ in INPUT_COLUMNS]], INPUT_COLUMNS)
+        return heads_partial(rows, self.loaded.name)
 
-        return pa.Table.from_pandas(rows, preserve_index=False)  # typed by the frame: an all-NaN column stays double
 
+def write_part(path: Path, frame: Any, schema: Sequence[tuple[str, str]] | None = None) -> None:
+    """``frame`` as the Parquet file ``path``, whole or not at all (written aside, then renamed over any
+    earlier attempt's file). ``schema``: (column, Arrow type) pairs, so that an all-None column keeps its type."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-class _Progress:
-    """Inputs done so far, counted by the actors (a retried batch may count twice: the bar caps it)."""
-
-    def __init__(self) -> None:
-        self.done = 0
-
-    def add(self, n: int) -> None:
-        self.done += n
-
-    def value(self) -> int:
-        return self.done
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrow_schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in schema]) if schema else None
+    table = pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False)  # an all-NaN column stays double
+    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, aside)
+    os.replace(aside, path)
 
 
 def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
                    limit: int | None, skip_bad: bool, num_actors: int | None, address: str | None,
-                   progress: bool) -> CorpusReport:
+                   progress: bool, stall_s: float = STALL_SECONDS, verbose: bool = False) -> CorpusReport:
     """:func:`attnscope.analysis.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
-    from dataclasses import replace
-
+    from ..capture.extract import SORT_WINDOW_BATCHES
     from ..models.loading import load_model
 
     if num_actors is not None and num_actors < 1:
         raise AttnscopeError("--num-actors must be at least 1")
-    corpus_sources(corpus)  # a corpus that does not exist fails now, before Ray starts
+    sources = corpus_sources_of(corpus)  # a corpus that does not exist fails now, before Ray starts
+    rows_dir = Path(out_dir) / ROWS_FOLDER
+    for part in PARTS:  # Ray adds part files: an earlier run's would count twice
+        if (rows_dir / part).is_dir() and any((rows_dir / part).iterdir()):
+            raise AttnscopeError(f"{rows_dir / part} already holds rows of an earlier run; choose a new output folder")
     ray = ray_module()
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        read = read_corpus_on_ray(ray, corpus, limit, skip_bad=skip_bad)
+    with ray_session(ray, address, verbose=verbose) as stderr:
+        plan = plan_corpus(ray, sources, limit, skip_bad=skip_bad)
         loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
-        out = Path(out_dir)
-        rows_dir = out / ROWS_FOLDER / "head_stats"
-        rows = compute_rows(ray, read.inputs, rows_dir, model=model, dtype=dtype, batch_size=batch_size,
-                            num_actors=num_actors, progress=progress)
-        report = _report(out, rows, read.inputs, loaded)
-    finally:
-        if started_here:
-            ray.shutdown()
-    return replace(report, skipped=read.skipped, engine="ray")
+        folded = fold_on_ray(ray, corpus_dataset(ray, plan), HeadsWorker,
+                             {"model": model, "dtype": dtype, "batch_size": batch_size,
+                              "out_dir": str(rows_dir.resolve())},
+                             n_inputs=plan.n_inputs, batch_size=batch_size * SORT_WINDOW_BATCHES,
+                             num_actors=num_actors, desc="analysing heads (ray)", progress=progress and stderr, stall_s=stall_s)
+        check_parts(rows_dir, folded.value, plan.n_inputs, folded.batches)
+        report = _report(Path(out_dir), folded.value, loaded)
+    return replace(report, skipped=plan.skipped, engine="ray")
 
 
-# ---- 1. reading ---------------------------------------------------------------------------------
-def read_corpus_on_ray(ray: Any, corpus: str | Sequence[str], limit: int | None, *, skip_bad: bool) -> CorpusInputs:
-    """The corpus' inputs in corpus order, the files read and parsed by Ray tasks (see the module docstring)."""
-    if limit is not None and limit < 1:
-        raise AttnscopeError("--limit must be at least 1")
-    name, files = corpus_sources(corpus)
-    if name is not None:
-        return CorpusInputs(named_corpus(name)[:limit], [])
-    order = {str(path.resolve()): index for index, path in enumerate(files)}
-    parsed = ray.data.read_binary_files(list(order), include_paths=True).flat_map(_parse_file).take_all()
-    parsed.sort(key=lambda row: (order[row["source"]], row["line"]))
-    for row in parsed:  # name each file as the user did, as the local engine does
-        row["source"] = str(files[order[row["source"]]])
-    bad = [BadLine(row["source"], row["line"], row["error"]) for row in parsed if row["error"] is not None]
-    fatal = [line for line in bad if line.line == 0 or not skip_bad]  # line 0: the whole file is unreadable
-    if fatal:
-        hint = "" if fatal[0].line == 0 else " (--on-bad-line skip leaves such lines out)"
-        raise AttnscopeError(f"{fatal[0].message if fatal[0].line else fatal[0].reason}{hint}")
-    inputs = [InputLine(row["text"], row["pair"], row["source"], row["line"]) for row in parsed if row["error"] is None]
-    if not inputs:
-        raise AttnscopeError("the corpus holds no inputs")
-    return CorpusInputs(inputs[:limit], bad)
+def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, batches: int) -> None:
+    """The Parquet folder holds exactly what the merged windows counted: one file per window and table,
+    ``aggregate.rows`` head rows and ``n_inputs`` inputs with ids ``0 .. n_inputs - 1`` (DuckDB over the
+    files' metadata and id columns; nothing is read into the driver but the counts)."""
+    import duckdb
+
+    expected = {"head_stats": aggregate.rows, "inputs": n_inputs}
+    for part, rows in expected.items():
+        folder = rows_dir / part
+        files = sum(1 for entry in os.scandir(folder) if entry.name.endswith(".parquet")) if folder.is_dir() else 0
+        found = duckdb.connect().execute(
+            "SELECT count(*), min(input_id), max(input_id) FROM read_parquet(?)", [str(folder / "*.parquet")]
+        ).fetchone() if files else (0, None, None)
+        if files != batches or tuple(found) != (rows, 0, n_inputs - 1):
+            raise AttnscopeError(f"{folder} holds {found[0]} rows in {files} files, expected {rows} in {batches} "
+                                 "(a window's files are missing or were written twice); nothing reported")
+    for leftover in [entry for part in PARTS for entry in (rows_dir / part).glob(".*.tmp")]:
+        leftover.unlink(missing_ok=True)  # a killed actor's unfinished file, never renamed into the table
 
 
-def _parse_file(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """One file's bytes -> one row per input or malformed line (``error`` says why; line 0: the file)."""
-    source = str(Path(row["path"]).resolve())
-    try:
-        inputs, bad = parse_input_file(source, row["bytes"])
-    except AttnscopeError as error:
-        return [{"source": source, "line": 0, "text": None, "pair": None, "error": str(error)}]
-    found = [{"source": source, "line": entry.line, "text": entry.text, "pair": entry.pair, "error": None}
-             for entry in inputs]
-    return found + [{"source": source, "line": line.line, "text": None, "pair": None, "error": line.reason}
-                    for line in bad]
-
-
-# ---- 2. the actor pool --------------------------------------------------------------------------
-def actor_resources(cluster_cpus: float, num_actors: int | None) -> tuple[int, int, float]:
-    """(actors, torch threads per actor, CPUs each actor asks Ray for) on a cluster of ``cluster_cpus``.
-
-    >>> actor_resources(2, None)
-    (2, 1, 0.5)
-    >>> actor_resources(16, 4)
-    (4, 4, 3.5)
-    """
-    actors = num_actors or max(1, int(cluster_cpus))
-    threads = max(1, int(cluster_cpus // actors))
-    return actors, threads, max(0.5, threads - 0.5)
-
-
-def compute_rows(ray: Any, inputs: list[InputLine], rows_dir: Path, *, model: str, dtype: str, batch_size: int,
-                 num_actors: int | None, progress: bool) -> Any:
-    """Head rows of every input (a DataFrame sorted by input, layer, head), written by the actor pool as
-    Parquet part files into ``rows_dir``; input ``i`` of ``inputs`` is ``input_id`` i."""
-    import pandas as pd
-
-    from ..capture.extract import SORT_WINDOW_BATCHES
-
-    if rows_dir.is_dir() and any(rows_dir.iterdir()):  # Ray adds part files: an earlier run's would count twice
-        raise AttnscopeError(f"{rows_dir} already holds rows of an earlier run; choose a new output folder")
-    actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # part files in input order
-    context.enable_progress_bars = False  # the driver shows one bar, over inputs
-    # A block is one window of the local engine (extract_corpus sorts each window by length into batches), so
-    # both engines run the same batches and give the same numbers; a retry redoes one window.
-    window = batch_size * SORT_WINDOW_BATCHES
-    blocks = [pd.DataFrame({"input_id": range(start, min(start + window, len(inputs))),
-                            "text": [entry.text for entry in inputs[start:start + window]],
-                            "pair": [entry.pair for entry in inputs[start:start + window]]})
-              for start in range(0, len(inputs), window)]
-    counter = ray.remote(num_cpus=0)(_Progress).remote()
-    with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        rows = ray.data.from_pandas(blocks).map_batches(
-            HeadRowsWorker, batch_size=window, batch_format="pandas",
-            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus,
-            fn_constructor_kwargs={"model": model, "dtype": dtype, "threads": threads, "batch_size": batch_size,
-                                   "progress": counter},
-            max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES)
-    _run_with_progress(lambda: rows.write_parquet(str(rows_dir)), counter, len(inputs), progress, ray)
-    return checked_rows(pd.read_parquet(rows_dir), len(inputs))
-
-
-def _run_with_progress(job: Any, counter: Any, total: int, progress: bool, ray: Any) -> None:
-    """Run ``job`` on a thread while a tqdm bar follows ``counter``; re-raise what the job raised."""
-    from tqdm.auto import tqdm
-
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job()
-        except BaseException as error:  # noqa: BLE001 - handed to the driver's thread below
-            failure.append(error)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    with tqdm(total=total, unit="input", desc="analysing heads (ray)", disable=not progress) as bar:
-        while worker.is_alive():
-            worker.join(0.5)
-            bar.update(min(total, ray.get(counter.value.remote())) - bar.n)
-    if failure:
-        last_line = (str(failure[0]).strip().splitlines() or [type(failure[0]).__name__])[-1]
-        raise AttnscopeError(f"the Ray job failed: {last_line}") from failure[0]
-
-
-def checked_rows(rows: Any, n_inputs: int) -> Any:
-    """``rows`` sorted by input, layer and head, after checking each (input, layer, head) is there once."""
-    rows = rows.sort_values(KEYS, ignore_index=True)
-    if rows.duplicated(KEYS).any():
-        raise AttnscopeError("the Ray job wrote some (input, layer, head) rows twice")
-    found = rows["input_id"].nunique()
-    if found != n_inputs or rows.groupby("input_id").size().nunique() != 1:
-        raise AttnscopeError(f"the Ray job wrote rows for {found} of {n_inputs} inputs")
-    return rows
-
-
-# ---- 3. the report ------------------------------------------------------------------------------
-def _report(out: Path, rows: Any, inputs: list[InputLine], loaded: Any) -> CorpusReport:
-    """The local engine's report of ``rows``; the inputs whose maps it shows are re-run on the driver."""
+def _report(out: Path, aggregate: HeadsPartial, loaded: Any) -> CorpusReport:
+    """The local engine's report of ``aggregate``; the inputs whose maps it shows are re-run on the driver."""
     from ..capture.extract import extract_corpus
     from .store import HeadStore
 
-    wanted = finding_inputs(rows, loaded.name)
+    wanted = finding_inputs(aggregate)
     ids = sorted(set(wanted.values()))
-    records = dict(zip(ids, extract_corpus(loaded, [inputs[i].item for i in ids], norms=True, progress=False)))
-    report = write_report(out, rows, inputs_table(rows, inputs), loaded.name, examples_of(records, rows, wanted),
+    with HeadStore(out / ROWS_FOLDER) as folder:  # the few inputs the findings show, by SQL
+        texts = folder.query("SELECT input_id, text, pair FROM inputs WHERE input_id IN (SELECT unnest(?)) "
+                             "ORDER BY input_id", [ids])
+    items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(texts["text"], texts["pair"])]
+    records = dict(zip(texts["input_id"].astype(int), extract_corpus(loaded, items, norms=True, progress=False)))
+
+    def store(path: Path, meta: dict[str, str], head_labels: Any) -> None:
+        HeadStore.create_over_parquet(path, ROWS_FOLDER, PARTS, meta, head_labels).close()
+
+    report = write_report(out, aggregate, examples_of(records, aggregate, wanted), store,
                           {"engine": "ray", "rows": str(out / ROWS_FOLDER / "head_stats")})
-    with HeadStore(report.database) as store:  # the Parquet folder holds every table, as the database does
-        store.export_parquet(out / ROWS_FOLDER, tables=("inputs", "meta", "head_labels"))
+    with HeadStore(report.database) as database:  # the Parquet folder holds every table, as the database does
+        database.export_parquet(out / ROWS_FOLDER, tables=("meta", "head_labels"))
     return report
+
+
+# ---- attnscope sinks ------------------------------------------------------------------------------
+class SinksWorker(PartialWorker):
+    """Turns a batch of inputs into the sums of their sink measures (:class:`~attnscope.analysis.sinks.SinkTotals`)."""
+
+    def __init__(self, model: str, dtype: str, threads: int, batch_size: int, factor: float,
+                 progress: Any = None) -> None:
+        super().__init__(model, dtype, threads, progress)
+        self.batch_size = batch_size
+        self.factor = factor
+
+    def partial(self, batch: Any) -> SinkTotals:
+        from ..capture.extract import extract_corpus
+
+        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
+        records = extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False)
+        totals = SinkTotals.of(records, self.factor)
+        self.done(len(items))
+        return totals
+
+
+def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_size: int, limit: int | None,
+                 factor: float, engine: Engine, progress: bool = True) -> SinkReport:
+    """:func:`~attnscope.analysis.sinks.sink_report` of a corpus, computed by an actor pool and merged from
+    each batch's sums (exactly once: the batches' input ids tile the corpus)."""
+    from ..models.loading import load_model
+
+    sources = corpus_sources_of(corpus)
+    ray = ray_module()
+    with ray_session(ray, engine.address, verbose=engine.verbose) as stderr:
+        plan = plan_corpus(ray, sources, limit, skip_bad=False)
+        load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        folded = fold_on_ray(ray, corpus_dataset(ray, plan), SinksWorker,
+                             {"model": model, "dtype": dtype, "batch_size": batch_size, "factor": factor},
+                             n_inputs=plan.n_inputs, batch_size=batch_size * 4, num_actors=engine.num_actors,
+                             desc="sinks (ray)", progress=progress and stderr, stall_s=engine.stall_s)
+    return folded.value.report()

@@ -13,20 +13,40 @@ Ray is imported only then.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ..arguments import positive_int
 from ..errors import AttnscopeError
 from .corpus import CorpusReport, analyze_corpus, read_corpus
+from .ray_engine import ENGINES, STALL_SECONDS, Engine
 
-ENGINES = ("local", "ray")
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--verbose`` (every corpus command)."""
+    parser.add_argument("--engine", choices=list(ENGINES), default="local",
+                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
+                        "(pip install 'attnscope[ray]')")
+    parser.add_argument("--address", help="--engine ray: the cluster to join, HOST:PORT of its head ('auto': the one "
+                        "'ray start' made on this node; default: a Ray started here)")
+    parser.add_argument("--num-actors", type=positive_int,
+                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
+    parser.add_argument("--stall-timeout", type=positive_int, default=int(STALL_SECONDS), metavar="SECONDS",
+                        help="--engine ray: fail when no batch finishes for this long, e.g. after losing a node "
+                        f"whose work cannot be placed again (default: {STALL_SECONDS:.0f})")
+    parser.add_argument("--verbose", action="store_true", help="--engine ray: also show Ray's own log lines")
+
+
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    return Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose)
 
 
 def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: str = "minilm",
                   dtype: str = "float32", engine: str = "local", batch_size: int = 32, limit: int | None = None,
                   skip_bad: bool = False, num_actors: int | None = None, address: str | None = None,
-                  progress: bool = True) -> CorpusReport:
+                  progress: bool = True, stall_s: float = STALL_SECONDS, verbose: bool = False) -> CorpusReport:
     """The corpus report (statistics, patterns, figures, ``heads.duckdb``) of every head over ``corpus``.
 
     ``corpus``: ``"brown"``, ``"brown-pairs"``, or files and folders of text lines, ``.jsonl`` or
@@ -34,19 +54,18 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
     of failing. ``engine="ray"`` runs the model in a pool of ``num_actors`` Ray actors (default: one
     per CPU of the cluster) on the cluster at ``address`` (``"auto"``: the one ``ray start`` made;
     None: an already initialised Ray, else a local one); ``model`` must then be an alias or a folder
-    every node can read.
+    every node can read. ``stall_s``: a Ray job with no finished batch for this long fails (a lost node
+    whose work cannot be placed again); ``verbose``: show Ray's own log lines.
     """
-    if engine not in ENGINES:
-        raise AttnscopeError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    where = Engine(engine, address, num_actors, stall_s, verbose)
     if batch_size < 1:
         raise AttnscopeError("the batch size must be at least 1")
-    if engine == "ray":
+    if where.name == "ray":
         from .distributed import analyze_on_ray
 
         return analyze_on_ray(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
-                              skip_bad=skip_bad, num_actors=num_actors, address=address, progress=progress)
-    if num_actors is not None or address is not None:
-        raise AttnscopeError("--num-actors and --address are options of --engine ray")
+                              skip_bad=skip_bad, num_actors=num_actors, address=address, progress=progress,
+                              stall_s=stall_s, verbose=verbose)
     return _analyze_locally(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
                             skip_bad=skip_bad, progress=progress)
 

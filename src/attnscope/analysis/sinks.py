@@ -206,24 +206,52 @@ def _number(value: float) -> float | None:
     return None if not np.isfinite(value) else round(float(value), 6)
 
 
+@dataclass
+class SinkTotals:
+    """Mergeable sums of :func:`input_sinks` over some inputs (what a worker of the Ray engine returns):
+    ``sums`` of each measure ``[layer, head]``, the inputs counted and the other-sink tokens seen."""
+
+    model: str
+    causal: bool
+    factor: float
+    min_queries: int
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    count: int = 0
+    sink_tokens: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def of(cls, records: Iterable[AttentionRecord], factor: float = SINK_FACTOR,
+           min_queries: int = MIN_QUERIES) -> SinkTotals:
+        """The sums over ``records`` (one model's; norm measures need ``norms=True``)."""
+        totals: SinkTotals | None = None
+        for record in _checked(records):
+            totals = totals or cls(record.model.name, record.model.causal, factor, min_queries)
+            one = input_sinks(record, factor, min_queries)
+            for name, values in one.measures.items():
+                totals.sums[name] = totals.sums.get(name, 0.0) + values
+            totals.sink_tokens.update(one.sink_tokens)
+            totals.count += 1
+        if totals is None:
+            raise AttnscopeError("no inputs to measure sinks on")
+        return totals
+
+    def merge(self, other: SinkTotals) -> SinkTotals:
+        return SinkTotals(self.model, self.causal, self.factor, self.min_queries,
+                          {name: values + other.sums[name] for name, values in self.sums.items()},
+                          self.count + other.count, self.sink_tokens + other.sink_tokens)
+
+    def report(self) -> SinkReport:
+        """The means over every input counted."""
+        measures = {name: values / self.count for name, values in self.sums.items()}
+        return SinkReport(self.model, self.count, measures, Counter(self.sink_tokens), self.factor,
+                          self.min_queries, self.causal)
+
+
 def sink_report(records: Iterable[AttentionRecord], factor: float = SINK_FACTOR,
                 min_queries: int = MIN_QUERIES) -> SinkReport:
     """Average :func:`input_sinks` over ``records`` (one model's; norm measures need records captured with
     ``norms=True``)."""
-    totals: dict[str, np.ndarray] = {}
-    tokens: Counter[str] = Counter()
-    count, first = 0, None
-    for record in _checked(records):
-        first = first or record
-        one = input_sinks(record, factor, min_queries)
-        for name, values in one.measures.items():
-            totals[name] = totals.get(name, 0.0) + values
-        tokens.update(one.sink_tokens)
-        count += 1
-    if first is None:
-        raise AttnscopeError("no inputs to measure sinks on")
-    measures = {name: values / count for name, values in totals.items()}
-    return SinkReport(first.model.name, count, measures, tokens, factor, min_queries, first.model.causal)
+    return SinkTotals.of(records, factor, min_queries).report()
 
 
 def _checked(records: Iterable[AttentionRecord]) -> Iterator[AttentionRecord]:

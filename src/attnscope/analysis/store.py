@@ -55,13 +55,16 @@ class HeadStore:
                 _parquet_views(self.connection, self.path)
             else:
                 self.connection = duckdb.connect(str(self.path), read_only=read_only)
+                # views over Parquet (the Ray engine's) name their files relative to the database's folder
+                self.connection.execute("SET file_search_path = ?", [str(self.path.resolve().parent)])
         except duckdb.Error as error:
             raise AttnscopeError(f"cannot open {self.path} as a DuckDB database: {error}") from None
 
     @classmethod
     def create(cls, path: str | Path, head_rows: Any, inputs: Any, meta: dict[str, str],
                head_labels: Any | None = None) -> HeadStore:
-        """Write the tables from pandas DataFrames (replacing an existing file); ``head_labels`` is optional."""
+        """Write the tables from pandas DataFrames (replacing an existing file); a table given as None is
+        left out."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
@@ -76,6 +79,18 @@ class HeadStore:
             store.connection.register("frame_view", frame)
             store.connection.execute(f"CREATE TABLE {name} AS SELECT * FROM frame_view")
             store.connection.unregister("frame_view")
+        return store
+
+    @classmethod
+    def create_over_parquet(cls, path: str | Path, folder: str, tables: tuple[str, ...], meta: dict[str, str],
+                            head_labels: Any) -> HeadStore:
+        """A database whose ``tables`` are views of Parquet part files ``<folder>/<table>/*.parquet`` (``folder``
+        relative to the database's own folder, so the report folder can move), plus ``meta`` and
+        ``head_labels`` tables; nothing of the part files is copied."""
+        store = cls.create(path, None, None, meta, head_labels=head_labels)
+        for table in tables:
+            source = _sql_path(Path(folder) / table / "*.parquet")
+            store.connection.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{source}')")
         return store
 
     def close(self) -> None:

@@ -1,0 +1,432 @@
+"""The Ray engine's common part: read a corpus on the workers, run a model in an actor pool, merge partials.
+
+Every corpus job on Ray (``attnscope heads``, ``sinks`` and the mixing evaluation with ``--engine ray``)
+runs the same three steps, and the driver never holds a row per input:
+
+1. :func:`plan_corpus`: Ray tasks parse each source (a file, or a named corpus the package ships) and
+   return only its count of inputs and its malformed lines (file and line); the driver turns the counts
+   into each source's first input id (inputs are numbered in corpus order: sources in order, then lines).
+2. :func:`corpus_dataset`: the same tasks parse the sources again, this time emitting their inputs with
+   their ids, straight into the actor pool.
+3. :func:`fold_on_ray`: each actor (:class:`PartialWorker`: the model loaded once) turns a batch into a
+   mergeable partial and returns it pickled with the :class:`~attnscope.analysis.aggregate.Coverage` of
+   its input ids; the driver merges the partials as they stream in, so its memory is that of one
+   partial. Merging the coverages proves each input was counted exactly once. A dead actor is restarted
+   and its batch retried; a job that stops progressing (a lost node whose work cannot be placed again)
+   fails after ``stall_s`` seconds with one line naming what was lost, never with partial results.
+
+Actors ask Ray for half a CPU less than the torch threads they run (at least half a CPU) and the parsing
+tasks for a quarter, so parsing always finds a CPU beside the actors (whole-CPU actors on a 2-CPU
+machine starve Ray Data's tasks and the job hangs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import AttnscopeError
+from ..inputs import BadLine, InputLine, parse_input_file
+from .aggregate import Coverage
+
+ENGINES = ("local", "ray")
+ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
+READ_CPUS = 0.25  # what a parsing task asks Ray for
+BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size (~200 inputs)
+STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
+QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
+    cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
+    own log lines too)."""
+
+    name: str = "local"
+    address: str | None = None
+    num_actors: int | None = None
+    stall_s: float = STALL_SECONDS
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
+        if self.name == "local" and (self.num_actors is not None or self.address is not None):
+            raise AttnscopeError("--num-actors and --address are options of --engine ray")
+        if self.num_actors is not None and self.num_actors < 1:
+            raise AttnscopeError("--num-actors must be at least 1")
+        if self.stall_s <= 0:
+            raise AttnscopeError("--stall-timeout must be above 0 seconds")
+
+
+def ray_module() -> Any:
+    """``ray`` with Ray Data, or one clear error saying how to install it."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise AttnscopeError("the Ray engine needs Ray: pip install 'attnscope[ray]'") from None
+    return ray
+
+
+# ---- connecting -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
+                runtime_env: dict[str, Any] | None = None) -> Iterator[TextIO]:
+    """Joined to the cluster at ``address`` (None: a Ray started here) for the ``with`` block, quietly unless
+    ``verbose``; an already initialised Ray is used as it is. A cluster that cannot be reached is one clear
+    error naming the address.
+
+    Yields the stream progress goes to (stderr). Quiet: nothing written to stdout or stderr during the
+    session (Ray's C++ core and its Python threads: state dumps and log tails when a node is lost, ...)
+    is shown but that stream; errors are raised, and printed by the caller after the session."""
+    if ray.is_initialized():
+        _configure_data(ray, verbose)
+        yield sys.stderr
+        return
+    _check_reachable(address)
+    level = logging.INFO if verbose else logging.ERROR
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    _no_auto_init()
+    if not verbose:
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    with contextlib.ExitStack() as stack:
+        progress_stream = sys.stderr if verbose else stack.enter_context(_silenced())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("default" if verbose else "ignore")
+                ray.init(address=address, include_dashboard=False, log_to_driver=verbose, logging_level=level,
+                         runtime_env=runtime_env)
+        except (ConnectionError, TimeoutError, ValueError, RuntimeError) as error:
+            where = f"the Ray cluster at {address}" if address else "a local Ray"
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise AttnscopeError(f"cannot connect to {where}: {reason}") from None
+        stack.callback(ray.shutdown)
+        _configure_data(ray, verbose)
+        yield progress_stream
+
+
+def _configure_data(ray: Any, verbose: bool) -> None:
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the driver shows one bar, over inputs
+    context.target_max_block_size = BLOCK_BYTES  # a big file's inputs reach every actor, not one
+    context.print_on_execution_start = verbose
+
+
+def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT address where nothing listens fails now, in one line (Ray itself retries for minutes)."""
+    import socket
+
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit() or "://" in address:  # None, "auto", "local", ray:// ...: Ray decides
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        reason = "connection refused" if isinstance(error, ConnectionRefusedError) else error.strerror or str(error)
+        raise AttnscopeError(f"cannot connect to the Ray cluster at {address}: {reason} (is 'ray start --head' "
+                             "running there, and is the port its --port?)") from None
+
+
+def _no_auto_init() -> None:
+    """A Ray Data thread that outlives the job (its autoscaler, its stats) calls Ray after ``shutdown``; by
+    default that starts a new local Ray in this process (whose lines then flood stdout). Never."""
+    from ray._private import auto_init_hook
+
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    auto_init_hook.enable_auto_connect = False  # read from the environment when Ray was imported
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[TextIO]:
+    """Everything this process writes to stdout and stderr goes nowhere (file descriptors 1 and 2, and
+    Python's ``sys.stdout``/``sys.stderr``, which Ray's threads print node deaths and log tails to);
+    yields a stream to the real stderr, for attnscope's progress bar."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    streams = sys.stdout, sys.stderr
+    with (open(saved[2], "w", buffering=1, encoding=streams[1].encoding, errors="replace", closefd=False) as real_stderr,
+          open(os.devnull, "w") as nowhere):
+        for fd in (1, 2):
+            os.dup2(nowhere.fileno(), fd)
+        sys.stdout = sys.stderr = nowhere
+        try:
+            yield real_stderr
+        finally:
+            real_stderr.flush()
+            sys.stdout, sys.stderr = streams
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+# ---- 1. and 2. reading on the workers -------------------------------------------------------------
+@dataclass(frozen=True)
+class Source:
+    """One source of inputs: a file (``path`` resolved, ``name`` as the user gave it) or a named corpus
+    (``path`` None), read and parsed where a Ray task runs."""
+
+    name: str
+    path: str | None = None
+
+    def parse(self) -> tuple[list[InputLine], list[BadLine]]:
+        """Its inputs and malformed lines, named by ``name``; an unreadable file is an AttnscopeError."""
+        if self.path is None:
+            from .corpus import named_corpus
+
+            return named_corpus(self.name), []
+        try:
+            data = Path(self.path).read_bytes()
+        except OSError as error:
+            raise AttnscopeError(f"cannot read {self.name}: {error.strerror or error}") from None
+        return parse_input_file(self.name, data)
+
+
+def corpus_sources_of(corpus: str | Sequence[str]) -> list[Source]:
+    """The sources a CORPUS argument names (see :func:`attnscope.analysis.corpus.corpus_sources`)."""
+    from .corpus import corpus_sources
+
+    name, files = corpus_sources(corpus)
+    return [Source(name)] if name is not None else [Source(str(path), str(path.resolve())) for path in files]
+
+
+@dataclass(frozen=True)
+class CorpusPlan:
+    """Where each source's inputs start (``offsets[i]``: the id of source i's first input), the sources
+    needed (the first ``len(offsets)``), the number of inputs kept, and the malformed lines skipped."""
+
+    sources: list[Source]
+    offsets: list[int]
+    n_inputs: int
+    skipped: list[BadLine]
+
+
+def plan_corpus(ray: Any, sources: list[Source], limit: int | None, *, skip_bad: bool) -> CorpusPlan:
+    """Count each source's inputs on the workers (see the module docstring); a malformed line fails with
+    its file and line unless ``skip_bad``; an empty corpus fails."""
+    if limit is not None and limit < 1:
+        raise AttnscopeError("--limit must be at least 1")
+    counted = sorted(_source_items(ray, sources, None).map(_count_source, num_cpus=READ_CPUS).take_all(),
+                     key=lambda row: row["index"])
+    offsets, skipped, total = [], [], 0
+    for row in counted:
+        if limit is not None and total >= limit:
+            break  # as the local engine: sources past the limit are never read
+        if row["error"]:
+            raise AttnscopeError(row["error"])
+        bad = [BadLine(sources[row["index"]].name, line, reason) for line, reason in zip(row["bad_lines"],
+                                                                                          row["bad_reasons"])]
+        if bad and not skip_bad:
+            raise AttnscopeError(f"{bad[0].message} (--on-bad-line skip leaves such lines out)")
+        offsets.append(total)
+        skipped.extend(bad)
+        total += row["count"]
+    n_inputs = total if limit is None else min(total, limit)
+    if not n_inputs:
+        raise AttnscopeError("the corpus holds no inputs")
+    return CorpusPlan(sources[:len(offsets)], offsets, n_inputs, skipped)
+
+
+def _source_items(ray: Any, sources: list[Source], offsets: list[int] | None) -> Any:
+    """One row (and one block, so one task) per source: its index, name, path and first id."""
+    items = [{"index": i, "name": s.name, "path": s.path or "", "offset": offsets[i] if offsets else 0}
+             for i, s in enumerate(sources)]
+    return ray.data.from_items(items, override_num_blocks=len(items))
+
+
+def _source_of(row: dict[str, Any]) -> Source:
+    return Source(row["name"], row["path"] or None)
+
+
+def _count_source(row: dict[str, Any]) -> dict[str, Any]:
+    """A Ray task: one source's count of inputs and its malformed lines (``error``: the source is unreadable)."""
+    try:
+        inputs, bad = _source_of(row).parse()
+    except AttnscopeError as error:
+        return {"index": row["index"], "count": 0, "bad_lines": [], "bad_reasons": [], "error": str(error)}
+    return {"index": row["index"], "count": len(inputs), "bad_lines": [b.line for b in bad],
+            "bad_reasons": [b.reason for b in bad], "error": ""}
+
+
+def corpus_dataset(ray: Any, plan: CorpusPlan) -> Any:
+    """A Ray dataset of the plan's inputs, parsed on the workers: ``input_id``, ``text``, ``pair``,
+    ``source``, ``line`` (ids ``0 .. n_inputs - 1`` in corpus order)."""
+    n_inputs = plan.n_inputs
+
+    def inputs_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+        inputs, _ = _source_of(row).parse()
+        first = row["offset"]
+        return [{"input_id": first + i, "text": entry.text, "pair": entry.pair, "source": entry.source,
+                 "line": entry.line} for i, entry in enumerate(inputs[:max(0, n_inputs - first)])]
+
+    return _source_items(ray, plan.sources, plan.offsets).flat_map(inputs_of, num_cpus=READ_CPUS)
+
+
+def items_dataset(ray: Any, texts: Sequence[str]) -> Any:
+    """A small Ray dataset of ``input_id``, ``text`` (e.g. a fixed evaluation set the driver holds)."""
+    return ray.data.from_items([{"input_id": i, "text": text} for i, text in enumerate(texts)])
+
+
+# ---- 3. the actor pool and the merge --------------------------------------------------------------
+def actor_resources(cluster_cpus: float, num_actors: int | None) -> tuple[int, int, float]:
+    """(actors, torch threads per actor, CPUs each actor asks Ray for) on a cluster of ``cluster_cpus``.
+
+    >>> actor_resources(2, None)
+    (2, 1, 0.5)
+    >>> actor_resources(16, 4)
+    (4, 4, 3.5)
+    """
+    actors = num_actors or max(1, int(cluster_cpus))
+    threads = max(1, int(cluster_cpus // actors))
+    return actors, threads, max(0.5, threads - 0.5)
+
+
+class PartialWorker:
+    """A Ray actor's state: the model, loaded once with torch on ``threads`` threads. Called on a batch
+    (pandas, with ``input_id``), it returns one row: the pickled ``(Coverage, partial)`` of
+    :meth:`partial`, which subclasses define."""
+
+    def __init__(self, model: str, dtype: str, threads: int, progress: Any = None) -> None:
+        import torch
+
+        from ..models.loading import load_model
+
+        torch.set_num_threads(threads)
+        self.loaded = load_model(model, dtype=dtype)
+        self.progress = progress
+
+    def partial(self, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def done(self, n: int) -> None:
+        """Tell the driver's progress bar that ``n`` more inputs are done."""
+        if self.progress is not None:
+            self.progress.add.remote(n)
+
+    def __call__(self, batch: Any) -> Any:
+        import pandas as pd
+
+        coverage = Coverage.of(batch["input_id"].to_numpy())
+        return pd.DataFrame({"partial": [pickle.dumps((coverage, self.partial(batch)))]})
+
+
+class _Progress:
+    """Inputs done so far, counted by the actors (a retried batch may count twice: the bar caps it)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+
+    def value(self) -> int:
+        return self.done
+
+
+@dataclass
+class Folded:
+    """What :func:`fold_on_ray` returns: the merged partial and how many batches it came from."""
+
+    value: Any
+    batches: int
+
+
+def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dict[str, Any], *, n_inputs: int,
+                batch_size: int, num_actors: int | None, desc: str, progress: bool | TextIO,
+                stall_s: float = STALL_SECONDS) -> Folded:
+    """Run ``worker`` over ``dataset`` in an actor pool (batches of ``batch_size`` inputs) and merge the
+    partials as they arrive (``partial.merge(other)``); checks every input id ``0 .. n_inputs - 1`` was
+    counted exactly once. ``kwargs``: the worker's arguments besides ``threads`` and ``progress``.
+    ``progress``: a stream for the progress bar (True: stderr; False: none)."""
+    actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
+    counter = ray.remote(num_cpus=0)(_Progress).remote()
+    with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        partials = dataset.map_batches(
+            worker, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=cpus, fn_constructor_kwargs={**kwargs, "threads": threads, "progress": counter},
+            max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES, scheduling_strategy="SPREAD")
+    merged: dict[str, Any] = {"coverage": Coverage(), "value": None, "batches": 0}
+
+    def merge_all() -> None:
+        for row in partials.iter_rows():
+            coverage, value = pickle.loads(row["partial"])
+            merged["coverage"] = merged["coverage"].merge(coverage)
+            merged["value"] = value if merged["value"] is None else merged["value"].merge(value)
+            merged["batches"] += 1
+
+    _run_watched(ray, merge_all, counter, n_inputs, desc, progress, stall_s)
+    merged["coverage"].check_complete(n_inputs)
+    return Folded(merged["value"], merged["batches"])
+
+
+def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, desc: str,
+                 progress: bool | TextIO, stall_s: float) -> None:
+    """Run ``job`` on a thread while a tqdm bar (stderr) follows ``counter``; fail with one line when the
+    job fails or stops progressing for ``stall_s`` seconds, naming the nodes lost meanwhile."""
+    from tqdm.auto import tqdm
+
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as error:  # noqa: BLE001 - handed to the driver's thread below
+            failure.append(error)
+
+    alive = _alive_nodes(ray)
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    last_change, done = time.monotonic(), 0
+    stream = progress if not isinstance(progress, bool) else sys.stderr
+    with tqdm(total=total, unit="input", desc=desc, disable=progress is False, file=stream) as bar:
+        while worker.is_alive():
+            worker.join(0.5)
+            now_done = min(total, _counted(ray, counter, done))
+            if now_done != done:
+                done, last_change = now_done, time.monotonic()
+            bar.update(done - bar.n)
+            if time.monotonic() - last_change > stall_s:
+                raise AttnscopeError(f"the Ray job made no progress for {stall_s:.0f} s{_lost(ray, alive)}; "
+                                     f"stopped after {done} of {total} inputs, nothing reported")
+    if failure:
+        if isinstance(failure[0], AttnscopeError):
+            raise failure[0]
+        last_line = (str(failure[0]).strip().splitlines() or [type(failure[0]).__name__])[-1]
+        raise AttnscopeError(f"the Ray job failed{_lost(ray, alive)}: {last_line}") from failure[0]
+
+
+def _counted(ray: Any, counter: Any, fallback: int) -> int:
+    """The progress counter's value (the last one seen if the counter cannot answer within a second)."""
+    try:
+        return int(ray.get(counter.value.remote(), timeout=1.0))
+    except Exception:  # noqa: BLE001 - a busy or lost counter only delays the bar
+        return fallback
+
+
+def _alive_nodes(ray: Any) -> dict[str, str]:
+    """Node id -> address of the cluster's live nodes."""
+    return {node["NodeID"]: node.get("NodeManagerAddress", "?") for node in ray.nodes() if node.get("Alive")}
+
+
+def _lost(ray: Any, alive_before: dict[str, str]) -> str:
+    """' after losing node ADDRESS (id ...)' for nodes alive at the start and dead now, else ''."""
+    try:
+        now = _alive_nodes(ray)
+    except Exception:  # noqa: BLE001 - the cluster itself is gone
+        return " (the Ray cluster stopped answering)"
+    lost = [f"{address} (node id {node_id[:12]})" for node_id, address in alive_before.items() if node_id not in now]
+    return f" after losing node {', '.join(lost)}" if lost else ""
