@@ -29,42 +29,73 @@ Aggregation across layers is rollout (Abnar & Zuidema 2020): ``R[l] = M_hat[l] @
 ``M`` row-normalised, as in the rollout paper; the other measures already hold the residual, so
 ``M_hat`` is their row-normalised map (as GlobEnc and ALTI aggregate). Layers are 0-indexed.
 For causal models every map is lower-triangular.
+
+Each measure is one registered :class:`~attnscope.analysis.measures.Measure` (name, label,
+reference, rollout rule, compute function), registered at the end of this module; ``METHODS``,
+``METHOD_ALIASES``, ``REFERENCES`` and ``ROLLOUT_RESIDUAL`` are views of that registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import AttnscopeError
+from .measures import (  # the registry, read through this module (which registers the built-ins at its end)
+    AliasView,
+    Compute,
+    Measure,
+    MeasureField,
+    get_measure,
+    measure_choices,
+    measures,
+    measures_help,
+    method_name,
+    method_names,
+    register_measure,
+    unregister_measure,
+)
 from .rollout import attention_rollout
 
-METHODS = ("attention", "norm", "norm_residual", "alti", "value_zeroing")
-METHOD_ALIASES = {"globenc": "norm_residual"}
-ROLLOUT_RESIDUAL = {"attention": 0.5, "norm": 0.5, "norm_residual": 0.0, "alti": 0.0, "value_zeroing": 0.0}
-REFERENCES = {
-    "attention": "attention weights, head mean",
-    "norm": "Kobayashi et al. 2020, ||alpha f(x)||",
-    "norm_residual": "GlobEnc, Modarressi et al. 2022",
-    "alti": "ALTI, Ferrando et al. 2022",
-    "value_zeroing": "value zeroing, Mohebbi et al. 2023",
-}
+__all__ = [  # what this module offers: its own names, and the registry's (read through here)
+    "METHODS",
+    "METHOD_ALIASES",
+    "REFERENCES",
+    "ROLLOUT_RESIDUAL",
+    "TERM_ELEMENTS",
+    "LayerTensors",
+    "Measure",
+    "Mixing",
+    "NormFacts",
+    "alti_map",
+    "attention_maps",
+    "block_terms",
+    "get_measure",
+    "globenc_map",
+    "head_terms",
+    "measure_choices",
+    "measures",
+    "measures_help",
+    "method_name",
+    "method_names",
+    "mixing_from_record",
+    "mixing_from_tensors",
+    "norm_maps",
+    "normalise_rows",
+    "register_measure",
+    "rollout_of",
+    "unregister_measure",
+    "value_zeroing_map",
+]
 
-
-def method_name(method: str) -> str:
-    """The canonical name of a measure (``globenc`` is ``norm_residual``), or a clear error."""
-    name = METHOD_ALIASES.get(method, method)
-    if name not in METHODS:
-        raise AttnscopeError(f"unknown mixing method {method!r}; choose one of {', '.join(METHODS)} (or globenc)")
-    return name
-
-
-def method_names(methods: Sequence[str]) -> list[str]:
-    """The canonical names of ``methods``, each once, in the order given."""
-    return list(dict.fromkeys(method_name(m) for m in methods))
+# The old tables, now read from the registry (attnscope.analysis.measures); the measures themselves
+# are registered at the end of this module, beside their compute functions.
+REFERENCES: Mapping[str, str] = MeasureField("reference")
+ROLLOUT_RESIDUAL: Mapping[str, float] = MeasureField("rollout_residual")
+METHOD_ALIASES: Mapping[str, str] = AliasView()
 
 
 @dataclass(frozen=True, eq=False)
@@ -300,27 +331,16 @@ class Mixing:
 
 def rollout_of(method: str, layer_maps: np.ndarray) -> np.ndarray:
     """Rollout ``[layer, q_pos, k_pos]`` of a measure's layer maps (see the module docstring)."""
-    return attention_rollout(normalise_rows(layer_maps), residual=ROLLOUT_RESIDUAL[method]).matrix
+    return attention_rollout(normalise_rows(layer_maps), residual=get_measure(method).rollout_residual).matrix
 
 
 def mixing_from_tensors(method: str, layers: Sequence[LayerTensors], tokens: Sequence[str], model: str = "",
                         distances: np.ndarray | None = None, causal: bool = False) -> Mixing:
-    """The measure ``method`` from captured layers (value zeroing also needs ``distances``
-    ``[layer, q_pos, k_pos]`` from the model)."""
-    method = method_name(method)
-    heads = None
-    if method in ("attention", "norm"):
-        pairs = [(attention_maps if method == "attention" else norm_maps)(layer) for layer in layers]
-        heads = np.stack([per_head for per_head, _ in pairs])
-        maps = np.stack([layer_map for _, layer_map in pairs])
-    elif method == "value_zeroing":
-        if distances is None:
-            raise AttnscopeError("value zeroing needs the model: its distances come from re-running each layer")
-        maps = np.stack([value_zeroing_map(d) for d in distances])
-    else:
-        measure = globenc_map if method == "norm_residual" else alti_map
-        maps = np.stack([measure(layer) for layer in layers])
-    return Mixing(method, tuple(tokens), maps, rollout_of(method, maps), heads, model, causal)
+    """The measure ``method`` from captured layers (an intervention such as value zeroing also needs
+    ``distances`` ``[layer, q_pos, k_pos]`` from the model)."""
+    measure = get_measure(method)
+    maps, heads = measure.compute(layers, distances)
+    return Mixing(measure.name, tuple(tokens), maps, rollout_of(measure.name, maps), heads, model, causal)
 
 
 def mixing_from_record(record: Any, method: str) -> Mixing:
@@ -335,3 +355,45 @@ def mixing_from_record(record: Any, method: str) -> Mixing:
     maps = attention.mean(axis=1)
     return Mixing(method, tuple(record.tokens), maps, rollout_of(method, maps), attention, record.model.name,
                   record.model.causal)
+
+
+# ---- the built-in measures -------------------------------------------------------------------
+def _per_head(maps: Callable[[LayerTensors], tuple[np.ndarray, np.ndarray]]) -> Compute:
+    """A measure defined per head: ``maps(layer) -> (per head, layer map)``, stacked over layers."""
+    def compute(layers: Sequence[LayerTensors], distances: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        pairs = [maps(layer) for layer in layers]
+        return np.stack([layer_map for _, layer_map in pairs]), np.stack([per_head for per_head, _ in pairs])
+
+    return compute
+
+
+def _per_layer(layer_map: Callable[[LayerTensors], np.ndarray]) -> Compute:
+    """A measure defined per layer only: ``layer_map(layer) -> [q_pos, k_pos]``, stacked over layers."""
+    def compute(layers: Sequence[LayerTensors], distances: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        return np.stack([layer_map(layer) for layer in layers]), None
+
+    return compute
+
+
+def _value_zeroing(layers: Sequence[LayerTensors], distances: np.ndarray | None) -> tuple[np.ndarray, None]:
+    if distances is None:
+        raise AttnscopeError("value zeroing needs the model: its distances come from re-running each layer")
+    return np.stack([value_zeroing_map(d) for d in distances]), None
+
+
+for _measure in (
+    Measure("attention", "attention (head mean)", "attention weights, head mean", residual=False,
+            compute=_per_head(attention_maps)),
+    Measure("norm", "\u2016\u03b1f(x)\u2016 (head sum)", "Kobayashi et al. 2020, ||alpha f(x)||", residual=False,
+            compute=_per_head(norm_maps), cited="Kobayashi et al. 2020"),
+    Measure("norm_residual", "GlobEnc", "GlobEnc, Modarressi et al. 2022", residual=True,
+            compute=_per_layer(globenc_map), aliases=("globenc",), cited="Modarressi et al. 2022"),
+    Measure("alti", "ALTI", "ALTI, Ferrando et al. 2022", residual=True, compute=_per_layer(alti_map),
+            cited="Ferrando et al. 2022"),
+    Measure("value_zeroing", "value zeroing", "value zeroing, Mohebbi et al. 2023", residual=True,
+            compute=_value_zeroing, intervention=True, cited="Mohebbi et al. 2023"),
+):
+    register_measure(_measure)
+
+METHODS: tuple[str, ...] = tuple(m.name for m in measures())
+"""The built-in measures' names, in order (``measures()`` lists every one registered now)."""

@@ -217,12 +217,11 @@ def _wanted_step(args: argparse.Namespace) -> int | None:
 
 # ---- mixing --------------------------------------------------------------------------------------------
 def _mixing_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..analysis.mixing import METHODS
+    from ..analysis.mixing import measure_choices, measures_help
 
     parser.add_argument("text", nargs="?", help="the sentence to measure (not with --evaluate)")
-    parser.add_argument("--method", choices=[*METHODS, "globenc"], default="alti",
-                        help="attention weights, norm (Kobayashi et al. 2020), norm_residual = globenc (Modarressi "
-                        "et al. 2022), alti (Ferrando et al. 2022), value_zeroing (Mohebbi et al. 2023) (default: alti)")
+    parser.add_argument("--method", choices=measure_choices(), default="alti",
+                        help=f"{measures_help(cited=True)} (default: alti)")
     add_model_arguments(parser)
     parser.add_argument("--evaluate", action="store_true",
                         help="instead: rank correlation of every method with input erasure and gradient x input over "

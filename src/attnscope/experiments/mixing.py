@@ -29,6 +29,7 @@ from ..analysis.mixing import (
     LayerTensors,
     Mixing,
     NormFacts,
+    get_measure,
     method_name,
     mixing_from_record,
     mixing_from_tensors,
@@ -228,7 +229,8 @@ def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] 
     loaded = as_model(model)
     names = [method_name(m) for m in methods]
     captured = capture_layers(loaded, text, max_length)
-    distances = value_zeroing_distances(captured, progress=progress) if "value_zeroing" in names else None
+    intervening = any(get_measure(name).intervention for name in names)  # today: value zeroing
+    distances = value_zeroing_distances(captured, progress=progress) if intervening else None
     return {name: mixing_from_tensors(name, captured.layers, captured.tokens, loaded.name, distances, loaded.causal)
             for name in names}
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..analysis.mixing import METHODS as MIXING_METHODS
+from ..analysis.mixing import measure_choices, measures_help
 from ..arguments import non_negative_int
 from ..capture.options import number_list
 from ..cli import Command, add_model_arguments, load_from_args
@@ -96,10 +96,10 @@ def _view_arguments(parser: argparse.ArgumentParser) -> None:
                         help="long view: only these 0-indexed layers, e.g. 0-5 (fewer heads leave the page room "
                         "for more of each query's strongest keys)")
     parser.add_argument("--heads", type=number_list, help="long view: only these 0-indexed heads")
-    parser.add_argument("--measure", action="append", choices=[*MIXING_METHODS, "globenc"], default=[],
-                        help="add a context-mixing measure to the page's Measure control (repeatable): attention, "
-                        "norm, norm_residual = globenc, alti, value_zeroing; one map per layer and its rollout, "
-                        "computed on TEXT alone (see attnscope mixing)")
+    parser.add_argument("--measure", action="append", choices=measure_choices(), default=[],
+                        help="add a context-mixing measure to the page's Measure control (repeatable): "
+                        f"{measures_help()}; one map per layer and its rollout, computed on TEXT alone "
+                        "(see attnscope mixing)")
 
 
 def _check_measures(args: argparse.Namespace) -> list[str]:
@@ -213,9 +213,9 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", "-a", choices=ATTENTION_KINDS,
                         help="kind of attention (default: the input side's: self, or encoder for encoder-decoders)")
     parser.add_argument("--norms", action="store_true", help="draw ||alpha f(x)|| (Kobayashi et al. 2020) instead of alpha")
-    parser.add_argument("--measure", choices=[*MIXING_METHODS, "globenc"],
+    parser.add_argument("--measure", choices=measure_choices(),
                         help="instead: a context-mixing measure aggregated by rollout through --layer (default: the "
-                        "last): attention, norm, norm_residual = globenc, alti, value_zeroing (see attnscope mixing)")
+                        f"last): {measures_help()} (see attnscope mixing)")
     parser.add_argument("--output", "-o", type=Path, default=Path("attnscope-head.png"),
                         help="the figure file; .png, .svg or .pdf (default: attnscope-head.png)")
 

@@ -45,7 +45,9 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
-from ..analysis.mixing import REFERENCES, Mixing, method_name
+from ..analysis.measures import MeasureField
+from ..analysis.mixing import Mixing, get_measure, method_name
+from ..analysis.mixing import measures as registered_measures
 from ..errors import AttnscopeError
 from ..record import AttentionRecord
 
@@ -60,14 +62,9 @@ VIEWS = {
 """Registry of the interactive views: name -> what it shows (CLI choices come from it)."""
 
 MIXING_KINDS = ("self", "encoder")  # the measures are defined on the input side only
-MIXING_LABELS = {
-    "attention": "attention (head mean)",
-    "norm": "\u2016\u03b1f(x)\u2016 (head sum)",
-    "norm_residual": "GlobEnc",
-    "alti": "ALTI",
-    "value_zeroing": "value zeroing",
-}
-"""How the views' measure control names each context-mixing measure (the paper is in its tooltip)."""
+MIXING_LABELS = MeasureField("label")
+"""How the views' measure control names each context-mixing measure (the paper is in its tooltip):
+a read-only view of each registered measure's ``label`` (see ``attnscope.analysis.measures``)."""
 
 KIND_LABELS = {
     "self": "self-attention",
@@ -283,9 +280,9 @@ def _checked_mixing(record: AttentionRecord, mixing: Mapping[str, Mixing] | Sequ
 
 def mixing_maps(measure: Mixing, layers: list[int], compress: bool = True) -> MixingMaps:
     """One measure's per-layer maps and rollout ``[layer, q_pos, k_pos]`` for ``layers``, uint8 scaled per layer."""
-    method = method_name(measure.method)
+    registered = get_measure(measure.method)
     maps, rollout = take_layers(measure.layers, layers), take_layers(measure.rollout, layers)
-    return MixingMaps(method=method, label=MIXING_LABELS[method], reference=REFERENCES[method],
+    return MixingMaps(method=registered.name, label=registered.label, reference=registered.reference,
                       layers=pack_uint8(maps, _layer_max(maps), compress),
                       rollout=pack_uint8(rollout, _layer_max(rollout), compress))
 
@@ -477,9 +474,12 @@ def unpack(packed: PackedArray) -> np.ndarray:
 
 @cache
 def payload_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) every payload follows (``present/payload.schema.json``)."""
+    """The JSON Schema (draft 2020-12) every payload follows (``present/payload.schema.json``), its
+    mixing ``method`` enum read from the measures registered now (the file lists the built-in ones)."""
     text = resources.files("attnscope.present").joinpath("payload.schema.json").read_text(encoding="utf-8")
-    return dict(json.loads(text))
+    schema = dict(json.loads(text))
+    schema["$defs"]["mixing"]["properties"]["method"]["enum"] = [m.name for m in registered_measures()]
+    return schema
 
 
 def to_json(payload: Mapping[str, Any]) -> str:

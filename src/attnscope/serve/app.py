@@ -37,9 +37,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from ..analysis.mixing import METHOD_ALIASES, METHODS
+from ..analysis.mixing import measure_choices, measures_help
 from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
@@ -121,10 +121,16 @@ class AnalyzeRequest(InputText):
     vectors: bool = Field(True, description="ship queries and keys for the neuron view")
 
 
-class MixingRequest(InputText):
-    method: Literal[(*METHODS, *METHOD_ALIASES)] = Field(  # type: ignore[valid-type]
-        ..., description="the measure: attention, norm (Kobayashi et al. 2020), norm_residual = globenc (Modarressi "
-                         "et al. 2022), alti (Ferrando et al. 2022), value_zeroing (Mohebbi et al. 2023)")
+def mixing_request() -> type[InputText]:
+    """``/api/mixing``'s request model, its ``method`` choices read from the measures registered now
+    (built when an app is created, not at import: a measure registered later is offered by the next app)."""
+    choices: Any = Literal[tuple(measure_choices())]  # type: ignore[misc]
+    method = (choices, Field(..., description=f"the measure: {measures_help(cited=True)}"))
+    return create_model("MixingRequest", __base__=InputText, __module__=__name__, method=method)
+
+
+MixingRequest = mixing_request()
+"""The request model as the built-in measures make it (each app builds its own: :func:`mixing_request`)."""
 
 
 class HeadRef(StrictRequest):
@@ -339,14 +345,16 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
 
-    @app.post("/api/mixing", summary="one context-mixing measure of one text: per-layer maps and their rollout",
-              responses=ERRORS)
-    def mixing(request: MixingRequest) -> JSONResponse:
+    def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:
             checked(loaded, request)
             measure = service.mixing_of(loaded, request.text, request.pair, request.method)
         # packing needs no model: let the next request in
         return JSONResponse(service.describe_mixing(measure, request.text))
+
+    mixing.__annotations__["request"] = mixing_request()  # the measures registered now, not at import
+    app.post("/api/mixing", summary="one context-mixing measure of one text: per-layer maps and their rollout",
+             responses=ERRORS)(mixing)
 
     @app.post("/api/record", summary="one input's attention as plain JSON [kind][layer][head][query][key]",
               responses=ERRORS)

@@ -207,10 +207,9 @@ def record_json(loaded: LoadedModel, text: str, pair: str | None) -> dict[str, A
 # ---- context mixing --------------------------------------------------------------------------
 def mixing_methods() -> list[dict[str, str]]:
     """The context-mixing measures the page offers: method, short label and the paper."""
-    from ..analysis.mixing import METHODS, REFERENCES
-    from ..present.payload import MIXING_LABELS
+    from ..analysis.mixing import measures
 
-    return [{"method": m, "label": MIXING_LABELS[m], "reference": REFERENCES[m]} for m in METHODS]
+    return [{"method": m.name, "label": m.label, "reference": m.reference} for m in measures()]
 
 
 def mixing_of(loaded: LoadedModel, text: str, pair: str | None, method: str) -> Mixing:
