@@ -43,3 +43,15 @@ def test_a_bad_thread_count_is_one_line(capsys, monkeypatch, value):
     with pytest.raises(SystemExit) as exited:  # argparse's own usage error
         main(["report", "The cat sat on the mat.", f"--threads={value}"])
     assert exited.value.code == 2 and "--threads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("cores", "option", "expected"), [(2, [], 1), (8, [], 3), (2, ["--threads", "2"], 2)])
+def test_generation_takes_one_thread_on_a_small_machine(capsys, monkeypatch, tiny_model_dir, cores, option, expected):
+    """One stream of batch-one steps: on 2 cores a second thread gained 7% alone and cost 2.6x beside a busy
+    process (benchmarks/threads.py), so generate uses one there unless told otherwise."""
+    monkeypatch.delenv("ATTNSCOPE_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    torch.set_num_threads(3)
+    model = str(tiny_model_dir("llama"))
+    assert main(["generate", "The cat sat.", "-m", model, "-n", "2", "--json", *option]) == 0
+    assert torch.get_num_threads() == expected

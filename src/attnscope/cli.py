@@ -81,21 +81,29 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
                         "over every GPU, then the CPU, for a model larger than one device)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help=f"torch's CPU threads (default: ${THREADS_VARIABLE} if set, else torch's choice, one per "
-                        "core). While another process keeps a core busy (a second attnscope, the explorer "
+                        f"core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or fewer). While another process keeps a core busy (a second attnscope, the explorer "
                         "answering, a build), one thread can be several times faster than two that wait on each "
                         "other; benchmarks/threads.py measures it on your machine")
 
 
 THREADS_VARIABLE = "ATTNSCOPE_THREADS"
+# A single stream of batch-one steps (generation) gains little from a second thread and loses much when another
+# process holds a core: on 2 cores, benchmarks/threads.py measured 2 threads 1.07x faster alone, 2.6x slower beside
+# a busy process (AMD EPYC, AVX2). Batched capture gains about 2x from two threads and keeps torch's default.
+ONE_STREAM_MAX_CORES = 2
 
 
-def apply_threads(threads: int | None) -> None:
-    """Set torch's CPU threads from ``--threads``, else from ``$ATTNSCOPE_THREADS``; neither: torch's default."""
+def apply_threads(threads: int | None, one_stream: bool = False) -> None:
+    """Set torch's CPU threads from ``--threads``, else from ``$ATTNSCOPE_THREADS``; neither: one thread for a
+    ``one_stream`` command (generation) on a machine of :data:`ONE_STREAM_MAX_CORES` cores or fewer, else torch's
+    default."""
     if threads is None and os.environ.get(THREADS_VARIABLE, "").strip():
         value = os.environ[THREADS_VARIABLE].strip()
         if not value.isdigit() or int(value) < 1:
             raise AttnscopeError(f"${THREADS_VARIABLE} must be a whole number of threads, at least 1; got {value!r}")
         threads = int(value)
+    if threads is None and one_stream and (os.cpu_count() or 1) <= ONE_STREAM_MAX_CORES:
+        threads = 1
     if threads is not None:
         import torch
 
@@ -300,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_utf8(argv)
         args = build_parser(_command_named(argv)).parse_args(argv)
-        apply_threads(getattr(args, "threads", None))
+        apply_threads(getattr(args, "threads", None), one_stream=getattr(args, "one_stream", False))
         with _Quiet():
             return int(args.run(args))
     except AttnscopeError as error:

@@ -138,6 +138,7 @@ def _run_primer(args: argparse.Namespace) -> int:
 def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     from ..capture.options import number_list
 
+    parser.set_defaults(one_stream=True)  # one thread on a small machine: see attnscope.cli.apply_threads
     parser.add_argument("prompt", nargs="?", help="the text the model continues (or --file)")
     parser.add_argument("--file", type=Path, help="read the prompt from this UTF-8 text file (a long document)")
     parser.add_argument("--model", "-m", default="smollm2", help="a decoder-only model (default: smollm2)")
