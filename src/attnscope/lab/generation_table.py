@@ -17,13 +17,15 @@ def step_sinks(record: GenerationRecord) -> np.ndarray:
     position 0 and every key the sink report calls a sink (:func:`attnscope.analysis.sinks.sink_positions`:
     at least 5x the uniform share, averaged over the steps' queries that come two or more positions later)."""
     n_keys = record.prompt_length + record.n_steps - 1  # the last step's row: the prompt and the text before it
-    rows = np.zeros((record.model.n_layers, record.model.n_heads, record.n_steps, n_keys), dtype=np.float32)
-    for step in range(record.n_steps):
-        row = record.step_attention(step)  # [layer, head, prompt_length + step]
-        rows[:, :, step, : row.shape[-1]] = row
     queries = record.prompt_length - 1 + np.arange(record.n_steps)  # the position whose row chose each step
     visible = np.arange(n_keys)[None, :] <= queries[:, None]  # [step, key]
-    sinks = np.stack([sink_positions(layer, visible, query_positions=queries) for layer in rows])
+    steps = [record.step_attention(step) for step in range(record.n_steps)]  # views, [layer, head, keys so far]
+    sinks = np.zeros((record.model.n_layers, record.model.n_heads, n_keys), dtype=bool)
+    for layer in range(record.model.n_layers):  # one layer's rows at a time: a long prompt's would be large
+        rows = np.zeros((record.model.n_heads, record.n_steps, n_keys), dtype=np.float32)  # [head, step, key]
+        for step, row in enumerate(steps):
+            rows[:, step, : row.shape[-1]] = row[layer]
+        sinks[layer] = sink_positions(rows, visible, query_positions=queries)
     sinks[..., 0] = True
     return sinks
 
