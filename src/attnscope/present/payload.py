@@ -472,14 +472,18 @@ def unpack(packed: PackedArray) -> np.ndarray:
     return values * scale.reshape(-1, *([1] * (values.ndim - 1)))
 
 
-@cache
 def payload_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) every payload follows (``present/payload.schema.json``), its
-    mixing ``method`` enum read from the measures registered now (the file lists the built-in ones)."""
-    text = resources.files("attnscope.present").joinpath("payload.schema.json").read_text(encoding="utf-8")
-    schema = dict(json.loads(text))
+    mixing ``method`` enum read from the measures registered now (the file lists the built-in ones; not cached,
+    so a measure registered later is in it)."""
+    schema = json.loads(_schema_text())
     schema["$defs"]["mixing"]["properties"]["method"]["enum"] = [m.name for m in registered_measures()]
-    return schema
+    return dict(schema)
+
+
+@cache
+def _schema_text() -> str:
+    return resources.files("attnscope.present").joinpath("payload.schema.json").read_text(encoding="utf-8")
 
 
 def to_json(payload: Mapping[str, Any]) -> str:
