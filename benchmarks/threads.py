@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_json import add_smoke_flag, cpu_name, emit
 
 import attnscope
+from attnscope.data import brown_sentences
 
-DATA = Path(__file__).resolve().parents[1] / "src" / "attnscope" / "data" / "brown_sample.txt"
 PROMPT_WORDS = 48
 BUSY = "import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\nwhile True:\n    a = (a @ a).tanh()\n"
 
@@ -71,8 +71,7 @@ def main() -> None:
     if args.smoke:
         args.sentences, args.new_tokens, args.repeats = 4, 2, 1
     print(f"cpu: {cpu_name()}; torch {torch.__version__}", file=sys.stderr, flush=True)
-    sentences = [line.strip() for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
-    sentences = sentences[: args.sentences]
+    sentences = brown_sentences(args.sentences)
     minilm, smollm2 = attnscope.load_model("minilm"), attnscope.load_model("smollm2")
     prompt = " ".join(" ".join(sentences).split()[:PROMPT_WORDS])  # running text: the model goes on writing
     workloads: dict[str, Callable[[], object]] = {

@@ -154,8 +154,8 @@ def toy_band(figure: dict[str, float]) -> tuple[float, float]:
 def toy_outside_band(over_seeds: dict[str, dict[str, float]], run: dict[str, Any]) -> dict[str, float]:
     """The exact-match figures of ``run`` (one seed's) outside their recorded band: ``{"intact" | experiment: value}``."""
     values = {"intact": run["exact_match"], **run["corrupted"]}
-    return {name: value for name, value in values.items()
-            if not toy_band(over_seeds[name])[0] <= value <= toy_band(over_seeds[name])[1]}
+    bands = {name: toy_band(over_seeds[name]) for name in values}
+    return {name: value for name, value in values.items() if not bands[name][0] <= value <= bands[name][1]}
 
 
 def toy_translator(work: Path) -> dict[str, Any]:
