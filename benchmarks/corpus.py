@@ -74,7 +74,7 @@ def driver(corpus: str, out: str, actors: int) -> None:
 
     import ray
 
-    from attnscope.analysis.engines import analyze_heads
+    from attnscope.corpus.engines import analyze_heads
 
     start = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -142,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.driver:
         return driver(*args.driver, args.actors)
-    from attnscope.analysis.engines import analyze_heads
+    from attnscope.corpus.engines import analyze_heads
 
     n = 16 if args.smoke else 300 if args.quick else args.sentences
     print(f"CPU: {cpu_name()}", flush=True)

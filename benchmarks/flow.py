@@ -42,8 +42,8 @@ from bench_json import add_smoke_flag, emit
 from extract import CpuWatch  # sibling benchmark script, not a package
 
 import attnscope
-from attnscope.analysis.corpus import brown_pairs
 from attnscope.analysis.rollout import attention_flow, residual_attention
+from attnscope.data import brown_pairs
 
 
 def networkx_flows(adjusted: np.ndarray, pairs: list[tuple[int, int]], flow_func_name: str) -> np.ndarray:

@@ -38,7 +38,7 @@ from bench_json import add_smoke_flag, cpu_name, emit
 from long import document_ids, peak_mb, reset_peak
 
 import attnscope
-from attnscope.generation import row_offset
+from attnscope.records.generation import row_offset
 
 PROMPT_TOKENS = 64
 

@@ -50,7 +50,7 @@ from attnscope.capture.generate import generation_memory
 from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.capture.rows import BatchFacts
 from attnscope.data import brown_sentences
-from attnscope.generation import packed_length
+from attnscope.records.generation import packed_length
 
 NEW_TOKENS = 16
 LENGTHS = (4096, 8192 - NEW_TOKENS)

@@ -31,8 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_json import add_smoke_flag, emit
 
-from attnscope.generation import GenerationRecord, packed_length, row_offset
-from attnscope.record import ModelInfo
+from attnscope.present.steps import steps_view
+from attnscope.records.attention import ModelInfo
+from attnscope.records.generation import GenerationRecord, packed_length, row_offset
 
 LAYERS, HEADS, PROMPT, CANDIDATES = 30, 9, 64, 10
 
@@ -63,7 +64,7 @@ def synthetic_generation(new_tokens: int, seed: int = 0) -> GenerationRecord:
 def page_size(record: GenerationRecord, folder: Path) -> tuple[float, float]:
     """(MB of the written page, seconds to build and write it)."""
     start = time.perf_counter()
-    path = record.save_html(folder / "steps.html")
+    path = steps_view(record).save(folder / "steps.html")
     return path.stat().st_size / 1e6, time.perf_counter() - start
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnscope.analysis.corpus import analyze_corpus, brown_pairs, corpus_items
 from attnscope.analysis.store import HeadStore
+from attnscope.corpus.report import analyze_corpus, brown_pairs, corpus_items
 from attnscope.errors import AttnscopeError
 
 ITEMS = [
@@ -32,8 +32,8 @@ def report(minilm, tmp_path_factory):
 
 def test_findings_name_only_heads_where_the_score_applied():
     """Issue 19.1: a pattern measurable on fewer heads than the findings list filled it with NaN heads."""
-    from attnscope.analysis.corpus import _findings
     from attnscope.analysis.patterns import EVIDENCE, CorpusPatterns, HeadPatterns
+    from attnscope.corpus.report import _findings
 
     evidence = {name: np.full((2, 2), np.nan) for name in EVIDENCE}  # [layer, head]: nothing applies ...
     evidence["uniformity"] = np.array([[0.2, 0.1], [0.4, 0.3]])  # ... but uniformity everywhere
@@ -48,7 +48,7 @@ def test_findings_name_only_heads_where_the_score_applied():
 
 def test_token_types_of_a_model_without_special_tokens_leave_them_out():
     """A causal LM without [CLS]/[SEP] had NaN there, which made "other" NaN on every layer."""
-    from attnscope.analysis.corpus import _token_type_means
+    from attnscope.corpus.report import _token_type_means
 
     summary = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "cls": [np.nan] * 4, "sep": [np.nan] * 4,
                             "punct": [0.1, 0.2, 0.3, 0.4]})
@@ -166,7 +166,7 @@ def test_corpus_items(tmp_path):
 
 
 def test_read_corpus_takes_files_and_folders_of_every_format_in_order(tmp_path):
-    from attnscope.analysis.corpus import read_corpus
+    from attnscope.corpus.report import read_corpus
 
     folder = tmp_path / "corpus"
     (folder / "b").mkdir(parents=True)
@@ -193,9 +193,9 @@ def test_read_corpus_takes_files_and_folders_of_every_format_in_order(tmp_path):
 def test_head_rows_hold_each_records_statistics_and_patterns(minilm):
     """The per-batch function of both engines against the per-record analysis functions."""
     from attnscope import extract_corpus
-    from attnscope.analysis.corpus import head_rows
     from attnscope.analysis.patterns import CorpusPatterns, classify_heads
     from attnscope.analysis.stats import head_statistics
+    from attnscope.corpus.report import head_rows
 
     records = list(extract_corpus(minilm, ITEMS, norms=True, progress=False))
     rows = head_rows([10, 11, 12, 13], records)

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnscope.analysis.engines import analyze_heads
 from attnscope.analysis.store import HeadStore
+from attnscope.corpus.engines import analyze_heads
 from attnscope.errors import AttnscopeError
 
 ray = pytest.importorskip("ray")
@@ -153,7 +153,7 @@ def test_an_earlier_runs_rows_are_never_counted_twice(local_ray, tmp_path):
 
 
 def test_a_missing_corpus_fails_before_ray_starts(monkeypatch, tmp_path):
-    from attnscope.analysis import distributed
+    from attnscope.corpus import distributed
 
     def no_ray():  # starting Ray takes seconds: a corpus that does not exist must not cost them
         raise AssertionError("Ray was started for a corpus that does not exist")
@@ -164,12 +164,12 @@ def test_a_missing_corpus_fails_before_ray_starts(monkeypatch, tmp_path):
 
 
 def test_sinks_on_ray_equal_the_local_report(local_ray, tmp_path):
-    from attnscope.analysis.distributed import sinks_on_ray
-    from attnscope.analysis.engines import Engine
     from attnscope.analysis.sinks import sink_report
     from attnscope.capture.extract import extract_corpus
+    from attnscope.capture.loading import load_model
+    from attnscope.corpus.distributed import sinks_on_ray
+    from attnscope.corpus.engines import Engine
     from attnscope.data import brown_sentences
-    from attnscope.models.loading import load_model
 
     n = 60
     path = tmp_path / "corpus.txt"

@@ -10,7 +10,7 @@ import pytest
 
 from attnscope import extract_corpus, load_model
 from attnscope.analysis.sinks import SINK_FACTOR, input_sinks, sink_positions, sink_report, visible_keys
-from attnscope.record import AttentionRecord, ModelInfo
+from attnscope.records.attention import AttentionRecord, ModelInfo
 
 from .conftest import SENTENCES
 from .test_analysis_cli import assert_clear_error, run

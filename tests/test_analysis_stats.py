@@ -9,7 +9,7 @@ import pytest
 
 from attnscope.analysis.stats import HeadStatistics, head_statistics, row_entropy, statistic_names
 from attnscope.analysis.tokens import token_context
-from attnscope.record import AttentionRecord, ModelInfo
+from attnscope.records.attention import AttentionRecord, ModelInfo
 
 # [CLS] the cat . [SEP] the dog [SEP]: a pair whose word "the" occurs in both sentences
 TOKENS = ("[CLS]", "the", "cat", ".", "[SEP]", "the", "dog", "[SEP]")

@@ -12,9 +12,9 @@ import pytest
 from attnscope import load_model
 from attnscope.capture.extract import extract, extract_corpus
 from attnscope.capture.plan import CapturePlan, MemoryEstimate, QuerySelection, check_memory, estimate_capture_memory
-from attnscope.capture.rows import distance_bin_edges
 from attnscope.errors import AttnscopeError
-from attnscope.record import AttentionRecord
+from attnscope.records.attention import AttentionRecord
+from attnscope.records.format import distance_bin_edges
 
 TEXTS = ["The cat sat on the mat because it was tired, and the dog slept by the door all afternoon.",
          "Attention heads often look at the previous token or at punctuation marks in the sentence.",
@@ -214,7 +214,7 @@ def test_partial_statistics_equal_head_statistics_of_the_full_matrix(tiny_model_
 def test_damaged_or_unfinished_partial_records_are_refused(model, tmp_path):
     from dataclasses import replace
 
-    from attnscope.capture.stream import RecordWriter
+    from attnscope.records.format import RecordWriter
 
     plan = CapturePlan(layers=(0,), statistics=True, top_k=3, overview=4)
     record = extract(model, TEXTS[1], plan=plan)

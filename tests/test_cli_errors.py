@@ -214,7 +214,7 @@ def test_layers_and_heads_are_checked_against_the_model_before_the_work(name, ti
 
 def test_a_refused_connection_is_named_so_not_a_file_operation(monkeypatch, tmp_path, capsys):
     """``heads --engine ray --address HOST:PORT`` where nothing listens: Ray raises ConnectionError (an OSError)."""
-    from attnscope.analysis import engines
+    from attnscope.corpus import engines
 
     def refused(*_args, **_kwargs):
         raise ConnectionRefusedError(111, "Connection refused")

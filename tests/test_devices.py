@@ -39,7 +39,7 @@ from attnscope.experiments.interventions import (
     head_output_means,
     n_heads_per_kind,
 )
-from attnscope.record import AttentionRecord
+from attnscope.records.attention import AttentionRecord
 from tests.conftest import SENTENCES
 
 SOURCE = str(Path(attnscope.__file__).parent)

@@ -20,8 +20,9 @@ from attnscope.capture.attention import capture
 from attnscope.capture.generate import StepRows, generation_memory, keeps_prompt_rows
 from attnscope.data import brown_sentences
 from attnscope.experiments.interventions import HeadAblation
-from attnscope.generation import packed_length, row_offset
-from attnscope.record import write_attnscope_file
+from attnscope.present.steps import steps_view
+from attnscope.records.format import write_attnscope_file
+from attnscope.records.generation import packed_length, row_offset
 
 from .test_generate import eager_attention
 from .test_steps_view import VIEW, chromium_page, needs_chromium, quantisation_step, shown_token
@@ -218,7 +219,7 @@ def test_cli_reads_a_long_prompt_from_a_file(tiny_llama_dir, long_prompt, tmp_pa
 
 @needs_chromium
 def test_the_step_page_draws_after_a_prompt_without_its_rows(browser, last_rows):
-    page = chromium_page(browser, last_rows.save_html(ARTIFACTS / "steps_long_prompt.html"))
+    page = chromium_page(browser, steps_view(last_rows).save(ARTIFACTS / "steps_long_prompt.html"))
     within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))
     assert page.text_content("[data-role=chosen]") == shown_token(last_rows.chosen(0).token)
     assert page.locator("[data-role=attention] .st-key").count() == last_rows.prompt_length

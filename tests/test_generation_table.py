@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.generation import GenerationRecord, packed_length, row_offset
 from attnscope.lab.generation_table import most_attended, step_rows, step_sinks
-from attnscope.record import ModelInfo
+from attnscope.records.attention import ModelInfo
+from attnscope.records.generation import GenerationRecord, packed_length, row_offset
 
 LAYERS, HEADS, PROMPT, STEPS, SECOND_SINK = 2, 3, 8, 6, 3
 

@@ -1,5 +1,23 @@
-"""attnscope's modules import each other one way only: no circle, counting imports inside functions
-and under TYPE_CHECKING (a circle there is still two modules that must change together)."""
+"""attnscope's floors, written once and enforced: a module imports only from its own floor or the
+floors below it, counting imports inside functions and under TYPE_CHECKING (a lazy import that
+goes up is still two modules that must change together). docs/ARCHITECTURE.md explains them.
+
+From the bottom:
+
+1. ``base``: errors, files, inputs, argument types, shipped data, the version, lazy exports;
+2. ``records``: what is stored (both record types, the file format and its checks);
+3. ``models``: what a model is (aliases, adapters that find attention sites, offline loading);
+4. ``capture``: the one attention function, its recorders and interventions, extract and generate;
+5. ``analysis``: measures on records (never a model);
+6. ``experiments``: interventions and measures that run a model;
+7. ``probing``: what heads encode (dependencies, coreference, probes);
+8. ``present``: views, functions of plain data;
+9. ``corpus``: corpus jobs (engines, Ray, the report with its views);
+10. ``lab``: the teaching lab (primer, toy translator);
+11. ``serve``: the explorer;
+12. ``cli``: the command line (``cli``, every ``<package>.commands`` module, ``outputs``) and the
+    package's public face (``attnscope/__init__``).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +25,45 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 import attnscope
 
 PACKAGE = Path(attnscope.__file__).parent
 
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("version", "_lazy", "errors", "files", "inputs", "arguments", "data")),
+    ("records", ("records", "record", "generation")),  # record, generation: old import paths, re-exports
+    ("models", ("models",)),
+    ("capture", ("capture",)),
+    ("analysis", ("analysis", "report")),
+    ("experiments", ("experiments",)),
+    ("probing", ("probing",)),
+    ("present", ("present",)),
+    ("corpus", ("corpus",)),
+    ("lab", ("lab",)),
+    ("serve", ("serve",)),
+    ("cli", ("cli", "__main__", "outputs")),
+]
+
+# Imports that go up a floor on purpose, each with a comment saying why. None today: keep it so.
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def floor_of(module: str) -> int:
+    """The floor index of an attnscope module (``<package>.commands`` modules are the CLI's)."""
+    if module == "attnscope" or module.endswith(".commands"):
+        return len(FLOORS) - 1
+    first = module.split(".")[1]
+    for index, (_, names) in enumerate(FLOORS):
+        if first in names:
+            return index
+    raise AssertionError(f"{module} is on no floor: add its package to FLOORS")
 
 
 def imported_modules(path: Path, modules: set[str]) -> set[str]:
@@ -46,10 +94,54 @@ def import_graph() -> nx.DiGraph:
 def test_the_graph_sees_lazy_and_type_checking_imports():
     graph = import_graph()
     assert graph.has_edge("attnscope.experiments.sweeps", "attnscope.experiments.report")  # inside a method
-    assert graph.has_edge("attnscope", "attnscope.record")  # under TYPE_CHECKING
-    assert graph.has_edge("attnscope.record", "attnscope.record_checks")
+    assert graph.has_edge("attnscope", "attnscope.records")  # under TYPE_CHECKING
+    assert graph.has_edge("attnscope.records.attention", "attnscope.records.checks")
 
 
 def test_no_module_imports_itself_through_others():
     circles = [sorted(group) for group in nx.strongly_connected_components(import_graph()) if len(group) > 1]
     assert circles == []
+
+
+def test_every_module_is_on_a_floor():
+    for module in import_graph():
+        floor_of(module)  # raises for a module of a package FLOORS does not name
+
+
+def upward_imports(edges: list[tuple[str, str]]) -> list[str]:
+    """The imports among ``edges`` (importer, imported) that go up a floor and are not allowed."""
+    return sorted(f"{a} ({FLOORS[floor_of(a)][0]}) imports {b} ({FLOORS[floor_of(b)][0]})"
+                  for a, b in edges if floor_of(b) > floor_of(a) and (a, b) not in ALLOWED_UPWARD)
+
+
+def test_no_import_goes_up_a_floor():
+    assert upward_imports(list(import_graph().edges())) == []
+
+
+def test_every_allowed_upward_import_is_still_needed():
+    graph = import_graph()
+    assert [edge for edge in ALLOWED_UPWARD if not graph.has_edge(*edge)] == []
+
+
+def test_the_floor_check_catches_an_upward_import():
+    """The check itself can fail: a record that imports a view, or a model that imports capture."""
+    edges = [("attnscope.records.attention", "attnscope.present.html"), ("attnscope.models.loading",
+             "attnscope.capture.attention"), ("attnscope.present.html", "attnscope.records.attention"),
+             ("attnscope.analysis.commands", "attnscope.serve.app")]  # a command module is on the CLI's floor
+    assert upward_imports(edges) == [
+        "attnscope.models.loading (models) imports attnscope.capture.attention (capture)",
+        "attnscope.records.attention (records) imports attnscope.present.html (present)"]
+    with pytest.raises(AssertionError, match="on no floor"):
+        floor_of("attnscope.somewhere_new.module")
+
+
+def test_records_import_no_view_when_loaded():
+    """Loading the records (and a generation record file's class) imports nothing above them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, attnscope.records.generation, attnscope.records.attention, attnscope.records.format; "
+            "print(sorted(m for m in sys.modules if m.startswith('attnscope.') and not m.startswith("
+            "('attnscope.records', 'attnscope.errors', 'attnscope.files', 'attnscope._lazy', 'attnscope.version'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
+from attnscope._lazy import type_checking_imports
 from attnscope.data import brown_sentences
 from attnscope.errors import AttnscopeError
 from attnscope.probing.treebank import ROOT, parse_conllu, read_conllu, shipped_treebank, to_conllu
@@ -84,7 +86,7 @@ def test_spacy_parses_each_line_as_one_tree():
 def test_probing_public_names_resolve():
     from attnscope import probing
 
-    assert sorted(probing.__all__) == sorted(probing._EXPORTS)
+    assert sorted(probing.__all__) == sorted(type_checking_imports(Path(probing.__file__)))
     assert all(callable(getattr(probing, name)) for name in probing.__all__)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from attnscope import AttentionRecord, AttnscopeError, ModelInfo
 from attnscope.capture.tokens import guess_word_ids
-from attnscope.record import word_groups
+from attnscope.records.attention import word_groups
 
 INFO = ModelInfo(name="hand", model_type="bert", n_layers=1, n_heads=1, n_kv_heads=1, d_head=2, causal=False,
                  is_encoder_decoder=False, scaling=0.5)

@@ -23,7 +23,7 @@ import pytest
 
 from attnscope import AttentionRecord, AttnscopeError, extract, load_model
 from attnscope.cli import main
-from attnscope.record_checks import record_schema, row_sum_tolerance, schema_problem
+from attnscope.records.checks import record_schema, row_sum_tolerance, schema_problem
 
 from .conftest import SENTENCES
 
@@ -349,8 +349,8 @@ def test_cli_turns_a_damaged_record_into_one_error_line(good_files, tmp_path, ca
 
 def test_checks_work_on_memory_mapped_arrays(good, tmp_path):
     """What lazily loaded records will hand the checks: arrays that are read only where looked at."""
-    from attnscope.record import FORMAT_VERSION
-    from attnscope.record_checks import check_record_parts
+    from attnscope.records.attention import FORMAT_VERSION
+    from attnscope.records.checks import check_record_parts
 
     record = good["bert"]
     mapped = {}
@@ -514,7 +514,7 @@ def test_a_cut_or_overwritten_generation_file_is_refused(generation_file, tmp_pa
 
 
 def test_the_generation_schema_reader_agrees_with_jsonschema(generation_file):
-    from attnscope.record_checks import generation_schema
+    from attnscope.records.checks import generation_schema
 
     schema = generation_schema()
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -13,7 +13,7 @@ import pytest
 from attnscope import generate, load_model
 from attnscope.lab.stepper import decode_steps
 from attnscope.models.registry import ALIASES
-from attnscope.present.steps import StepsView, decoded_rows, steps_schema
+from attnscope.present.steps import StepsView, decoded_rows, generation_payload, steps_schema, steps_view
 
 from .conftest import CHROMIUM
 
@@ -71,7 +71,7 @@ def assert_rows_match(payload, attention_of, norms: np.ndarray | None = None) ->
 
 @needs_smollm2
 def test_the_generation_payload_holds_the_records_steps_and_rows(generation):
-    payload = generation.steps_payload()
+    payload = generation_payload(generation)
     assert payload["kind"] == "self" and payload["source"] == []
     assert payload["text"] == list(generation.tokens) and payload["first_step"] == generation.prompt_length
     assert payload["keys"] == [generation.prompt_length + s for s in range(generation.n_steps)]
@@ -93,10 +93,10 @@ def test_interventions_are_labelled_and_records_without_norms_have_no_toggle(smo
 
     changes = GenerationChanges(ablate={3: (4, 7)})
     comparison = compare_generations(smollm2, PROMPT, changes, max_new_tokens=1, norms=False)
-    payload = comparison.changed.steps_payload()
+    payload = generation_payload(comparison.changed)
     assert payload["changes"] == changes.describe() == "ablate 3:4,7"
     assert payload["weighted"] is None
-    assert generation.steps_payload()["changes"] == ""
+    assert generation_payload(generation)["changes"] == ""
 
 
 def test_the_translation_payload_holds_the_traces_steps_and_cross_attention(trace):
@@ -115,7 +115,7 @@ def test_the_translation_payload_holds_the_traces_steps_and_cross_attention(trac
 @needs_smollm2
 def test_both_payloads_follow_the_schema(generation, trace):
     jsonschema.Draft202012Validator.check_schema(steps_schema())
-    for payload in (generation.steps_payload(), trace.to_payload()):
+    for payload in (generation_payload(generation), trace.to_payload()):
         jsonschema.Draft202012Validator(steps_schema()).validate(json.loads(json.dumps(payload)))
 
 
@@ -130,8 +130,8 @@ def test_the_schema_rejects_a_payload_missing_a_field_or_with_a_wrong_kind(trace
 
 
 @needs_smollm2
-def test_a_notebook_shows_a_generation_as_its_step_view(generation):
-    first, second = generation._repr_html_(), generation._repr_html_()
+def test_a_generations_view_fragment_gets_its_own_element_each_time(generation):
+    first, second = steps_view(generation).fragment(), steps_view(generation).fragment()
     assert 'class="attnscope-steps"' in first and "AttnscopeSteps.render" in first and "<html" not in first
     assert first.split('"')[3] != second.split('"')[3], "each output cell gets its own element id"
 
@@ -172,7 +172,7 @@ def key_shades(page) -> list[str]:
 @needs_smollm2
 @needs_chromium
 def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, generation, tmp_path):
-    page = chromium_page(browser, generation.save_html(ARTIFACTS / "steps_generation.html"))
+    page = chromium_page(browser, steps_view(generation).save(ARTIFACTS / "steps_generation.html"))
     chosen = lambda: page.text_content("[data-role=chosen]")
     within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))
     assert chosen() == shown_token(generation.chosen(0).token)
@@ -213,3 +213,21 @@ def test_the_translation_page_draws_the_source_and_has_no_norm_toggle(browser, t
     page.wait_for_function(f"() => document.querySelector('.attnscope-steps').dataset.step === '{len(trace.steps) - 1}'")
     assert page.text_content("[data-role=chosen]") == trace.steps[-1].chosen
     assert page.errors == []
+
+
+@needs_smollm2
+def test_a_notebook_draws_a_generation_as_its_step_view(generation, tmp_path):
+    """Importing attnscope inside IPython hands the step view to the HTML formatter (the record
+    itself has no view method); outside IPython nothing is registered."""
+    import subprocess
+    import sys
+
+    path = generation.save(tmp_path / "generation.safetensors")
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "shell = InteractiveShell.instance()\n"
+            "import attnscope\n"
+            f"gen = attnscope.GenerationRecord.load({str(path)!r})\n"
+            "html = shell.display_formatter.format(gen)[0].get('text/html', '')\n"
+            "print('AttnscopeSteps.render' in html, hasattr(gen, '_repr_html_'))\n")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert shown == ["True", "False"]

@@ -11,7 +11,7 @@ from attnscope.capture.extract import extract
 from attnscope.cli import main
 from attnscope.present.longview import LONG_VIEWS
 from attnscope.present.payload import unpack
-from attnscope.record import AttentionRecord
+from attnscope.records.attention import AttentionRecord
 
 
 def _payload(html: str) -> dict:

@@ -11,83 +11,13 @@ Names are imported on first use, so ``attnscope --help`` does not pay for import
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 from ._lazy import lazy_exports
+from .version import __version__ as __version__
 
-__version__ = "0.1.0"
-
-# public name -> module that defines it
-_EXPORTS = {
-    "ALIASES": "attnscope.models.registry",
-    "DEFAULT_MODEL": "attnscope.models.registry",
-    "AttentionRecord": "attnscope.record",
-    "ModelInfo": "attnscope.record",
-    "AttnscopeError": "attnscope.errors",
-    "LoadedModel": "attnscope.models.loading",
-    "load_model": "attnscope.models.loading",
-    "capture_attention": "attnscope.capture.attention",
-    "intervene": "attnscope.capture.attention",
-    "Intervention": "attnscope.capture.attention",
-    "extract": "attnscope.capture.extract",
-    "extract_corpus": "attnscope.capture.extract",
-    "extract_to_file": "attnscope.capture.extract",
-    "CapturePlan": "attnscope.capture.plan",
-    "generate": "attnscope.capture.generate",
-    "GenerationRecord": "attnscope.generation",
-    "QuerySelection": "attnscope.capture.plan",
-    "partial_statistics": "attnscope.analysis.partial",
-    "long_view": "attnscope.present.longview",
-    "TopAttention": "attnscope.report",
-    "view": "attnscope.present.html",
-    "view_text": "attnscope.present.html",
-    "AttentionView": "attnscope.present.html",
-    # not in __all__: they need the notebook extra, and `from attnscope import *` must work without it
-    "widget": "attnscope.present.widget",
-    "AttentionWidget": "attnscope.present.widget",
-    "classify_heads": "attnscope.analysis.patterns",
-    "head_statistics": "attnscope.analysis.stats",
-    "attention_rollout": "attnscope.analysis.rollout",
-    "attention_flow": "attnscope.analysis.rollout",
-    "mixing": "attnscope.experiments.mixing",
-    "Mixing": "attnscope.analysis.mixing",
-    "top_attention": "attnscope.report",
-}
-
-__all__ = [
-    "ALIASES",
-    "DEFAULT_MODEL",
-    "AttentionRecord",
-    "AttentionView",
-    "AttnscopeError",
-    "CapturePlan",
-    "GenerationRecord",
-    "Intervention",
-    "LoadedModel",
-    "Mixing",
-    "ModelInfo",
-    "QuerySelection",
-    "TopAttention",
-    "__version__",
-    "attention_flow",
-    "attention_rollout",
-    "capture_attention",
-    "classify_heads",
-    "extract",
-    "extract_corpus",
-    "extract_to_file",
-    "generate",
-    "head_statistics",
-    "intervene",
-    "load_model",
-    "long_view",
-    "mixing",
-    "partial_statistics",
-    "top_attention",
-    "view",
-    "view_text",
-]
-
+# each public name once: the imports below, served on first use (``_lazy``)
 if TYPE_CHECKING:
     from .analysis.mixing import Mixing as Mixing
     from .analysis.partial import partial_statistics as partial_statistics
@@ -102,25 +32,47 @@ if TYPE_CHECKING:
     from .capture.extract import extract_corpus as extract_corpus
     from .capture.extract import extract_to_file as extract_to_file
     from .capture.generate import generate as generate
+    from .capture.loading import load_model as load_model
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
     from .experiments.mixing import mixing as mixing
-    from .generation import GenerationRecord as GenerationRecord
     from .models.loading import LoadedModel as LoadedModel
-    from .models.loading import load_model as load_model
     from .models.registry import ALIASES as ALIASES
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
     from .present.html import view_text as view_text
     from .present.longview import long_view as long_view
+    from .present.steps import steps_view as steps_view
     from .present.widget import AttentionWidget as AttentionWidget
     from .present.widget import widget as widget
-    from .record import AttentionRecord as AttentionRecord
-    from .record import ModelInfo as ModelInfo
+    from .records import AttentionRecord as AttentionRecord
+    from .records import GenerationRecord as GenerationRecord
+    from .records import ModelInfo as ModelInfo
     from .report import TopAttention as TopAttention
     from .report import top_attention as top_attention
 
+# the widget needs the notebook extra, and `from attnscope import *` must work without it
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__, not_starred={"AttentionWidget", "widget"},
+                                             also={"__version__"})
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+
+def _generation_html(gen: GenerationRecord) -> str:
+    from .present.steps import steps_view
+
+    return steps_view(gen).fragment()
+
+
+def _draw_records_in_notebooks() -> None:
+    """In a notebook, a :class:`GenerationRecord` shows as its step view. Records do not know their
+    views, so the view is handed to IPython's HTML formatter here, by the class's name (the record
+    module is not imported for it, nor the views until something is drawn)."""
+    ipython: Any = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        html = shell.display_formatter.formatters["text/html"]
+        html.for_type_by_name("attnscope.records.generation", "GenerationRecord", _generation_html)
+
+
+_draw_records_in_notebooks()

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__
 from .arguments import add_output_folder, index_list, positive_int
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
+from .version import __version__
 
 if TYPE_CHECKING:
-    from .record import AttentionRecord
+    from .records.attention import AttentionRecord
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
@@ -112,7 +112,7 @@ def apply_threads(threads: int | None, one_stream: bool = False) -> None:
 
 def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The model named by ``--model``/``--dtype``/``--device``."""
-    from .models.loading import load_model
+    from .capture.loading import load_model
 
     return load_model(args.model, dtype=args.dtype, device=args.device)
 

@@ -24,7 +24,7 @@ from .errors import AttnscopeError
 
 if TYPE_CHECKING:
     from .inputs import InputLine
-    from .record import AttentionRecord
+    from .records.attention import AttentionRecord
 
 MANIFEST = "attnscope-manifest.json"
 INDEX = "index.jsonl"
@@ -76,7 +76,7 @@ def written_files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path, command: str) -> Path:
     """List every file now in ``folder`` as written by ``command`` (what a later ``--overwrite`` may remove)."""
-    from . import __version__
+    from .version import __version__
 
     files = [p.relative_to(folder).as_posix() for p in written_files(folder)]
     manifest = folder / MANIFEST

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .record import AttentionRecord
+from .records.attention import AttentionRecord
 
 CELL_TOKEN_CHARS = 6
 

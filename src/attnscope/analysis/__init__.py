@@ -1,6 +1,7 @@
-"""Head analysis on attention records: statistics, pattern classification, rollout and flow, corpus reports.
+"""Head analysis on attention records: statistics, pattern classification, rollout and flow, sinks.
 
-Everything here takes records (or arrays), never a model. Layers and heads are 0-indexed.
+Everything here takes records (or arrays), never a model (corpus jobs, which load one, are
+:mod:`attnscope.corpus`). Layers and heads are 0-indexed.
 
 >>> from attnscope.analysis import classify_heads, head_statistics, attention_flow   # doctest: +SKIP
 >>> rec = attnscope.extract("minilm", "I went to the store.", "At the store, I bought fresh strawberries.",
@@ -13,8 +14,6 @@ Everything here takes records (or arrays), never a model. Layers and heads are 0
 
 from __future__ import annotations
 
-from .corpus import CorpusReport, analyze_corpus, brown_pairs, corpus_items, head_rows, read_corpus
-from .engines import ENGINES, analyze_heads
 from .partial import partial_statistics
 from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
 from .rollout import Flow, Rollout, attention_flow, attention_rollout
@@ -23,29 +22,21 @@ from .stats import HeadStatistics, describe_statistics, head_statistics, statist
 from .store import HeadStore
 
 __all__ = [
-    "ENGINES",
     "PATTERNS",
     "CorpusPatterns",
-    "CorpusReport",
     "Flow",
     "HeadPatterns",
     "HeadStatistics",
     "HeadStore",
     "Rollout",
     "SinkReport",
-    "analyze_corpus",
-    "analyze_heads",
     "attention_flow",
     "attention_rollout",
-    "brown_pairs",
     "classify_heads",
-    "corpus_items",
     "describe_statistics",
-    "head_rows",
     "head_statistics",
     "partial_statistics",
     "pattern_names",
-    "read_corpus",
     "sink_report",
     "statistic_names",
 ]

@@ -1,6 +1,6 @@
 """Mergeable partial aggregates of corpus analysis: what an engine keeps per (layer, head), never per input.
 
-A worker turns its batch of head rows (:func:`attnscope.analysis.corpus.head_rows`) into a
+A worker turns its batch of head rows (:func:`attnscope.corpus.report.head_rows`) into a
 :class:`HeadsPartial`: per head (0-indexed layer and head), the sum and the count of measured values of
 every statistic, the count of inputs per pattern label, and per finding pattern the clearest input (its
 score and id). Partials merge by adding (and keeping the clearer example), in any order and any tree, so

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..arguments import add_output_folder, finite_float, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
+from ..corpus.engines import add_engine_arguments, engine_from_args
 from ..errors import AttnscopeError
-from .engines import add_engine_arguments, engine_from_args
 from .patterns import EVIDENCE, PATTERNS, STABLE_SHARE
 from .sinks import DEFINITION, SINK_FACTOR
 from .stats import describe_statistics, statistic_names
@@ -167,7 +167,7 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     import sys
     import time
 
-    from .engines import analyze_heads
+    from ..corpus.engines import analyze_heads
 
     start = time.perf_counter()
     engine = engine_from_args(args)
@@ -223,14 +223,14 @@ def _run_sinks(args: argparse.Namespace) -> int:
 
     from ..capture.extract import extract_corpus
     from ..capture.tokens import split_item
+    from ..corpus.report import corpus_items
     from ..outputs import output_folder
-    from .corpus import corpus_items
     from .sinks import sink_report
 
     engine = engine_from_args(args)
     with output_folder(args.out, overwrite=args.overwrite, command="sinks"):
         if engine.name == "ray":
-            from .distributed import sinks_on_ray
+            from ..corpus.distributed import sinks_on_ray
 
             report = sinks_on_ray(args.corpus, model=args.model, dtype=args.dtype, batch_size=args.batch_size,
                                   limit=args.limit, factor=args.factor, engine=engine)

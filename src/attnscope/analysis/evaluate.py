@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .patterns import (
     KOVALEVA_TYPES,
     PATTERNS,

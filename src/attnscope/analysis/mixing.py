@@ -344,7 +344,7 @@ def mixing_from_tensors(method: str, layers: Sequence[LayerTensors], tokens: Seq
 
 
 def mixing_from_record(record: Any, method: str) -> Mixing:
-    """``attention`` straight from an :class:`~attnscope.record.AttentionRecord` (the other measures
+    """``attention`` straight from an :class:`~attnscope.records.AttentionRecord` (the other measures
     need the layers' inputs and layer norms, which a record does not hold: pass the model)."""
     method = method_name(method)
     if method != "attention":

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 
 DESCRIPTIONS = {
     "first": "mass on the first token (the attention sink of decoders, [CLS] of encoders)",
@@ -50,7 +50,7 @@ def partial_statistics(record: AttentionRecord) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     histogram = record.get(record.model.main_kind, "distance_histogram")
     if histogram is not None:
-        from ..capture.rows import distance_bin_edges
+        from ..records.format import distance_bin_edges
 
         shares = np.asarray(histogram, dtype=np.float64)
         shares = shares / np.maximum(shares.sum(-1, keepdims=True), 1e-12)  # [layer, head, bin]

@@ -110,7 +110,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .tokens import TokenContext, token_context
 
 

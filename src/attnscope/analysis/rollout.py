@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 
 FLOW_SCALE = 2**30  # integer capacity of an attention weight of 1.0 (fits SciPy's int32 capacities)
 

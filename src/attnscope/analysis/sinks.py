@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 
 SINK_FACTOR = 5.0
 MIN_QUERIES = 3

@@ -12,7 +12,7 @@ light [CLS] column that must not change their label. Causal maps are masked to t
 triangle and renormalised. Inputs are fake sentences (``[CLS] w w , w . [SEP]`` or a pair) built
 so that the same-word classes have repeats and the others have none.
 
-Maps come as :class:`~attnscope.record.AttentionRecord` s of a one-layer model whose heads are the
+Maps come as :class:`~attnscope.records.AttentionRecord` s of a one-layer model whose heads are the
 maps (``labels[head]``), so the classifier is tested through its public entry point.
 
 History, because it bears on how independent the real-set score is: the first generator mixed
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..record import AttentionRecord, ModelInfo
+from ..records.attention import AttentionRecord, ModelInfo
 from .patterns import DARK_WEIGHT, pattern_names
 from .tokens import TokenContext, token_context
 

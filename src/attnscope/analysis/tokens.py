@@ -27,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..record import AttentionRecord, join_pieces, word_groups
+from ..records.attention import AttentionRecord, join_pieces, word_groups
 
 PUNCTUATION = frozenset({".", ","})
 _SPACE_MARKS = "\u2581\u0120 "  # sentencepiece "▁", byte-level "Ġ", a decoded leading space

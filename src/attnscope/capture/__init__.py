@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 
-_EXPORTS = {name: ".attention" for name in ("ATTN_IMPLEMENTATION", "CaptureSession", "Intervention", "SiteCapture",
-                                             "capture", "intervene")}
-_EXPORTS.update({name: ".extract" for name in ("extract", "extract_corpus", "extract_to_file")})
-_EXPORTS.update({name: ".plan" for name in ("CapturePlan", "QuerySelection")})
-
-__all__ = ["ATTN_IMPLEMENTATION", "CapturePlan", "CaptureSession", "Intervention", "QuerySelection", "SiteCapture",
-           "capture", "extract", "extract_corpus", "extract_to_file", "intervene"]
-
 if TYPE_CHECKING:
-    from .attention import ATTN_IMPLEMENTATION, CaptureSession, Intervention, SiteCapture, capture, intervene
-    from .extract import extract, extract_corpus, extract_to_file
-    from .plan import CapturePlan, QuerySelection
+    from .attention import ATTN_IMPLEMENTATION as ATTN_IMPLEMENTATION
+    from .attention import CaptureSession as CaptureSession
+    from .attention import Intervention as Intervention
+    from .attention import SiteCapture as SiteCapture
+    from .attention import capture as capture
+    from .attention import intervene as intervene
+    from .extract import extract as extract
+    from .extract import extract_corpus as extract_corpus
+    from .extract import extract_to_file as extract_to_file
+    from .plan import CapturePlan as CapturePlan
+    from .plan import QuerySelection as QuerySelection
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -118,7 +118,7 @@ def main_kind(sites: Iterable[AttentionSite]) -> str:
 
 
 class Sink(Protocol):
-    """Where a streaming capture puts each site's results as they are produced (``capture.stream``)."""
+    """Where a streaming capture puts each site's results as they are produced (``records.format``)."""
 
     def allocate(self, site: AttentionSite) -> Allocate: ...
 

@@ -1,4 +1,4 @@
-"""Extraction: texts in, :class:`~attnscope.record.AttentionRecord` out.
+"""Extraction: texts in, :class:`~attnscope.records.AttentionRecord` out.
 
 ``extract_corpus`` tokenizes a window of inputs, sorts it by length so batches carry little
 padding, runs each batch once under a capture session and yields the records in input order.
@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from ..errors import AttnscopeError
-from ..models.loading import LoadedModel, load_model
-from ..record import AttentionRecord, ModelInfo
+from ..models.loading import LoadedModel
+from ..records.attention import AttentionRecord, ModelInfo
 from .attention import CaptureComplete, CaptureSession, SiteCapture, capture, main_kind
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
+from .loading import load_model
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
 from .rows import RowCapture
@@ -127,7 +128,7 @@ def extract_corpus(
 
     ``plan`` (:class:`~attnscope.capture.plan.CapturePlan`) keeps only the chosen layers, heads
     and query rows of the input side, statistics, top-k keys or an overview, computed in query
-    chunks (partial records; see :class:`~attnscope.record.AttentionRecord`). Before each batch
+    chunks (partial records; see :class:`~attnscope.records.AttentionRecord`). Before each batch
     runs, the memory it needs is estimated and a batch that would not fit is refused.
     """
     if batch_size < 1:

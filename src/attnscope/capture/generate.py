@@ -20,9 +20,9 @@ from tqdm.auto import tqdm
 
 from ..arguments import check_sampling
 from ..errors import AttnscopeError
-from ..generation import GenerationRecord, packed_length, row_offset
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
+from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import SiteCapture, capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
@@ -77,7 +77,7 @@ class StepRows:
 
     def packed(self, n_positions: int) -> np.ndarray:
         """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
-        :func:`attnscope.generation.row_offset`); the per-call pieces are let go layer by layer."""
+        :func:`attnscope.records.generation.row_offset`); the per-call pieces are let go layer by layer."""
         layers = sorted(self.segments)
         n_heads = self.segments[layers[0]][0].shape[0]
         rows = np.empty((len(layers), n_heads, packed_length(n_positions) - row_offset(self.first_row)),

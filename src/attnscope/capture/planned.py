@@ -2,7 +2,7 @@
 
 A planned capture (:mod:`attnscope.capture.plan`) keeps :class:`~attnscope.capture.rows.RowCapture`
 objects per layer for the whole batch; :func:`planned_records` cuts them into one partial
-:class:`~attnscope.record.AttentionRecord` per item, in the record's own layout
+:class:`~attnscope.records.AttentionRecord` per item, in the record's own layout
 (``[layer, head, row, ...]`` over the held layers and heads).
 """
 
@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from ..models.adapters import AttentionSite
-from ..record import AttentionRecord, ModelInfo, Selection, record_metadata
+from ..records.attention import AttentionRecord, ModelInfo, Selection, record_metadata
+from ..records.format import ROW_STATISTICS, RecordWriter, distance_bin_edges
 from .plan import CapturePlan
-from .rows import ROW_STATISTICS, Allocate, BatchFacts, RowCapture, distance_bin_edges
-from .stream import RecordWriter
+from .rows import Allocate, BatchFacts, RowCapture
 from .tokens import Encoded, side_arrays
 
 

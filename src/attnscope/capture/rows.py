@@ -30,22 +30,8 @@ from functools import partial
 import numpy as np
 import torch
 
+from ..records.format import ROW_STATISTICS, distance_bin_edges
 from .plan import CapturePlan
-
-ROW_STATISTICS = ("first", "special", "self", "prev", "next", "entropy", "distance", "max_weight")
-
-
-def distance_bin_edges(length: int) -> np.ndarray:
-    """Inclusive ``[low, high]`` distances of each histogram bin: 0, 1, 2, 3-4, 5-8, 9-16, ...
-
-    >>> distance_bin_edges(10).tolist()
-    [[0, 0], [1, 1], [2, 2], [3, 4], [5, 8], [9, 16]]
-    """
-    edges = [[0, 0], [1, 1]]
-    while edges[-1][1] < max(length - 1, 1):
-        low = edges[-1][1] + 1
-        edges.append([low, 2 * edges[-1][1]])
-    return np.array(edges, dtype=np.int64)
 
 
 @dataclass

@@ -17,67 +17,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 # public name -> module that defines it
-_EXPORTS = {
-    "HeadImportance": ".importance",
-    "PruningCurve": ".importance",
-    "head_importance": ".importance",
-    "load_pruned": ".importance",
-    "masked_metric": ".importance",
-    "prune_heads": ".importance",
-    "pruning_curve": ".importance",
-    "save_pruned": ".importance",
-    "HeadAblation": ".interventions",
-    "HeadGates": ".interventions",
-    "ablate_heads": ".interventions",
-    "ablation_modes": ".interventions",
-    "corrupt_attention": ".interventions",
-    "head_output_means": ".interventions",
-    "pattern_names": ".interventions",
-    "register_pattern": ".interventions",
-    "skip_sublayers": ".interventions",
-    "Batch": ".metrics",
-    "Task": ".metrics",
-    "default_metric": ".metrics",
-    "function_metric": ".metrics",
-    "list_metrics": ".metrics",
-    "prepare_metric": ".metrics",
-    "register_metric": ".metrics",
-    "SWEEPS": ".sweeps",
-    "SweepResult": ".sweeps",
-    "run_sweep": ".sweeps",
-    "sweep_variants": ".sweeps",
-}
 
-__all__ = [
-    "SWEEPS",
-    "Batch",
-    "HeadAblation",
-    "HeadGates",
-    "HeadImportance",
-    "PruningCurve",
-    "SweepResult",
-    "Task",
-    "ablate_heads",
-    "ablation_modes",
-    "corrupt_attention",
-    "default_metric",
-    "function_metric",
-    "head_importance",
-    "head_output_means",
-    "list_metrics",
-    "load_pruned",
-    "masked_metric",
-    "pattern_names",
-    "prepare_metric",
-    "prune_heads",
-    "pruning_curve",
-    "register_metric",
-    "register_pattern",
-    "run_sweep",
-    "save_pruned",
-    "skip_sublayers",
-    "sweep_variants",
-]
 
 if TYPE_CHECKING:
     from .importance import HeadImportance as HeadImportance
@@ -109,4 +49,4 @@ if TYPE_CHECKING:
     from .sweeps import run_sweep as run_sweep
     from .sweeps import sweep_variants as sweep_variants
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..capture.generate import generate
 from ..errors import AttnscopeError
-from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
+from ..records.generation import GenerationRecord
 from .interventions import ablate_heads, check_layers_and_heads, corrupt_attention, pattern_names, skip_sublayers
 
 

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from ..capture.attention import intervene
+from ..capture.loading import load_model
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, HeadProjections, find_sites
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel
 from .interventions import HeadGates, n_heads_per_kind
 from .metrics import Task
 

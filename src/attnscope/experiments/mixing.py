@@ -36,11 +36,12 @@ from ..analysis.mixing import (
 )
 from ..capture.attention import SiteCapture, capture, intervene, main_kind, transformed_values
 from ..capture.hooks import local_hooks
+from ..capture.loading import load_model
 from ..capture.tokens import Side, encode_side
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
-from ..models.loading import LoadedModel, load_model
-from ..record import AttentionRecord
+from ..models.loading import LoadedModel
+from ..records.attention import AttentionRecord
 from .interventions import ValueZeroing
 from .sweeps import block_inputs, run_blocks_from
 

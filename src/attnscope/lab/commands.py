@@ -52,7 +52,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _load_toy(name: str = "toy-translator", dtype: str = "float32", device: str = "cpu"):  # type: ignore[no-untyped-def]
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
 
     return load_model(name, dtype=dtype, device=device)
 
@@ -208,7 +208,7 @@ def _prompt_from_args(args: argparse.Namespace) -> str:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
     from ..outputs import check_output_file, writing
 
     prompt = _prompt_from_args(args)
@@ -236,8 +236,10 @@ def _run_generate(args: argparse.Namespace) -> int:
         with writing(args.save):
             print(f"generation record: {record.save(args.save)}", file=sys.stderr if args.json else sys.stdout)
     if args.html:
+        from ..present.steps import steps_view
+
         with writing(args.html):
-            print(f"step view: {record.save_html(args.html)}", file=sys.stderr if args.json else sys.stdout)
+            print(f"step view: {steps_view(record).save(args.html)}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     return 0

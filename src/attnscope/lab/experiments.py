@@ -159,7 +159,7 @@ def evaluate_experiments(loaded: LoadedModel, seed: int = 0) -> dict[str, Any]:
 
 def load_toy_seed(seed: int, progress: bool = True) -> LoadedModel:
     """The toy translator trained with ``seed`` (trained first if not cached; seed 0 is ``toy-translator``)."""
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
     from .translator import build
 
     return load_model(str(build(seed, progress=progress)))

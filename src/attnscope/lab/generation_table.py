@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.sinks import sink_positions
-from ..generation import GenerationRecord
+from ..records.generation import GenerationRecord
 
 RUNNERS_UP = 3
 

@@ -168,7 +168,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         blocks=(ModuleRule("self", r"encoder\.layer\.(\d+)$"),),
         ffn=(ModuleRule("self", r"layer\.(\d+)\.output\.dense$"),),
         note="MPNet computes attention itself; attnscope routes it through the capture function "
-        "with a bridge module (see attnscope.models.bridges).",
+        "with a bridge module (see attnscope.capture.bridges).",
         final=(),
         norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.attention\.LayerNorm$"),),
                          (ModuleRule("self", r"layer\.(\d+)\.output\.LayerNorm$"),)),

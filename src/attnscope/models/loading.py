@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from .adapters import Adapter, AttentionSite, adapter_for, find_sites, supported_model_types
-from .registry import ALIASES, DEFAULT_MODEL
+from .registry import ALIASES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_HELP = '"cpu", "cuda", "cuda:N", "mps" or "auto" (spread over every GPU, then the CPU)'
@@ -222,28 +222,23 @@ def _save_untied(model: nn.Module, path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load ``name`` offline with attnscope's attention function.
-
-    ``dtype`` is ``"float32"``, ``"bfloat16"`` (several times faster on CPUs with bf16 matmuls)
-    or ``"float16"`` (the fast type on most GPUs); the extract benchmark reports the deviation of
-    both from float32. ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or ``"auto"``:
-    transformers' ``device_map="auto"`` (accelerate) spreads the layers over every GPU, then the
-    CPU, so a model larger than one device runs; capture follows each layer where it runs.
-    """
+def load_weights(name: str, *, dtype: str, device: str, attn_implementation: str) -> tuple[Path, Any, Any]:
+    """The checkpoint of ``name`` (an alias, a local folder or a GGUF file), offline: its source,
+    the model (eval mode) with ``attn_implementation`` and its tokenizer. ``dtype``/``device``: see
+    :func:`attnscope.load_model` (which wires the model to attnscope's attention function)."""
     if dtype not in DTYPES:
         raise AttnscopeError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     check_device(device)
     _go_offline()
     source = resolve_source(name)
     folder = convert_gguf(source) if source.suffix == ".gguf" else source
-    from ..capture.attention import ATTN_IMPLEMENTATION, register_attention_function
+    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], attn_implementation, device)
+    return source, model, tokenizer
 
-    register_attention_function()
-    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], ATTN_IMPLEMENTATION, device)
-    from .bridges import install_bridges
 
-    install_bridges(model)
+def with_sites(name: str, source: Path, model: Any, tokenizer: Any, dtype: str, device: str) -> LoadedModel:
+    """``model`` with its attention sites found (by the adapters table) and marked, so the attention
+    function knows where it runs; a model with none is refused."""
     adapter = adapter_for(model.config.model_type)
     sites = find_sites(model, adapter)
     if not sites:

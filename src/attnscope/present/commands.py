@@ -14,7 +14,7 @@ from ..arguments import non_negative_int
 from ..capture.options import number_list
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from ..record import ATTENTION_KINDS, AttentionRecord
+from ..records.attention import ATTENTION_KINDS, AttentionRecord
 from .payload import VIEWS
 
 if TYPE_CHECKING:

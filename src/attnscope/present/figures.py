@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .payload import KIND_LABELS, KIND_SIDES
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .payload import LongPayload, Payload, build_payload, to_json
 
 if TYPE_CHECKING:

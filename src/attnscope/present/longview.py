@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text
 from .payload import LongPayload, Overview, PackedArray, Thumbnails, TopK, pack_float16, pack_uint16
 

@@ -49,7 +49,7 @@ from ..analysis.measures import MeasureField
 from ..analysis.mixing import Mixing, get_measure, method_name
 from ..analysis.mixing import measures as registered_measures
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 
 FORMAT = "attnscope.views"
 VERSION = 1

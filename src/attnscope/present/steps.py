@@ -25,7 +25,7 @@ rather than shipping a second copy of every head's rows. 500 generated tokens of
 layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are mostly near zero,
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
->>> gen.steps_view().save("steps.html")       # a GenerationRecord   # doctest: +SKIP
+>>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> trace.save_html("steps.html")             # a DecodeTrace        # doctest: +SKIP
 """
 
@@ -45,6 +45,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..records.generation import GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
 from .payload import PackedArray, pack_bytes, pack_float16, packed_bytes, to_json, unpack
 
@@ -263,3 +264,26 @@ class StepsView:
 
     def __repr__(self) -> str:
         return f"StepsView(steps={len(self.payload['steps'])}, title={self.payload['title']!r})"
+
+
+def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: str | None = None) -> StepsPayload:
+    """The step view's payload of a generation: every step's candidates and its query's attention over
+    the prompt and the text so far, per head, per layer and overall, raw and (with value norms)
+    norm-weighted."""
+    return build_steps_payload(
+        title=title or f"{gen.model.name}: {gen.prompt[:120]}", model=gen.model.name, method=gen.method,
+        kind="self", text=gen.tokens, first_step=gen.prompt_length,
+        steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
+        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes, compress=compress)
+
+
+def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:
+    chosen = gen.chosen(step)
+    return {"chosen": chosen.token, "probability": chosen.probability,
+            "candidates": [{"token": c.token, "probability": c.probability} for c in gen.candidates(step)]}
+
+
+def steps_view(gen: GenerationRecord, *, title: str | None = None) -> StepsView:
+    """The step view of a generation: step through the generated tokens (arrow keys or click);
+    ``steps_view(gen).save("steps.html")`` writes it as one self-contained page (no network)."""
+    return StepsView(generation_payload(gen, title=title))

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text, summary
 from .payload import Payload, build_payload, layer_arrays
 

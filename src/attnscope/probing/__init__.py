@@ -21,33 +21,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 # public name -> module that defines it; imported on first use so `attnscope --help` stays fast
-_EXPORTS = {
-    "ChainsResult": ".chains", "probe_chains": ".run",
-    "CorefItem": ".coref", "CorefResult": ".coref", "winowhy_items": ".coref",
-    "DependencyResult": ".dependencies", "ProbeResult": ".probes",
-    "probe_coref": ".run", "probe_dependencies": ".run", "probe_edges": ".run",
-    "Sentence": ".treebank", "Treebank": ".treebank", "load_treebank": ".treebank", "parse_texts": ".treebank",
-    "read_conllu": ".treebank", "shipped_treebank": ".treebank",
-}
 
-__all__ = [
-    "ChainsResult",
-    "CorefItem",
-    "CorefResult",
-    "DependencyResult",
-    "ProbeResult",
-    "Sentence",
-    "Treebank",
-    "load_treebank",
-    "parse_texts",
-    "probe_chains",
-    "probe_coref",
-    "probe_dependencies",
-    "probe_edges",
-    "read_conllu",
-    "shipped_treebank",
-    "winowhy_items",
-]
 
 if TYPE_CHECKING:
     from .chains import ChainsResult as ChainsResult
@@ -67,5 +41,4 @@ if TYPE_CHECKING:
     from .treebank import read_conllu as read_conllu
     from .treebank import shipped_treebank as shipped_treebank
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..record import AttentionRecord, aggregate_to_words
+from ..records.attention import AttentionRecord, aggregate_to_words
 
 MISMATCH_KINDS = {
     "piece_spans_words": "word pieces that overlap two or more words (given to the first)",

@@ -304,7 +304,7 @@ def reinitialised_model(loaded: Any, seed: int = 0) -> Any:
     """
     import torch
 
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
 
     torch.manual_seed(seed)
     model = type(loaded.model)(loaded.model.config)

@@ -105,7 +105,7 @@ class ModelPool:
     def _load(self, name: str) -> LoadedModel:
         """The model, loading it under its lock if this is its first use."""
         if name not in self._models:
-            from ..models.loading import load_model
+            from ..capture.loading import load_model
 
             loaded = load_model(self.choices[name].source, dtype=self.dtype, device=self.device)
             self._models[name] = replace(loaded, name=name)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..generation import GenerationRecord
 from ..models.loading import LoadedModel
-from ..record import AttentionRecord
+from ..records.attention import AttentionRecord
+from ..records.generation import GenerationRecord
 
 if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
@@ -341,5 +341,7 @@ def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[s
 def describe_generation(record: GenerationRecord) -> dict[str, Any]:
     """The answer of ``/api/generate``: the generated text and the step view's payload
     (``present/steps.schema.json``)."""
+    from ..present.steps import generation_payload
+
     return {"model": record.model.name, "prompt": record.prompt, "generated": record.generated_text,
-            "payload": record.steps_payload()}
+            "payload": generation_payload(record)}

@@ -2,8 +2,8 @@
 computed and aggregated on the workers.
 
 The corpus is read and parsed by Ray tasks and the model runs in an actor pool
-(:mod:`attnscope.analysis.ray_engine`). Each actor turns a window of inputs (``batch_size`` x the local
-engine's sort window) into :func:`~attnscope.analysis.corpus.head_rows`, writes them, and its inputs, as
+(:mod:`attnscope.corpus.ray_engine`). Each actor turns a window of inputs (``batch_size`` x the local
+engine's sort window) into :func:`~attnscope.corpus.report.head_rows`, writes them, and its inputs, as
 Parquet part files named by the window's first input id (``OUT/parquet/head_stats/`` and
 ``OUT/parquet/inputs/``; a retried window replaces its own files, written whole or not at all), and returns
 only their :class:`~attnscope.analysis.aggregate.HeadsPartial`. The driver merges the partials, so its
@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..analysis.aggregate import HeadsPartial
+from ..analysis.sinks import SinkReport, SinkTotals
 from ..errors import AttnscopeError
-from .aggregate import HeadsPartial
-from .corpus import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
 from .ray_engine import (
     STALL_SECONDS,
     Engine,
@@ -41,7 +41,7 @@ from .ray_engine import (
     ray_module,
     ray_session,
 )
-from .sinks import SinkReport, SinkTotals
+from .report import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
 
 ROWS_FOLDER = "parquet"
 PARTS = ("head_stats", "inputs")
@@ -98,9 +98,9 @@ def write_part(path: Path, frame: Any, schema: Sequence[tuple[str, str]] | None 
 def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
                    limit: int | None, skip_bad: bool, num_actors: int | None, address: str | None,
                    progress: bool, stall_s: float = STALL_SECONDS, verbose: bool = False) -> CorpusReport:
-    """:func:`attnscope.analysis.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
+    """:func:`attnscope.corpus.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
     from ..capture.extract import SORT_WINDOW_BATCHES
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
 
     if num_actors is not None and num_actors < 1:
         raise AttnscopeError("--num-actors must be at least 1")
@@ -145,8 +145,8 @@ def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, batches:
 
 def _report(out: Path, aggregate: HeadsPartial, loaded: Any) -> CorpusReport:
     """The local engine's report of ``aggregate``; the inputs whose maps it shows are re-run on the driver."""
+    from ..analysis.store import HeadStore
     from ..capture.extract import extract_corpus
-    from .store import HeadStore
 
     wanted = finding_inputs(aggregate)
     ids = sorted(set(wanted.values()))
@@ -190,7 +190,7 @@ def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_s
                  factor: float, engine: Engine, progress: bool = True) -> SinkReport:
     """:func:`~attnscope.analysis.sinks.sink_report` of a corpus, computed by an actor pool and merged from
     each batch's sums (exactly once: the batches' input ids tile the corpus)."""
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
 
     sources = corpus_sources_of(corpus)
     ray = ray_module()

@@ -2,8 +2,8 @@
 
 Both engines read the corpus with one parser (:func:`attnscope.inputs.parse_input_file`), number the
 inputs in corpus order (0-based ``input_id``), turn each batch of records into head rows with one
-function (:func:`attnscope.analysis.corpus.head_rows`) and write the same report
-(:func:`attnscope.analysis.corpus.write_report`). ``engine="ray"`` needs ``pip install 'attnscope[ray]'``;
+function (:func:`attnscope.corpus.report.head_rows`) and write the same report
+(:func:`attnscope.corpus.report.write_report`). ``engine="ray"`` needs ``pip install 'attnscope[ray]'``;
 Ray is imported only then.
 
 >>> report = analyze_heads("brown", "report/")                                   # doctest: +SKIP
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..arguments import positive_int
 from ..errors import AttnscopeError
-from .corpus import CorpusReport, analyze_corpus, read_corpus
 from .ray_engine import ENGINES, STALL_SECONDS, Engine
+from .report import CorpusReport, analyze_corpus, read_corpus
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +73,7 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
 def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
                      limit: int | None, skip_bad: bool, progress: bool) -> CorpusReport:
     from ..capture.extract import extract_corpus
-    from ..models.loading import load_model
+    from ..capture.loading import load_model
 
     read = read_corpus(corpus, limit, skip_bad=skip_bad)
     records = extract_corpus(load_model(model, dtype=dtype), read.items, batch_size=batch_size, norms=True,

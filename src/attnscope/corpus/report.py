@@ -24,12 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data import brown_pairs
-from ..errors import AttnscopeError
-from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
-from ..record import AttentionRecord
-from .aggregate import HeadsPartial
-from .patterns import (
+from ..analysis.aggregate import HeadsPartial
+from ..analysis.patterns import (
     PATTERNS,
     STABLE_MIN_INPUTS,
     STABLE_SHARE,
@@ -37,9 +33,13 @@ from .patterns import (
     classify_heads,
     pattern_colour,
 )
-from .stats import head_statistics, largest_measured
-from .store import DEFAULT_DB, HeadStore
-from .tokens import token_context
+from ..analysis.stats import head_statistics, largest_measured
+from ..analysis.store import DEFAULT_DB, HeadStore
+from ..analysis.tokens import token_context
+from ..data import brown_pairs
+from ..errors import AttnscopeError
+from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
+from ..records.attention import AttentionRecord
 
 NAMED_CORPORA = ("brown", "brown-pairs")
 
@@ -295,7 +295,7 @@ def analyze_corpus(records: Iterable[AttentionRecord], out_dir: str | Path, *, t
     norm-weighted figure. ``inputs`` (one per record, e.g. from :func:`read_corpus`) name each
     input's file and line in the database; without them the records' own text is kept.
     Records are turned into rows ``batch_size`` at a time by :func:`head_rows`, as the Ray engine
-    does (:mod:`attnscope.analysis.distributed`). Layers and heads are 0-indexed throughout.
+    does (:mod:`attnscope.corpus.distributed`). Layers and heads are 0-indexed throughout.
     """
     from tqdm.auto import tqdm
 
@@ -388,14 +388,14 @@ def _example_views(findings: list[Finding], examples: dict[tuple[str, int, int],
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
 
 def _write_figures(out: Path, patterns: CorpusPatterns, summary: Any, findings: list[Finding],
                    examples: dict[tuple[str, int, int], Example]) -> dict[str, Path]:
-    from .figures import head_map_figure, map_figure, pattern_distribution_figure, pyplot, token_types_figure
+    from ..analysis.figures import head_map_figure, map_figure, pattern_distribution_figure, pyplot, token_types_figure
 
     plt = pyplot()
     kovaleva_of = {name: p.kovaleva for name, p in PATTERNS.items()}
@@ -429,7 +429,7 @@ def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
     from jinja2 import Environment, PackageLoader, select_autoescape
     from markupsafe import Markup
 
-    environment = Environment(loader=PackageLoader("attnscope.analysis", "templates"),
+    environment = Environment(loader=PackageLoader("attnscope.corpus", "templates"),
                               autoescape=select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
     columns = ["layer", "head", "pattern", "pattern_share", "stable", "entropy", "uniform_entropy", "cls", "sep",

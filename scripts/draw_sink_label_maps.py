@@ -1,6 +1,6 @@
 """How the labelled SmolLM2 maps for the ``sink`` class were drawn (run once; kept for the record).
 
-    PYTHONPATH=src .venv/bin/python src/attnscope/analysis/labels/draw_sink_maps.py /tmp/sink-sheets
+    PYTHONPATH=src .venv/bin/python scripts/draw_sink_label_maps.py /tmp/sink-sheets
 
 writes ``candidates.tsv`` (id, layer, head, text; the label column empty) and sheets of four maps
 per PNG, drawn with ``figures.grid_figure`` (the main diagonal marked by a thin red line). Only maps

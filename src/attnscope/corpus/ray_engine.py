@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..analysis.aggregate import Coverage
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
-from .aggregate import Coverage
 
 ENGINES = ("local", "ray")
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
@@ -185,7 +185,7 @@ class Source:
     def parse(self) -> tuple[list[InputLine], list[BadLine]]:
         """Its inputs and malformed lines, named by ``name``; an unreadable file is an AttnscopeError."""
         if self.path is None:
-            from .corpus import named_corpus
+            from .report import named_corpus
 
             return named_corpus(self.name), []
         try:
@@ -196,8 +196,8 @@ class Source:
 
 
 def corpus_sources_of(corpus: str | Sequence[str]) -> list[Source]:
-    """The sources a CORPUS argument names (see :func:`attnscope.analysis.corpus.corpus_sources`)."""
-    from .corpus import corpus_sources
+    """The sources a CORPUS argument names (see :func:`attnscope.corpus.report.corpus_sources`)."""
+    from .report import corpus_sources
 
     name, files = corpus_sources(corpus)
     return [Source(name)] if name is not None else [Source(str(path), str(path.resolve())) for path in files]
@@ -302,7 +302,7 @@ class PartialWorker:
     def __init__(self, model: str, dtype: str, threads: int, progress: Any = None) -> None:
         import torch
 
-        from ..models.loading import load_model
+        from ..capture.loading import load_model
 
         torch.set_num_threads(threads)
         self.loaded = load_model(model, dtype=dtype)

@@ -1,6 +1,13 @@
-"""Records streamed to disk layer by layer, and opened lazily (memory-mapped).
+"""The record file format, in one place: what every attnscope file is and how it is written and read.
 
-The file is an ordinary safetensors file, written in place: the layout (every array's dtype,
+A record file is an ordinary ``.safetensors`` file: its arrays, and the metadata as one JSON string
+under the header key :data:`METADATA_KEY`. :func:`write_attnscope_file` writes one from arrays in
+memory; :func:`read_attnscope_file` reads one back whole; :class:`RecordWriter` streams one to disk
+layer by layer and :func:`open_arrays` opens one lazily (memory-mapped). The names of the per-row
+statistics (:data:`ROW_STATISTICS`) and the distance histogram's bins (:func:`distance_bin_edges`)
+are part of the format: the capture fills them, ``records.checks`` checks them.
+
+A streamed file is written in place: the layout (every array's dtype,
 shape and byte range) is fixed before the first layer arrives, the header is written first with
 room to spare, each layer's slab is copied into a memory map of the file as soon as it is
 computed (and then dropped from memory), and the header is rewritten with the final metadata
@@ -27,13 +34,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..files import cannot_read
+from ..files import cannot_read, written
 
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
                "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
 NUMPY_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items()}
 HEADER_SLACK = 64 * 1024  # room for the final metadata, which grows a little after the layout is fixed
-METADATA_KEY = "attnscope"
+METADATA_KEY = "attnscope"  # the header's metadata entry: the record's JSON
+# per-row statistics a capture plan can keep, [layer, head, row] each (``<kind>.stat_<name>``)
+ROW_STATISTICS = ("first", "special", "self", "prev", "next", "entropy", "distance", "max_weight")
 
 
 def _header(layout: Mapping[str, tuple[str, tuple[int, ...]]], meta: Mapping[str, Any]) -> tuple[dict, int]:
@@ -137,3 +146,39 @@ def _mapped(path: Path, data_start: int, entry: Mapping[str, Any], file_size: in
     if math.prod(shape) == 0:
         return np.zeros(shape, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=data_start + begin, shape=shape)
+
+
+def distance_bin_edges(length: int) -> np.ndarray:
+    """Inclusive ``[low, high]`` distances of each histogram bin: 0, 1, 2, 3-4, 5-8, 9-16, ...
+
+    >>> distance_bin_edges(10).tolist()
+    [[0, 0], [1, 1], [2, 2], [3, 4], [5, 8], [9, 16]]
+    """
+    edges = [[0, 0], [1, 1]]
+    while edges[-1][1] < max(length - 1, 1):
+        low = edges[-1][1] + 1
+        edges.append([low, 2 * edges[-1][1]])
+    return np.array(edges, dtype=np.int64)
+
+def write_attnscope_file(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> Path:
+    """One ``.safetensors`` file: ``arrays``, with ``metadata`` as JSON under the header key :data:`METADATA_KEY`."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    with written(path) as temporary:
+        save_file(dict(arrays), str(temporary), metadata={METADATA_KEY: json.dumps(metadata)})
+    return path
+
+
+def read_attnscope_file(path: str | Path, what: str) -> tuple[str | None, dict[str, np.ndarray]]:
+    """The JSON header text (None if missing) and every array of a file :func:`write_attnscope_file`
+    wrote; an unreadable file is one :class:`AttnscopeError` line naming ``what`` it should hold."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            header = (handle.metadata() or {}).get(METADATA_KEY)
+            arrays = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise cannot_read(path, error, what) from None
+    return header, arrays

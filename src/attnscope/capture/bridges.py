@@ -13,6 +13,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .attention import attnscope_attention
+
 
 class MPNetAttentionBridge(nn.Module):
     """Stands in for ``MPNetSelfAttention``: same q/k/v/o weights, attention via attnscope."""
@@ -34,8 +36,6 @@ class MPNetAttentionBridge(nn.Module):
         output_attentions: bool = False,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, ...]:
-        from ..capture.attention import attnscope_attention
-
         batch, length, _ = hidden_states.shape
         split = (batch, length, self.n_heads, self.d_head)
         q, k, v = (proj(hidden_states).view(split).transpose(1, 2) for proj in (self.q, self.k, self.v))

@@ -1,4 +1,4 @@
-"""Bring your own attention: tensors computed elsewhere -> the parts of an :class:`~attnscope.record.AttentionRecord`.
+"""Bring your own attention: tensors computed elsewhere -> the parts of an :class:`~attnscope.records.AttentionRecord`.
 
 Users of BertViz and TransformerLens already hold attention tensors. This module turns them into a
 record, so every view, statistic and classifier of attnscope works on them:
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AttnscopeError
+from ..errors import AttnscopeError
 
 # TransformerLens's name of the attention pattern of block ``layer``: [batch, head_index, query_pos, key_pos]
 PATTERN_KEY = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")

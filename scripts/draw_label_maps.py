@@ -1,9 +1,9 @@
 """How the real labelled set's maps were drawn and rendered for labelling (run once per batch; kept for the record).
 
-    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets        # batch 1, ids 0-71
-    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-2 2    # batch 2, ids 72-123
-    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-3 3    # batch 3, ids 124-171
-    .venv/bin/python src/attnscope/analysis/labels/draw_maps.py /tmp/label-sheets-4 4    # batch 4, ids 172-217
+    .venv/bin/python scripts/draw_label_maps.py /tmp/label-sheets        # batch 1, ids 0-71
+    .venv/bin/python scripts/draw_label_maps.py /tmp/label-sheets-2 2    # batch 2, ids 72-123
+    .venv/bin/python scripts/draw_label_maps.py /tmp/label-sheets-3 3    # batch 3, ids 124-171
+    .venv/bin/python scripts/draw_label_maps.py /tmp/label-sheets-4 4    # batch 4, ids 172-217
 
 writes ``candidates.tsv`` (id, layer, head, text, pair; the label column empty) and sheets of four
 maps per PNG (``sheet_00.png`` ...), drawn with ``figures.draw_map`` with the main diagonal marked
@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 
 import attnscope
-from attnscope.analysis.corpus import brown_pairs
 from attnscope.analysis.figures import grid_figure
-from attnscope.data import brown_sentences
+from attnscope.data import brown_pairs, brown_sentences
 
 SEED = 2019  # the year of Kovaleva et al., Clark et al. and Vig
 RANDOM_SINGLES = RANDOM_PAIRS = 24

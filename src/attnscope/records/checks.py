@@ -26,7 +26,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .errors import AttnscopeError
+from ..errors import AttnscopeError
+from .format import ROW_STATISTICS, distance_bin_edges
 
 TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
 ATTENTION_FIELDS = ("attention", "norms")  # [layer, head, q_pos, k_pos]
@@ -105,8 +106,8 @@ def _refuse_constant(name: str) -> None:
 
 @cache
 def record_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a record's metadata (``attnscope/record.schema.json``)."""
-    return json.loads(resources.files("attnscope").joinpath("record.schema.json").read_text(encoding="utf-8"))
+    """The JSON Schema (draft 2020-12) of a record's metadata (``attnscope/records/record.schema.json``)."""
+    return json.loads(resources.files("attnscope.records").joinpath("record.schema.json").read_text(encoding="utf-8"))
 
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
@@ -276,8 +277,6 @@ def _expected_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> d
 def _partial_shapes(meta: dict[str, Any], n_tokens: int) -> dict[str, tuple[str, Shape]]:
     """The input side's arrays of a partial record: ``[held layer, held head, row, ...]`` (see
     :mod:`attnscope.capture.planned`); rows are the ``input.query_positions``."""
-    from .capture.rows import ROW_STATISTICS, distance_bin_edges
-
     selection, kind = meta["selection"], _main_kind(meta)
     lead: Shape = (len(selection["layers"]), len(selection["heads"]))
     rows = "query rows"
