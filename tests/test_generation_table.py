@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.lab.generation_table import most_attended, step_rows, step_sinks
+from attnscope.analysis.step_table import most_attended, step_rows, step_sinks
 from attnscope.records.attention import ModelInfo
 from attnscope.records.generation import GenerationRecord, packed_length, row_offset
 

@@ -10,18 +10,13 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .arguments import add_output_folder, index_list, positive_int
+from .arguments import positive_int
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
 from .version import __version__
-
-if TYPE_CHECKING:
-    from .records.attention import AttentionRecord
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
@@ -117,115 +112,18 @@ def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return load_model(args.model, dtype=args.dtype, device=args.device)
 
 
-# ---- report ---------------------------------------------------------------------------------
-def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("text", help="the text (first sentence)")
-    parser.add_argument("--pair", "-p", help="second sentence (encoders/decoders) or target text (encoder-decoders)")
-    parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers to show (default: all)")
-    add_model_arguments(parser)
-
-
-def _run_report(args: argparse.Namespace) -> int:
-    from .capture.extract import extract
-    from .capture.tokens import split_item
-    from .experiments.interventions import check_layers_and_heads
-    from .report import top_attention
-
-    split_item((args.text, args.pair), 0)  # reject bad input before the model loads
-    loaded = load_from_args(args)
-    check_layers_and_heads(loaded, args.layers)
-    record = extract(loaded, args.text, args.pair)
-    info = record.model
-    print(f"model {info.name} ({info.model_type}): {info.n_layers} layers x {info.n_heads} heads "
-          f"({info.n_kv_heads} key/value heads), {len(record.tokens)} tokens, layers and heads 0-indexed\n")
-    print(top_attention(record).to_text(args.layers))
-    return 0
-
-
-# ---- extract --------------------------------------------------------------------------------
-def _extract_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("text", nargs="?", help="one text to extract")
-    source.add_argument("--file", "-f", type=Path,
-                        help="a file of inputs: one text per line, or .jsonl with {\"text\": ..., \"pair\": ...}")
-    source.add_argument("--document", "-d", type=Path, help="a text file read as ONE input (a long document)")
-    parser.add_argument("--pair", "-p", help="second sentence / target text for the single TEXT")
-    add_output_folder(parser, "records", "the record files and index.jsonl (which input each file holds)")
-    parser.add_argument("--qkv", action="store_true", help="also record queries, keys and values per head")
-    parser.add_argument("--norms", action="store_true", help="also record ||alpha f(x)|| (Kobayashi et al. 2020)")
-    parser.add_argument("--float16", action="store_true", help="store arrays as float16 (half the size)")
-    parser.add_argument("--batch-size", type=positive_int, default=16, help="inputs per forward pass (default: 16)")
-    parser.add_argument("--max-tokens", "--max-length", dest="max_length", type=positive_int,
-                        help="truncate inputs to this many tokens (default and upper bound: the model's limit)")
-    parser.add_argument("--stream", action="store_true",
-                        help="write each record layer by layer as it is computed (one input at a time; memory holds "
-                        "one layer's chunk); open it lazily with attnscope.AttentionRecord.open")
-    add_model_arguments(parser)
-    from .capture.options import add_plan_arguments
-
-    add_plan_arguments(parser)
-
-
-def _run_extract(args: argparse.Namespace) -> int:
-    from .capture.extract import extract_corpus
-    from .capture.options import plan_from_args
-    from .capture.tokens import split_item
-    from .inputs import InputLine, read_document, read_input_lines
-    from .outputs import output_folder, record_name, save_records
-
-    if args.file:
-        inputs = read_input_lines(args.file)
-    else:
-        inputs = [InputLine(read_document(args.document), None, str(args.document)) if args.document
-                  else InputLine(args.text, args.pair)]
-    for index, entry in enumerate(inputs):
-        split_item(entry.item, index)  # reject bad input before the model loads
-    plan = plan_from_args(args)
-    if args.stream and args.qkv:
-        raise AttnscopeError("--stream keeps attention, norms and figures; capture --qkv without --stream")
-    with output_folder(args.out, overwrite=args.overwrite, command="extract") as out:
-        loaded = load_from_args(args)
-        records: Iterable[AttentionRecord]
-        if args.stream:
-            from .capture.extract import extract_to_file
-
-            records = (extract_to_file(loaded, *entry.item, path=out / record_name(index), plan=plan, norms=args.norms,
-                                       float16=args.float16, max_length=args.max_length)
-                       for index, entry in enumerate(inputs))
-        else:
-            records = extract_corpus(loaded, [entry.item for entry in inputs], batch_size=args.batch_size, qkv=args.qkv,
-                                     norms=args.norms, max_length=args.max_length, progress=len(inputs) > 1, plan=plan)
-        written = save_records(records, inputs, out, float16=args.float16, saved=args.stream)
-    print(f"wrote {written} record(s) and index.jsonl to {out}/ (load with attnscope.AttentionRecord.load, or "
-          "AttentionRecord.open for a lazy read)")
-    return 0
-
-
 COMMANDS = (
-    Command("report", "print what each token attends to most, per layer and head", """examples:
-  attnscope report "I went to the store." --pair "At the store, I bought fresh strawberries."
-  attnscope report "The cat sat." --model smollm2 --layers 0,5""", _report_arguments, _run_report),
-    Command("extract", "capture attention into record files (.safetensors)", """examples:
-  attnscope extract "I went to the store." --pair "At the store, I bought fresh strawberries."
-  attnscope extract --file sentences.txt --out records/ --norms --dtype bfloat16
-  attnscope extract --file sentences.txt --out records/ --device cuda --dtype float16
-  attnscope extract --file pairs.jsonl --qkv     # lines like {"text": "...", "pair": "..."}
-  attnscope extract --model smollm2 --document long.txt --stats --top-k 32 --stream --float16 -o long/
-  attnscope extract "The cat sat." --model smollm2 --layers 0-3 --queries last
-records/index.jsonl says which input (text, pair, file and line) each record file holds; the folder must be
-new or empty (--overwrite replaces an earlier run's files). Then in Python:
-  attnscope.AttentionRecord.load("records/record_000000.safetensors")
-(or AttentionRecord.open(...) to map a large record lazily; rec.holdings() says what it holds)""",
-            _extract_arguments, _run_extract),
     Command("models", "list built-in model aliases and whether they are installed", """examples:
   attnscope models
   attnscope models --json""", _models_arguments, _run_models),
 )
 
 
-# Other subpackages contribute their commands as a module-level ``COMMANDS`` tuple of ``Command``;
-# each is listed here once it exists, so a capability owns its commands next to its code.
+# Each capability contributes its commands as a module-level ``COMMANDS`` tuple of ``Command`` beside
+# its code (this module's own: ``models``); listed here in the order ``--help`` shows them.
 COMMAND_MODULES = (
+    "attnscope.capture.commands",
+    "attnscope.cli",
     "attnscope.present.commands",
     "attnscope.analysis.commands",
     "attnscope.experiments.commands",
@@ -239,7 +137,7 @@ def all_commands() -> tuple[Command, ...]:
     import importlib
     import importlib.util
 
-    commands = list(COMMANDS)
+    commands: list[Command] = []
     for module_name in COMMAND_MODULES:
         if importlib.util.find_spec(module_name.rpartition(".")[0]) is None or importlib.util.find_spec(module_name) is None:
             continue  # that capability is not part of this build
