@@ -12,7 +12,6 @@ import importlib.util
 import json
 import logging
 import os
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnscopeError
+from ..progress import say_slow_step
 from .adapters import Adapter, AttentionSite, adapter_for, find_sites, supported_model_types
 from .registry import ALIASES
 
@@ -298,11 +298,6 @@ def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implemen
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def say_slow_step(message: str) -> None:
-    """One progress line on stderr before a step that takes tens of seconds, so the wait is not silent."""
-    print(f"attnscope: {message}...", file=sys.stderr, flush=True)
 
 
 class _quiet_transformers:

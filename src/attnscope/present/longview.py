@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import zlib
 from collections.abc import Sequence
 from functools import cache
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..progress import say_slow_step
 from ..records.attention import AttentionRecord
 from .html import SCRIPTS, STYLES, AttentionView, static_text
 from .payload import LongPayload, Overview, PackedArray, Thumbnails, TopK, pack_float16, pack_uint16
@@ -139,7 +139,7 @@ def long_view_of(record: AttentionRecord, *, title: str | None = None, max_mb: f
     if block < 1:
         raise AttnscopeError("this record does not say the overview's block size (capture it with a plan)")
     if progress:
-        print(f"attnscope: building the long view of {len(record.tokens):,} tokens...", file=sys.stderr, flush=True)
+        say_slow_step(f"building the long view of {len(record.tokens):,} tokens")
     return long_view(record.tokens, overview, block, indices, weights, layers=record.layers_held,
                      heads=record.heads_held, causal=record.model.causal, special_mask=record.special_mask,
                      title=title, max_mb=max_mb)
