@@ -102,7 +102,7 @@ def test_prefill_rows_before_first_row_are_dropped_as_each_call_arrives(tiny_lla
             kept_per_layer.append(sum(piece.size for piece in self.segments.get(site.layer, [])))
 
     rows = Watching(first_row=len(ids) - 1)
-    with torch.inference_mode(), capture(tiny_llama.sites, step_sink=rows):
+    with torch.inference_mode(), capture(tiny_llama.sites, recorder=rows):
         tiny_llama.model(input_ids=torch.tensor([ids]), use_cache=True)
     assert kept_per_layer == [6 * len(ids)] * 3, "each layer keeps one row of every head, not [head, P, P]"
     # the attention function ran the unwanted rows fused: it computed the probabilities of one row only

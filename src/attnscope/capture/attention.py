@@ -4,9 +4,15 @@
 name ``"attnscope"`` and models are loaded with ``attn_implementation="attnscope"``, so every
 architecture that dispatches through the interface runs this code. Outside
 :func:`capture` and :func:`intervene` blocks it delegates to PyTorch's fused SDPA kernel (nothing
-to record, nothing to change). Inside them it computes attention eagerly, lets the active
-:class:`Intervention` objects rewrite the probabilities or the per-head outputs (head ablation,
-attention corruption), and records what the capture session asked for.
+to record, nothing to change). Inside them it lets the active :class:`Intervention` objects
+rewrite the probabilities or the per-head outputs (head ablation, attention corruption), and
+hands what it computed to the capture's :class:`~attnscope.capture.recorders.Recorder`.
+
+It has one path per computation, whatever records: fused (no site the recorder wants, no
+intervention), fused with the last rows computed (the recorder wants none of a call's first
+rows), chunked (the recorder takes rows chunk by chunk) and eager; which one runs is what the
+recorder answers (:mod:`attnscope.capture.recorders`). To add a new way of recording, implement
+``Recorder``; the attention function never changes.
 
 Attention modules are recognised by the ``attnscope_site`` attribute that ``load_model`` sets
 on each of them (see ``models.adapters``).
@@ -14,11 +20,11 @@ on each of them (see ``models.adapters``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -26,7 +32,8 @@ from torch import nn
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from .plan import CapturePlan
-from .rows import Allocate, BatchFacts, RowCapture, RowCollector
+from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
+from .rows import BatchFacts
 
 ATTN_IMPLEMENTATION = "attnscope"
 
@@ -55,82 +62,27 @@ class Intervention:
 
 
 @dataclass
-class SiteCapture:
-    """What one attention module produced in one forward pass (batched tensors, float32).
+class CaptureSession:
+    """An active capture: its sites and its :class:`~attnscope.capture.recorders.Recorder`.
 
-    ``attention``/``norms``: ``[batch, head, q_pos, k_pos]``; ``queries``/``keys``/``values``:
-    ``[batch, head, pos, d_head]`` with keys and values expanded to the query heads.
+    ``captured`` and :meth:`layers` are the recorder's, for the recorders that keep one capture per
+    ``(kind, layer)`` (the full and planned records, :class:`~attnscope.capture.recorders.PerSite`).
     """
 
-    attention: torch.Tensor
-    n_kv_heads: int
-    d_head: int
-    scaling: float
-    queries: torch.Tensor | None = None
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    norms: torch.Tensor | None = None
-    new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
-    first_query: int = 0  # the call's queries before this one have no row here (a step sink did not want them)
+    sites: Mapping[nn.Module, AttentionSite]
+    recorder: Recorder
 
     @property
-    def n_heads(self) -> int:
-        return int(self.attention.shape[1])
-
-
-@dataclass
-class CaptureSession:
-    """Collects :class:`SiteCapture` per ``(kind, layer)`` while it is active."""
-
-    sites: Mapping[nn.Module, AttentionSite]
-    record: bool = True
-    qkv: bool = False
-    norms: bool = False
-    stop_after: frozenset[tuple[str, int]] | None = None
-    plan: CapturePlan | None = None
-    facts: BatchFacts | None = None
-    sink: Sink | None = None
-    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None
-    captured: dict[tuple[str, int], SiteCapture | RowCapture] = field(default_factory=dict)
+    def captured(self) -> dict[tuple[str, int], Any]:
+        """What the recorder kept per ``(kind, layer)``: ``SiteCapture`` or ``RowCapture``."""
+        return cast(PerSite, self.recorder).captured
 
     def layers(self, kind: str) -> list[Any]:
         """Captures of ``kind``, ordered by layer."""
-        return [self.captured[key] for key in sorted(k for k in self.captured if k[0] == kind)]
-
-    def collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int, n_keys: int) -> RowCollector:
-        """The :class:`RowCollector` of a planned capture at ``site`` (``values``: ``[batch, head, k_pos,
-        d_head]``, for norms); with a sink, its large fields are views of the file being written."""
-        assert self.plan is not None and self.facts is not None, "a planned capture needs the batch's facts"
-        norms = value_norms(values, site) if self.norms else None
-        return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
-                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site),
-                            device=values.device)
-
-    def records_site(self, site: AttentionSite) -> bool:
-        """Whether this session keeps anything of ``site`` (a plan keeps its layers of the input side)."""
-        return self.record and (self.plan is None or (site.kind == main_kind(self.sites.values())
-                                                      and self.plan.wants_layer(site.layer)))
+        return cast(PerSite, self.recorder).layers(kind)
 
 
-def main_kind(sites: Iterable[AttentionSite]) -> str:
-    """The input side's kind of attention: ``encoder`` for encoder-decoders, else ``self``."""
-    return "encoder" if any(site.kind == "encoder" for site in sites) else "self"
-
-
-class Sink(Protocol):
-    """Where a streaming capture puts each site's results as they are produced (``records.format``)."""
-
-    def allocate(self, site: AttentionSite) -> Allocate: ...
-
-    def finish(self, site: AttentionSite, captured: RowCapture) -> RowCapture: ...
-
-
-class CaptureComplete(Exception):
-    """Raised once every site in ``stop_after`` is recorded: the rest of the forward pass (the last
-    feed-forward block, final norm, pooler) cannot change what was captured, so it is skipped."""
-
-
-_ACTIVE_SESSION: ContextVar[CaptureSession | None] = ContextVar("attnscope_session", default=None)
+_ACTIVE_RECORDER: ContextVar[Recorder | None] = ContextVar("attnscope_recorder", default=None)
 _ACTIVE_INTERVENTIONS: ContextVar[tuple[Intervention, ...]] = ContextVar("attnscope_interventions", default=())
 
 
@@ -158,31 +110,35 @@ def capture(
     plan: CapturePlan | None = None,
     facts: BatchFacts | None = None,
     sink: Sink | None = None,
-    step_sink: Callable[[AttentionSite, SiteCapture], None] | None = None,
+    recorder: Recorder | None = None,
 ) -> Iterator[CaptureSession]:
     """Activate a capture session for the forward passes run inside the block.
 
     The session is local to the current thread / async task (a ``ContextVar``) and is always
     removed on exit, whatever happens inside. With ``stop_when_complete`` the forward pass raises
-    :class:`CaptureComplete` right after the last attention site is recorded; catch it around the
-    call (only useful when the model's outputs are not needed).
+    :class:`~attnscope.capture.recorders.CaptureComplete` right after the last attention site is
+    recorded; catch it around the call (only useful when the model's outputs are not needed).
 
-    With a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in
-    query chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused.
-    A ``sink`` receives each site's results as soon as they are computed (streaming to disk).
-    A ``step_sink`` receives every call's :class:`SiteCapture` instead of the session keeping the
-    last one per site (generation: one call per site and step; with ``norms``, only the norms of the
-    values each call adds are computed, as ``new_value_norms``).
+    Without a ``plan``, every site's :class:`~attnscope.capture.recorders.SiteCapture` is kept
+    (``qkv``: with the queries, keys and values; ``norms``: with the norm-weighted attention). With
+    a ``plan`` (and the batch's ``facts``), the input side's chosen layers are computed in query
+    chunks and kept as :class:`~attnscope.capture.rows.RowCapture`; other sites run fused. A ``sink``
+    receives each site's results as soon as they are computed (streaming to disk). ``record=False``
+    keeps nothing (interventions still apply).
+
+    A ``recorder`` (:class:`~attnscope.capture.recorders.Recorder`) records its own way instead
+    (generation's :class:`~attnscope.capture.generate.StepRows`); the options above then do not apply.
     """
-    session = CaptureSession(sites, record=record, qkv=qkv, norms=norms, plan=plan, facts=facts, sink=sink,
-                             step_sink=step_sink)
-    if stop_when_complete:
-        session.stop_after = frozenset((s.kind, s.layer) for s in sites.values() if session.records_site(s))
-    token = _ACTIVE_SESSION.set(session)
+    if recorder is None:
+        recorder = built_in_recorder(sites, record=record, qkv=qkv, norms=norms,
+                                     stop_when_complete=stop_when_complete, plan=plan, facts=facts, sink=sink)
+    elif not record or qkv or norms or stop_when_complete or plan is not None or facts is not None or sink is not None:
+        raise ValueError("capture takes either a recorder or the options of the built-in records, not both")
+    token = _ACTIVE_RECORDER.set(recorder)
     try:
-        yield session
+        yield CaptureSession(sites, recorder)
     finally:
-        _ACTIVE_SESSION.reset(token)
+        _ACTIVE_RECORDER.reset(token)
 
 
 def interventions_active() -> bool:
@@ -239,28 +195,6 @@ def allowed_keys(attention_mask: torch.Tensor | None, q_len: int, k_len: int,
     return mask > torch.finfo(mask.dtype).min / 2  # additive masks hold 0 or the dtype's minimum
 
 
-def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
-    """||v_j W_O^h|| for every head h and key j: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos]``.
-
-    ``W_O^h`` is head h's slice of the output projection (Kobayashi et al. 2020, without the
-    output bias, which is added once after the heads are summed).
-    """
-    return transformed_values(values, site).norm(dim=-1)
-
-
-def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
-    """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
-    (float32, without the output bias)."""
-    if site.out_proj is None:
-        raise AttnscopeError(f"no output projection found for {site.name}; norms are unavailable for this model")
-    weight = cast(torch.Tensor, site.out_proj.weight).float()
-    if site.conv1d:
-        weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
-    n_heads, d_head = values.shape[1], values.shape[-1]
-    per_head = weight.view(weight.shape[0], n_heads, d_head).permute(1, 2, 0)  # [head, d_head, d_model]
-    return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
-
-
 def attnscope_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -277,29 +211,37 @@ def attnscope_attention(
     Returns the output ``[batch, q_pos, head, d_head]`` and the probabilities
     ``[batch, head, q_pos, k_pos]`` (None on the fused path).
     """
-    site: AttentionSite | None = getattr(module, "attnscope_site", None)
-    session = _ACTIVE_SESSION.get()
-    recording = session is not None and site is not None and session.records_site(site)
+    site: AttentionSite | None = getattr(module, "attnscope_site", None)  # on the nn.Module: set by load_model
+    recorder = _ACTIVE_RECORDER.get()
+    if site is None or (recorder is not None and not recorder.wants(site)):
+        recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     # SDPA has no logit softcapping (Gemma 2): such models always take the eager path below
-    if (site is None or not (recording or interventions)) and kwargs.get("softcap") is None:
+    if (site is None or (recorder is None and not interventions)) and kwargs.get("softcap") is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if kwargs.get("s_aux") is not None:
         raise AttnscopeError("attention sinks (s_aux) are not supported by attnscope's capture yet")
-    unwanted = _rows_not_wanted(session, site, query.shape[2]) if recording and not interventions else 0
+    # an intervention changes every row, so only a recorder alone may skip rows or take them in chunks
+    only = None if interventions else recorder
+    unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, query.shape[2]),
+                                                          query.shape[2] - 1)
     if unwanted and kwargs.get("softcap") is None:
-        assert session is not None and site is not None
-        return _fused_with_last_rows(module, session, site, query, key, value, attention_mask, scaling, unwanted,
-                                     kwargs)
+        assert only is not None and site is not None
+        return _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted, kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads = query.shape[1]
     keys = expand_kv_heads(key, n_heads)
     values = expand_kv_heads(value, n_heads)
-    if recording and session is not None and site is not None and session.plan is not None and not interventions:
-        output = chunked_attention(session, site, query, keys, values, attention_mask, scaling, key.shape[1], kwargs)
+    collector = None if only is None or site is None else only.row_collector(site, values, n_heads=n_heads,
+                                                                               n_keys=keys.shape[2])
+    if collector is not None:
+        assert only is not None and site is not None
+        output = chunked_attention(collector, site, query, keys, values, attention_mask, scaling, kwargs)
+        only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
+                                              scaling=scaling))
         return output, None
     if site is not None:
         attention_mask = rows_mask(attention_mask, site, query.shape[2], keys.shape[2], 0, query.device)
@@ -310,9 +252,9 @@ def attnscope_attention(
         allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
-    if recording:
-        assert session is not None and site is not None
-        _keep(session, site, _site_capture(session, site, query, keys, values, probs, key.shape[1], scaling))
+    if recorder is not None:
+        assert site is not None
+        recorder.keep(site, AttentionCall(query, keys, values, probs, key.shape[1], scaling))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
     output = torch.matmul(mixing, values).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
@@ -322,19 +264,13 @@ def attnscope_attention(
     return output, probs.to(query.dtype)
 
 
-def _rows_not_wanted(session: CaptureSession | None, site: AttentionSite | None, n_queries: int) -> int:
-    """How many of this call's first queries the step sink wants no row of (0 without such a sink)."""
-    ask = getattr(session.step_sink, "rows_not_wanted", None) if session is not None else None
-    return 0 if ask is None or site is None else min(int(ask(site, n_queries)), n_queries - 1)
-
-
-def _fused_with_last_rows(module: nn.Module, session: CaptureSession, site: AttentionSite, query: torch.Tensor,
+def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: AttentionSite, query: torch.Tensor,
                           key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
                           scaling: float | None, unwanted: int, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, None]:
-    """A call whose first ``unwanted`` query rows nobody keeps (a long prompt in generation): the
-    output by PyTorch's fused SDPA, as without capture, and the probabilities of the other rows
-    only, computed as the eager path computes them. Memory: one ``[head, q - unwanted, k]`` block,
-    not ``[head, q, k]``."""
+    """A call whose first ``unwanted`` query rows the recorder does not want (a long prompt in
+    generation): the output by PyTorch's fused SDPA, as without capture, and the probabilities of
+    the other rows only, computed as the eager path computes them. Memory: one
+    ``[head, q - unwanted, k]`` block, not ``[head, q, k]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
@@ -344,20 +280,8 @@ def _fused_with_last_rows(module: nn.Module, session: CaptureSession, site: Atte
     mask = rows_mask(attention_mask, site, n_queries, keys.shape[2], unwanted, query.device)
     wanted = query[:, :, unwanted:]
     probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
-    _keep(session, site, _site_capture(session, site, wanted, keys, values, probs, key.shape[1], scaling, unwanted))
+    recorder.keep(site, AttentionCall(wanted, keys, values, probs, key.shape[1], scaling, first_query=unwanted))
     return output, None
-
-
-def _keep(session: CaptureSession, site: AttentionSite, captured: SiteCapture | RowCapture) -> None:
-    """Store what was captured at ``site`` (after the sink took it); stop the forward once every wanted site is in."""
-    if session.step_sink is not None and isinstance(captured, SiteCapture):
-        session.step_sink(site, captured)
-        return
-    if session.sink is not None and isinstance(captured, RowCapture):
-        captured = session.sink.finish(site, captured)
-    session.captured[(site.kind, site.layer)] = captured
-    if session.stop_after is not None and session.stop_after <= session.captured.keys():
-        raise CaptureComplete
 
 
 def rows_mask(attention_mask: torch.Tensor | None, site: AttentionSite, n_queries: int, n_keys: int, first: int,
@@ -377,25 +301,22 @@ def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None 
     return (torch.arange(k_len, device=device)[None, :] <= queries)[None, None]
 
 
-def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
-                      values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float, n_kv_heads: int,
+def chunked_attention(collector: ChunkCollector, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                       kwargs: Mapping[str, Any]) -> torch.Tensor:
-    """Attention of one site ``plan.chunk`` queries at a time, each chunk handed to a
-    :class:`RowCollector`; returns the output ``[batch, q_pos, head, d_head]``.
+    """Attention of one site ``collector.chunk`` queries at a time, each chunk handed to the
+    ``collector``; returns the output ``[batch, q_pos, head, d_head]``.
 
     ``keys``/``values`` are expanded to the query heads. Without a mask, causal attention only
     computes the keys up to each chunk's last query (the rest would get weight 0).
     """
-    plan = session.plan
-    assert plan is not None
     batch, n_heads, q_len, _ = query.shape
     k_len = keys.shape[2]
     implicit_causal = attention_mask is None and site.causal and q_len == k_len
-    collector = session.collector(site, values, n_heads=n_heads, n_keys=k_len)
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
-    for start in range(0, q_len, plan.chunk):
-        end = min(start + plan.chunk, q_len)
+    for start in range(0, q_len, collector.chunk):
+        end = min(start + collector.chunk, q_len)
         k_seen = end if implicit_causal else k_len
         mask = None if attention_mask is None else attention_mask[:, :, start:end, :k_seen]
         scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, :k_seen], mask, 1.0,
@@ -404,34 +325,10 @@ def chunked_attention(session: CaptureSession, site: AttentionSite, query: torch
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1)
-        collector.add(start, probs, scores if plan.statistics else None)
+        collector.add(start, probs, scores if collector.wants_logits else None)
         del scores
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
-    _keep(session, site, collector.finish(n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=query.shape[-1],
-                                          scaling=scaling))
     return output
-
-
-def _site_capture(session: CaptureSession, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
-                  values: torch.Tensor, probs: torch.Tensor, n_kv_heads: int,
-                  scaling: float, first_query: int = 0) -> SiteCapture | RowCapture:
-    """``first_query``: the call's queries before it have no row in ``query``/``probs`` (a step sink
-    did not want them); the values they added still get their norms."""
-    if session.plan is not None:  # a plan under interventions: the full matrix, then kept chunk by chunk
-        collector = session.collector(site, values.detach(), n_heads=probs.shape[1], n_keys=probs.shape[-1])
-        for start in range(0, probs.shape[2], session.plan.chunk):
-            collector.add(start, probs[:, :, start : start + session.plan.chunk].detach())
-        return collector.finish(n_heads=probs.shape[1], n_kv_heads=n_kv_heads, d_head=query.shape[-1],
-                                scaling=scaling)
-    result = SiteCapture(attention=probs.detach(), n_kv_heads=n_kv_heads, d_head=query.shape[-1], scaling=scaling,
-                         first_query=first_query)
-    if session.qkv:
-        result.queries, result.keys, result.values = (t.detach().float() for t in (query, keys, values))
-    if session.norms and session.step_sink is not None:  # the earlier keys' norms came with earlier calls
-        result.new_value_norms = value_norms(values[:, :, -(first_query + query.shape[2]):].detach(), site)
-    elif session.norms:
-        result.norms = probs.detach() * value_norms(values.detach(), site)[:, :, None, :]
-    return result
 
 
 capture_attention = capture  # the public name: ``attnscope.capture`` is this subpackage
@@ -456,7 +353,7 @@ def attnscope_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """
     from transformers.masking_utils import eager_mask, sdpa_mask
 
-    session = _ACTIVE_SESSION.get()
-    if session is not None and session.plan is not None:
+    recorder = _ACTIVE_RECORDER.get()
+    if recorder is not None and recorder.lazy_mask:
         return sdpa_mask(*args, **kwargs)
     return eager_mask(*args, **kwargs)

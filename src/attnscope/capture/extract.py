@@ -21,12 +21,13 @@ from torch import nn
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord, ModelInfo
-from .attention import CaptureComplete, CaptureSession, SiteCapture, capture, main_kind
+from .attention import CaptureSession, capture
 from .concurrency import OrderedMap, concurrent_map, default_workers
 from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .loading import load_model
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
+from .recorders import CaptureComplete, SiteCapture, main_kind
 from .rows import RowCapture
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 

@@ -23,9 +23,10 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
-from .attention import SiteCapture, capture, interventions_active
+from .attention import capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
+from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -41,25 +42,37 @@ PROMPT_ROWS_BUDGET = 512 * 2**20
 
 
 @dataclass
-class StepRows:
-    """Receives every attention call of a generation (a capture session's ``step_sink``).
+class StepRows(Recorder):
+    """Records every self-attention call of a generation (a capture's recorder).
 
     The prompt arrives as one ``[head, P, P]`` block per layer, then each step as ``[head, 1, k]``;
     keys are the last ``k`` positions up to the call's last query (a sliding-window cache may hold
     fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
     are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
     ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
+    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``).
     """
 
     first_row: int = 0
+    with_norms: bool = False
     segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
 
+    def wants(self, site: AttentionSite) -> bool:
+        return site.kind == "self"
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
+                               scaling=call.scaling, first_query=call.first_query)
+        if self.with_norms:  # the earlier keys' norms came with earlier calls
+            added = call.values[:, :, -(call.first_query + call.query.shape[2]):]
+            captured.new_value_norms = value_norms(added.detach(), site)
+        self(site, captured)
+
     def __call__(self, site: AttentionSite, captured: SiteCapture) -> None:
-        if site.kind != "self":
-            return
+        """Pack one call's rows (``captured.attention``: ``[1, head, q_row, k_pos]``)."""
         self.first = self.first or captured
         start = self.positions.get(site.layer, 0) + captured.first_query  # the block's first query position
         block = captured.attention[0]  # batch of one: [head, q_pos, k_pos]
@@ -73,7 +86,7 @@ class StepRows:
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
         """How many of a call's first queries have no row kept: the attention function then runs them
         fused and computes the probabilities of the others only (a long prompt's prefill)."""
-        return max(0, self.first_row - self.positions.get(site.layer, 0)) if site.kind == "self" else 0
+        return max(0, self.first_row - self.positions.get(site.layer, 0))
 
     def packed(self, n_positions: int) -> np.ndarray:
         """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
@@ -209,8 +222,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    rows = StepRows(first_row=first_row)
-    with (torch.inference_mode(), capture(loaded.sites, norms=norms, step_sink=rows),
+    rows = StepRows(first_row=first_row, with_norms=norms)
+    with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
           torch.random.fork_rng(devices=[]), _quiet_transformers()):
         torch.manual_seed(seed)
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)

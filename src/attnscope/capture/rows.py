@@ -158,6 +158,7 @@ class RowCollector:
                  value_norms: torch.Tensor | None = None, allocate: Allocate | None = None,
                  device: torch.device | None = None) -> None:
         self.plan, self.facts, self.causal, self.n_keys, self.device = plan, facts, causal, n_keys, device
+        self.chunk, self.wants_logits = plan.chunk, plan.statistics  # how the attention function feeds it
         plan.check_against(n_heads=n_heads)
         self.heads = plan.head_numbers(n_heads)
         self.head_index = torch.tensor(self.heads, device=device)

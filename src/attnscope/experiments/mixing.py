@@ -34,9 +34,10 @@ from ..analysis.mixing import (
     mixing_from_record,
     mixing_from_tensors,
 )
-from ..capture.attention import SiteCapture, capture, intervene, main_kind, transformed_values
+from ..capture.attention import capture, intervene
 from ..capture.hooks import local_hooks
 from ..capture.loading import load_model
+from ..capture.recorders import SiteCapture, main_kind, transformed_values
 from ..capture.tokens import Side, encode_side
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
+from ..capture.recorders import AttentionCall, Recorder
 from ..capture.tokens import ids_within
 from ..errors import AttnscopeError
+from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -127,12 +129,29 @@ def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
     return torch.tensor([ids], device=loaded.input_device)
 
 
+@dataclass
+class NewestCrossRows(Recorder):
+    """A capture's recorder that keeps, per cross-attention layer, the newest decoder position's
+    row: ``rows[layer]`` ``[head, source_pos]`` (a batch of one).
+
+    It asks for every site, so every site runs eagerly as the step debugger always has: PyTorch's
+    fused kernel would move the logits by float32 rounding (about 1e-6), enough to flip a near-tie
+    and change the toy translator's published figures."""
+
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        if site.kind == "cross":
+            self.rows[site.layer] = call.probs[0, :, -1, :]
+
+
 def step_forward(loaded: LoadedModel, source_ids: torch.Tensor, prefix_ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
     """Logits of the next token ``[vocab]`` and the newest position's cross-attention ``[layer, head, source_pos]``."""
-    with torch.inference_mode(), capture(loaded.sites) as session:
+    newest = NewestCrossRows()
+    with torch.inference_mode(), capture(loaded.sites, recorder=newest):
         logits = loaded.model(input_ids=source_ids, decoder_input_ids=torch.tensor([prefix_ids], device=source_ids.device),
                               use_cache=False).logits
-    rows = [c.attention[0, :, -1, :].to(source_ids.device) for c in session.layers("cross")]
+    rows = [newest.rows[layer].to(source_ids.device) for layer in sorted(newest.rows)]
     cross = torch.stack(rows).cpu()  # [layer, head, source_pos], one copy to the CPU
     return logits[0, -1].float().cpu(), cross.numpy()
 

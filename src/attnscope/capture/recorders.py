@@ -1,0 +1,276 @@
+"""Recorders: what a capture keeps of each attention call.
+
+The one attention function (:func:`attnscope.capture.attention.attnscope_attention`) computes
+attention and asks the active capture's :class:`Recorder` what to record; it never asks which kind
+of recorder it talks to. A recorder says
+
+* which sites it wants (:meth:`~Recorder.wants`); the others run on PyTorch's fused kernel;
+* how many of a call's first query rows it does not need (:meth:`~Recorder.rows_not_wanted`, 0 for
+  most): those rows run fused, and only the others' probabilities are computed;
+* whether it takes a call's rows chunk by chunk (:meth:`~Recorder.row_collector` returns a
+  :class:`ChunkCollector`): the call is then computed in query chunks, so no ``[q_pos, k_pos]``
+  block exists, and what the collector finishes with goes to :meth:`~Recorder.keep_rows`;
+* whether the mask builder should give SDPA's lazy mask (``lazy_mask``: None where only causality
+  masks, so a long input builds no ``[q_pos, k_pos]`` mask; chunked computation masks causally itself);
+* what to keep of an eager call (:meth:`~Recorder.keep`, given the call's tensors as an
+  :class:`AttentionCall`).
+
+A recorder raises :class:`CaptureComplete` itself once it has everything it wants.
+
+The recorders: :class:`FullRecord` (everything, a :class:`SiteCapture` per ``(kind, layer)``) and
+:class:`PlannedRecord` (what a :class:`~attnscope.capture.plan.CapturePlan` asks for, a
+:class:`~attnscope.capture.rows.RowCapture` per layer of the input side), which
+:func:`~attnscope.capture.attention.capture` builds from its options;
+:class:`~attnscope.capture.generate.StepRows` (generation, every call's rows as they come) and
+``lab.stepper``'s newest cross-attention rows, passed as ``capture(sites, recorder=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import torch
+from torch import nn
+
+from ..errors import AttnscopeError
+from ..models.adapters import AttentionSite
+from .plan import CapturePlan
+from .rows import Allocate, BatchFacts, RowCapture, RowCollector
+
+
+class CaptureComplete(Exception):
+    """Raised by a recorder once it has every site it wants: the rest of the forward pass (the last
+    feed-forward block, final norm, pooler) cannot change what was captured, so it is skipped."""
+
+
+@dataclass(slots=True)
+class AttentionCall:
+    """The tensors of one eagerly computed attention call, as a recorder receives them.
+
+    ``query``: ``[batch, head, q_row, d_head]``, the rows whose probabilities were computed: the
+    call's queries ``first_query..`` (the earlier ones were not wanted, see
+    :meth:`Recorder.rows_not_wanted`); ``keys``/``values``: ``[batch, head, k_pos, d_head]``, every
+    key of the call, expanded to the query heads; ``probs``: ``[batch, head, q_row, k_pos]`` float32,
+    after any intervention.
+    """
+
+    query: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    probs: torch.Tensor
+    n_kv_heads: int
+    scaling: float
+    first_query: int = 0
+
+    @property
+    def d_head(self) -> int:
+        return int(self.query.shape[-1])
+
+
+class ChunkCollector(Protocol):
+    """Takes one site's probabilities a query chunk at a time (:class:`~attnscope.capture.rows.RowCollector`)."""
+
+    chunk: int  # queries per chunk
+    wants_logits: bool  # whether :meth:`add` should also get the logits (they make the entropy cheaper)
+
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+        """Probabilities of queries ``start..``: ``[batch, head, chunk, k_seen]`` float32 (later keys are 0)."""
+
+    def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> Any:
+        """What was collected, handed to :meth:`Recorder.keep_rows`."""
+
+
+class Recorder(Protocol):
+    """What the attention function asks of a capture (see the module docstring).
+
+    Subclass it to inherit the defaults: every site, every row, eager calls, the eager mask.
+    """
+
+    lazy_mask: bool = False  # True: the mask builder gives SDPA's lazy mask (for chunked calls)
+
+    def wants(self, site: AttentionSite) -> bool:
+        """Whether to record ``site``; the attention function runs the others fused (without interventions)."""
+        return True
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        """How many of a call's first queries need no row: they run fused, the others' rows are
+        computed (asked without interventions only; at most ``n_queries - 1`` is honoured)."""
+        return 0
+
+    def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int,
+                      n_keys: int) -> ChunkCollector | None:
+        """A collector for a call computed in query chunks (``values``: ``[batch, head, k_pos, d_head]``,
+        expanded), or None for an eager call (asked without interventions only)."""
+        return None
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        """Keep what is wanted of an eager call."""
+
+    def keep_rows(self, site: AttentionSite, collected: Any) -> None:
+        """Keep what the collector of a chunked call finished with."""
+        raise TypeError(f"{type(self).__name__} gives a row collector, so it must keep its rows (keep_rows)")
+
+
+@dataclass
+class SiteCapture:
+    """What one attention module produced in one forward pass (batched tensors, float32).
+
+    ``attention``/``norms``: ``[batch, head, q_pos, k_pos]``; ``queries``/``keys``/``values``:
+    ``[batch, head, pos, d_head]`` with keys and values expanded to the query heads.
+    """
+
+    attention: torch.Tensor
+    n_kv_heads: int
+    d_head: int
+    scaling: float
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
+    new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
+    first_query: int = 0  # the call's queries before this one have no row here (the recorder did not want them)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attention.shape[1])
+
+
+class Sink(Protocol):
+    """Where a streaming capture puts each site's results as they are produced (``records.format``)."""
+
+    def allocate(self, site: AttentionSite) -> Allocate: ...
+
+    def finish(self, site: AttentionSite, captured: RowCapture) -> RowCapture: ...
+
+
+def main_kind(sites: Iterable[AttentionSite]) -> str:
+    """The input side's kind of attention: ``encoder`` for encoder-decoders, else ``self``."""
+    return "encoder" if any(site.kind == "encoder" for site in sites) else "self"
+
+
+def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    """||v_j W_O^h|| for every head h and key j: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos]``.
+
+    ``W_O^h`` is head h's slice of the output projection (Kobayashi et al. 2020, without the
+    output bias, which is added once after the heads are summed).
+    """
+    return transformed_values(values, site).norm(dim=-1)
+
+
+def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
+    (float32, without the output bias)."""
+    if site.out_proj is None:
+        raise AttnscopeError(f"no output projection found for {site.name}; norms are unavailable for this model")
+    weight = cast(torch.Tensor, site.out_proj.weight).float()
+    if site.conv1d:
+        weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
+    n_heads, d_head = values.shape[1], values.shape[-1]
+    per_head = weight.view(weight.shape[0], n_heads, d_head).permute(1, 2, 0)  # [head, d_head, d_model]
+    return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
+
+
+class PerSite(Recorder):
+    """A recorder that keeps one capture per ``(kind, layer)`` (the last call's), in ``captured``.
+
+    ``stop_after``: the sites whose arrival completes the capture (:class:`CaptureComplete`), or None.
+    """
+
+    def __init__(self, stop_after: frozenset[tuple[str, int]] | None) -> None:
+        self.stop_after = stop_after
+        self.captured: dict[tuple[str, int], Any] = {}
+
+    def layers(self, kind: str) -> list[Any]:
+        """Captures of ``kind``, ordered by layer."""
+        return [self.captured[key] for key in sorted(k for k in self.captured if k[0] == kind)]
+
+    def store(self, site: AttentionSite, captured: Any) -> None:
+        """Keep ``captured`` as ``site``'s; stop the forward once every wanted site is in."""
+        self.captured[(site.kind, site.layer)] = captured
+        if self.stop_after is not None and self.stop_after <= self.captured.keys():
+            raise CaptureComplete
+
+
+def _stop_after(recorder: Recorder, sites: Mapping[nn.Module, AttentionSite],
+                stop_when_complete: bool) -> frozenset[tuple[str, int]] | None:
+    """Every site ``recorder`` wants, when it should stop once they are in."""
+    return frozenset((s.kind, s.layer) for s in sites.values() if recorder.wants(s)) if stop_when_complete else None
+
+
+class FullRecord(PerSite):
+    """Everything: a :class:`SiteCapture` per ``(kind, layer)``, with ``qkv`` the queries, keys and
+    values, with ``norms`` the norm-weighted attention ``||a_ij v_j W_O||`` (``record=False``: nothing)."""
+
+    def __init__(self, sites: Mapping[nn.Module, AttentionSite], *, record: bool = True, qkv: bool = False,
+                 norms: bool = False, stop_when_complete: bool = False) -> None:
+        self.record, self.qkv, self.norms = record, qkv, norms
+        super().__init__(_stop_after(self, sites, stop_when_complete))
+
+    def wants(self, site: AttentionSite) -> bool:
+        return self.record
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        result = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
+                             scaling=call.scaling, first_query=call.first_query)
+        if self.qkv:
+            result.queries, result.keys, result.values = (t.detach().float() for t in (call.query, call.keys,
+                                                                                      call.values))
+        if self.norms:
+            result.norms = call.probs.detach() * value_norms(call.values.detach(), site)[:, :, None, :]
+        self.store(site, result)
+
+
+class PlannedRecord(PerSite):
+    """What ``plan`` asks for, of the input side's chosen layers only: a
+    :class:`~attnscope.capture.rows.RowCapture` per layer, gathered by a
+    :class:`~attnscope.capture.rows.RowCollector` chunk by chunk (``facts``: the batch's).
+
+    With a ``sink``, the collector's large fields are views of the file being written and each
+    finished layer goes through ``sink.finish``. Under an intervention the attention function
+    hands over the full eager probabilities, which are fed to a collector chunk by chunk.
+    """
+
+    lazy_mask = True
+
+    def __init__(self, sites: Mapping[nn.Module, AttentionSite], plan: CapturePlan, facts: BatchFacts | None, *,
+                 record: bool = True, norms: bool = False, sink: Sink | None = None,
+                 stop_when_complete: bool = False) -> None:
+        self.plan, self.facts, self.record, self.norms, self.sink = plan, facts, record, norms, sink
+        self.kind = main_kind(sites.values())
+        super().__init__(_stop_after(self, sites, stop_when_complete))
+
+    def wants(self, site: AttentionSite) -> bool:
+        return self.record and site.kind == self.kind and self.plan.wants_layer(site.layer)
+
+    def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int, n_keys: int) -> RowCollector:
+        """``values``: ``[batch, head, k_pos, d_head]``, for the norms."""
+        assert self.facts is not None, "a planned capture needs the batch's facts"
+        norms = value_norms(values, site) if self.norms else None
+        return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
+                            value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site),
+                            device=values.device)
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        """An eager call (under an intervention): the full matrix, kept chunk by chunk."""
+        probs, chunk = call.probs, self.plan.chunk
+        collector = self.row_collector(site, call.values.detach(), n_heads=probs.shape[1], n_keys=probs.shape[-1])
+        for start in range(0, probs.shape[2], chunk):
+            collector.add(start, probs[:, :, start : start + chunk].detach())
+        self.keep_rows(site, collector.finish(n_heads=probs.shape[1], n_kv_heads=call.n_kv_heads, d_head=call.d_head,
+                                              scaling=call.scaling))
+
+    def keep_rows(self, site: AttentionSite, collected: RowCapture) -> None:
+        self.store(site, collected if self.sink is None else self.sink.finish(site, collected))
+
+
+def built_in_recorder(sites: Mapping[nn.Module, AttentionSite], *, record: bool = True, qkv: bool = False,
+                      norms: bool = False, stop_when_complete: bool = False, plan: CapturePlan | None = None,
+                      facts: BatchFacts | None = None, sink: Sink | None = None) -> PerSite:
+    """The recorder of :func:`~attnscope.capture.attention.capture`'s options: with a ``plan``, the
+    planned record (``qkv`` does not apply), else the full record (``facts`` and ``sink`` do not apply)."""
+    if plan is not None:
+        return PlannedRecord(sites, plan, facts, record=record, norms=norms, sink=sink,
+                             stop_when_complete=stop_when_complete)
+    return FullRecord(sites, record=record, qkv=qkv, norms=norms, stop_when_complete=stop_when_complete)
