@@ -52,7 +52,7 @@ def test_licence_and_project_links():
 
 def test_toy_translate_in_a_pipe_prints_the_strongest_source_token_as_text():
     from attnscope import load_model
-    from attnscope.lab.stepper import decode_steps
+    from attnscope.capture.decode import decode_steps
 
     sentence = "he wants to read the letter today"
     result = run("toy", "translate", sentence)

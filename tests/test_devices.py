@@ -214,7 +214,7 @@ def test_generation_with_capture_follows_the_device(models):
 
 
 def test_the_step_debugger_follows_the_device(models):
-    from attnscope.lab.stepper import _source_ids, step_forward
+    from attnscope.capture.decode import _source_ids, step_forward
 
     loaded = models["bart"]
     source = _source_ids(loaded, SENTENCES[0])

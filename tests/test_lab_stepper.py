@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnscope import AttnscopeError, capture_attention, load_model
+from attnscope.capture.decode import decode_steps, step_forward
 from attnscope.lab.experiments import BEGINNING_TOKENS, EXPERIMENTS, translate_with
-from attnscope.lab.stepper import decode_steps, step_forward
 
 SOURCE = "i can eat apples today"
 

@@ -16,8 +16,8 @@ import torch
 from attnscope import load_model
 from attnscope.capture import attention
 from attnscope.capture.attention import capture
+from attnscope.capture.decode import _source_ids, step_forward
 from attnscope.capture.recorders import AttentionCall, CaptureComplete, Recorder
-from attnscope.lab.stepper import _source_ids, step_forward
 from attnscope.models.adapters import AttentionSite
 
 from .conftest import SENTENCES

@@ -15,9 +15,9 @@ import torch
 from attnscope import extract, load_model
 from attnscope.analysis.patterns import classify_heads
 from attnscope.analysis.stats import head_statistics
+from attnscope.capture.decode import decode_steps
 from attnscope.experiments import ablate_heads, corrupt_attention, skip_sublayers
 from attnscope.experiments.metrics import encode_batches, model_output, sentence_embeddings
-from attnscope.lab.stepper import decode_steps
 from attnscope.models.registry import ALIASES
 from attnscope.present.payload import unpack
 

@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 
 from attnscope import generate, load_model
-from attnscope.lab.stepper import decode_steps
+from attnscope.capture.decode import decode_steps
 from attnscope.models.registry import ALIASES
-from attnscope.present.steps import StepsView, decoded_rows, generation_payload, steps_schema, steps_view
+from attnscope.present.steps import (
+    StepsView,
+    decoded_rows,
+    decoding_payload,
+    generation_payload,
+    steps_schema,
+    steps_view,
+)
 
 from .conftest import CHROMIUM
 
@@ -100,7 +107,7 @@ def test_interventions_are_labelled_and_records_without_norms_have_no_toggle(smo
 
 
 def test_the_translation_payload_holds_the_traces_steps_and_cross_attention(trace):
-    payload = trace.to_payload()
+    payload = decoding_payload(trace)
     assert payload["kind"] == "cross" and payload["source"] == list(trace.source_tokens)
     assert payload["keys"] == [len(trace.source_tokens)] * len(trace.steps)
     assert payload["weighted"] is None and payload["method"] == "beam search (2)"
@@ -115,12 +122,12 @@ def test_the_translation_payload_holds_the_traces_steps_and_cross_attention(trac
 @needs_smollm2
 def test_both_payloads_follow_the_schema(generation, trace):
     jsonschema.Draft202012Validator.check_schema(steps_schema())
-    for payload in (generation_payload(generation), trace.to_payload()):
+    for payload in (generation_payload(generation), decoding_payload(trace)):
         jsonschema.Draft202012Validator(steps_schema()).validate(json.loads(json.dumps(payload)))
 
 
 def test_the_schema_rejects_a_payload_missing_a_field_or_with_a_wrong_kind(trace):
-    payload = json.loads(json.dumps(trace.to_payload()))
+    payload = json.loads(json.dumps(decoding_payload(trace)))
     jsonschema.validate(payload, steps_schema())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**payload, "kind": "encoder"}, steps_schema())
@@ -137,7 +144,7 @@ def test_a_generations_view_fragment_gets_its_own_element_each_time(generation):
 
 
 def test_the_page_is_offline_and_its_payload_cannot_end_the_script(trace, tmp_path):
-    page = StepsView(trace.to_payload()).save(tmp_path / "steps.html").read_text(encoding="utf-8")
+    page = StepsView(decoding_payload(trace)).save(tmp_path / "steps.html").read_text(encoding="utf-8")
     assert "http:" not in page and "https:" not in page, "nothing loads from a network"
     assert page.count("</script>") == 2, "the payload is inside one <script> element and cannot close it"
     assert 'id="attnscope-steps"' in page and "Content-Security-Policy" in page
@@ -206,7 +213,7 @@ def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, g
 
 @needs_chromium
 def test_the_translation_page_draws_the_source_and_has_no_norm_toggle(browser, trace):
-    page = chromium_page(browser, trace.save_html(ARTIFACTS / "steps_translation.html"))
+    page = chromium_page(browser, steps_view(trace).save(ARTIFACTS / "steps_translation.html"))
     assert page.locator("[data-role=attention] .st-key").count() == len(trace.source_tokens)
     assert page.locator("[data-role=norms]").count() == 0
     page.keyboard.press("End")

@@ -22,7 +22,7 @@ The recorders: :class:`FullRecord` (everything, a :class:`SiteCapture` per ``(ki
 :class:`~attnscope.capture.rows.RowCapture` per layer of the input side), which
 :func:`~attnscope.capture.attention.capture` builds from its options;
 :class:`~attnscope.capture.generate.StepRows` (generation, every call's rows as they come) and
-``lab.stepper``'s newest cross-attention rows, passed as ``capture(sites, recorder=...)``.
+``capture.decode``'s newest cross-attention rows, passed as ``capture(sites, recorder=...)``.
 """
 
 from __future__ import annotations

@@ -57,16 +57,17 @@ def _load_toy(name: str = "toy-translator", dtype: str = "float32", device: str 
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from ..capture.decode import decode_steps
     from ..outputs import check_output_file, writing
-    from .stepper import decode_steps
+    from ..present.steps import print_decoding, steps_view
 
     if args.html:
         check_output_file(args.html)  # before the model loads
     trace = decode_steps(_load_toy(args.model, args.dtype, args.device), args.sentence, beams=args.beams, top_k=args.top_k)
-    trace.print_rich()
+    print_decoding(trace)
     if args.html:
         with writing(args.html):
-            print(f"step view: {trace.save_html(args.html)}")
+            print(f"step view: {steps_view(trace).save(args.html)}")
     return 0
 
 

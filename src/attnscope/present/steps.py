@@ -4,7 +4,7 @@ One payload and one page (``static/steps.js``) for both kinds of decoding attnsc
 
 * a causal LM generating (:class:`attnscope.GenerationRecord`): each step's query attends to the
   prompt and the text so far (self-attention, ``kind = "self"``);
-* an encoder-decoder translating (the toy translator's :class:`~attnscope.lab.stepper.DecodeTrace`):
+* an encoder-decoder translating (the toy translator's :class:`~attnscope.records.decoding.DecodeTrace`):
   each step's query attends to the source (cross-attention, ``kind = "cross"``).
 
 Each step ``s`` (0-indexed) chose ``text[first_step + s]`` and its query saw ``keys[s]`` keys:
@@ -26,7 +26,7 @@ layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are 
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
->>> trace.save_html("steps.html")             # a DecodeTrace        # doctest: +SKIP
+>>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 import numpy as np
 
 from ..errors import AttnscopeError
-from ..records.generation import GenerationRecord
+from ..records.decoding import DecodeTrace, Step
+from ..records.generation import Candidate, GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
 from .payload import PackedArray, pack_bytes, pack_float16, packed_bytes, to_json, unpack
 
@@ -280,10 +281,70 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:
     chosen = gen.chosen(step)
     return {"chosen": chosen.token, "probability": chosen.probability,
-            "candidates": [{"token": c.token, "probability": c.probability} for c in gen.candidates(step)]}
+            "candidates": [_candidate(c) for c in gen.candidates(step)]}
 
 
-def steps_view(gen: GenerationRecord, *, title: str | None = None) -> StepsView:
-    """The step view of a generation: step through the generated tokens (arrow keys or click);
-    ``steps_view(gen).save("steps.html")`` writes it as one self-contained page (no network)."""
-    return StepsView(generation_payload(gen, title=title))
+def _candidate(candidate: Candidate) -> StepCandidate:
+    shown: StepCandidate = {"token": candidate.token, "probability": candidate.probability}
+    if candidate.logit is not None:
+        shown["logit"] = candidate.logit
+    return shown
+
+
+def steps_view(decoding: GenerationRecord | DecodeTrace, *, title: str | None = None) -> StepsView:
+    """The step view of a generation or of an encoder-decoder's decoding: step through the tokens
+    (arrow keys or click); ``steps_view(gen).save("steps.html")`` writes it as one self-contained
+    page (no network)."""
+    if isinstance(decoding, DecodeTrace):
+        return StepsView(decoding_payload(decoding))
+    return StepsView(generation_payload(decoding, title=title))
+
+
+def decoding_payload(trace: DecodeTrace) -> StepsPayload:
+    """The step view's payload (``present/steps.schema.json``): every step's candidates and the
+    cross-attention of the newest decoder position over the source."""
+    last = trace.steps[-1] if trace.steps else None
+    text = [*last.prefix, last.chosen] if last else []
+    return build_steps_payload(title=f"{trace.method} decoding of: {trace.source}", model=trace.model,
+                               method=trace.method, kind="cross", text=text,
+                               first_step=len(trace.steps[0].prefix) if trace.steps else 0,
+                               steps=[_decoding_step(step) for step in trace.steps],
+                               rows=lambda index: trace.steps[index].cross_attention, source=trace.source_tokens)
+
+
+def _decoding_step(step: Step) -> StepInfo:
+    chosen = [c.probability for c in step.candidates if c.token == step.chosen]
+    info: StepInfo = {"chosen": step.chosen, "probability": chosen[0] if chosen else None,
+                      "candidates": [_candidate(c) for c in step.candidates]}
+    if step.beams:
+        info["beams"] = list(step.beams)
+    return info
+
+
+def print_decoding(trace: DecodeTrace, console: Any = None) -> None:
+    """The steps as a terminal table: prefix, top candidates, and the source shaded by attention."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    # colour alone marks the strongest source token; a file or a pipe gets it as text too
+    as_text = not console.is_terminal
+    table = Table(title=f"{trace.method} decoding of: {trace.source}", show_lines=False)
+    for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)",
+                   *(["strongest source token (weight)"] if as_text else [])):
+        table.add_column(column)
+    for step in trace.steps:
+        weights = step.cross_attention.mean(axis=(0, 1))  # [source_pos]
+        source = Text()
+        for token, weight in zip(trace.source_tokens, weights):
+            level = int(40 + 215 * float(weight) / max(float(weights.max()), 1e-9))
+            source.append(f"{token} ", style=f"bold rgb({255 - level // 2},{255 - level},{255 - level})"
+                          if weight == weights.max() else f"rgb({level},{level},{level})")
+        candidates = ", ".join(f"{c.token} {c.probability:.2f}" for c in step.candidates)
+        top = int(weights.argmax())
+        strongest = [f"{trace.source_tokens[top]} {float(weights[top]):.2f}"] if as_text else []
+        table.add_row(str(step.index), " ".join(step.prefix), candidates, source, *strongest)
+    console.print(table)
+    console.print(f"output: {trace.output}")
+

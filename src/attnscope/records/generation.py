@@ -39,11 +39,14 @@ NO_PROMPT_ROWS_ADVICE = ("generate(..., prompt_rows=True) or attnscope generate 
 @dataclass(frozen=True)
 class Candidate:
     """One of the model's top next tokens at a step: ``probability`` under its own distribution
-    (softmax of the raw logits, before temperature or other sampling settings)."""
+    (softmax of the raw logits, before temperature or other sampling settings); ``logit``, the raw
+    logit, where the decoding kept it (the step debugger does; a generation record keeps
+    probabilities only)."""
 
     token: str
     token_id: int
     probability: float
+    logit: float | None = None
 
 
 def row_offset(position: int) -> int:

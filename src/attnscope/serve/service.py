@@ -327,13 +327,14 @@ def next_token_change(loaded: LoadedModel, text: str, pair: str | None, change: 
 
 def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[str, Any]:
     """Encoder-decoders: greedy translation and its step-by-step trace, intact and changed."""
-    from ..lab.stepper import decode_steps
+    from ..capture.decode import decode_steps
+    from ..present.steps import decoding_payload
 
     intact = decode_steps(loaded, text)
     with change_context(loaded, change):
         changed = decode_steps(loaded, text)
     return {"type": "translation", "intact": intact.output, "changed": changed.output,
-            "intact_steps": intact.to_payload(), "changed_steps": changed.to_payload(),
+            "intact_steps": decoding_payload(intact), "changed_steps": decoding_payload(changed),
             "what": "the greedy translation of the input, intact and changed, with the decoding steps"}
 
 

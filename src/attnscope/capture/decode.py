@@ -11,113 +11,18 @@ attnscope can load (the toy translator, a local MarianMT folder, ...).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..capture.attention import capture
-from ..capture.recorders import AttentionCall, Recorder
-from ..capture.tokens import ids_within
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
-
-if TYPE_CHECKING:
-    from ..present.steps import StepInfo, StepsPayload
-
-
-@dataclass(frozen=True)
-class Candidate:
-    token: str
-    token_id: int
-    logit: float
-    probability: float
-
-
-@dataclass(frozen=True)
-class Step:
-    """One decoding step of the best hypothesis.
-
-    ``cross_attention``: ``[layer, head, source_pos]``, the newest decoder position's attention.
-    ``beams``: for beam search, every live hypothesis after this step as (text, log-probability).
-    """
-
-    index: int
-    prefix: tuple[str, ...]
-    candidates: tuple[Candidate, ...]
-    chosen: str
-    cross_attention: np.ndarray = field(repr=False)
-    beams: tuple[tuple[str, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodeTrace:
-    """The whole decoding of one source sentence."""
-
-    source: str
-    source_tokens: tuple[str, ...]
-    steps: tuple[Step, ...]
-    output: str
-    method: str
-    model: str = ""
-
-    def to_payload(self) -> StepsPayload:
-        """The step view's payload (``present/steps.schema.json``): every step's candidates and the
-        cross-attention of the newest decoder position over the source."""
-        from ..present.steps import build_steps_payload
-
-        last = self.steps[-1] if self.steps else None
-        text = [*last.prefix, last.chosen] if last else []
-        return build_steps_payload(title=f"{self.method} decoding of: {self.source}", model=self.model,
-                                   method=self.method, kind="cross", text=text,
-                                   first_step=len(self.steps[0].prefix) if self.steps else 0,
-                                   steps=[_step_info(step) for step in self.steps],
-                                   rows=lambda index: self.steps[index].cross_attention, source=self.source_tokens)
-
-    def save_html(self, path: str | Path) -> Path:
-        """A self-contained HTML page: step through the decoding (arrow keys or click)."""
-        from ..present.steps import StepsView
-
-        return StepsView(self.to_payload()).save(path)
-
-    def print_rich(self, console: Any = None) -> None:
-        """The steps as a terminal table: prefix, top candidates, and the source shaded by attention."""
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        console = console or Console()
-        # colour alone marks the strongest source token; a file or a pipe gets it as text too
-        as_text = not console.is_terminal
-        table = Table(title=f"{self.method} decoding of: {self.source}", show_lines=False)
-        for column in ("step", "prefix", "next (top-k, probability)", "cross-attention (mean of layers and heads)",
-                       *(["strongest source token (weight)"] if as_text else [])):
-            table.add_column(column)
-        for step in self.steps:
-            weights = step.cross_attention.mean(axis=(0, 1))  # [source_pos]
-            source = Text()
-            for token, weight in zip(self.source_tokens, weights):
-                level = int(40 + 215 * float(weight) / max(float(weights.max()), 1e-9))
-                source.append(f"{token} ", style=f"bold rgb({255 - level // 2},{255 - level},{255 - level})"
-                              if weight == weights.max() else f"rgb({level},{level},{level})")
-            candidates = ", ".join(f"{c.token} {c.probability:.2f}" for c in step.candidates)
-            top = int(weights.argmax())
-            strongest = [f"{self.source_tokens[top]} {float(weights[top]):.2f}"] if as_text else []
-            table.add_row(str(step.index), " ".join(step.prefix), candidates, source, *strongest)
-        console.print(table)
-        console.print(f"output: {self.output}")
-
-
-def _step_info(step: Step) -> StepInfo:
-    chosen = [c.probability for c in step.candidates if c.token == step.chosen]
-    info: StepInfo = {"chosen": step.chosen, "probability": chosen[0] if chosen else None,
-                      "candidates": [{"token": c.token, "probability": c.probability, "logit": c.logit}
-                                     for c in step.candidates]}
-    if step.beams:
-        info["beams"] = list(step.beams)
-    return info
+from ..records.decoding import DecodeTrace, Step
+from ..records.generation import Candidate
+from .attention import capture
+from .recorders import AttentionCall, Recorder
+from .tokens import ids_within
 
 
 def _source_ids(loaded: LoadedModel, source: str) -> torch.Tensor:
@@ -160,7 +65,7 @@ def _candidates(loaded: LoadedModel, logits: torch.Tensor, top_k: int) -> tuple[
     probabilities = torch.softmax(logits, dim=-1)
     top = torch.topk(logits, top_k)
     return tuple(
-        Candidate(loaded.tokenizer.convert_ids_to_tokens(int(i)), int(i), float(v), float(probabilities[i]))
+        Candidate(loaded.tokenizer.convert_ids_to_tokens(int(i)), int(i), float(probabilities[i]), logit=float(v))
         for v, i in zip(top.values, top.indices)
     )
 
