@@ -14,29 +14,27 @@ Everything here takes records (or arrays), never a model (corpus jobs, which loa
 
 from __future__ import annotations
 
-from .partial import partial_statistics
-from .patterns import PATTERNS, CorpusPatterns, HeadPatterns, classify_heads, pattern_names
-from .rollout import Flow, Rollout, attention_flow, attention_rollout
-from .sinks import SinkReport, sink_report
-from .stats import HeadStatistics, describe_statistics, head_statistics, statistic_names
-from .store import HeadStore
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "PATTERNS",
-    "CorpusPatterns",
-    "Flow",
-    "HeadPatterns",
-    "HeadStatistics",
-    "HeadStore",
-    "Rollout",
-    "SinkReport",
-    "attention_flow",
-    "attention_rollout",
-    "classify_heads",
-    "describe_statistics",
-    "head_statistics",
-    "partial_statistics",
-    "pattern_names",
-    "sink_report",
-    "statistic_names",
-]
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .partial import partial_statistics as partial_statistics
+    from .patterns import PATTERNS as PATTERNS
+    from .patterns import CorpusPatterns as CorpusPatterns
+    from .patterns import HeadPatterns as HeadPatterns
+    from .patterns import classify_heads as classify_heads
+    from .patterns import pattern_names as pattern_names
+    from .rollout import Flow as Flow
+    from .rollout import Rollout as Rollout
+    from .rollout import attention_flow as attention_flow
+    from .rollout import attention_rollout as attention_rollout
+    from .sinks import SinkReport as SinkReport
+    from .sinks import sink_report as sink_report
+    from .stats import HeadStatistics as HeadStatistics
+    from .stats import describe_statistics as describe_statistics
+    from .stats import head_statistics as head_statistics
+    from .stats import statistic_names as statistic_names
+    from .store import HeadStore as HeadStore
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -6,7 +6,7 @@ get their own page, drawn from a block-averaged overview and top-k rows (``longv
 ``long_view``, schema ``longview.schema.json``). The step view of a decoder's output, one token at
 a time, for causal LMs and encoder-decoders alike, is ``steps.py`` (schema ``steps.schema.json``).
 ``figures.py`` draws static heatmaps with
-matplotlib. Presentation computes no science: it draws what the record holds.
+matplotlib (an optional extra). Names are imported on first use. Presentation computes no science: it draws what the record holds.
 
 >>> from attnscope.present import view, plot_head       # doctest: +SKIP
 >>> view(rec).save("views.html")                         # doctest: +SKIP
@@ -15,56 +15,38 @@ matplotlib. Presentation computes no science: it draws what the record holds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .html import AttentionView, head_view, model_view, neuron_view, view, view_text
-from .longview import (
-    LONG_VIEWS,
-    build_long_payload,
-    downsample_attention,
-    long_view,
-    long_view_of,
-    long_view_schema,
-    top_k_rows,
-)
-from .payload import VIEWS, build_payload, payload_schema
-from .steps import StepsView, build_steps_payload, steps_schema
+from .._lazy import lazy_exports
 
-# the figures need matplotlib (an optional extra): imported on first use
-_FIGURES = ("FIGURES", "plot", "plot_grid", "plot_head", "plot_token_types", "save_figure")
+if TYPE_CHECKING:
+    from .figures import FIGURES as FIGURES
+    from .figures import plot as plot
+    from .figures import plot_grid as plot_grid
+    from .figures import plot_head as plot_head
+    from .figures import plot_token_types as plot_token_types
+    from .figures import save_figure as save_figure
+    from .html import AttentionView as AttentionView
+    from .html import head_view as head_view
+    from .html import model_view as model_view
+    from .html import neuron_view as neuron_view
+    from .html import view as view
+    from .html import view_text as view_text
+    from .longview import LONG_VIEWS as LONG_VIEWS
+    from .longview import build_long_payload as build_long_payload
+    from .longview import downsample_attention as downsample_attention
+    from .longview import long_view as long_view
+    from .longview import long_view_of as long_view_of
+    from .longview import long_view_schema as long_view_schema
+    from .longview import top_k_rows as top_k_rows
+    from .payload import VIEWS as VIEWS
+    from .payload import build_payload as build_payload
+    from .payload import payload_schema as payload_schema
+    from .steps import StepsView as StepsView
+    from .steps import build_steps_payload as build_steps_payload
+    from .steps import decoding_payload as decoding_payload
+    from .steps import generation_payload as generation_payload
+    from .steps import steps_schema as steps_schema
+    from .steps import steps_view as steps_view
 
-__all__ = [
-    "FIGURES",
-    "LONG_VIEWS",
-    "VIEWS",
-    "AttentionView",
-    "StepsView",
-    "build_long_payload",
-    "build_payload",
-    "build_steps_payload",
-    "downsample_attention",
-    "head_view",
-    "long_view",
-    "long_view_of",
-    "long_view_schema",
-    "model_view",
-    "neuron_view",
-    "payload_schema",
-    "plot",
-    "plot_grid",
-    "plot_head",
-    "plot_token_types",
-    "save_figure",
-    "steps_schema",
-    "top_k_rows",
-    "view",
-    "view_text",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _FIGURES:
-        from . import figures
-
-        return getattr(figures, name)
-    raise AttributeError(f"module 'attnscope.present' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
