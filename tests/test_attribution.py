@@ -68,7 +68,8 @@ def tiny(tiny_model_dir, tmp_path_factory):
 def model_logits(loaded, text: str) -> torch.Tensor:
     """``[position, vocab]``: the model's own logits, without capture."""
     with torch.inference_mode():
-        return loaded.model(**loaded.tokenizer(text, return_tensors="pt"), use_cache=False).logits[0].float()
+        ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]  # GPT-2 would add token type embeddings
+        return loaded.model(input_ids=ids, use_cache=False).logits[0].float()
 
 
 def uncapped(loaded, logits: torch.Tensor) -> torch.Tensor:
@@ -113,17 +114,20 @@ def test_each_heads_term_is_its_actual_output_through_the_frozen_final_norm(tiny
     outputs = HeadOutputs()
     final_in: dict[str, torch.Tensor] = {}
     norm = named_module(loaded, r"^(?:model\.)?norm$")
-    handle = norm.register_forward_pre_hook(lambda module, args: final_in.setdefault("x", args[0][0, -1]))
+    def keep(module, args) -> None:
+        final_in["x"] = args[0][0, -1]
+
+    handle = norm.register_forward_pre_hook(keep)
     try:
         with torch.inference_mode(), attnscope.intervene(outputs):
             loaded.model(**loaded.tokenizer(PROMPT, return_tensors="pt"), use_cache=False)
     finally:
         handle.remove()
     frozen = freeze_norm(norm, final_in["x"])
-    w = frozen.pull_back(lm_head(loaded).weight[dla.target_id].double())
+    w = frozen.pull_back(lm_head(loaded).weight[dla.target_id].detach().double())
     sites = {site.layer: site for site in loaded.sites.values()}
     for layer, output in outputs.outputs.items():
-        per_head = per_head_out_proj(sites[layer], output.shape[2])  # [head, d_head, d_model]
+        per_head = per_head_out_proj(sites[layer], output.shape[2]).detach()  # [head, d_head, d_model]
         terms = torch.einsum("hd,hdm,m->h", output[0, -1].double(), per_head, w)
         np.testing.assert_allclose(dla.heads[layer], terms.numpy(), atol=1e-6)
 

@@ -255,11 +255,13 @@ def _output_norms(loaded: LoadedModel, pattern: str) -> dict[int, nn.Module]:
     return {layer: module for (_, layer), module in find_modules(loaded.model, (ModuleRule("self", pattern),)).items()}
 
 
+@torch.inference_mode()
 def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, direction: torch.Tensor,
               head_bias: float = 0.0, index: int = 0, weights: dict[int, torch.Tensor] | None = None) -> Terms:
     """The terms of ``direction · N(x_t) + head_bias`` (``direction``: ``[d_model]``, an LM head row or a
     difference of two) at ``t = rows.positions[index]`` (``parts`` kept the same positions).
-    ``weights``: a cache of each layer's per-head ``W_O`` across calls (filled on first use)."""
+    ``weights``: a cache of each layer's per-head ``W_O`` across calls (filled on first use). Call it
+    outside :func:`residual_parts`: it runs the norms, whose hooks would keep its inputs."""
     facts = unembedding(loaded)
     if parts.final is None or parts.embeddings is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without the hooks direct logit attribution needs")

@@ -256,6 +256,7 @@ def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) ->
     with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
           residual_parts(loaded, positions) as parts, _quiet_transformers()):
         loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
         head = lm_head(loaded)
         weight, bias = head.weight, getattr(head, "bias", None)
         heads, logits, cache = [], [], {}  # cache: each layer's per-head W_O, converted once
