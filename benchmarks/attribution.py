@@ -91,7 +91,7 @@ def ioi_pairs(loaded: Any, n: int) -> list[PromptPair]:
 
 def text_of(loaded: Any, n_tokens: int) -> str:
     """Brown sentences joined, cut to about ``n_tokens`` tokens."""
-    ids = loaded.tokenizer(" ".join(brown_sentences(60)), add_special_tokens=False)["input_ids"][:n_tokens]
+    ids = loaded.tokenizer(" ".join(brown_sentences(10)), add_special_tokens=False)["input_ids"][:n_tokens]
     return str(loaded.tokenizer.decode(ids))
 
 
