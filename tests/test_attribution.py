@@ -127,7 +127,7 @@ def test_each_heads_term_is_its_actual_output_through_the_frozen_final_norm(tiny
     w = frozen.pull_back(lm_head(loaded).weight[dla.target_id].detach().double())
     sites = {site.layer: site for site in loaded.sites.values()}
     for layer, output in outputs.outputs.items():
-        per_head = per_head_out_proj(sites[layer], output.shape[2]).detach()  # [head, d_head, d_model]
+        per_head = per_head_out_proj(sites[layer], output.shape[2]).double()  # [head, d_head, d_model]
         terms = torch.einsum("hd,hdm,m->h", output[0, -1].double(), per_head, w)
         np.testing.assert_allclose(dla.heads[layer], terms.numpy(), atol=1e-6)
 

@@ -219,10 +219,10 @@ def freeze_norm(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
 
 
 def per_head_out_proj(site: AttentionSite, n_heads: int) -> torch.Tensor:
-    """``W_O`` split by head: ``[head, d_head, d_model]`` float64."""
+    """``W_O`` split by head: ``[head, d_head, d_model]``, a float32 view of the weight (no copy)."""
     if site.out_proj is None:
         raise AttnscopeError(f"no output projection found for {site.name}")
-    weight = cast(torch.Tensor, site.out_proj.weight).double()
+    weight = cast(torch.Tensor, site.out_proj.weight).detach().float()
     if site.conv1d:
         weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
     return weight.view(weight.shape[0], n_heads, -1).permute(1, 2, 0)
@@ -284,7 +284,8 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
         w_attention = w if frozen is None else frozen.pull_back(w)
         if layer not in weights:
             weights[layer] = per_head_out_proj(site, n_heads)
-        r = weights[layer] @ w_attention  # [head, d_head]: what one unit of head output adds
+        # [head, d_head]: what one unit of head output adds; float32 (copying W_O to float64 cost more than the pass)
+        r = (weights[layer] @ w_attention.float()).double()
         values = rows.values[layer][:, : t + 1].double()  # [head, source_pos, d_head]
         sources[layer] = rows.rows[layer][index, :, : t + 1].double() * (values @ r[:, :, None])[..., 0]
         bias = getattr(site.out_proj, "bias", None)
