@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -258,8 +258,10 @@ def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) ->
         loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
     with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
         head = lm_head(loaded)
-        weight, bias = head.weight, getattr(head, "bias", None)
-        heads, logits, cache = [], [], {}  # cache: each layer's per-head W_O, converted once
+        weight = cast(torch.Tensor, head.weight)
+        bias = cast(torch.Tensor | None, getattr(head, "bias", None))
+        heads, logits = [], []
+        cache: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
         for index, position in enumerate(positions):
             token = sequence[position + 1]
             terms = decompose(loaded, rows, parts, weight[token].double(), 0.0 if bias is None else float(bias[token]),

@@ -88,7 +88,7 @@ class Attribution:
 
 def token_id(loaded: LoadedModel, token: int | str, what: str = "target") -> int:
     """A token id from an id or a text that the tokenizer encodes as exactly one token (``" Paris"``)."""
-    vocabulary = int(lm_head(loaded).weight.shape[0])
+    vocabulary = int(cast(torch.Tensor, lm_head(loaded).weight).shape[0])
     if isinstance(token, int):
         if not 0 <= token < vocabulary:
             raise AttnscopeError(f"{what} token id {token} is outside the vocabulary (0..{vocabulary - 1})")

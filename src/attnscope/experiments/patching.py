@@ -436,8 +436,9 @@ def _result(loaded: LoadedModel, encoded: Sequence[_Encoded], runs: Sequence[dic
             method: str, seconds: float, n_resamples: int, seed: int) -> PatchingResult:
     clean = np.array([run["clean"] for run in runs])
     corrupt = np.array([run["corrupt"] for run in runs])
+    parts: tuple[str, ...] = ("heads", "mlps", "residual")
     shares = {name: [_recovered(run[name], run["clean"], run["corrupt"]) for run in runs]
-              for name in ("heads", "mlps", "residual") if name in runs[0]}
+              for name in parts if name in runs[0]}
     stacked = {name: _padded(values) if name == "residual" else np.stack(values) for name, values in shares.items()}
     intervals = {name: mean_interval(values, n_resamples, seed) for name, values in stacked.items()}
     def text(token: int) -> str:
