@@ -13,7 +13,9 @@ Figures (the last line printed is one JSON object):
   (one forward pass with capture + the decomposition), over the same forward pass capturing the same
   rows alone (``PositionRows``, no hooks, no decomposition); best of ``--repeats`` runs each,
   interleaved. Target <= 1.5. ``dla_over_full_capture``: over attnscope's full capture of every
-  row (``capture(sites)``), for scale.
+  row (``capture(sites)``), for scale. ``generate_attribute_over_capture``: a greedy ``--tokens``-token
+  generation with ``attribute=True`` (each step's DLA, one more teacher-forced pass) over the same
+  generation with capture only.
 * ``patch_speedup_vs_naive``: activation patching of every head on ``--pairs`` IOI-style prompt
   pairs: ``method="cached"`` (one clean and one corrupted forward per pair, then the patches of each
   layer side by side from that layer's cached input, LM head on the last position only) over
@@ -133,6 +135,14 @@ def dla_timings(loaded: Any, text: str, repeats: int) -> dict[str, float]:
                          "full": full_capture}, repeats)
 
 
+def generation_timings(loaded: Any, n_tokens: int, repeats: int) -> dict[str, float]:
+    """Best seconds of a greedy ``n_tokens``-token generation with capture, without and with ``attribute``."""
+    prompt = "The history of the city begins"
+    return best_times({"capture": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens),
+                       "attribute": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens,
+                                                               attribute=True)}, repeats)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="DLA exactness and cost, patching speed-up (one JSON line last)")
     parser.add_argument("--pairs", type=int, default=20, help="prompt pairs for patching (default: 20)")
@@ -160,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{times['rows'] * 1e3:.1f} ms; full capture {times['full'] * 1e3:.1f} ms "
           f"(other processes: {dla_busy:.0%} of the cpus)", flush=True)
 
+    generation = generation_timings(loaded, args.tokens, max(1, args.repeats // 3))
+    print(f"  generating {args.tokens} tokens: with capture {generation['capture']:.2f} s, with --attribute too "
+          f"{generation['attribute']:.2f} s", flush=True)
+
     figures: dict[str, Any] = {
         "model": loaded.name,
         "dla_sum_max_abs_err": float(f"{error:.3g}"),
@@ -169,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         "full_capture_ms": round(times["full"] * 1e3, 2),
         "dla_over_capture": round(times["dla"] / times["rows"], 3),
         "dla_over_full_capture": round(times["dla"] / times["full"], 3),
+        "generate_capture_s": round(generation["capture"], 3),
+        "generate_attribute_s": round(generation["attribute"], 3),
+        "generate_attribute_over_capture": round(generation["attribute"] / generation["capture"], 3),
         "torch_threads": torch.get_num_threads(),
         "load_avg_before": round(load_before, 2),
         "other_cpu_share": {"dla": round(dla_busy, 3)},
