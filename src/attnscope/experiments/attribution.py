@@ -231,6 +231,7 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
     with (torch.inference_mode(), residual_parts(loaded, chosen, sublayers=False, blocks=True) as parts):
         loaded.model(input_ids=torch.tensor([ids], device=loaded.input_device), use_cache=False,
                      **last_logits_only(loaded))
+    with torch.inference_mode():  # outside the hooks
         top_ids, top_probs = _lens_top(loaded, parts.blocks, k)
     tokenizer = loaded.tokenizer
     texts = tuple(tuple(readable_tokens(tokenizer, layer.tolist()) for layer in position) for position in top_ids)
