@@ -166,3 +166,20 @@ def test_bad_patch_input_is_one_line_before_any_forward_pass(name, tiny_model_di
     args = {key: value for key, value in args.items() if given.get(key, "") is not None}
     argv = ["patch", *[item for pair in args.items() for item in pair], "-o", str(tmp_path / "out")]
     assert_one_error_line(exit_code(argv), capsys.readouterr().err, expect)
+
+
+def test_gemma3_patches_whole_batched_passes_equal_to_the_naive_loop(tmp_path_factory):
+    """Gemma 3's adapter does not allow running from a middle layer: whole forward passes, batched."""
+    from .conftest import build_tiny_model
+    from .test_attribution import _config
+
+    folder = build_tiny_model("gemma3", tmp_path_factory.mktemp("tiny-gemma3-patch"), _config("gemma3"))
+    loaded = attnscope.load_model(str(folder))
+    batched = activation_patching(loaded, PAIR, mlps=True, residual=True, n_resamples=0)
+    naive = activation_patching(loaded, PAIR, method="naive", mlps=True, n_resamples=0)
+    assert batched.method == "batched"
+    np.testing.assert_allclose(batched.heads_metric, naive.heads_metric, atol=1e-5)
+    np.testing.assert_allclose(batched.mlps, naive.mlps, atol=1e-5)
+    assert batched.residual[0, -1, -1] == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(AttnscopeError, match="cannot start from a middle layer"):
+        activation_patching(loaded, PAIR, method="cached")

@@ -20,7 +20,8 @@ Runs: one clean and one corrupted forward pass per pair; the corrupted one keeps
 input (as ablation sweeps do), so the patches of layer L run blocks L.. only, several patches side
 by side in one batch, and the LM head runs on the last position only (``method="cached"``). Where
 the adapter does not allow running from a middle layer (Gemma 3), whole forward passes run, still
-batched (``"batched"``); ``"naive"`` is one full forward pass per patch (for checking).
+batched (``"batched"``); ``"naive"`` is one full forward pass per head patch (for checking; MLP and
+residual patches then run as in ``"batched"``).
 Layers, heads and positions are 0-indexed.
 """
 
