@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
+    from .experiments.attribution import direct_logit_attribution as direct_logit_attribution
+    from .experiments.attribution import logit_lens as logit_lens
     from .experiments.mixing import mixing as mixing
+    from .experiments.patching import activation_patching as activation_patching
     from .models.loading import LoadedModel as LoadedModel
     from .models.registry import ALIASES as ALIASES
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL

@@ -54,6 +54,8 @@ def step_rows(record: GenerationRecord) -> list[dict[str, Any]]:
                      "most_attended": None if focus is None else {"position": focus[0],
                                                                    "token": record.tokens[focus[0]],
                                                                    "weight": round(focus[1], 4)}})
+        if "attribution_heads" in record.arrays:  # generated with attribute=True: signed DLA terms
+            rows[-1]["top_heads"] = [[layer, head, round(term, 4)] for layer, head, term in record.top_heads(step, 3)]
     return rows
 
 
@@ -63,11 +65,17 @@ def steps_table(record: GenerationRecord) -> Any:
 
     table = Table(title=f"{record.model.name}: {record.n_steps} generated tokens"
                   + (f" ({record.changes})" if record.changes else ""))
+    attributed = "attribution_heads" in record.arrays
     for column in ("step", "token", "p", "runners-up", "attended most (mean over heads, each head's sinks left out)"):
         table.add_column(column)
+    if attributed:
+        table.add_column("heads pushing it most (layer:head logit term)")
     for row in step_rows(record):
         others = [f"{token!r} {p:.2f}" for token, p in row["candidates"] if token != row["token"]][:RUNNERS_UP]
         focus = row["most_attended"]
-        table.add_row(str(row["step"]), repr(row["token"]), f"{row['probability']:.2f}", ", ".join(others),
-                      "" if focus is None else f"{focus['token']!r} @{focus['position']} ({focus['weight']:.2f})")
+        cells = [str(row["step"]), repr(row["token"]), f"{row['probability']:.2f}", ", ".join(others),
+                 "" if focus is None else f"{focus['token']!r} @{focus['position']} ({focus['weight']:.2f})"]
+        if attributed:
+            cells.append(", ".join(f"{layer}:{head} {term:+.2f}" for layer, head, term in row["top_heads"]))
+        table.add_row(*cells)
     return table

@@ -117,6 +117,9 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", "-n", type=positive_int, default=64, help="tokens to generate (default: 64)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
+    parser.add_argument("--attribute", action="store_true",
+                        help="also keep each step's direct logit attribution: how much every head pushed the chosen "
+                        "token's logit up or down (one more forward pass of the final text; --save keeps it)")
     parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
                         help=PROMPT_ROWS_HELP + " (the table, --json and --html are the same; 'all' lets --save's "
                         "record become a full AttentionRecord: to_attention_record)")
@@ -190,7 +193,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.sample_top_k, "seed": args.seed, "progress": True,
-               "prompt_rows": PROMPT_ROWS[args.prompt_rows]}
+               "prompt_rows": PROMPT_ROWS[args.prompt_rows], "attribute": args.attribute}
     if changes.empty:
         from .generate import generate
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
+from .attribution import PositionRows, decompose, lm_head, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
 from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
@@ -196,7 +197,8 @@ class _Progress:
 def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64, chat: bool = False,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, candidates: int = DEFAULT_CANDIDATES, norms: bool = True,
-             changes: str = "", progress: bool = False, prompt_rows: bool | None = None) -> GenerationRecord:
+             changes: str = "", progress: bool = False, prompt_rows: bool | None = None,
+             attribute: bool = False) -> GenerationRecord:
     """Generate up to ``max_new_tokens`` after ``prompt`` and keep what every token attended to.
 
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
@@ -206,7 +208,9 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     ``prompt_rows``: True keeps every prompt position's row (a full ``[layer, head, T, T]`` record
     can be made), False only the rows from the prompt's last position on (each step's row: what the
     step view and the per-step table show; memory grows with the text, not its square); None (the
-    default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`.
+    default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`. ``attribute``: also keep
+    each step's direct logit attribution of the chosen token (:func:`step_attribution`: one more,
+    teacher-forced, forward pass of the final text); without it nothing costs more.
 
     >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
     >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
@@ -232,7 +236,40 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         _complete_last_row(loaded, sequence, output.cache)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes)
+    extra = step_attribution(loaded, sequence.tolist(), len(ids)) if attribute else {}
+    return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes,
+                   extra)
+
+
+def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) -> dict[str, np.ndarray]:
+    """Direct logit attribution of every step's chosen token, from one teacher-forced forward pass of
+    ``sequence`` (interventions active around the call apply, as they did while generating).
+
+    Step s chose ``sequence[n_prompt + s]`` at position ``n_prompt - 1 + s``. Returns
+    ``attribution_heads`` float32 ``[step, layer, head]`` (each head's signed term of the chosen token's
+    logit) and ``attribution_logits`` float32 ``[step]`` (that logit: the sum of every term, heads, MLPs,
+    embeddings and biases; see :mod:`attnscope.capture.attribution`).
+    """
+    positions = tuple(range(n_prompt - 1, len(sequence) - 1))
+    rows = PositionRows(positions)
+    input_ids = torch.tensor([sequence], device=loaded.input_device)
+    with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
+          residual_parts(loaded, positions) as parts, _quiet_transformers()):
+        loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
+        head = lm_head(loaded)
+        weight = cast(torch.Tensor, head.weight)
+        bias = cast(torch.Tensor | None, getattr(head, "bias", None))
+        heads, logits = [], []
+        cache: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
+        for index, position in enumerate(positions):
+            token = sequence[position + 1]
+            terms = decompose(loaded, rows, parts, weight[token].double(), 0.0 if bias is None else float(bias[token]),
+                              index, cache)
+            heads.append(terms.heads.float().cpu().numpy())
+            logits.append(terms.total())
+    return {"attribution_heads": np.stack(heads).astype(np.float32),
+            "attribution_logits": np.array(logits, dtype=np.float32)}
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
@@ -253,7 +290,8 @@ def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, cache: Any) 
 
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
-            rows: StepRows, k: int, settings: Mapping[str, Any], changes: str) -> GenerationRecord:
+            rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
+            extra: Mapping[str, np.ndarray]) -> GenerationRecord:
     assert rows.first is not None
     tokenizer = loaded.tokenizer
     tokens = readable_tokens(tokenizer, sequence)
@@ -275,6 +313,7 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     norms = rows.value_norms()
     if norms is not None:
         arrays["value_norms"] = norms
+    arrays.update(extra)
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),

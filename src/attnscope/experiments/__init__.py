@@ -1,5 +1,6 @@
 """Interventions on attention and what they cost: ablation, corruption, sublayer skipping, sweeps,
-head importance and pruning. Everything acts through attnscope's one attention function.
+head importance and pruning; what heads do to the prediction: direct logit attribution, the logit
+lens and activation patching. Everything acts through attnscope's one attention function.
 
 >>> from attnscope.experiments import prepare_metric, run_sweep             # doctest: +SKIP
 >>> model = attnscope.load_model("minilm")                                  # doctest: +SKIP
@@ -20,6 +21,12 @@ from .._lazy import lazy_exports
 
 
 if TYPE_CHECKING:
+    from .attribution import RUNNER_UP as RUNNER_UP
+    from .attribution import Attribution as Attribution
+    from .attribution import LogitLens as LogitLens
+    from .attribution import direct_logit_attribution as direct_logit_attribution
+    from .attribution import generation_lens as generation_lens
+    from .attribution import logit_lens as logit_lens
     from .importance import HeadImportance as HeadImportance
     from .importance import PruningCurve as PruningCurve
     from .importance import head_importance as head_importance
@@ -44,6 +51,10 @@ if TYPE_CHECKING:
     from .metrics import list_metrics as list_metrics
     from .metrics import prepare_metric as prepare_metric
     from .metrics import register_metric as register_metric
+    from .patching import PatchHeads as PatchHeads
+    from .patching import PatchingResult as PatchingResult
+    from .patching import PromptPair as PromptPair
+    from .patching import activation_patching as activation_patching
     from .sweeps import SWEEPS as SWEEPS
     from .sweeps import SweepResult as SweepResult
     from .sweeps import run_sweep as run_sweep

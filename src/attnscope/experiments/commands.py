@@ -290,6 +290,113 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- patch ---------------------------------------------------------------------------------------------
+def _patch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clean", help="the clean prompt (its answer is --target)")
+    parser.add_argument("--corrupt", help="the corrupted prompt, of the same token length")
+    parser.add_argument("--target", help="the clean answer: one token, mind the leading space (\" Paris\")")
+    parser.add_argument("--other", help="the token it competes with (\" Rome\"); the metric is then the logit "
+                        "difference target - other")
+    parser.add_argument("--file", type=Path, help="pairs instead: .jsonl lines {\"clean\", \"corrupt\", \"target\", "
+                        "\"other\"} (other optional)")
+    parser.add_argument("--metric", choices=["logit_diff", "logit", "prob"],
+                        help="what is recovered at the last position (default: logit_diff with --other, else logit)")
+    parser.add_argument("--mlps", action="store_true", help="also patch each MLP's output")
+    parser.add_argument("--residual", action="store_true",
+                        help="also patch the residual stream after each layer, one position at a time")
+    parser.add_argument("--method", choices=["cached", "batched", "naive"],
+                        help="cached: patched runs start at the patched layer, batched (default where the model "
+                        "allows it); batched: whole forward passes, batched; naive: one forward pass per patch")
+    parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
+                        help="bootstrap resamples for the 95%% intervals over pairs (default: 1000)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
+    add_model_arguments(parser)
+    add_output_folder(parser, "patching", "patching_heads.png (and _mlps, _residual) and patching.json")
+
+
+def _read_pairs(args: argparse.Namespace) -> list[dict[str, str | None]]:
+    """The pairs of ``--clean/--corrupt/--target/--other`` or of ``--file``, checked before the model loads."""
+    typed = args.clean is not None or args.corrupt is not None or args.target is not None
+    if args.file is not None:
+        if typed or args.other is not None:
+            raise AttnscopeError("give either --file or --clean/--corrupt/--target, not both")
+        pairs = _pairs_file(args.file)
+    else:
+        missing = [name for name in ("clean", "corrupt", "target") if getattr(args, name) is None]
+        if missing:
+            raise AttnscopeError(f"missing --{', --'.join(missing)} (or give --file pairs.jsonl)")
+        pairs = [{"clean": args.clean, "corrupt": args.corrupt, "target": args.target, "other": args.other}]
+    for pair in pairs:
+        where = f"{args.file} line {pair.pop('line')}: " if args.file is not None else ""
+        for key in ("clean", "corrupt"):
+            if not (pair[key] or "").strip():
+                raise AttnscopeError(f"{where}the {key} prompt is empty")
+        if not pair["target"]:
+            raise AttnscopeError(f"{where}the target token is empty")
+    if args.metric == "logit_diff" and any(pair["other"] is None for pair in pairs):
+        raise AttnscopeError("--metric logit_diff needs the other token (--other, or \"other\" on every line)")
+    return pairs
+
+
+def _pairs_file(path: Path) -> list[dict[str, str | None]]:
+    from ..files import cannot_read
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise cannot_read(path, error) from None
+    pairs: list[dict[str, str | None]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise AttnscopeError(f"{path} line {number}: not valid JSON ({error.msg})") from None
+        fields = ("clean", "corrupt", "target")
+        if not isinstance(row, dict) or not all(isinstance(row.get(key), str) for key in fields) or not isinstance(
+                row.get("other"), str | None):
+            raise AttnscopeError(f"{path} line {number}: expected an object with \"clean\", \"corrupt\" and "
+                                 "\"target\" strings (and optionally \"other\")")
+        pairs.append({**{key: row[key] for key in fields}, "other": row.get("other"), "line": str(number)})
+    if not pairs:
+        raise AttnscopeError(f"{path} holds no pairs")
+    return pairs
+
+
+def _run_patch(args: argparse.Namespace) -> int:
+    from ..outputs import output_folder
+
+    pairs = _read_pairs(args)  # bad pairs, files or folders fail before the model loads
+    with output_folder(args.out, overwrite=args.overwrite, command="patch"):
+        return _patch(args, pairs)
+
+
+def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
+    from ..present.figures import plot_patching, save_figure
+    from .patching import PromptPair, activation_patching, prepare_pairs
+
+    loaded = load_from_args(args)
+    pairs = [PromptPair(str(row["clean"]), str(row["corrupt"]), str(row["target"]), row["other"]) for row in rows]
+    prepare_pairs(loaded, pairs, args.metric)  # one line for a bad target or length before any forward pass
+    result = activation_patching(loaded, pairs, metric=args.metric, mlps=args.mlps, residual=args.residual,
+                                 method=args.method, n_resamples=args.bootstrap, seed=args.seed, progress=True)
+    written = []
+    for part in result.intervals:
+        path = save_figure(plot_patching(result, part), args.out / f"patching_{part}.png")
+        written.append(str(path))
+    summary = args.out / "patching.json"
+    summary.write_text(json.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    print(f"{result.metric}: clean {np.mean(result.clean):.4g}, corrupted {np.mean(result.corrupt):.4g} "
+          f"(mean over {result.n_pairs} pair(s)); heads recovering most (layer, head 0-indexed; share, 1 = clean):")
+    _, low, high = result.intervals["heads"]
+    for layer, head, share in result.top_heads(5):
+        interval = (f" [{low[layer, head]:+.3f}, {high[layer, head]:+.3f}]" if np.isfinite(low[layer, head]) else "")
+        print(f"  layer {layer} head {head}: {share:+.3f}{interval}")
+    print(f"wrote {', '.join(written)}, {summary}")
+    return 0
+
+
 COMMANDS = (
     Command("ablate", "ablate heads one by one (or whole layers) and map the metric change", """examples:
   attnscope ablate -o out/                                   # minilm, cosine to the intact embeddings, 256 sentences
@@ -313,4 +420,13 @@ writes out/pruning_curve.png/.csv, out/importance.csv, out/pruned_model/ and out
   attnscope mixing --evaluate --models minilm --sentences 20 --plot faithfulness.png   # a quick look
 the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad_x_input"}}}""",
             _mixing_arguments, _run_mixing),
+    Command("patch", "activation patching: which heads carry a clean prompt's answer into a corrupted one",
+            """examples:
+  attnscope patch --model smollm2 --clean "The Eiffel Tower is in the city of" \\
+      --corrupt "The Colosseum is in the city of" --target " Paris" --other " Rome" -o out/
+  attnscope patch --model smollm2 --file pairs.jsonl --mlps --residual -o out/
+pairs.jsonl: one {"clean": ..., "corrupt": ..., "target": ..., "other": ...} per line (prompts of equal token length)
+writes out/patching_heads.png (layers x heads: share of the metric recovered, 0 = corrupted, 1 = clean;
+* = 95% bootstrap CI over pairs excludes 0) and out/patching.json""",
+            _patch_arguments, _run_patch),
 )

@@ -81,6 +81,21 @@ class HeadProjections:
 
 
 @dataclass(frozen=True)
+class Unembedding:
+    """How a causal LM's sublayers reach its logits, for direct logit attribution and the logit lens.
+
+    ``final_norm``: the pattern (``re.search``) of the norm applied to the last residual stream
+    before the LM head. ``attention_norm``/``ffn_norm``: patterns (group 1 = layer) of norms applied
+    to a sublayer's *output* before it joins the residual stream (Gemma 2 and 3, OLMo 2); empty when
+    the output joins as it is (Llama, GPT-2). The LM head is the model's output embeddings.
+    """
+
+    final_norm: str
+    attention_norm: str = ""
+    ffn_norm: str = ""
+
+
+@dataclass(frozen=True)
 class Adapter:
     """``rules``: attention sites. ``blocks``: whole layers (for running from a layer onwards).
     ``ffn``: the module whose output is the feed-forward sublayer's contribution (zero it to skip
@@ -91,7 +106,8 @@ class Adapter:
     means unknown: experiments then never run the model from a middle layer onwards.
     ``projections``: per-head weights for physical pruning (``None``: not supported).
     ``norms``: where the layer norms sit around the residual (``None``: unknown; the measures
-    that decompose whole layers are then unavailable)."""
+    that decompose whole layers are then unavailable). ``unembedding``: how sublayers reach the
+    logits (``None``: unknown; direct logit attribution and the logit lens are then refused)."""
 
     family: str
     model_types: tuple[str, ...]
@@ -102,6 +118,7 @@ class Adapter:
     final: tuple[str, ...] | None = None
     projections: HeadProjections | None = None
     norms: LayerNorms | None = None
+    unembedding: Unembedding | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +143,9 @@ _LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=T
 _LLAMA_BLOCKS = (ModuleRule("self", r"layers\.(\d+)$"),)
 _LLAMA_FFN = (ModuleRule("self", r"layers\.(\d+)\.mlp$"),)
 _LLAMA_FINAL = (r"^(?:model\.)?norm$", r"^lm_head$")
+_LLAMA_UNEMBEDDING = Unembedding(r"^(?:model\.)?norm$")
+_POST_NORM_UNEMBEDDING = Unembedding(r"^(?:model\.)?norm$", r"layers\.(\d+)\.post_attention_layernorm$",
+                                     r"layers\.(\d+)\.post_feedforward_layernorm$")
 _LLAMA_PROJECTIONS = HeadProjections("q_proj", "k_proj", "v_proj", group_size=("num_key_value_groups",))
 _BART_POST_LN = LayerNorms((ModuleRule("encoder", r"encoder\.layers\.(\d+)\.self_attn_layer_norm$"),),
                            (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.final_layer_norm$"),))
@@ -175,20 +195,33 @@ ADAPTERS: tuple[Adapter, ...] = (
     ),
     Adapter("gpt2", ("gpt2",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "c_proj", causal=True, conv1d=True),),
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
-            final=(r"^(?:transformer\.)?ln_f$", r"^lm_head$"), norms=PRE_LN),
+            final=(r"^(?:transformer\.)?ln_f$", r"^lm_head$"), norms=PRE_LN,
+            unembedding=Unembedding(r"^(?:transformer\.)?ln_f$")),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     Adapter(
         "llama",
-        ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite", "phi3", "smollm3"),
+        ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
         _LLAMA_LIKE,
         blocks=_LLAMA_BLOCKS,
         ffn=_LLAMA_FFN,
         final=_LLAMA_FINAL,
         projections=_LLAMA_PROJECTIONS,
         norms=PRE_LN,
+        unembedding=_LLAMA_UNEMBEDDING,
+    ),
+    Adapter(  # Llama's modules, but a norm on each sublayer's output before the residual (the logits see it)
+        "gemma2",
+        ("gemma2", "olmo2"),
+        _LLAMA_LIKE,
+        blocks=_LLAMA_BLOCKS,
+        ffn=_LLAMA_FFN,
+        final=_LLAMA_FINAL,
+        projections=_LLAMA_PROJECTIONS,
+        norms=PRE_LN,
+        unembedding=_POST_NORM_UNEMBEDDING,
     ),
     Adapter(
         "gemma3",
@@ -198,6 +231,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=_LLAMA_FFN,  # its post-feed-forward RMSNorm maps a zeroed MLP output to zero
         note="sliding-window layers (5 of every 6 in Gemma 3 270M) mixed with global ones; running from a "
         "middle layer onwards is off (its layers take per-layer-type rotary embeddings)",
+        unembedding=_POST_NORM_UNEMBEDDING,
     ),
     Adapter(
         "bart",
@@ -230,7 +264,7 @@ ADAPTERS: tuple[Adapter, ...] = (
 )
 
 GENERIC_DECODER = Adapter("llama-like (generic)", (), _LLAMA_LIKE, _LLAMA_BLOCKS, _LLAMA_FFN,
-                          note="model type not in the table")
+                          note="model type not in the table", unembedding=_LLAMA_UNEMBEDDING)
 
 
 def adapter_for(model_type: str) -> Adapter:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from ..experiments.patching import PatchingResult
+
 FIGURE_FORMATS = ("png", "svg", "pdf")
 MASKED_COLOR = "#e6e6e6"  # future keys of causal attention
 MAX_TICK_LABELS = 64  # beyond this many tokens, only every n-th token is labelled
@@ -224,6 +226,47 @@ def plot(record: AttentionRecord, figure: str = "head", *, layer: int | None = N
             raise AttnscopeError("the token-type figure shows the input side's attention; drop --attention")
         return plot_token_types(record, norms=norms)
     raise AttnscopeError(f"unknown figure {figure!r}; choose from {', '.join(FIGURES)}")
+
+
+PATCHING_PARTS = ("heads", "mlps", "residual")
+
+
+def plot_patching(result: PatchingResult, part: str = "heads") -> Figure:
+    """Activation patching's mean share recovered, 0 = corrupted, 1 = clean: a layers x heads map
+    (``heads``), layers x positions (``residual``, the first pair's tokens across) or one column per
+    layer (``mlps``). ``*``: the bootstrap 95% interval over pairs excludes 0."""
+    if part not in result.intervals:
+        raise AttnscopeError(f"the patching result has no {part!r} part; it has {', '.join(result.intervals)}")
+    mean, low, high = result.intervals[part]
+    grid = mean[:, None] if mean.ndim == 1 else mean  # [layer, column]
+    with np.errstate(invalid="ignore"):
+        significant = (low > 0) | (high < 0)
+    significant = significant if mean.ndim > 1 else significant[:, None]
+    n_layers, n_columns = grid.shape
+    figure = _figure_class()(figsize=(2.4 + 0.5 * n_columns, 1.4 + 0.3 * n_layers), layout="constrained")
+    ax = figure.add_subplot()
+    limit = max(1.0, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=_colormap("RdBu"), vmin=-limit, vmax=limit, aspect="auto",
+                      interpolation="nearest")
+    if n_columns <= 40 and n_layers <= 60:
+        for layer, column in zip(*np.nonzero(np.isfinite(grid))):
+            star = "*" if significant[layer, column] else ""
+            ax.text(column, layer, f"{grid[layer, column]:.2f}{star}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(grid[layer, column]) > 0.6 * limit else "black")
+    if part == "residual":
+        _label_ticks(ax, result.tokens[0][:n_columns], "x")
+        ax.set_xlabel("position patched (first pair's tokens)")
+    else:
+        ax.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if part == "heads" else ["MLP"])
+        ax.set_xlabel("head (0-indexed)" if part == "heads" else "")
+    ax.set_yticks(range(n_layers), [str(layer) for layer in range(n_layers)], fontsize=7)
+    ax.set_ylabel("layer (0-indexed)")
+    what = {"heads": "head output", "mlps": "MLP output", "residual": "residual stream after the layer"}[part]
+    ax.set_title(f"{result.model}: {result.metric} recovered by patching each {what}\n"
+                 f"mean over {result.n_pairs} pair(s); 0 = corrupted, 1 = clean; * = 95% bootstrap CI excludes 0",
+                 fontsize=9)
+    figure.colorbar(image, ax=ax, label="share recovered", shrink=0.8)
+    return figure
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:

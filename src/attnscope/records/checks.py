@@ -314,7 +314,8 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",),
          # generation records
          "rows": ("layers", "heads", "packed keys"), "value_norms": ("layers", "heads", "positions"),
-         "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",)}
+         "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",),
+         "attribution_heads": ("steps", "layers", "heads"), "attribution_logits": ("steps",)}
 _DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
 
 
@@ -392,6 +393,9 @@ def generation_schema() -> dict[str, Any]:
                            "first_row": {"type": "integer", "minimum": 0}}}
 
 
+OPTIONAL_GENERATION_ARRAYS = ("value_norms", "attribution_heads", "attribution_logits")  # older files lack them
+
+
 def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
     """A generation record's metadata parsed from ``header``, once it and ``arrays`` are checked to agree
     (see :class:`attnscope.GenerationRecord` for the arrays): the schema, positions and steps, every
@@ -402,7 +406,7 @@ def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], 
         for name, (kind_of_dtype, shape) in _generation_shapes(meta, arrays).items():
             if name in arrays:
                 _check_array(name, arrays[name], kind_of_dtype, shape)
-            elif name != "value_norms":
+            elif name not in OPTIONAL_GENERATION_ARRAYS:
                 raise _Damaged(f"no {name} array")
         _check_generation_values(meta, arrays)
     except _Damaged as problem:
@@ -437,6 +441,7 @@ def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) ->
         "value_norms": ("f", (model["n_layers"], model["n_heads"], n)),
         **{name: (kind, (n,)) for name, kind in (("token_ids", "i"), ("special_mask", "b"), ("word_ids", "i"))},
         "candidate_ids": ("i", (steps, k)), "candidate_probs": ("f", (steps, k)), "chosen_probs": ("f", (steps,)),
+        "attribution_heads": ("f", (steps, model["n_layers"], model["n_heads"])), "attribution_logits": ("f", (steps,)),
     }
     unknown = sorted(set(arrays) - set(shapes))
     if unknown:
@@ -451,6 +456,9 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
         values = np.asarray(arrays[name])
         if not (np.isfinite(values).all() and (values >= 0).all() and (values <= 1).all()):
             raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
+    for name in ("attribution_heads", "attribution_logits"):
+        if name in arrays and not np.isfinite(np.asarray(arrays[name])).all():
+            raise _Damaged(f"{name} holds NaN or infinite values")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)
     starts = np.cumsum([0, *range(first_row + 1, n)])  # where each kept row begins on the packed axis
     for name, array in ((name, arrays[name]) for name in ("rows", "value_norms") if name in arrays):

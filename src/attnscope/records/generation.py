@@ -71,7 +71,10 @@ class GenerationRecord:
       (Kobayashi et al. 2020), so a norm-weighted row is ``row * value_norms[..., :q + 1]``;
     * ``token_ids`` int64, ``special_mask`` bool and ``word_ids`` int64 ``[position]`` (as in a record);
     * ``candidate_ids`` int64 and ``candidate_probs`` float32 ``[step, k]``, best first;
-    * ``chosen_probs`` float32 ``[step]``: the probability the model gave the token that was chosen.
+    * ``chosen_probs`` float32 ``[step]``: the probability the model gave the token that was chosen;
+    * ``attribution_heads`` float32 ``[step, layer, head]`` and ``attribution_logits`` float32 ``[step]``
+      (optional, ``generate(..., attribute=True)``): each head's signed direct-logit-attribution term of
+      the chosen token's logit, and that logit (the sum of every term: heads, MLPs, embeddings, biases).
 
     ``candidate_tokens`` are the candidates as readable strings ``[step][k]``; ``settings`` the
     decoding settings (greedy or sampling, temperature, ...); ``changes`` names the interventions
@@ -108,6 +111,16 @@ class GenerationRecord:
             raise ValueError(f"candidates must have one entry per generated token ({self.n_steps})")
 
     # ---- what it holds --------------------------------------------------------------------
+    def top_heads(self, step: int, k: int = 5) -> list[tuple[int, int, float]]:
+        """The ``k`` heads that pushed step ``step``'s chosen token up or down most (direct logit
+        attribution, signed): ``[(layer, head, term), ...]``, 0-indexed; needs ``attribute=True``."""
+        if "attribution_heads" not in self.arrays:
+            raise ValueError("this record has no attribution: generate with attribute=True (--attribute)")
+        heads = self.arrays["attribution_heads"][step]  # [layer, head]
+        order = np.argsort(-np.abs(heads), axis=None)[:k]
+        return [(int(layer), int(head), float(heads[layer, head]))
+                for layer, head in zip(*np.unravel_index(order, heads.shape))]
+
     @property
     def n_steps(self) -> int:
         """How many tokens were generated."""

@@ -1,0 +1,312 @@
+"""What direct logit attribution and the logit lens need from one forward pass, and their linear algebra.
+
+A causal LM's logit of token y at position t is ``u_y · N(x_t) + b_y``: ``x_t`` is the last
+residual stream, ``N`` the final norm, ``u_y`` the LM head's row. ``x_t`` is a sum: the
+embeddings, then each layer's attention output and feed-forward (MLP) output (through a norm of
+their own first in Gemma 2/3 and OLMo 2). Each norm is linear in its input once its scale
+(``1 / rms``) is fixed, and here the scale is the one of the actual run (the usual practice), so
+the logit splits exactly into one term per component. Attention's output is ``Σ_h o_h W_O^h +
+b_O``, and head h's output at query t is ``Σ_j α_tj v_j``, so its term splits further over the
+source tokens j.
+
+One forward pass gives every term: :class:`PositionRows` (a
+:class:`~attnscope.capture.recorders.Recorder`) keeps each layer's probability row of query t and
+the values, and :func:`residual_parts` (thread-local forward hooks) keeps the embeddings, every
+sublayer's output, every block's output and the final norm's input at the chosen positions.
+:func:`decompose` turns them into the terms for any direction ``u`` (a target token's row, or the
+difference of two rows for a contrast). Layers and heads are 0-indexed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ..errors import AttnscopeError
+from ..models.adapters import AttentionSite, ModuleRule, Unembedding, find_modules
+from ..models.loading import LoadedModel
+from .hooks import local_hooks
+from .recorders import AttentionCall, Recorder
+
+# The reconstructed last residual stream must equal the model's to this share of its largest value,
+# else the architecture is not the one the adapter describes (a sublayer the sum misses).
+RESIDUAL_TOLERANCE = 1e-3
+
+
+@dataclass
+class PositionRows(Recorder):
+    """Keeps, of every self-attention call, the probability rows of query ``positions`` and the values they mix.
+
+    ``rows[layer]``: ``[position, head, source_pos]`` float32 (sources ``0..max(positions)``; a row is 0
+    past its own position); ``values[layer]``: ``[head, source_pos, d_head]`` float32, expanded to the
+    query heads (grouped key/value heads repeated, as everywhere in capture). A call's query rows
+    before the first position run on the fused kernel (:meth:`rows_not_wanted`). Batch of one, no cache.
+    """
+
+    positions: tuple[int, ...]
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    sites: dict[int, AttentionSite] = field(default_factory=dict)
+
+    def wants(self, site: AttentionSite) -> bool:
+        return site.kind == "self"
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        return min(self.positions)
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        index = torch.tensor(self.positions, device=call.probs.device) - call.first_query
+        sources = max(self.positions) + 1
+        self.rows[site.layer] = call.probs[0][:, index, :sources].transpose(0, 1).detach().float()
+        self.values[site.layer] = call.values[0, :, :sources].detach().float()
+        self.sites[site.layer] = site
+
+
+@dataclass
+class ResidualParts:
+    """Residual-stream pieces of one forward pass (batch row 0) at ``positions``, each ``[position, d_model]``:
+    ``embeddings`` (the first block's input), ``attention[layer]`` (the output projection's output),
+    ``ffn[layer]`` (the feed-forward module's output), ``blocks[layer]`` (each block's output) and
+    ``final`` (the final norm's input)."""
+
+    positions: torch.Tensor
+    embeddings: torch.Tensor | None = None
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    ffn: dict[int, torch.Tensor] = field(default_factory=dict)
+    blocks: dict[int, torch.Tensor] = field(default_factory=dict)
+    final: torch.Tensor | None = None
+
+
+def unembedding(loaded: LoadedModel) -> Unembedding:
+    """The adapter's unembedding facts, or one line saying this model has none."""
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; direct logit attribution, "
+                             "the logit lens and activation patching need one (e.g. --model smollm2)")
+    facts = loaded.adapter.unembedding
+    if facts is None:
+        raise AttnscopeError(f"attnscope does not know how {loaded.config.model_type!r} models reach their logits "
+                             "(no unembedding in the adapters table)")
+    return facts
+
+
+def named_module(loaded: LoadedModel, pattern: str) -> nn.Module:
+    """The first module whose qualified name matches ``pattern``."""
+    for name, module in loaded.model.named_modules():
+        if re.search(pattern, name):
+            return cast(nn.Module, module)
+    raise AttnscopeError(f"no module matching {pattern!r} in {loaded.name}")
+
+
+def lm_head(loaded: LoadedModel) -> nn.Module:
+    head = loaded.model.get_output_embeddings()
+    if head is None:
+        raise AttnscopeError(f"model {loaded.name!r} has no LM head")
+    return cast(nn.Module, head)
+
+
+def blocks_by_layer(loaded: LoadedModel) -> list[nn.Module]:
+    """The decoder's blocks, ordered by layer."""
+    found = find_modules(loaded.model, loaded.adapter.blocks)
+    return [found[key] for key in sorted(k for k in found if k[0] == "self")]
+
+
+def _first(value: Any) -> torch.Tensor:
+    return cast(torch.Tensor, value[0] if isinstance(value, tuple) else value)
+
+
+@contextmanager
+def residual_parts(loaded: LoadedModel, positions: Sequence[int], *, sublayers: bool = True,
+                   blocks: bool = False) -> Iterator[ResidualParts]:
+    """Keep the residual-stream pieces of the forward passes inside the block at ``positions`` (thread-local hooks).
+
+    ``sublayers``: the embeddings, attention and feed-forward outputs and the final norm's input
+    (what :func:`decompose` needs); ``blocks``: each block's output (what the logit lens needs).
+    """
+    facts = unembedding(loaded)
+    index = torch.as_tensor(list(positions), dtype=torch.long)
+    parts = ResidualParts(index)
+    layer_blocks = blocks_by_layer(loaded)
+
+    def at(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[0, index.to(tensor.device)].detach().float()
+
+    def keeper(table: dict[int, torch.Tensor], layer: int) -> Any:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            table[layer] = at(_first(output))
+        return hook
+
+    def first_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        parts.embeddings = at(args[0] if args else kwargs["hidden_states"])
+
+    def final_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        parts.final = at(args[0] if args else next(iter(kwargs.values())))
+
+    with ExitStack() as stack:
+        if sublayers:
+            stack.enter_context(local_hooks([layer_blocks[0]], first_input, pre=True))
+            stack.enter_context(local_hooks([named_module(loaded, facts.final_norm)], final_input, pre=True))
+            for site in loaded.sites.values():
+                if site.kind == "self" and site.out_proj is not None:
+                    stack.enter_context(local_hooks([site.out_proj], keeper(parts.attention, site.layer)))
+            for (kind, layer), module in find_modules(loaded.model, loaded.adapter.ffn).items():
+                if kind == "self":
+                    stack.enter_context(local_hooks([module], keeper(parts.ffn, layer)))
+        if blocks:
+            for layer, block in enumerate(layer_blocks):
+                stack.enter_context(local_hooks([block], keeper(parts.blocks, layer)))
+        yield parts
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A norm with its scale fixed at one input's: ``N(c) = gain ⊙ (c − mean(c) if centred else c)``
+    for any ``c``, plus ``bias`` once (``[d_model]`` float64 each; ``bias`` None when the norm has none).
+    ``scale``: the run's ``1 / rms`` (``1 / std`` for a LayerNorm), a factor of ``gain``."""
+
+    gain: torch.Tensor
+    centred: bool
+    bias: torch.Tensor | None
+    scale: float
+
+    def pull_back(self, direction: torch.Tensor) -> torch.Tensor:
+        """The direction ``w`` with ``w · c = direction · N(c)`` for every component ``c``, ``[d_model]``."""
+        w = self.gain * direction
+        return w - w.mean() if self.centred else w
+
+    def bias_term(self, direction: torch.Tensor) -> float:
+        return 0.0 if self.bias is None else float(self.bias @ direction)
+
+
+def _eps(norm: nn.Module) -> float:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(norm, name, None)
+        if isinstance(value, float | int):
+            return float(value)
+    raise AttnscopeError(f"cannot tell the epsilon of norm {type(norm).__name__}")
+
+
+def freeze_norm(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
+    """``norm`` at input ``x`` (``[d_model]``) as a :class:`FrozenNorm`: LayerNorm (centred, with bias) or any
+    RMS norm ``g ⊙ x / rms(x)`` (Llama's weight, Gemma's 1 + weight: ``g`` is read as ``N(1) · sqrt(1 + eps)``).
+    Checked against ``norm(x)``: a norm of another form is refused, not approximated."""
+    x64 = x.double()
+    weight = cast(torch.Tensor | None, getattr(norm, "weight", None))
+    with torch.no_grad():
+        if isinstance(norm, nn.LayerNorm):
+            centred = x64 - x64.mean()
+            scale = torch.rsqrt(centred.pow(2).mean() + norm.eps)
+            gain = scale * (torch.ones_like(x64) if weight is None else weight.double())
+            bias = None if norm.bias is None else norm.bias.double()
+            frozen = FrozenNorm(gain, True, bias, float(scale))
+        else:
+            eps = _eps(norm)
+            ones = torch.ones((1, x.shape[-1]), dtype=x.dtype, device=x.device)
+            g = norm(ones)[0].double() * (1.0 + eps) ** 0.5
+            scale = torch.rsqrt(x64.pow(2).mean() + eps)
+            frozen = FrozenNorm(g * scale, False, None, float(scale))
+        expected = norm(x[None])[0].double()
+    got = frozen.gain * (x64 - x64.mean() if frozen.centred else x64) + (0 if frozen.bias is None else frozen.bias)
+    if (got - expected).abs().max() > 1e-4 * max(1.0, float(expected.abs().max())):
+        raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; direct logit "
+                             "attribution cannot fix its scale")
+    return frozen
+
+
+def per_head_out_proj(site: AttentionSite, n_heads: int) -> torch.Tensor:
+    """``W_O`` split by head: ``[head, d_head, d_model]``, a float32 view of the weight (no copy)."""
+    if site.out_proj is None:
+        raise AttnscopeError(f"no output projection found for {site.name}")
+    weight = cast(torch.Tensor, site.out_proj.weight).detach().float()
+    if site.conv1d:
+        weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
+    return weight.view(weight.shape[0], n_heads, -1).permute(1, 2, 0)
+
+
+@dataclass
+class Terms:
+    """The logit's terms at one position for one direction (float64 tensors).
+
+    ``heads`` ``[layer, head]``, ``head_sources`` ``[layer, head, source_pos]`` (sum over sources =
+    ``heads``), ``mlps`` ``[layer]``, ``attention_bias`` ``[layer]`` (the output projection's bias,
+    through the post-attention norm where there is one), ``embeddings`` and ``final_bias`` (final
+    norm's bias and LM head's bias), ``final_scale`` (the final norm's 1 / rms, or 1 / std)."""
+
+    heads: torch.Tensor
+    head_sources: torch.Tensor
+    mlps: torch.Tensor
+    attention_bias: torch.Tensor
+    embeddings: float
+    final_bias: float
+    final_scale: float
+
+    def total(self) -> float:
+        return float(self.heads.sum() + self.mlps.sum() + self.attention_bias.sum()) + self.embeddings + self.final_bias
+
+
+def _output_norms(loaded: LoadedModel, pattern: str) -> dict[int, nn.Module]:
+    if not pattern:
+        return {}
+    return {layer: module for (_, layer), module in find_modules(loaded.model, (ModuleRule("self", pattern),)).items()}
+
+
+@torch.inference_mode()
+def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, direction: torch.Tensor,
+              head_bias: float = 0.0, index: int = 0, weights: dict[int, torch.Tensor] | None = None) -> Terms:
+    """The terms of ``direction · N(x_t) + head_bias`` (``direction``: ``[d_model]``, an LM head row or a
+    difference of two) at ``t = rows.positions[index]`` (``parts`` kept the same positions).
+    ``weights``: a cache of each layer's per-head ``W_O`` across calls (filled on first use). Call it
+    outside :func:`residual_parts`: it runs the norms, whose hooks would keep its inputs."""
+    facts = unembedding(loaded)
+    if parts.final is None or parts.embeddings is None:
+        raise AttnscopeError(f"model {loaded.name!r} ran without the hooks direct logit attribution needs")
+    weights = {} if weights is None else weights
+    t = rows.positions[index]
+    final = freeze_norm(named_module(loaded, facts.final_norm), parts.final[index])
+    u = direction.double().to(final.gain.device)
+    w = final.pull_back(u)
+    attention_norms, ffn_norms = _output_norms(loaded, facts.attention_norm), _output_norms(loaded, facts.ffn_norm)
+    layers = sorted(rows.rows)
+    n_heads = rows.rows[layers[0]].shape[1]
+    sources = torch.zeros((len(layers), n_heads, t + 1), dtype=torch.float64)
+    mlps = torch.zeros(len(layers), dtype=torch.float64)
+    biases = torch.zeros(len(layers), dtype=torch.float64)
+    rebuilt = parts.embeddings[index].double().clone()  # the last residual stream, summed from its parts: a check
+    for layer in layers:
+        site, out = rows.sites[layer], parts.attention[layer][index]
+        post = attention_norms.get(layer)
+        frozen = None if post is None else freeze_norm(post, out)
+        w_attention = w if frozen is None else frozen.pull_back(w)
+        if layer not in weights:
+            weights[layer] = per_head_out_proj(site, n_heads)
+        # [head, d_head]: what one unit of head output adds; float32 (copying W_O to float64 cost more than the pass)
+        r = (weights[layer] @ w_attention.float()).double()
+        values = rows.values[layer][:, : t + 1].double()  # [head, source_pos, d_head]
+        sources[layer] = rows.rows[layer][index, :, : t + 1].double() * (values @ r[:, :, None])[..., 0]
+        bias = getattr(site.out_proj, "bias", None)
+        biases[layer] = (0.0 if bias is None else float(bias.double() @ w_attention)) + (
+            0.0 if frozen is None else frozen.bias_term(w))
+        rebuilt += out.double() if post is None else post(out[None])[0].double()
+        mlp_out = parts.ffn[layer][index]
+        post_ffn = ffn_norms.get(layer)
+        w_mlp = w if post_ffn is None else freeze_norm(post_ffn, mlp_out).pull_back(w)
+        mlps[layer] = float(mlp_out.double() @ w_mlp)
+        rebuilt += mlp_out.double() if post_ffn is None else post_ffn(mlp_out[None])[0].double()
+    _check_rebuilt(loaded, rebuilt, parts.final[index].double())
+    return Terms(heads=sources.sum(-1), head_sources=sources, mlps=mlps, attention_bias=biases,
+                 embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
+                 final_scale=final.scale)
+
+
+def _check_rebuilt(loaded: LoadedModel, rebuilt: torch.Tensor, actual: torch.Tensor) -> None:
+    """Refuse a model whose last residual stream is not the sum of the parts the adapter names."""
+    error = float((rebuilt - actual).abs().max())
+    if error > RESIDUAL_TOLERANCE * max(1.0, float(actual.abs().max())):
+        raise AttnscopeError(f"the embeddings and sublayer outputs of {loaded.name!r} do not add up to its last "
+                             f"residual stream (off by {error:.3g}): its layers are not the pre-norm form the adapter "
+                             f"for {loaded.config.model_type!r} describes, so direct logit attribution would be wrong")
