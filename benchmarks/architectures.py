@@ -45,7 +45,7 @@ from bench_json import add_smoke_flag, cpu_name, emit
 import attnscope.capture.extract  # noqa: F401
 from tests.tiny_architectures import TOLERANCE, check_type, text_model_types
 
-SMOKE_TYPES = ("bert", "llama", "t5", "eurobert", "falcon")
+SMOKE_TYPES = ("bert", "llama", "t5", "eurobert", "falcon", "hrm_text")
 TIMEOUT_S = 120  # per type; a hang counts as a crash
 PARALLEL = 2
 

@@ -108,7 +108,7 @@ def tiny_config(model_type: str) -> Any:
             not isinstance(getattr(config_class, "layer_types", None), property):
         overrides["layer_types"] = list(_two_layer_types(layer_types))
     for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
-        if name in ("encoder", "decoder", "text_config") and isinstance(getattr(default, name, None), sub_class):
+        if isinstance(sub_class, type) and isinstance(getattr(default, name, None), sub_class):
             overrides[name] = _tiny_sub_config(sub_class)  # a composite's parts are full-size by default
     overrides.update(SPECIAL.get(model_type, {}))
     return config_class(**overrides)
