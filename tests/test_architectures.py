@@ -11,7 +11,7 @@ from attnscope import extract, load_model
 from attnscope.errors import AttnscopeError
 from attnscope.models.adapters import GENERIC_DECODER, find_sites
 
-from .tiny_architectures import TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
+from .tiny_architectures import SLIDING_WINDOW, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
 
 EQUAL = (
     # one per family of the adapters table
@@ -20,7 +20,7 @@ EQUAL = (
     # bridged: BLOOM (ALiBi), Falcon and GPT-Neo (built with eager attention, then bridged)
     "bloom", "falcon", "gpt_neo",
     # read from the model: bidirectional encoders the Llama-like fallback used to treat as causal decoders
-    "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "tipsv2_text_model", "ultrabert", "modernbert",
+    "esmc", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "tipsv2_text_model", "ultrabert", "modernbert",
     # read from the model: encoder-decoders that used to crash (no decoder_start_token_id, no adapter)
     "nllb-moe", "plbart", "t5gemma",
 )
@@ -106,3 +106,11 @@ def test_an_encoder_decoder_without_decoder_start_token_id_starts_from_its_pad_t
     record = extract(loaded, TEXT, "Ein Satz.")
     assert record.arrays["target.token_ids"][0] == 0
     assert np.isfinite(record.get("cross")).all()
+
+
+def test_causality_and_windows_come_from_the_modules(tmp_path):
+    eurobert = load_model(str(build_folder("eurobert", tmp_path / "eurobert")))  # not in the table: read
+    assert eurobert.adapter.generic and not eurobert.causal
+    gpt_neo = load_model(str(build_folder("gpt_neo", tmp_path / "gpt_neo")))  # global, then local layers
+    assert gpt_neo.causal
+    assert [site.window for site in sorted(gpt_neo.sites.values(), key=lambda s: s.layer)] == [0, SLIDING_WINDOW]

@@ -52,6 +52,7 @@ SLIDING_WINDOW = 4  # shorter than the input, so sliding-window layers really sl
 # model types whose config needs more than the sizes above to build a small model
 SPECIAL: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},  # one of each
+    "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
 }
 
 
