@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..models.adapters import AttentionSite, sinks_refusal, unlisted_attention
+from ..models.adapters import AttentionSite, sinks_refusal, unknown_causality, unlisted_attention
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
 from .rows import BatchFacts
@@ -227,6 +227,8 @@ def attnscope_attention(
         raise sinks_refusal(module)
     # an intervention changes every row, so only a recorder alone may skip rows or take them in chunks
     only = None if interventions else recorder
+    if site is not None and attention_mask is None and call_causal(site, kwargs) is None and query.shape[2] > 1:
+        raise unknown_causality(module)  # no mask and a module that does not say: which keys are seen is unknown
     unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, query.shape[2]),
                                                           query.shape[2] - 1)
     if unwanted and kwargs.get("softcap") is None:
@@ -286,14 +288,16 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     return output, None
 
 
-def call_causal(site: AttentionSite | None, kwargs: Mapping[str, Any]) -> bool:
+def call_causal(site: AttentionSite | None, kwargs: Mapping[str, Any]) -> bool | None:
     """Whether a call with no mask is causal: its ``is_causal`` argument when the model passes one, else its
-    site's (the module's own ``is_causal``), as transformers' SDPA path decides."""
+    site's (the module's own ``is_causal``), as transformers' SDPA path decides; None when neither says."""
     given = kwargs.get("is_causal")
-    return bool(given) if given is not None else site is not None and site.causal
+    if given is not None:
+        return bool(given)
+    return None if site is not None and not site.causal_known else site is not None and site.causal
 
 
-def rows_mask(attention_mask: torch.Tensor | None, causal: bool, n_queries: int, n_keys: int, first: int,
+def rows_mask(attention_mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_keys: int, first: int,
               device: torch.device) -> torch.Tensor | None:
     """The mask of a call's queries ``first..n_queries-1``: the given mask's rows, or, where the lazy
     mask left causality to us (None at a ``causal`` call, a square one), the causal mask of those rows."""
@@ -310,7 +314,7 @@ def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None 
     return (torch.arange(k_len, device=device)[None, :] <= queries)[None, None]
 
 
-def chunked_attention(collector: ChunkCollector, causal: bool, query: torch.Tensor, keys: torch.Tensor,
+def chunked_attention(collector: ChunkCollector, causal: bool | None, query: torch.Tensor, keys: torch.Tensor,
                       values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                       kwargs: Mapping[str, Any]) -> torch.Tensor:
     """Attention of one site ``collector.chunk`` queries at a time, each chunk handed to the

@@ -325,11 +325,10 @@ def check_calls(loaded: LoadedModel, session: CaptureSession) -> None:
     wanted = [site for site in loaded.sites.values() if recorder.wants(site)]
     missing = [site for site in wanted if (site.kind, site.layer) not in recorder.captured]
     if missing:
-        what = "no attention module" if len(missing) == len(wanted) else f"{len(missing)} of its attention modules"
         raise AttnscopeError(
-            f"model type {model_type!r}: {what} (e.g. {missing[0].name}) called attnscope's attention function "
-            f"during the forward pass; it computes attention inside its own modules, so attnscope needs a bridge for "
-            f"it ({HOW_TO_ADD})")
+            f"model type {model_type!r}: {len(missing)} of its {len(wanted)} attention modules (e.g. "
+            f"{missing[0].name}) never called attnscope's attention function during the forward pass; it computes "
+            f"attention inside its own modules, so attnscope needs a bridge for it ({HOW_TO_ADD})")
     for kind in {site.kind for site in wanted}:
         heads = sorted({captured.n_heads for (k, _), captured in recorder.captured.items() if k == kind})
         if len(heads) > 1:  # a record's [layer, head, q_pos, k_pos] array needs as many heads in every layer

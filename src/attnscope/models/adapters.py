@@ -126,6 +126,9 @@ class AttentionSite:
     ``out_proj`` is the module whose weight maps the concatenated heads back to the residual
     stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``). ``window``: the sliding window in
     keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key.
+    ``causal_known``: False for a module that does not say whether it is causal (no ``is_causal``) of a type
+    read from the model; ``causal`` is then what its model's class implies (a causal LM's self-attention, a
+    decoder's), and the capture refuses any call of it whose causality the mask does not settle.
     """
 
     kind: str
@@ -135,6 +138,7 @@ class AttentionSite:
     out_proj: nn.Module | None = field(repr=False)
     conv1d: bool = False
     window: int = 0
+    causal_known: bool = True
 
 
 _LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window"),)
@@ -313,9 +317,10 @@ def resolve_relative(model: nn.Module, module_name: str, relative: str) -> nn.Mo
 def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionSite]:
     """Every attention module of ``model`` matched by ``adapter``'s rules, mapped to its site.
 
-    Refuses (:class:`~attnscope.errors.AttnscopeError`) what it cannot read with certainty: a module
-    that does not say whether it is causal where the rule does not know, and two modules that would
-    be the same layer of the same kind (a model with several stacks, or one that reuses its layers).
+    Refuses (:class:`~attnscope.errors.AttnscopeError`) what it cannot read with certainty: two modules
+    that would be the same layer of the same kind (a model with several stacks, or one that reuses its
+    layers). A module that does not say whether it is causal where the rule does not know gets a site
+    with ``causal_known`` False: its calls are refused when their mask does not settle it.
     """
     sites: dict[nn.Module, AttentionSite] = {}
     seen: dict[tuple[str, int], str] = {}
@@ -362,16 +367,26 @@ def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer:
     """The site of ``module`` (matched by ``rule`` as ``layer``): causality from its ``is_causal`` when it has one."""
     own = getattr(module, "is_causal", None)
     causal = own if isinstance(own, bool) else rule.causal
-    if causal is None:
-        raise AttnscopeError(
-            f"model type {model_type_of(model)!r}: its attention module {name} ({type(module).__name__}) does not "
-            f"say whether it is causal (no is_causal attribute), and the type is not in attnscope's adapters "
-            f"table; it needs an adapter row ({HOW_TO_ADD})")
+    known = causal is not None
+    if causal is None:  # the mask of each call must then settle it (see unknown_causality)
+        causal = rule.kind == "decoder" or (rule.kind == "self" and _is_causal_lm(model))
     out_proj = next((found for path in rule.out_proj.split("|")
                      if (found := resolve_relative(model, name, path)) is not None), None)
     window = getattr(module, rule.window, None) if rule.window else None
     return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
-                         window=int(window) if isinstance(window, int) else 0)
+                         window=int(window) if isinstance(window, int) else 0, causal_known=known)
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    return any(word in type(model).__name__ for word in ("CausalLM", "LMHead"))
+
+
+def unknown_causality(module: nn.Module) -> AttnscopeError:
+    """The refusal for a call without a mask at a module that does not say whether it is causal."""
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r}: its {type(module).__name__} modules do not say whether they are "
+        f"causal (no is_causal attribute) and the model gave one of them no mask, so attnscope cannot tell which keys "
+        f"each query sees; the type needs an adapter row that says ({HOW_TO_ADD})")
 
 
 def find_modules(model: nn.Module, rules: tuple[ModuleRule, ...]) -> dict[tuple[str, int], nn.Module]:
