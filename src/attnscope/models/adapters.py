@@ -19,8 +19,9 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 Adding an architecture is adding a row here, nothing else. A model type not in the table is read
 from the model itself (:data:`GENERIC_DECODER`, :data:`GENERIC_ENCODER_DECODER`): its attention
 modules where transformers' Llama-like and BART-like models keep them, each module's causality from
-its ``is_causal``; whatever cannot be read with certainty is refused (:func:`find_sites`), and the
-capture checks that every attention call came from a site, once per forward pass.
+its ``is_causal`` (or, where it has none, from the mask of each call); whatever cannot be read with
+certainty is refused (:func:`find_sites`, and at capture time: every attention call must come from a
+site, once per forward pass, with a mask where the module does not say whether it is causal).
 """
 
 from __future__ import annotations
