@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test bench bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ test: install-test
 bench: install-test
 	$(BIN)/python benchmarks/extract.py
 	$(BIN)/python benchmarks/flow.py
+
+# every text model type of transformers: captured attention equal to eager, or refused in one line (~10 minutes)
+bench-architectures: install-test
+	$(BIN)/python benchmarks/architectures.py
 
 bench-corpus: install-test
 	$(BIN)/python benchmarks/corpus.py

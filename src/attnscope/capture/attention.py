@@ -29,8 +29,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..errors import AttnscopeError
-from ..models.adapters import AttentionSite
+from ..models.adapters import AttentionSite, sinks_refusal, unknown_causality, unlisted_attention
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
 from .rows import BatchFacts
@@ -213,6 +212,8 @@ def attnscope_attention(
     """
     site: AttentionSite | None = getattr(module, "attnscope_site", None)  # on the nn.Module: set by load_model
     recorder = _ACTIVE_RECORDER.get()
+    if site is None and recorder is not None:  # attention the adapter did not find: a record would miss it
+        raise unlisted_attention(module)
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
@@ -223,9 +224,11 @@ def attnscope_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if kwargs.get("s_aux") is not None:
-        raise AttnscopeError("attention sinks (s_aux) are not supported by attnscope's capture yet")
+        raise sinks_refusal(module)
     # an intervention changes every row, so only a recorder alone may skip rows or take them in chunks
     only = None if interventions else recorder
+    if site is not None and attention_mask is None and call_causal(site, kwargs) is None and query.shape[2] > 1:
+        raise unknown_causality(module)  # no mask and a module that does not say: which keys are seen is unknown
     unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, query.shape[2]),
                                                           query.shape[2] - 1)
     if unwanted and kwargs.get("softcap") is None:
@@ -233,18 +236,19 @@ def attnscope_attention(
         return _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted, kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads = query.shape[1]
+    causal = call_causal(site, kwargs)
     keys = expand_kv_heads(key, n_heads)
     values = expand_kv_heads(value, n_heads)
     collector = None if only is None or site is None else only.row_collector(site, values, n_heads=n_heads,
                                                                                n_keys=keys.shape[2])
     if collector is not None:
         assert only is not None and site is not None
-        output = chunked_attention(collector, site, query, keys, values, attention_mask, scaling, kwargs)
+        output = chunked_attention(collector, causal, query, keys, values, attention_mask, scaling, kwargs)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
         return output, None
     if site is not None:
-        attention_mask = rows_mask(attention_mask, site, query.shape[2], keys.shape[2], 0, query.device)
+        attention_mask = rows_mask(attention_mask, causal, query.shape[2], keys.shape[2], 0, query.device)
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
     if interventions:
@@ -277,20 +281,29 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_queries, n_heads = query.shape[2], query.shape[1]
     keys, values = expand_kv_heads(key, n_heads), expand_kv_heads(value, n_heads)
-    mask = rows_mask(attention_mask, site, n_queries, keys.shape[2], unwanted, query.device)
+    mask = rows_mask(attention_mask, call_causal(site, kwargs), n_queries, keys.shape[2], unwanted, query.device)
     wanted = query[:, :, unwanted:]
     probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
     recorder.keep(site, AttentionCall(wanted, keys, values, probs, key.shape[1], scaling, first_query=unwanted))
     return output, None
 
 
-def rows_mask(attention_mask: torch.Tensor | None, site: AttentionSite, n_queries: int, n_keys: int, first: int,
+def call_causal(site: AttentionSite | None, kwargs: Mapping[str, Any]) -> bool | None:
+    """Whether a call with no mask is causal: its ``is_causal`` argument when the model passes one, else its
+    site's (the module's own ``is_causal``), as transformers' SDPA path decides; None when neither says."""
+    given = kwargs.get("is_causal")
+    if given is not None:
+        return bool(given)
+    return None if site is not None and not site.causal_known else site is not None and site.causal
+
+
+def rows_mask(attention_mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_keys: int, first: int,
               device: torch.device) -> torch.Tensor | None:
     """The mask of a call's queries ``first..n_queries-1``: the given mask's rows, or, where the lazy
-    mask left causality to us (None at a causal site, a square call), the causal mask of those rows."""
+    mask left causality to us (None at a ``causal`` call, a square one), the causal mask of those rows."""
     if attention_mask is not None and attention_mask.shape[-2] == n_queries:
         return attention_mask[..., first:, :]
-    if attention_mask is None and site.causal and n_queries == n_keys > 1:
+    if attention_mask is None and causal and n_queries == n_keys > 1:
         return causal_mask(n_queries - first, first, n_keys, device)
     return attention_mask
 
@@ -301,18 +314,18 @@ def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None 
     return (torch.arange(k_len, device=device)[None, :] <= queries)[None, None]
 
 
-def chunked_attention(collector: ChunkCollector, site: AttentionSite, query: torch.Tensor, keys: torch.Tensor,
+def chunked_attention(collector: ChunkCollector, causal: bool | None, query: torch.Tensor, keys: torch.Tensor,
                       values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                       kwargs: Mapping[str, Any]) -> torch.Tensor:
     """Attention of one site ``collector.chunk`` queries at a time, each chunk handed to the
-    ``collector``; returns the output ``[batch, q_pos, head, d_head]``.
+    ``collector``; returns the output ``[batch, q_pos, head, d_head]``. ``causal``: the call's (:func:`call_causal`).
 
     ``keys``/``values`` are expanded to the query heads. Without a mask, causal attention only
     computes the keys up to each chunk's last query (the rest would get weight 0).
     """
     batch, n_heads, q_len, _ = query.shape
     k_len = keys.shape[2]
-    implicit_causal = attention_mask is None and site.causal and q_len == k_len
+    implicit_causal = attention_mask is None and causal and q_len == k_len
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
     for start in range(0, q_len, collector.chunk):

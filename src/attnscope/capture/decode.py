@@ -82,7 +82,7 @@ def decode_steps(loaded: LoadedModel, source: str, *, beams: int = 1, top_k: int
     config = loaded.config
     if not (1 <= top_k <= config.vocab_size and 1 <= beams <= config.vocab_size):
         raise AttnscopeError(f"top_k and beams must be between 1 and the vocabulary size, {config.vocab_size}")
-    start, eos = config.decoder_start_token_id, config.eos_token_id
+    start, eos = loaded.decoder_start_id, config.eos_token_id
     limit = max_steps or min(64, 2 * source_ids.shape[1] + 10)
     live: list[tuple[list[int], float, list[Step]]] = [([start], 0.0, [])]
     finished: list[tuple[list[int], float, list[Step]]] = []

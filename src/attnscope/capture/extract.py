@@ -12,13 +12,14 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..errors import AttnscopeError
+from ..models.adapters import HOW_TO_ADD
 from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord, ModelInfo
 from .attention import CaptureSession, capture
@@ -27,7 +28,7 @@ from .linear import OneDNNLinear, PackedWeights, onednn_linear_available
 from .loading import load_model
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
-from .recorders import CaptureComplete, SiteCapture, main_kind
+from .recorders import CaptureComplete, PerSite, SiteCapture, main_kind
 from .rows import RowCapture
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
@@ -192,10 +193,11 @@ def extract_to_file(
                          n_layers=n_main_layers(loaded), norms=norms, float16=float16)
     with (tqdm(total=len(sink.layers), unit="layer", desc="capturing", disable=not progress) as bar,
           torch.inference_mode(),
-          capture(loaded.sites, norms=norms, stop_when_complete=True, plan=plan, facts=batch_facts([encoded], plan),
-                  sink=sink) as session):
+          capture(loaded.sites, norms=norms, stop_when_complete=stops_early(loaded), plan=plan,
+                  facts=batch_facts([encoded], plan), sink=sink) as session):
         sink.on_layer = bar.update
         forward_until_captured(loaded, [encoded])
+    check_calls(loaded, session)
     sink.close(model_info(loaded, session))
     return AttentionRecord.open(path)
 
@@ -232,7 +234,7 @@ def encode_item(loaded: LoadedModel, item: Item, index: int, limit: int) -> Enco
     first, second = split_item(item, index)
     tokenizer = loaded.tokenizer
     source = encode_side(tokenizer, first, None, limit, index)
-    start_id = loaded.config.decoder_start_token_id
+    start_id = loaded.decoder_start_id
     if second is None:
         decoder_ids = _greedy_target(loaded, source.input_ids, limit)
     else:
@@ -246,7 +248,7 @@ def _greedy_target(loaded: LoadedModel, source_ids: list[int], limit: int) -> li
     """The model's greedy output for one source, without its final end-of-sentence token."""
     with torch.inference_mode():
         generated = loaded.model.generate(torch.tensor([source_ids], device=loaded.input_device), do_sample=False,
-                                          num_beams=1,
+                                          num_beams=1, decoder_start_token_id=loaded.decoder_start_id,
                                           max_new_tokens=min(limit, 2 * len(source_ids) + 10))[0].tolist()
     eos = loaded.config.eos_token_id
     return generated[:-1] if len(generated) > 1 and generated[-1] == eos else generated
@@ -296,18 +298,51 @@ def run_batch(loaded: LoadedModel, batch: list[Encoded], qkv: bool, norms: bool,
     check_batch_memory(loaded, batch, plan, qkv=qkv, norms=norms)
     facts = batch_facts(batch, plan) if plan is not None else None
     with (torch.inference_mode(), linear_backend(packed),
-          capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=True, plan=plan, facts=facts) as session):
+          capture(loaded.sites, qkv=qkv, norms=norms, stop_when_complete=stops_early(loaded), plan=plan,
+                  facts=facts) as session):
         forward_until_captured(loaded, batch)
-    if not session.captured:
-        raise AttnscopeError(
-            f"model {loaded.name!r} ran without calling attnscope's attention function; its architecture "
-            "computes attention itself and needs a bridge (attnscope.models.bridges)"
-        )
+    check_calls(loaded, session)
     info = model_info(loaded, session)
     if plan is not None:
         return planned_records(info, batch, session.layers(info.main_kind), plan)
     stacked = {kind: _stack(session, kind) for kind in _kinds(loaded)}
     return [_record(loaded, info, encoded, row, stacked) for row, encoded in enumerate(batch)]
+
+
+def stops_early(loaded: LoadedModel) -> bool:
+    """Whether a capture may stop the forward pass once every site is in: for model types of the adapters
+    table; a type read from the model runs to the end, so that a layer it runs twice is caught."""
+    return not loaded.adapter.generic
+
+
+def check_calls(loaded: LoadedModel, session: CaptureSession) -> None:
+    """Refuse a capture that did not get exactly one call from every site it wanted: a site never called
+    computes attention inside its own module (or was skipped); one called twice is a layer the model runs
+    more than once in a forward pass, which has no single attention. Layers of one kind must have as many
+    heads as each other."""
+    recorder = cast(PerSite, session.recorder)
+    model_type = loaded.config.model_type
+    wanted = [site for site in loaded.sites.values() if recorder.wants(site)]
+    missing = [site for site in wanted if (site.kind, site.layer) not in recorder.captured]
+    if missing:
+        raise AttnscopeError(
+            f"model type {model_type!r}: {len(missing)} of its {len(wanted)} attention modules (e.g. "
+            f"{missing[0].name}) never called attnscope's attention function during the forward pass; it computes "
+            f"attention inside its own modules, so attnscope needs a bridge for it ({HOW_TO_ADD})")
+    for kind in {site.kind for site in wanted}:
+        heads = sorted({captured.n_heads for (k, _), captured in recorder.captured.items() if k == kind})
+        if len(heads) > 1:  # a record's [layer, head, q_pos, k_pos] array needs as many heads in every layer
+            raise AttnscopeError(
+                f"model type {model_type!r} has {kind} layers with different numbers of heads "
+                f"({', '.join(map(str, heads))}), which attnscope's [layer, head, q_pos, k_pos] records cannot "
+                f"hold; it needs an adapter for it ({HOW_TO_ADD})")
+    repeated = sorted(key for key, calls in recorder.calls.items() if calls > 1)
+    if repeated:
+        kind, layer = repeated[0]
+        raise AttnscopeError(
+            f"model type {model_type!r} runs its attention layers more than once per forward pass ({kind} layer "
+            f"{layer} ran {recorder.calls[repeated[0]]} times), so a layer has no single attention to record; "
+            f"attnscope needs an adapter for it that names each run ({HOW_TO_ADD})")
 
 
 def forward_until_captured(loaded: LoadedModel, batch: list[Encoded]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..models.loading import LoadedModel, load_weights, with_sites
 from ..models.registry import DEFAULT_MODEL
 from .attention import ATTN_IMPLEMENTATION, register_attention_function
-from .bridges import install_bridges
+from .bridges import LOADED_EAGER, install_bridges
 
 
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
@@ -18,6 +18,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str
     CPU, so a model larger than one device runs; capture follows each layer where it runs.
     """
     register_attention_function()
-    source, model, tokenizer = load_weights(name, dtype=dtype, device=device, attn_implementation=ATTN_IMPLEMENTATION)
+    source, model, tokenizer = load_weights(name, dtype=dtype, device=device, attn_implementation=ATTN_IMPLEMENTATION,
+                                            eager_types=LOADED_EAGER)
     install_bridges(model)  # before the sites are found: a bridge is the site of the module it replaces
     return with_sites(name, source, model, tokenizer, dtype, device)

@@ -27,6 +27,7 @@ The recorders: :class:`FullRecord` (everything, a :class:`SiteCapture` per ``(ki
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -173,7 +174,9 @@ def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tenso
 
 
 class PerSite(Recorder):
-    """A recorder that keeps one capture per ``(kind, layer)`` (the last call's), in ``captured``.
+    """A recorder that keeps one capture per ``(kind, layer)`` (the last call's), in ``captured``, and
+    counts the calls per ``(kind, layer)`` in ``calls`` (a model that runs a layer twice in one forward
+    pass has no single attention for it).
 
     ``stop_after``: the sites whose arrival completes the capture (:class:`CaptureComplete`), or None.
     """
@@ -181,6 +184,7 @@ class PerSite(Recorder):
     def __init__(self, stop_after: frozenset[tuple[str, int]] | None) -> None:
         self.stop_after = stop_after
         self.captured: dict[tuple[str, int], Any] = {}
+        self.calls: Counter[tuple[str, int]] = Counter()
 
     def layers(self, kind: str) -> list[Any]:
         """Captures of ``kind``, ordered by layer."""
@@ -189,6 +193,7 @@ class PerSite(Recorder):
     def store(self, site: AttentionSite, captured: Any) -> None:
         """Keep ``captured`` as ``site``'s; stop the forward once every wanted site is in."""
         self.captured[(site.kind, site.layer)] = captured
+        self.calls[(site.kind, site.layer)] += 1
         if self.stop_after is not None and self.stop_after <= self.captured.keys():
             raise CaptureComplete
 

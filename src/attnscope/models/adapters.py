@@ -6,15 +6,22 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 
 * ``kind``: ``self`` (encoder-only / decoder-only), ``encoder``, ``decoder`` or ``cross``;
 * ``out_proj``: the output projection's path relative to that module; each leading ``../``
-  climbs one level (BERT keeps it in a sibling: ``../output.dense``);
-* ``causal``: whether queries see only earlier keys;
+  climbs one level (BERT keeps it in a sibling: ``../output.dense``); ``a|b`` tries each in turn;
+* ``causal``: whether queries see only earlier keys, for a module that does not say so itself: the
+  module's own ``is_causal`` (what transformers' SDPA path reads) always wins; None means the module
+  must say, and a model whose attention modules do not is refused;
 * ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
   itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
   e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
   attention function receives; the site only carries the fact, for records and views.
 
-Adding an architecture is adding a row here, nothing else.
+Adding an architecture is adding a row here, nothing else. A model type not in the table is read
+from the model itself (:data:`GENERIC_DECODER`, :data:`GENERIC_ENCODER_DECODER`): its attention
+modules where transformers' Llama-like and BART-like models keep them, each module's causality from
+its ``is_causal`` (or, where it has none, from the mask of each call); whatever cannot be read with
+certainty is refused (:func:`find_sites`, and at capture time: every attention call must come from a
+site, once per forward pass, with a mask where the module does not say whether it is causal).
 """
 
 from __future__ import annotations
@@ -24,13 +31,17 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..errors import AttnscopeError
+
+HOW_TO_ADD = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
+
 
 @dataclass(frozen=True)
 class SiteRule:
     kind: str
     pattern: str
     out_proj: str
-    causal: bool = False
+    causal: bool | None = False
     conv1d: bool = False
     window: str = ""
 
@@ -120,6 +131,11 @@ class Adapter:
     norms: LayerNorms | None = None
     unembedding: Unembedding | None = None
 
+    @property
+    def generic(self) -> bool:
+        """True for the adapters of model types not in the table (their sites are read from the model)."""
+        return not self.model_types
+
 
 @dataclass(frozen=True, eq=False)
 class AttentionSite:
@@ -128,6 +144,9 @@ class AttentionSite:
     ``out_proj`` is the module whose weight maps the concatenated heads back to the residual
     stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``). ``window``: the sliding window in
     keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key.
+    ``causal_known``: False for a module that does not say whether it is causal (no ``is_causal``) of a type
+    read from the model; ``causal`` is then what its model's class implies (a causal LM's self-attention, a
+    decoder's), and the capture refuses any call of it whose causality the mask does not settle.
     """
 
     kind: str
@@ -137,6 +156,7 @@ class AttentionSite:
     out_proj: nn.Module | None = field(repr=False)
     conv1d: bool = False
     window: int = 0
+    causal_known: bool = True
 
 
 _LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window"),)
@@ -197,6 +217,26 @@ ADAPTERS: tuple[Adapter, ...] = (
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
             final=(r"^(?:transformer\.)?ln_f$", r"^lm_head$"), norms=PRE_LN,
             unembedding=Unembedding(r"^(?:transformer\.)?ln_f$")),
+    Adapter("gptj", ("gptj", "codegen"), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "out_proj", causal=True),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
+            note="attention and feed-forward read the same normalised input, side by side"),
+    Adapter("gpt-bigcode", ("gpt_bigcode",),
+            (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "c_proj", causal=True),),  # nn.Linear, unlike GPT-2
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
+            note="multi-query attention: one key/value head shared by every query head"),
+    Adapter("bloom", ("bloom",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.self_attention$", "dense", causal=True),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
+            note="ALiBi: a per-head linear bias by distance instead of position embeddings; BLOOM computes attention "
+            "itself, attnscope routes it through the capture function with a bridge (see attnscope.capture.bridges)"),
+    Adapter("falcon", ("falcon",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.self_attention$", "dense", causal=True),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
+            note="Falcon computes attention itself and picks its attention class by name: attnscope loads it with "
+            "eager attention and routes it through the capture function with a bridge (see attnscope.capture.bridges)"),
+    Adapter("gpt-neo", ("gpt_neo",),
+            (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn\.attention$", "out_proj", causal=True, window="sliding_window"),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
+            note="global and local (sliding-window) layers alternate; unscaled scores; GPT-Neo computes attention "
+            "itself: attnscope loads it with eager attention and bridges it (see attnscope.capture.bridges)"),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
@@ -263,16 +303,35 @@ ADAPTERS: tuple[Adapter, ...] = (
     ),
 )
 
-GENERIC_DECODER = Adapter("llama-like (generic)", (), _LLAMA_LIKE, _LLAMA_BLOCKS, _LLAMA_FFN,
-                          note="model type not in the table", unembedding=_LLAMA_UNEMBEDDING)
+_GENERIC_NOTE = ("model type not in the table: its attention modules and their causality are read from the model; "
+                 "running from a middle layer onwards and the whole-layer measures are off")
+GENERIC_DECODER = Adapter(
+    "generic (read from the model)", (),
+    (SiteRule("self", r"layers\.(\d+)\.(?:self_attn|self_attention|attn|attention)$", "o_proj|out_proj|dense",
+              causal=None, window="sliding_window"),),
+    _LLAMA_BLOCKS, _LLAMA_FFN, note=_GENERIC_NOTE, unembedding=_LLAMA_UNEMBEDDING,
+)
+GENERIC_ENCODER_DECODER = Adapter(
+    "generic encoder-decoder (read from the model)", (),
+    (
+        SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn$", "o_proj|out_proj", causal=None,
+                 window="sliding_window"),
+        SiteRule("decoder", r"decoder\.layers\.(\d+)\.self_attn$", "o_proj|out_proj", causal=None,
+                 window="sliding_window"),
+        SiteRule("cross", r"decoder\.layers\.(\d+)\.(?:encoder_attn|cross_attn|cross_attention)$",
+                 "o_proj|out_proj", causal=None),
+    ),
+    _BART_BLOCKS, note=_GENERIC_NOTE,
+)
 
 
-def adapter_for(model_type: str) -> Adapter:
-    """The adapter of ``model_type``; unknown types are tried as Llama-like decoders."""
+def adapter_for(model_type: str, is_encoder_decoder: bool = False) -> Adapter:
+    """The adapter of ``model_type``; a type not in the table is read from the model
+    (:data:`GENERIC_ENCODER_DECODER` or :data:`GENERIC_DECODER`)."""
     for adapter in ADAPTERS:
         if model_type in adapter.model_types:
             return adapter
-    return GENERIC_DECODER
+    return GENERIC_ENCODER_DECODER if is_encoder_decoder else GENERIC_DECODER
 
 
 def supported_model_types() -> list[str]:
@@ -291,18 +350,78 @@ def resolve_relative(model: nn.Module, module_name: str, relative: str) -> nn.Mo
 
 
 def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionSite]:
-    """Every attention module of ``model`` matched by ``adapter``'s rules, mapped to its site."""
+    """Every attention module of ``model`` matched by ``adapter``'s rules, mapped to its site.
+
+    Refuses (:class:`~attnscope.errors.AttnscopeError`) what it cannot read with certainty: two modules
+    that would be the same layer of the same kind (a model with several stacks, or one that reuses its
+    layers). A module that does not say whether it is causal where the rule does not know gets a site
+    with ``causal_known`` False: its calls are refused when their mask does not settle it.
+    """
     sites: dict[nn.Module, AttentionSite] = {}
+    seen: dict[tuple[str, int], str] = {}
     for name, module in model.named_modules():
         for rule in adapter.rules:
             match = re.search(rule.pattern, name)
             if match:
-                out_proj = resolve_relative(model, name, rule.out_proj)
-                window = getattr(module, rule.window, None) if rule.window else None
-                sites[module] = AttentionSite(rule.kind, int(match.group(1)), name, rule.causal, out_proj, rule.conv1d,
-                                              window=int(window or 0))
+                site = _site(model, name, module, rule, int(match.group(1)))
+                if (site.kind, site.layer) in seen:
+                    raise AttnscopeError(
+                        f"model type {model_type_of(model)!r}: modules {seen[(site.kind, site.layer)]} and {name} "
+                        f"would both be {site.kind} layer {site.layer} (several stacks of layers, or layers used "
+                        f"more than once), so attnscope cannot tell its layers apart; it needs an adapter row for "
+                        f"this type ({HOW_TO_ADD})")
+                seen[(site.kind, site.layer)] = name
+                sites[module] = site
                 break
     return sites
+
+
+def model_type_of(model: nn.Module) -> str:
+    """The model type a model (or an attention module with its ``config``) names, else its class."""
+    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
+def sinks_refusal(module: nn.Module) -> AttnscopeError:
+    """The refusal for a call with learned attention sinks (``s_aux``, gpt-oss): the weights would not be the model's."""
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r} adds learned attention sinks (s_aux) to its softmax, which "
+        f"attnscope's capture does not compute yet, so its weights would not be the model's; for now read them "
+        f"from transformers itself (attn_implementation='eager', output_attentions=True)")
+
+
+def unlisted_attention(module: nn.Module) -> AttnscopeError:
+    """The refusal for an attention call, during a capture, from a module that is no site: the record
+    would silently miss that attention."""
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r}: a {type(module).__name__} module computed attention, but attnscope's "
+        f"adapter did not find it among the model's attention modules, so the record would miss it; the type "
+        f"needs an adapter row that names it ({HOW_TO_ADD})")
+
+
+def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer: int) -> AttentionSite:
+    """The site of ``module`` (matched by ``rule`` as ``layer``): causality from its ``is_causal`` when it has one."""
+    own = getattr(module, "is_causal", None)
+    causal = own if isinstance(own, bool) else rule.causal
+    known = causal is not None
+    if causal is None:  # the mask of each call must then settle it (see unknown_causality)
+        causal = rule.kind == "decoder" or (rule.kind == "self" and _is_causal_lm(model))
+    out_proj = next((found for path in rule.out_proj.split("|")
+                     if (found := resolve_relative(model, name, path)) is not None), None)
+    window = getattr(module, rule.window, None) if rule.window else None
+    return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
+                         window=int(window) if isinstance(window, int) else 0, causal_known=known)
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    return any(word in type(model).__name__ for word in ("CausalLM", "LMHead"))
+
+
+def unknown_causality(module: nn.Module) -> AttnscopeError:
+    """The refusal for a call without a mask at a module that does not say whether it is causal."""
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r}: its {type(module).__name__} modules do not say whether they are "
+        f"causal (no is_causal attribute) and the model gave one of them no mask, so attnscope cannot tell which keys "
+        f"each query sees; the type needs an adapter row that says ({HOW_TO_ADD})")
 
 
 def find_modules(model: nn.Module, rules: tuple[ModuleRule, ...]) -> dict[tuple[str, int], nn.Module]:

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from ..progress import say_slow_step
-from .adapters import Adapter, AttentionSite, adapter_for, find_sites, supported_model_types
+from .adapters import HOW_TO_ADD, Adapter, AttentionSite, adapter_for, find_sites
 from .registry import ALIASES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,6 +55,23 @@ class LoadedModel:
     @property
     def is_encoder_decoder(self) -> bool:
         return bool(getattr(self.config, "is_encoder_decoder", False))
+
+    @property
+    def decoder_start_id(self) -> int:
+        """The token an encoder-decoder's decoder starts from: the config's ``decoder_start_token_id``, else
+        the generation config's, else the pad token (T5's convention), else the first token; refused when
+        none is set (transformers 5's T5Config, for one, has no such attribute)."""
+        generation = getattr(self.model, "generation_config", None)
+        candidates = (getattr(self.config, "decoder_start_token_id", None),
+                      getattr(generation, "decoder_start_token_id", None),
+                      getattr(self.config, "pad_token_id", None), getattr(self.config, "bos_token_id", None))
+        start = next((token for token in candidates if isinstance(token, int)), None)
+        if start is None:
+            raise AttnscopeError(
+                f"model {self.name!r} (type {self.config.model_type!r}) names no token its decoder starts from "
+                "(no decoder_start_token_id, pad_token_id or bos_token_id in its config or generation config); "
+                "add decoder_start_token_id to its config.json")
+        return start
 
     @property
     def causal(self) -> bool:
@@ -222,9 +239,11 @@ def _save_untied(model: nn.Module, path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def load_weights(name: str, *, dtype: str, device: str, attn_implementation: str) -> tuple[Path, Any, Any]:
+def load_weights(name: str, *, dtype: str, device: str, attn_implementation: str,
+                 eager_types: frozenset[str] = frozenset()) -> tuple[Path, Any, Any]:
     """The checkpoint of ``name`` (an alias, a local folder or a GGUF file), offline: its source,
-    the model (eval mode) with ``attn_implementation`` and its tokenizer. ``dtype``/``device``: see
+    the model (eval mode) with ``attn_implementation`` (``"eager"`` for the model types in ``eager_types``,
+    which cannot be built with another) and its tokenizer. ``dtype``/``device``: see
     :func:`attnscope.load_model` (which wires the model to attnscope's attention function)."""
     if dtype not in DTYPES:
         raise AttnscopeError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -232,24 +251,36 @@ def load_weights(name: str, *, dtype: str, device: str, attn_implementation: str
     _go_offline()
     source = resolve_source(name)
     folder = convert_gguf(source) if source.suffix == ".gguf" else source
-    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], attn_implementation, device)
+    model, tokenizer = _load_pretrained(name, folder, DTYPES[dtype], attn_implementation, device, eager_types)
     return source, model, tokenizer
 
 
 def with_sites(name: str, source: Path, model: Any, tokenizer: Any, dtype: str, device: str) -> LoadedModel:
     """``model`` with its attention sites found (by the adapters table) and marked, so the attention
     function knows where it runs; a model with none is refused."""
-    adapter = adapter_for(model.config.model_type)
+    adapter = adapter_for(model.config.model_type, bool(getattr(model.config, "is_encoder_decoder", False)))
     sites = find_sites(model, adapter)
-    if not sites:
-        raise AttnscopeError(
-            f"model {name!r} (type {model.config.model_type!r}) has no attention module attnscope recognises; "
-            f"supported types: {', '.join(supported_model_types())} and Llama-like decoders"
-        )
+    check_sites(model.config.model_type, adapter, sites)
     for module, site in sites.items():
         module.attnscope_site = site  # type: ignore[assignment]  # how the attention function finds its site
     _prepare_tokenizer(tokenizer)
     return LoadedModel(name, source, model, tokenizer, adapter, sites, dtype, device)
+
+
+def check_sites(model_type: str, adapter: Adapter, sites: Mapping[nn.Module, AttentionSite]) -> None:
+    """Refuse a model in which ``adapter`` found no attention, or (read from the model) not every kind it needs."""
+    found = {site.kind for site in sites.values()}
+    if not sites:
+        known = "is not in attnscope's adapters table" if adapter.generic else f"(adapter {adapter.family!r})"
+        raise AttnscopeError(
+            f"model type {model_type!r} {known} and has no attention module where attnscope looks for one "
+            f"({' or '.join(rule.pattern for rule in adapter.rules)}); it needs an adapter row, or a bridge if it "
+            f"computes attention inside its own forward ({HOW_TO_ADD})")
+    missing = [kind for kind in dict.fromkeys(rule.kind for rule in adapter.rules) if kind not in found]
+    if adapter.generic and missing:
+        raise AttnscopeError(
+            f"model type {model_type!r} is not in attnscope's adapters table and attnscope found no {missing[0]} "
+            f"attention module in it; it needs an adapter row ({HOW_TO_ADD})")
 
 
 def check_device(device: str) -> None:
@@ -271,14 +302,16 @@ def check_device(device: str) -> None:
 
 
 def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implementation: str,
-                     device: str = "cpu") -> tuple[Any, Any]:
+                     device: str = "cpu", eager_types: frozenset[str] = frozenset()) -> tuple[Any, Any]:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a ~1 s load needs no bar
+    config = None
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
         auto_class = _auto_class(config)
+        implementation = "eager" if config.model_type in eager_types else implementation
         with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             model, loading_info = auto_class.from_pretrained(
@@ -286,6 +319,11 @@ def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implemen
                 output_loading_info=True, device_map=None if device == "cpu" else device,
             )
     except Exception as error:  # noqa: BLE001 - damaged weights, configs or tokenizers fail in many ways
+        if config is not None and _names_implementation(error, implementation):
+            raise AttnscopeError(
+                f"model type {config.model_type!r} computes attention inside its own modules, not through "
+                f"transformers' AttentionInterface (loading it with attn_implementation={implementation!r} fails: "
+                f"{_first_line(error)}); attnscope needs a bridge for it ({HOW_TO_ADD})") from None
         raise AttnscopeError(f"cannot load model {name!r} with attnscope's capture function: "
                              f"{_first_line(error)}") from None
     if loading_info.get("missing_keys"):
@@ -293,6 +331,13 @@ def _load_pretrained(name: str, folder: Path, torch_dtype: torch.dtype, implemen
         warnings.warn(f"model {name!r}: {len(missing)} weights missing from the checkpoint were initialised at "
                       f"random (e.g. {missing[0]}); its attention may not be the trained model's", stacklevel=3)
     return model.eval(), tokenizer
+
+
+def _names_implementation(error: BaseException, implementation: str) -> bool:
+    """Whether loading failed on the attention implementation's name (Falcon picks its attention class by
+    name: ``KeyError('attnscope')``), not on a path that happens to contain it."""
+    text = str(error)
+    return f"'{implementation}'" in text or f'"{implementation}"' in text
 
 
 def _first_line(error: BaseException) -> str:

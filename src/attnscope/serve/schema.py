@@ -59,7 +59,8 @@ def model_facts(source: Path | None, model_type: str = "") -> ModelFacts | None:
         return None
     rules = adapter_for(model_type).rules  # the adapter table says which attention a model type has
     kinds = tuple(dict.fromkeys(rule.kind for rule in rules))
-    return ModelFacts(kinds, kinds == ("self",) and any(rule.causal for rule in rules), chat)
+    # a type read from the model (causal None) is taken for a decoder until it is loaded, as before
+    return ModelFacts(kinds, kinds == ("self",) and any(rule.causal is not False for rule in rules), chat)
 
 
 def _folder_facts(folder: Path) -> tuple[str, bool]:

@@ -1,0 +1,123 @@
+"""Model types of transformers captured exactly or refused in one line: one type per adapter family, every
+type that needed special handling, and the comparison itself (``tests/tiny_architectures.py``; the full
+sweep over every text model type is ``benchmarks/architectures.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from attnscope import extract, load_model
+from attnscope.errors import AttnscopeError
+from attnscope.models.adapters import GENERIC_DECODER, find_sites
+
+from .tiny_architectures import SLIDING_WINDOW, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
+
+EQUAL = (
+    # one per family of the adapters table
+    "bert", "distilbert", "mpnet", "gpt2", "gpt_neox", "opt", "llama", "gemma3_text", "bart", "mbart", "t5",
+    "gptj", "codegen", "gpt_bigcode",
+    # bridged: BLOOM (ALiBi), Falcon and GPT-Neo (built with eager attention, then bridged)
+    "bloom", "falcon", "gpt_neo",
+    # read from the model: bidirectional encoders the Llama-like fallback used to treat as causal decoders
+    "esmc", "eurobert", "gte", "jina_embeddings_v3", "nomic_bert", "tipsv2_text_model", "ultrabert", "modernbert",
+    # read from the model: encoder-decoders that used to crash (no decoder_start_token_id, no adapter)
+    "nllb-moe", "plbart", "t5gemma",
+    # read from the model: its attention modules do not say whether they are causal, but every call has a mask
+    "doge",
+)
+HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
+REFUSED = {
+    # two stacks of layers run in cycles: eager returns 16 layers of attention from 2 modules
+    "hrm_text": "model type 'hrm_text': modules model.L_module.layers.0.self_attn and model.H_module.layers.0.self_attn "
+                "would both be self layer 0",
+    # shares one layer's weights across every layer: the same module runs once per layer
+    "albert": "model type 'albert' runs its attention layers more than once per forward pass",
+    # two softmax calls per layer, combined as softmax_1 - λ softmax_2 over head pairs
+    "diffllama": "model type 'diffllama' runs its attention layers more than once per forward pass",
+    # its encoder's block-sparse / full attention is computed inside its own modules (a bridge is needed)
+    "bigbird_pegasus": "model type 'bigbird_pegasus': 2 of its 6 attention modules (e.g. "
+                       "model.encoder.layers.0.self_attn) never called attnscope's attention function",
+    # learned attention sinks in the softmax's denominator
+    "gpt_oss": "model type 'gpt_oss' adds learned attention sinks (s_aux) to its softmax",
+}
+
+
+@pytest.mark.parametrize("model_type", EQUAL)
+def test_captured_attention_equals_eager(model_type, tmp_path):
+    result = check_type(model_type, tmp_path)
+    assert result["outcome"] == "equal", result
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_what_cannot_be_read_with_certainty_is_refused_in_one_line(model_type, tmp_path):
+    result = check_type(model_type, tmp_path)
+    assert result["outcome"] == "refused", result
+    assert result["reason"].startswith(REFUSED[model_type]), result["reason"]
+    assert HOW_TO in result["reason"] or "s_aux" in result["reason"]  # says what to do
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    folder = build_folder("bert", tmp_path_factory.mktemp("bert"))
+    record = extract(load_model(str(folder)), TEXT)
+    eager = eager_attentions(folder, record.token_ids.tolist(), None, record.sentence_ids.tolist())
+    return record, eager
+
+
+def test_the_comparison_catches_an_error_of_1e_4(tiny_bert):
+    record, eager = tiny_bert
+    captured = {"self": record.get("self").copy()}  # [layer, head, q_pos, k_pos]
+    assert compare(captured, eager)[0] <= TOLERANCE
+    captured["self"][1, 2, 3, 4] += 1e-4
+    error, _ = compare(captured, eager)
+    assert error > TOLERANCE and error == pytest.approx(1e-4, rel=1e-2)
+
+
+def test_the_comparison_catches_a_missing_layer_or_kind(tiny_bert):
+    record, eager = tiny_bert
+    attention = record.get("self")
+    assert compare({"self": attention[:1]}, eager) == (float("inf"), "self: attnscope has 1 layers, eager 2")
+    assert compare({"encoder": attention}, eager)[0] == float("inf")
+
+
+def test_a_module_that_does_not_say_whether_it_is_causal_is_refused_where_no_mask_settles_it(tmp_path):
+    loaded = load_model(str(build_folder("eurobert", tmp_path)))
+    for module in loaded.sites:
+        del module.is_causal
+    sites = find_sites(loaded.model, GENERIC_DECODER)
+    assert sites and not any(site.causal_known for site in sites.values())
+    for module, site in sites.items():
+        module.attnscope_site = site
+    # a bidirectional encoder without padding gets no mask at all: nothing says which keys a query sees
+    with pytest.raises(AttnscopeError, match="do not say whether they are causal"):
+        extract(dataclasses.replace(loaded, sites=sites), TEXT)
+
+
+def test_attention_from_a_module_the_adapter_did_not_find_is_refused(tmp_path):
+    loaded = load_model(str(build_folder("llama", tmp_path)))
+    module = next(iter(loaded.sites))
+    del module.attnscope_site
+    with pytest.raises(AttnscopeError, match="did not find it among the model's attention modules"):
+        extract(loaded, TEXT)
+
+
+def test_an_encoder_decoder_without_decoder_start_token_id_starts_from_its_pad_token(tmp_path):
+    from transformers import T5Config
+
+    config = T5Config(d_model=32, d_kv=8, num_layers=2, num_heads=4, d_ff=37, vocab_size=30522, pad_token_id=0)
+    assert getattr(config, "decoder_start_token_id", None) is None
+    loaded = load_model(str(build_folder("t5", tmp_path, config)))
+    record = extract(loaded, TEXT, "Ein Satz.")
+    assert record.arrays["target.token_ids"][0] == 0
+    assert np.isfinite(record.get("cross")).all()
+
+
+def test_causality_and_windows_come_from_the_modules(tmp_path):
+    eurobert = load_model(str(build_folder("eurobert", tmp_path / "eurobert")))  # not in the table: read
+    assert eurobert.adapter.generic and not eurobert.causal
+    gpt_neo = load_model(str(build_folder("gpt_neo", tmp_path / "gpt_neo")))  # global, then local layers
+    assert gpt_neo.causal
+    assert [site.window for site in sorted(gpt_neo.sites.values(), key=lambda s: s.layer)] == [0, SLIDING_WINDOW]

@@ -1,0 +1,279 @@
+"""Any text model type of transformers as a tiny random model, and its captured attention against eager.
+
+:func:`check_type` builds a tiny random model of one ``model_type`` from its config class (hidden 64, 2
+layers, 4 heads), adds seeded noise to every weight so that attention is far from uniform, saves it with
+a WordPiece tokenizer into a folder, loads that folder with ``attnscope.load_model`` as a user would,
+captures one input with ``extract`` and compares every attention kind (self, encoder, decoder, cross)
+with the same folder loaded with ``attn_implementation="eager"`` and ``output_attentions=True``.
+
+Used by ``tests/test_architectures.py`` (a representative subset) and ``benchmarks/architectures.py``
+(every text model type of the installed transformers, each in its own process).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
+TARGET = "Der schnelle braune Fuchs springt."
+TOLERANCE = 1e-5  # equal: the largest absolute difference of any attention weight is at most this
+NOISE = 0.1  # std of the seeded noise added to every weight (random init alone gives near-uniform attention)
+VOCAB = 30522  # the WordPiece tokenizer's vocabulary (the default model's)
+
+# config attribute -> tiny value, set where the config class has the attribute
+TINY_SIZES: dict[str, Any] = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "n_embed", "dim", "embed_dim", "model_dim"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_decoder_attention_heads"), 4),
+    "num_key_value_heads": 2,
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
+                     "hidden_dim"), 128),
+    **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), 8),  # MLA's and GPT-J's partial rotary
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
+    **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size"), 32),
+    "vocab_size": VOCAB,
+    "pad_token_id": 0,
+    "bos_token_id": 101,
+    "eos_token_id": 102,
+}
+SLIDING_WINDOW = 4  # shorter than the input, so sliding-window layers really slide
+
+# model types whose config needs more than the sizes above to build a small model
+SPECIAL: dict[str, dict[str, Any]] = {
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},  # one of each
+    "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
+}
+
+
+def text_model_types() -> tuple[list[str], list[str]]:
+    """``(text, other)``: the model types of ``CONFIG_MAPPING`` with a causal LM, masked LM, seq2seq LM or
+    text base model class, and the rest (vision, audio, multimodal-only, time series, ...)."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    mappings = {name: getattr(modeling_auto, name) for name in dir(modeling_auto) if name.endswith("_MAPPING_NAMES")}
+    non_text_words = ("IMAGE", "VIDEO", "AUDIO", "CTC", "SPEECH", "VISION", "VISUAL", "DOCUMENT", "BACKBONE",
+                      "OBJECT_DETECTION", "DEPTH", "SEGMENTATION", "KEYPOINT", "MASK_GENERATION", "TIME_SERIES",
+                      "SPECTROGRAM", "WAVEFORM", "RNNT", "TDT", "MULTIMODAL", "RETRIEVAL", "DECISION", "POSE",
+                      "NORMAL", "POINTMAP", "MATTING", "TABLE_RECOGNITION", "TEXT_RECOGNITION", "ZERO_SHOT")
+    non_text = {t for name, mapping in mappings.items() if any(w in name for w in non_text_words) for t in mapping}
+    text_names = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                  "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
+    candidates = {t for name in text_names for t in mappings[name]} - non_text
+    every = sorted(configuration_auto.CONFIG_MAPPING_NAMES)
+    text = [t for t in every if t in candidates and _has_text_config(t)]
+    return text, [t for t in every if t not in text]
+
+
+def _has_text_config(model_type: str) -> bool:
+    """A vocabulary, and no vision or audio sub-config (a config that does not build with its defaults is
+    tried all the same, and reported unbuilt)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except (KeyError, ImportError):
+        return False
+    sub = " ".join(getattr(config_class, "sub_configs", {}) or {})
+    if any(w in sub for w in ("vision", "audio", "speech", "image", "video")):
+        return False
+    try:
+        return hasattr(config_class(), "vocab_size")
+    except Exception:  # noqa: BLE001 - any failure of a default config
+        return True
+
+
+def tiny_config(model_type: str) -> Any:
+    """A small config of ``model_type``: :data:`TINY_SIZES` where the class has those attributes, a
+    short sliding window where it has one, and the :data:`SPECIAL` overrides."""
+    from transformers import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    default = config_class()
+    overrides = {name: value for name, value in TINY_SIZES.items()
+                 if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)}
+    if isinstance(getattr(default, "sliding_window", None), int):
+        overrides["sliding_window"] = SLIDING_WINDOW
+    layer_types = getattr(default, "layer_types", None)
+    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and \
+            not isinstance(getattr(config_class, "layer_types", None), property):
+        overrides["layer_types"] = list(_two_layer_types(layer_types))
+    for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+        if isinstance(sub_class, type) and isinstance(getattr(default, name, None), sub_class):
+            overrides[name] = _tiny_sub_config(sub_class)  # a composite's parts are full-size by default
+    overrides.update(SPECIAL.get(model_type, {}))
+    return config_class(**overrides)
+
+
+def _tiny_sub_config(config_class: Any) -> Any:
+    default = config_class()
+    return config_class(**{name: value for name, value in TINY_SIZES.items()
+                           if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)})
+
+
+def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
+    """Two layers of a longer pattern, the first kind and another one where there is another."""
+    first = layer_types[0]
+    return first, next((kind for kind in layer_types if kind != first), first)
+
+
+def model_class_name(model_type: str, config: Any) -> str:
+    """The class a user's checkpoint of ``model_type`` would name: seq2seq LM, causal LM, else base model."""
+    from transformers.models.auto import modeling_auto as auto
+
+    for mapping, wanted in ((auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, config.is_encoder_decoder),
+                            (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, not config.is_encoder_decoder),
+                            (auto.MODEL_MAPPING_NAMES, True)):
+        name = mapping.get(model_type)
+        if wanted and name:
+            return name if isinstance(name, str) else name[0]
+    raise ValueError(f"no model class for {model_type!r}")
+
+
+def perturb(model: torch.nn.Module, seed: int = 0) -> None:
+    """Add seeded N(0, NOISE) noise to every floating-point weight (tied weights once)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * NOISE)
+
+
+def build_folder(model_type: str, folder: Path, config: Any | None = None) -> Path:
+    """A tiny random model of ``model_type`` (perturbed weights) and the WordPiece tokenizer, saved in ``folder``."""
+    import transformers
+
+    from attnscope.models.loading import _auto_class, resolve_source
+
+    config = config or tiny_config(model_type)
+    config.architectures = [model_class_name(model_type, config)]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _auto_class(config).from_config(config)
+        perturb(model)
+        model.save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(folder)
+    return folder
+
+
+def eager_attentions(folder: Path, input_ids: list[int], decoder_ids: list[int] | None,
+                     token_type_ids: list[int] | None = None) -> dict[str, list[np.ndarray]]:
+    """Per kind, each layer's ``[head, q_pos, k_pos]`` attention from transformers' eager implementation
+    with ``output_attentions=True`` (kinds it returns none of are left out)."""
+    import transformers
+
+    from attnscope.models.loading import _auto_class
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _auto_class(config).from_pretrained(folder, attn_implementation="eager").eval()
+    inputs: dict[str, Any] = {"input_ids": torch.tensor([input_ids])}
+    if token_type_ids is not None and getattr(config, "type_vocab_size", 0) >= 2:
+        inputs["token_type_ids"] = torch.tensor([token_type_ids])
+    if decoder_ids is not None:
+        inputs["decoder_input_ids"] = torch.tensor([decoder_ids])
+    with torch.inference_mode():
+        out = model.base_model(**inputs, output_attentions=True)
+    names = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"} \
+        if decoder_ids is not None else {"self": "attentions"}
+    found = {}
+    for kind, name in names.items():
+        layers = [a for a in (getattr(out, name, None) or ()) if isinstance(a, torch.Tensor)]
+        if layers:
+            found[kind] = [(a[0] if a.dim() == 4 else a).float().numpy() for a in layers]
+    return found
+
+
+def compare(captured: Mapping[str, np.ndarray], eager: Mapping[str, list[np.ndarray]]) -> tuple[float, str]:
+    """The largest absolute difference between captured ``[layer, head, q_pos, k_pos]`` attention and eager's
+    layers, over every kind, and what differs ("" when only the values do); inf when a kind, a layer count
+    or a shape differs, or a value is not finite."""
+    if set(captured) != set(eager):
+        return float("inf"), f"kinds differ: attnscope {sorted(captured)}, eager {sorted(eager)}"
+    worst = 0.0
+    for kind, layers in eager.items():
+        got = captured[kind]
+        if len(got) != len(layers):
+            return float("inf"), f"{kind}: attnscope has {len(got)} layers, eager {len(layers)}"
+        for layer, expected in enumerate(layers):
+            if got[layer].shape != expected.shape:
+                return float("inf"), f"{kind} layer {layer}: shape {got[layer].shape} vs eager's {expected.shape}"
+            error = float(np.max(np.abs(got[layer].astype(np.float64) - expected)))
+            if not np.isfinite(error):
+                return float("inf"), f"{kind} layer {layer}: not finite"
+            worst = max(worst, error)
+    return worst, ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:600] if text else ""
+
+
+def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
+    """The decoder input eager gets when attnscope gave no record: a start token and the target's tokens."""
+    start = next((i for i in (getattr(config, "decoder_start_token_id", None), config.pad_token_id) if i is not None), 0)
+    return [start, *tokenizer(TARGET, add_special_tokens=False)["input_ids"]]
+
+
+def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict[str, Any]:
+    """Build, capture and compare one model type in ``folder``: ``{"outcome": ..., ...}``.
+
+    Outcomes: ``equal`` and ``differs`` (``error``, ``reason``), ``refused`` (attnscope's one-line
+    :class:`~attnscope.errors.AttnscopeError`, ``reason``), ``crash`` (any other exception from attnscope,
+    ``reason``), ``no_eager`` (transformers' eager forward returns no attentions) and ``unbuilt`` (the
+    tiny model could not be built or eager could not run it: not attnscope's doing).
+    """
+    import transformers
+
+    import attnscope
+    from attnscope.errors import AttnscopeError
+
+    try:
+        build_folder(model_type, folder, config)
+    except Exception as error:  # noqa: BLE001 - any config or model that does not build is "unbuilt"
+        return {"outcome": "unbuilt", "reason": f"build: {type(error).__name__}: {_first_line(error)}"}
+    record, refusal = None, None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = attnscope.load_model(str(folder))
+            pair = TARGET if loaded.is_encoder_decoder else None
+            record = attnscope.extract(loaded, TEXT, pair)
+    except AttnscopeError as error:
+        refusal = {"outcome": "refused", "reason": _first_line(error)}
+    except Exception as error:  # noqa: BLE001 - anything else from attnscope is a defect
+        refusal = {"outcome": "crash", "reason": f"{type(error).__name__}: {_first_line(error)}"}
+    config = transformers.AutoConfig.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    if record is not None:
+        input_ids = record.token_ids.tolist()
+        decoder = record.arrays["target.token_ids"].tolist() if "target.token_ids" in record.arrays else None
+        types = record.sentence_ids.tolist()
+    else:
+        input_ids, types = tokenizer(TEXT)["input_ids"], None
+        decoder = _decoder_ids(tokenizer, config) if config.is_encoder_decoder else None
+    try:
+        eager = eager_attentions(folder, input_ids, decoder, types)
+    except Exception as error:  # noqa: BLE001 - transformers' own eager path failing is not attnscope's doing
+        return {"outcome": "unbuilt", "reason": f"eager: {type(error).__name__}: {_first_line(error)}"}
+    if not eager:
+        return {"outcome": "no_eager", **({"attnscope": refusal} if refusal else {})}
+    if refusal is not None:
+        return refusal
+    assert record is not None
+    error, reason = compare({kind: record.get(kind) for kind in record.kinds}, eager)
+    outcome = "equal" if error <= TOLERANCE else "differs"
+    return {"outcome": outcome, "error": error if np.isfinite(error) else None, "reason": reason}
