@@ -434,6 +434,26 @@ def _first_words(text: str, n: int) -> str:
     return " ".join(words[:n]) + (" ..." if len(words) > n else "")
 
 
+# why a model type was refused, by a phrase of its one-line refusal (benchmarks/architectures.py)
+REFUSAL_KINDS = (
+    ("has no attention module where attnscope looks", "no attention module where attnscope looks (an adapter row)"),
+    ("never called attnscope's attention function", "attention computed inside the model's own forward (a bridge)"),
+    ("learned attention sinks", "learned attention sinks (s_aux), not computed yet"),
+    ("more than once per forward pass", "a layer that runs more than once per forward pass"),
+    ("would both be", "two stacks of layers with the same layer numbers"),
+    ("different numbers of heads", "layers with different numbers of heads"),
+)
+
+
+def refusals_by_kind(refused: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """``{model type: refusal}`` -> ``[(kind of refusal, [model types])]``, largest kind first."""
+    kinds: dict[str, list[str]] = {}
+    for model_type, reason in sorted(refused.items()):
+        kind = next((label for phrase, label in REFUSAL_KINDS if phrase in reason), reason.split(";")[0])
+        kinds.setdefault(kind, []).append(model_type)
+    return sorted(kinds.items(), key=lambda item: -len(item[1]))
+
+
 def _environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -443,6 +463,7 @@ def _environment() -> Any:
     environment.filters["fmt"] = lambda value, spec: format(value, spec)
     environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
     environment.filters["words"] = _first_words
+    environment.filters["refusals_by_kind"] = refusals_by_kind
     environment.filters["token"] = lambda token: json.dumps(token, ensure_ascii=False)  # quoted, "\n" visible
     return environment
 
