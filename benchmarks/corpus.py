@@ -170,7 +170,7 @@ def main() -> None:
                "local_per_s": round(n / local_s, 1), "ray_per_s": round(n / runs["small"]["seconds"], 1),
                "ray_per_s_large": round(10 * n / runs["large"]["seconds"], 1),
                "ray_overhead": round(runs["small"]["seconds"] / local_s, 3),
-               "rows_equal": rows_equal, "report_equal": report_equal,
+               "rows_equal": rows_equal, "rows_max_gap": float(f"{largest:.2g}"), "report_equal": report_equal,
                "driver_peak_mb_small": round(peak_small), "driver_peak_mb_large": round(peak_large),
                "driver_growth": round(peak_large / peak_small, 3), "parquet_mb_large": round(parquet_mb, 1),
                "node_actors": NODE_ACTORS, "node_hours": NODE_HOURS,
