@@ -13,7 +13,8 @@ import torch
 
 import attnscope
 from attnscope import AttnscopeError
-from attnscope.capture.attribution import freeze_norm, lm_head, named_module, per_head_out_proj
+from attnscope.capture.attribution import freeze_norm, lm_head, named_module
+from attnscope.capture.recorders import per_head_out_proj
 from attnscope.experiments.attribution import RUNNER_UP, direct_logit_attribution, generation_lens, logit_lens
 from attnscope.experiments.patching import HeadOutputs
 from attnscope.models.registry import ALIASES

@@ -32,7 +32,7 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, ModuleRule, Unembedding, find_modules
 from ..models.loading import LoadedModel
 from .hooks import local_hooks
-from .recorders import AttentionCall, Recorder
+from .recorders import AttentionCall, Recorder, per_head_out_proj
 
 # The reconstructed last residual stream must equal the model's to this share of its largest value,
 # else the architecture is not the one the adapter describes (a sublayer the sum misses).
@@ -108,6 +108,15 @@ def lm_head(loaded: LoadedModel) -> nn.Module:
     if head is None:
         raise AttnscopeError(f"model {loaded.name!r} has no LM head")
     return cast(nn.Module, head)
+
+
+def logit_direction(loaded: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
+    """The LM head's row of ``token`` ``[d_model]`` (float64) and its bias (0 without one): the final
+    norm's output dotted with the row, plus the bias, is the token's logit."""
+    head = lm_head(loaded)
+    bias = cast(torch.Tensor | None, getattr(head, "bias", None))
+    row = cast(torch.Tensor, head.weight).detach()[token].double()
+    return row, 0.0 if bias is None else float(bias[token])
 
 
 def blocks_by_layer(loaded: LoadedModel) -> list[nn.Module]:
@@ -216,16 +225,6 @@ def freeze_norm(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
         raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; direct logit "
                              "attribution cannot fix its scale")
     return frozen
-
-
-def per_head_out_proj(site: AttentionSite, n_heads: int) -> torch.Tensor:
-    """``W_O`` split by head: ``[head, d_head, d_model]``, a float32 view of the weight (no copy)."""
-    if site.out_proj is None:
-        raise AttnscopeError(f"no output projection found for {site.name}")
-    weight = cast(torch.Tensor, site.out_proj.weight).detach().float()
-    if site.conv1d:
-        weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
-    return weight.view(weight.shape[0], n_heads, -1).permute(1, 2, 0)
 
 
 @dataclass

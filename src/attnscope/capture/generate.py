@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
-from .attribution import PositionRows, decompose, lm_head, residual_parts
+from .attribution import PositionRows, decompose, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
 from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
@@ -257,15 +257,11 @@ def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) ->
           residual_parts(loaded, positions) as parts, _quiet_transformers()):
         loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
     with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
-        head = lm_head(loaded)
-        weight = cast(torch.Tensor, head.weight)
-        bias = cast(torch.Tensor | None, getattr(head, "bias", None))
         heads, logits = [], []
         cache: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
         for index, position in enumerate(positions):
             token = sequence[position + 1]
-            terms = decompose(loaded, rows, parts, weight[token].double(), 0.0 if bias is None else float(bias[token]),
-                              index, cache)
+            terms = decompose(loaded, rows, parts, *logit_direction(loaded, token), index, cache)
             heads.append(terms.heads.float().cpu().numpy())
             logits.append(terms.total())
     return {"attribution_heads": np.stack(heads).astype(np.float32),

@@ -163,14 +163,20 @@ def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
 def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
     """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
     (float32, without the output bias)."""
+    per_head = per_head_out_proj(site, values.shape[1], unavailable="norms")  # [head, d_head, d_model]
+    return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
+
+
+def per_head_out_proj(site: AttentionSite, n_heads: int, *, unavailable: str = "") -> torch.Tensor:
+    """``W_O`` split by head: ``[head, d_head, d_model]``, a float32 view of the weight (no copy for a
+    float32 model). Without an output projection: one error line, naming what is ``unavailable``."""
     if site.out_proj is None:
-        raise AttnscopeError(f"no output projection found for {site.name}; norms are unavailable for this model")
-    weight = cast(torch.Tensor, site.out_proj.weight).float()
+        raise AttnscopeError(f"no output projection found for {site.name}"
+                             + (f"; {unavailable} are unavailable for this model" if unavailable else ""))
+    weight = cast(torch.Tensor, site.out_proj.weight).detach().float()
     if site.conv1d:
         weight = weight.t()  # Conv1D stores [in, out]; make it [out, in] like nn.Linear
-    n_heads, d_head = values.shape[1], values.shape[-1]
-    per_head = weight.view(weight.shape[0], n_heads, d_head).permute(1, 2, 0)  # [head, d_head, d_model]
-    return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
+    return weight.view(weight.shape[0], n_heads, -1).permute(1, 2, 0)
 
 
 class PerSite(Recorder):

@@ -25,8 +25,17 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
-from ..capture.attribution import PositionRows, decompose, lm_head, named_module, residual_parts, unembedding
+from ..capture.attribution import (
+    PositionRows,
+    decompose,
+    lm_head,
+    logit_direction,
+    named_module,
+    residual_parts,
+    unembedding,
+)
 from ..capture.extract import as_loaded
+from ..capture.generate import prompt_ids
 from ..capture.tokens import readable_tokens
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
@@ -103,13 +112,6 @@ def token_id(loaded: LoadedModel, token: int | str, what: str = "target") -> int
     return int(ids[0])
 
 
-def encode_prompt(loaded: LoadedModel, prompt: str) -> list[int]:
-    """The prompt's token ids (as the tokenizer encodes it), or one line for an empty prompt."""
-    if not prompt.strip():
-        raise AttnscopeError("the prompt is empty")
-    return list(loaded.tokenizer(prompt)["input_ids"])
-
-
 def _resolve_position(position: int, n_tokens: int) -> int:
     resolved = position + n_tokens if position < 0 else position
     if not 0 <= resolved < n_tokens:
@@ -142,7 +144,7 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str, target: int 
     """
     loaded = as_loaded(model)
     unembedding(loaded)
-    ids = encode_prompt(loaded, prompt)
+    ids = prompt_ids(loaded, prompt, chat=False)
     t = _resolve_position(position, len(ids))
     wanted = None if target is None else token_id(loaded, target)
     wanted_contrast = None if contrast is None or contrast == RUNNER_UP else token_id(loaded, contrast, "contrast")
@@ -154,15 +156,11 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str, target: int 
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
     target_id = int(logits.argmax()) if wanted is None else wanted
     contrast_id = _runner_up(logits, target_id) if contrast == RUNNER_UP else wanted_contrast
-    head = lm_head(loaded)
-    weight = cast(torch.Tensor, head.weight).detach()
-    bias = cast(torch.Tensor | None, getattr(head, "bias", None))
-    direction = weight[target_id].double()
-    head_bias = 0.0 if bias is None else float(bias[target_id])
+    direction, head_bias = logit_direction(loaded, target_id)
     logit = _uncapped(loaded, parts.final, target_id)
     if contrast_id is not None:
-        direction = direction - weight[contrast_id].double()
-        head_bias -= 0.0 if bias is None else float(bias[contrast_id])
+        contrast_direction, contrast_bias = logit_direction(loaded, contrast_id)
+        direction, head_bias = direction - contrast_direction, head_bias - contrast_bias
         logit -= _uncapped(loaded, parts.final, contrast_id)
     with torch.inference_mode():
         terms = decompose(loaded, rows, parts, direction, head_bias)
@@ -222,7 +220,7 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
     end; default: the last), from one forward pass."""
     loaded = as_loaded(model)
     unembedding(loaded)
-    ids = encode_prompt(loaded, prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+    ids = prompt_ids(loaded, prompt, chat=False) if isinstance(prompt, str) else [int(i) for i in prompt]
     if not ids:
         raise AttnscopeError("the prompt is empty")
     chosen = [_resolve_position(p, len(ids)) for p in (positions if positions is not None else [-1])]

@@ -41,12 +41,13 @@ from torch import nn
 from ..capture.attention import Intervention, intervene
 from ..capture.attribution import blocks_by_layer, unembedding
 from ..capture.extract import as_loaded
+from ..capture.generate import prompt_ids
 from ..capture.hooks import local_hooks
 from ..capture.tokens import readable_tokens
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
-from .attribution import encode_prompt, last_logits_only, token_id
+from .attribution import last_logits_only, token_id
 from .interventions import attention_shape
 from .sweeps import TOKEN_BUDGET, block_inputs, final_modules, run_blocks_from
 
@@ -97,7 +98,7 @@ def prepare_pairs(loaded: LoadedModel, pairs: Sequence[PromptPair], metric: str 
 
 
 def _encode(loaded: LoadedModel, pair: PromptPair, metric: str) -> _Encoded:
-    clean, corrupt = encode_prompt(loaded, pair.clean), encode_prompt(loaded, pair.corrupt)
+    clean, corrupt = prompt_ids(loaded, pair.clean, chat=False), prompt_ids(loaded, pair.corrupt, chat=False)
     if len(clean) != len(corrupt):
         raise AttnscopeError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupt)}; patching "
                              "needs prompts of the same token length")

@@ -178,6 +178,13 @@ _BART_LIKE = (
 _BART_BLOCKS = (ModuleRule("encoder", r"encoder\.layers\.(\d+)$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)$"))
 _BART_FFN = (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.fc2$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)\.fc2$"))
 
+
+def _llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding) -> Adapter:
+    """A row of the Llama family: Llama's modules, pre-norm, whole-model pruning; ``unembedding`` says how
+    its sublayers reach the logits."""
+    return Adapter(name, model_types, _LLAMA_LIKE, blocks=_LLAMA_BLOCKS, ffn=_LLAMA_FFN, final=_LLAMA_FINAL,
+                   projections=_LLAMA_PROJECTIONS, norms=PRE_LN, unembedding=unembedding)
+
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
         "bert",
@@ -241,28 +248,10 @@ ADAPTERS: tuple[Adapter, ...] = (
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
-    Adapter(
-        "llama",
-        ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
-        _LLAMA_LIKE,
-        blocks=_LLAMA_BLOCKS,
-        ffn=_LLAMA_FFN,
-        final=_LLAMA_FINAL,
-        projections=_LLAMA_PROJECTIONS,
-        norms=PRE_LN,
-        unembedding=_LLAMA_UNEMBEDDING,
-    ),
-    Adapter(  # Llama's modules, but a norm on each sublayer's output before the residual (the logits see it)
-        "gemma2",
-        ("gemma2", "olmo2"),
-        _LLAMA_LIKE,
-        blocks=_LLAMA_BLOCKS,
-        ffn=_LLAMA_FFN,
-        final=_LLAMA_FINAL,
-        projections=_LLAMA_PROJECTIONS,
-        norms=PRE_LN,
-        unembedding=_POST_NORM_UNEMBEDDING,
-    ),
+    _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
+               _LLAMA_UNEMBEDDING),
+    # Llama's modules, but a norm on each sublayer's output before the residual (the logits see it)
+    _llama_row("gemma2", ("gemma2", "olmo2"), _POST_NORM_UNEMBEDDING),
     Adapter(
         "gemma3",
         ("gemma3_text",),
