@@ -181,3 +181,25 @@ def test_sinks_on_ray_equal_the_local_report(local_ray, tmp_path):
     assert on_ray.n_inputs == local.n_inputs == n and on_ray.sink_tokens == local.sink_tokens
     for name, values in local.measures.items():
         np.testing.assert_allclose(on_ray.measures[name], values, atol=1e-6, rtol=0, err_msg=name)
+
+
+def test_mixing_evaluation_on_ray_equals_the_local_table(local_ray):
+    from attnscope.corpus.distributed import MIXING_BATCH, evaluate_mixing_on_ray
+    from attnscope.corpus.engines import Engine
+    from attnscope.experiments.faithfulness import evaluate_mixing
+
+    n = MIXING_BATCH + 4  # two batches, one per actor
+    local = evaluate_mixing(["minilm"], n, seed=3, progress=False)
+    on_ray = evaluate_mixing_on_ray(["minilm"], n, seed=3, engine=Engine("ray", num_actors=2), progress=False)
+    assert on_ray.keys() == local.keys() and on_ray["minilm"].keys() == local["minilm"].keys()
+    for method, row in local["minilm"].items():
+        got = on_ray["minilm"][method]
+        np.testing.assert_allclose([got["spearman_erasure"], *got["ci"], got["spearman_grad_x_input"]],
+                                   [row["spearman_erasure"], *row["ci"], row["spearman_grad_x_input"]],
+                                   atol=1e-6, rtol=0, err_msg=method)
+
+
+def test_a_runtime_environment_for_a_session_already_started_is_refused(local_ray, tmp_path):
+    with pytest.raises(AttnscopeError, match="already initialised"):
+        analyze_heads("brown", tmp_path / "out", engine="ray", limit=4, runtime_env={"env_vars": {"A": "b"}},
+                      progress=False)

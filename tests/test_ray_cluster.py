@@ -169,16 +169,20 @@ def findings(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith(("stable heads", "  "))]
 
 
-def second_node_actor(cluster: Cluster, raylet: int) -> bool:
-    """Whether an actor of the job runs on the second node (a child of its raylet)."""
+def second_node_actor(cluster: Cluster, raylet: int) -> int | None:
+    """The pid of an actor of the job on the second node (a child of its raylet), if one runs."""
     for pid in cluster.processes():
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             if int(stat[1]) == raylet and ACTOR_TITLE in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return True
+                return pid
         except (OSError, IndexError):
             continue
-    return False
+    return None
+
+
+def environment_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
 
 
 def per_head_means(database: Path) -> dict[str, np.ndarray]:
@@ -198,16 +202,18 @@ def test_a_node_killed_mid_job_leaves_exactly_once_rows_and_the_same_report_or_o
     corpus = cluster.folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in brown_sentences(N_SENTENCES)))
     out = cluster.folder / "out"
+    job_variable = f"ATTNSCOPE_TEST_JOB={cluster.folder}"  # given by --runtime-env: it must reach the actors
     job = heads(corpus, out, "--engine", "ray", "--address", cluster.address, "--num-actors", "2",
-                "--stall-timeout", "150")
+                "--stall-timeout", "150", "--runtime-env", json.dumps({"env_vars": dict([job_variable.split("=")])}))
     start = time.monotonic()
     try:
         raylet = cluster.raylet_of(cluster.nodes[1])
         while not ((out / "parquet" / "head_stats").is_dir() and any((out / "parquet" / "head_stats").iterdir())
-                   and second_node_actor(cluster, raylet)):
+                   and (actor := second_node_actor(cluster, raylet))):
             assert job.poll() is None, f"the job ended before the node was killed:\n{job.stderr.read()[-3000:]}"
             assert time.monotonic() - start < JOB_TIMEOUT, "the job never got under way on both nodes"
             time.sleep(0.2)
+        assert job_variable.encode() in environment_of(actor), "the runtime environment did not reach the actor"
         os.kill(raylet, signal.SIGKILL)
         stdout, stderr = job.communicate(timeout=JOB_TIMEOUT)
     finally:

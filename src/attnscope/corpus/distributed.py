@@ -1,4 +1,4 @@
-"""The Ray engine of ``attnscope heads`` and ``attnscope sinks``: the local engine's reports, their figures
+"""The Ray engine of ``attnscope heads``, ``attnscope sinks`` and the mixing evaluation: the local engine's reports, their figures
 computed and aggregated on the workers.
 
 The corpus is read and parsed by Ray tasks and the model runs in an actor pool
@@ -15,14 +15,16 @@ only). It then writes the same report as the local engine; ``heads.duckdb`` hold
 whose maps the report shows are re-run on the driver.
 
 ``attnscope sinks`` goes the same way with :class:`SinksWorker`: each batch's sums of the sink measures
-(:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means.
+(:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means; and ``attnscope mixing
+--evaluate`` with :class:`MixingWorker`: each batch of sentences' rank correlations, merged into the table.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,12 @@ from ..analysis.aggregate import HeadsPartial
 from ..analysis.sinks import SinkReport, SinkTotals
 from ..errors import AttnscopeError
 from .ray_engine import (
-    STALL_SECONDS,
     Engine,
     PartialWorker,
     corpus_dataset,
     corpus_sources_of,
     fold_on_ray,
+    items_dataset,
     plan_corpus,
     ray_module,
     ray_session,
@@ -44,6 +46,7 @@ from .ray_engine import (
 from .report import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
 
 ROWS_FOLDER = "parquet"
+MIXING_BATCH = 8  # evaluation sentences a batch: a few seconds of work each, spread over every actor
 PARTS = ("head_stats", "inputs")
 INPUT_COLUMNS = (("input_id", "int64"), ("text", "string"), ("pair", "string"), ("n_tokens", "int64"),
                  ("source", "string"), ("line", "int64"))
@@ -96,28 +99,26 @@ def write_part(path: Path, frame: Any, schema: Sequence[tuple[str, str]] | None 
 
 
 def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
-                   limit: int | None, skip_bad: bool, num_actors: int | None, address: str | None,
-                   progress: bool, stall_s: float = STALL_SECONDS, verbose: bool = False) -> CorpusReport:
+                   limit: int | None, skip_bad: bool, engine: Engine, progress: bool) -> CorpusReport:
     """:func:`attnscope.corpus.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
     from ..capture.extract import SORT_WINDOW_BATCHES
     from ..capture.loading import load_model
 
-    if num_actors is not None and num_actors < 1:
-        raise AttnscopeError("--num-actors must be at least 1")
     sources = corpus_sources_of(corpus)  # a corpus that does not exist fails now, before Ray starts
     rows_dir = Path(out_dir) / ROWS_FOLDER
     for part in PARTS:  # Ray adds part files: an earlier run's would count twice
         if (rows_dir / part).is_dir() and any((rows_dir / part).iterdir()):
             raise AttnscopeError(f"{rows_dir / part} already holds rows of an earlier run; choose a new output folder")
     ray = ray_module()
-    with ray_session(ray, address, verbose=verbose) as stderr:
+    with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=skip_bad)
         loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         folded = fold_on_ray(ray, corpus_dataset(ray, plan), HeadsWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size,
                               "out_dir": str(rows_dir.resolve())},
                              n_inputs=plan.n_inputs, batch_size=batch_size * SORT_WINDOW_BATCHES,
-                             num_actors=num_actors, desc="analysing heads (ray)", progress=progress and stderr, stall_s=stall_s)
+                             num_actors=engine.num_actors, desc="analysing heads (ray)", progress=progress and stderr,
+                             stall_s=engine.stall_s)
         check_parts(rows_dir, folded.value, plan.n_inputs, folded.batches)
         report = _report(Path(out_dir), folded.value, loaded)
     return replace(report, skipped=plan.skipped, engine="ray")
@@ -194,7 +195,7 @@ def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_s
 
     sources = corpus_sources_of(corpus)
     ray = ray_module()
-    with ray_session(ray, engine.address, verbose=engine.verbose) as stderr:
+    with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=False)
         load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         folded = fold_on_ray(ray, corpus_dataset(ray, plan), SinksWorker,
@@ -202,3 +203,60 @@ def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_s
                              n_inputs=plan.n_inputs, batch_size=batch_size * 4, num_actors=engine.num_actors,
                              desc="sinks (ray)", progress=progress and stderr, stall_s=engine.stall_s)
     return folded.value.report()
+
+
+# ---- the mixing evaluation -----------------------------------------------------------------------------
+class SentenceCorrelations:
+    """A mergeable partial of the mixing evaluation: each sentence's correlations by sentence index. The
+    bootstrap interval needs every sentence's value, so the partial keeps them (fourteen floats a sentence:
+    the evaluation's few hundred sentences, not a corpus)."""
+
+    def __init__(self, rows: dict[int, dict[str, tuple[float, float]]]) -> None:
+        self.rows = rows
+
+    def merge(self, other: SentenceCorrelations) -> SentenceCorrelations:
+        return SentenceCorrelations({**self.rows, **other.rows})  # disjoint: the coverage proves it
+
+
+class MixingWorker(PartialWorker):
+    """Scores a batch of evaluation sentences (:func:`~attnscope.experiments.faithfulness.correlations_by_sentence`)."""
+
+    def __init__(self, model: str, dtype: str, threads: int, seed: int, progress: Any = None) -> None:
+        super().__init__(model, dtype, threads, progress)
+        self.seed = seed
+
+    def partial(self, batch: Any) -> SentenceCorrelations:
+        from ..experiments.faithfulness import correlations_by_sentence
+
+        numbered = list(zip(batch["input_id"].tolist(), batch["text"].tolist()))
+        rows = correlations_by_sentence(self.loaded, numbered, seed=self.seed)
+        self.done(len(numbered))
+        return SentenceCorrelations(rows)
+
+
+def evaluate_mixing_on_ray(models: Sequence[str], n_sentences: int, *, seed: int, engine: Engine,
+                           progress: bool = True, say: Callable[[str], None] | None = None
+                           ) -> dict[str, dict[str, dict[str, Any]]]:
+    """:func:`~attnscope.experiments.faithfulness.evaluate_mixing` with each model in an actor pool: the
+    sentences are scored on the workers and only their correlations come back (the same table: a
+    sentence's scores do not depend on where it ran)."""
+    from ..capture.loading import load_model
+    from ..experiments.faithfulness import evaluation_sentences, summarise_sentences
+
+    sentences = evaluation_sentences(n_sentences)
+    for name in models:
+        load_model(name)  # a model the driver cannot load fails here, before Ray starts
+    ray = ray_module()
+    results = {}
+    with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
+        for name in models:
+            start = time.perf_counter()
+            folded = fold_on_ray(ray, items_dataset(ray, sentences), MixingWorker,
+                                 {"model": name, "dtype": "float32", "seed": seed}, n_inputs=len(sentences),
+                                 batch_size=MIXING_BATCH, num_actors=engine.num_actors,
+                                 desc=f"mixing faithfulness ({name}, ray)", progress=progress and stderr,
+                                 stall_s=engine.stall_s)
+            results[name] = summarise_sentences(folded.value.rows, seed)
+            if say is not None:
+                say(f"{name}: {len(sentences)} sentences in {time.perf_counter() - start:.0f} s on Ray")
+    return results

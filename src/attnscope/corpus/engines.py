@@ -17,15 +17,17 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..arguments import positive_int
 from ..errors import AttnscopeError
-from .ray_engine import ENGINES, STALL_SECONDS, Engine
+from .ray_engine import ENGINES, STALL_SECONDS, Engine, runtime_env_argument
 from .report import CorpusReport, analyze_corpus, read_corpus
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--verbose`` (every corpus command)."""
+    """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--runtime-env``, ``--verbose``
+    (every corpus command)."""
     parser.add_argument("--engine", choices=list(ENGINES), default="local",
                         help="local: in this process (default); ray: an actor pool on a Ray cluster "
                         "(pip install 'attnscope[ray]')")
@@ -36,17 +38,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-timeout", type=positive_int, default=int(STALL_SECONDS), metavar="SECONDS",
                         help="--engine ray: fail when no batch finishes for this long, e.g. after losing a node "
                         f"whose work cannot be placed again (default: {STALL_SECONDS:.0f})")
+    parser.add_argument("--runtime-env", type=runtime_env_argument, metavar="JSON",
+                        help="--engine ray: Ray's runtime environment for the workers, a JSON object or a .json file, "
+                        "e.g. '{\"env_vars\": {\"HF_HOME\": \"/shared/hf\"}}' so every node finds the model; "
+                        "attnscope itself must already be installed on every node")
     parser.add_argument("--verbose", action="store_true", help="--engine ray: also show Ray's own log lines")
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
-    return Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose)
+    return Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose,
+                  args.runtime_env)
 
 
 def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: str = "minilm",
                   dtype: str = "float32", engine: str = "local", batch_size: int = 32, limit: int | None = None,
                   skip_bad: bool = False, num_actors: int | None = None, address: str | None = None,
-                  progress: bool = True, stall_s: float = STALL_SECONDS, verbose: bool = False) -> CorpusReport:
+                  progress: bool = True, stall_s: float = STALL_SECONDS, verbose: bool = False,
+                  runtime_env: dict[str, Any] | None = None) -> CorpusReport:
     """The corpus report (statistics, patterns, figures, ``heads.duckdb``) of every head over ``corpus``.
 
     ``corpus``: ``"brown"``, ``"brown-pairs"``, or files and folders of text lines, ``.jsonl`` or
@@ -55,17 +63,17 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
     per CPU of the cluster) on the cluster at ``address`` (``"auto"``: the one ``ray start`` made;
     None: an already initialised Ray, else a local one); ``model`` must then be an alias or a folder
     every node can read. ``stall_s``: a Ray job with no finished batch for this long fails (a lost node
-    whose work cannot be placed again); ``verbose``: show Ray's own log lines.
+    whose work cannot be placed again); ``verbose``: show Ray's own log lines; ``runtime_env``: Ray's
+    runtime environment of the workers (see :class:`~attnscope.corpus.ray_engine.Engine`).
     """
-    where = Engine(engine, address, num_actors, stall_s, verbose)
+    where = Engine(engine, address, num_actors, stall_s, verbose, runtime_env)
     if batch_size < 1:
         raise AttnscopeError("the batch size must be at least 1")
     if where.name == "ray":
         from .distributed import analyze_on_ray
 
         return analyze_on_ray(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
-                              skip_bad=skip_bad, num_actors=num_actors, address=address, progress=progress,
-                              stall_s=stall_s, verbose=verbose)
+                              skip_bad=skip_bad, engine=where, progress=progress)
     return _analyze_locally(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
                             skip_bad=skip_bad, progress=progress)
 

@@ -51,13 +51,15 @@ QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
 class Engine:
     """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
     cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
-    own log lines too)."""
+    own log lines too; ``runtime_env``: Ray's runtime environment of the job's workers, e.g.
+    ``{"env_vars": {"HF_HOME": "/shared/hf"}}``)."""
 
     name: str = "local"
     address: str | None = None
     num_actors: int | None = None
     stall_s: float = STALL_SECONDS
     verbose: bool = False
+    runtime_env: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.name not in ENGINES:
@@ -68,6 +70,8 @@ class Engine:
             raise AttnscopeError("--num-actors must be at least 1")
         if self.stall_s <= 0:
             raise AttnscopeError("--stall-timeout must be above 0 seconds")
+        if self.name == "local" and self.runtime_env is not None:
+            raise AttnscopeError("--runtime-env is an option of --engine ray")
 
 
 def ray_module() -> Any:
@@ -92,10 +96,14 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
     session (Ray's C++ core and its Python threads: state dumps and log tails when a node is lost, ...)
     is shown but that stream; errors are raised, and printed by the caller after the session."""
     if ray.is_initialized():
+        if runtime_env is not None:  # it would be ignored: the job's workers belong to the caller's session
+            raise AttnscopeError("Ray is already initialised in this process: give the runtime environment to "
+                                 "ray.init instead of runtime_env")
         _configure_data(ray, verbose)
         yield sys.stderr
         return
     _check_reachable(address)
+    _check_runtime_env(ray, runtime_env)
     level = logging.INFO if verbose else logging.ERROR
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level)
@@ -138,6 +146,38 @@ def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
         reason = "connection refused" if isinstance(error, ConnectionRefusedError) else error.strerror or str(error)
         raise AttnscopeError(f"cannot connect to the Ray cluster at {address}: {reason} (is 'ray start --head' "
                              "running there, and is the port its --port?)") from None
+
+
+def _check_runtime_env(ray: Any, runtime_env: dict[str, Any] | None) -> None:
+    """A runtime environment Ray would reject fails now, in one line (Ray's own check, before ``ray.init``)."""
+    if runtime_env is None:
+        return
+    try:
+        ray.runtime_env.RuntimeEnv(**runtime_env)
+    except (TypeError, ValueError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise AttnscopeError(f"--runtime-env: {reason}") from None
+
+
+def runtime_env_argument(value: str) -> dict[str, Any]:
+    """``--runtime-env``: a JSON object, or the path of a ``.json`` file holding one (argparse type)."""
+    import argparse
+    import json
+
+    text, where = value, "the JSON"
+    if Path(value).is_file():
+        text, where = Path(value).read_text(encoding="utf-8", errors="replace"), value
+    elif not value.lstrip().startswith(("{", "[")):
+        raise argparse.ArgumentTypeError(f"neither a JSON object nor a file: {value}")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{where} is not valid JSON: {error.msg} at line {error.lineno}, "
+                                         f"column {error.colno}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"{where} must be a JSON object, e.g. "
+                                         '{"env_vars": {"HF_HOME": "/shared/hf"}}')
+    return parsed
 
 
 def _no_auto_init() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int
 from ..cli import Command, add_model_arguments, load_from_args
+from ..corpus.engines import add_engine_arguments, engine_from_args
 from ..errors import AttnscopeError
 
 # The registries behind the choices (metrics, ablation modes, sweeps) live beside torch code, so they
@@ -232,6 +233,7 @@ def _mixing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap and the random baseline")
     parser.add_argument("--plot", type=Path, help="with --evaluate: also draw the table as a bar chart (PNG)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_arguments(parser)  # --engine ray: the evaluation's sentences scored in a Ray actor pool
 
 
 def _run_mixing(args: argparse.Namespace) -> int:
@@ -241,6 +243,8 @@ def _run_mixing(args: argparse.Namespace) -> int:
         return _run_mixing_evaluation(args)
     if args.plot:
         raise AttnscopeError("--plot draws the evaluation; use it with --evaluate (plot a sentence with attnscope plot)")
+    if engine_from_args(args).name == "ray":
+        raise AttnscopeError("--engine ray runs the evaluation (--evaluate); one sentence is measured here")
     if not args.text:
         raise AttnscopeError("give a sentence to measure (or --evaluate)")
     from .mixing import mixing
@@ -273,8 +277,15 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
         raise AttnscopeError("--models needs at least one model")
     if args.plot and not args.plot.parent.is_dir():
         raise AttnscopeError(f"--plot: folder {args.plot.parent} does not exist")
+    engine = engine_from_args(args)
     start = time.perf_counter()
-    results = evaluate_mixing(models, args.sentences, seed=args.seed, say=lambda line: print(line, file=sys.stderr))
+    say = lambda line: print(line, file=sys.stderr)
+    if engine.name == "ray":
+        from ..corpus.distributed import evaluate_mixing_on_ray
+
+        results = evaluate_mixing_on_ray(models, args.sentences, seed=args.seed, engine=engine, say=say)
+    else:
+        results = evaluate_mixing(models, args.sentences, seed=args.seed, say=say)
     print(f"evaluated in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if args.plot:
         plot_faithfulness(results, args.plot)
@@ -418,6 +429,7 @@ writes out/pruning_curve.png/.csv, out/importance.csv, out/pruned_model/ and out
   attnscope mixing "The cat sat on the" --model smollm2 --method value_zeroing --json
   attnscope mixing --evaluate --json                             # 200 held-out sentences, minilm and smollm2
   attnscope mixing --evaluate --models minilm --sentences 20 --plot faithfulness.png   # a quick look
+  attnscope mixing --evaluate --engine ray --address HEAD:6379   # the same table, scored on a Ray cluster
 the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad_x_input"}}}""",
             _mixing_arguments, _run_mixing),
     Command("patch", "activation patching: which heads carry a clean prompt's answer into a corrupted one",

@@ -194,25 +194,41 @@ def summarise(per_sentence: Sequence[dict[str, tuple[float, float]]], seed: int)
     return table
 
 
+def correlations_by_sentence(loaded: LoadedModel, numbered: Sequence[tuple[int, str]], *, seed: int = 0,
+                             methods: Sequence[str] = METHODS, workers: int = 1, progress: bool = False
+                             ) -> dict[int, dict[str, tuple[float, float]]]:
+    """``{sentence index: sentence_correlations}`` of ``(index, sentence)`` pairs, leaving out sentences
+    with fewer than 3 tokens to rank; sentence ``i``'s random baseline is seeded ``seed + i``, so a
+    sentence scores the same whichever batch, process or machine computes it (``workers``: sentences
+    measured side by side, one intra-op thread each)."""
+    from tqdm.auto import tqdm
+
+    cases = [(index, case) for index, case in ((i, prepare_case(loaded, s)) for i, s in numbered) if case is not None]
+
+    def correlate(item: tuple[int, Case]) -> dict[str, tuple[float, float]]:
+        return sentence_correlations(loaded, item[1], seed + item[0], methods)
+
+    with concurrent_map(workers) as run_each:
+        rows = list(tqdm(run_each(correlate, cases), total=len(cases), unit="sentence",
+                         desc=f"mixing faithfulness ({loaded.name})", disable=not progress))
+    return {index: row for (index, _), row in zip(cases, rows)}
+
+
+def summarise_sentences(rows: dict[int, dict[str, tuple[float, float]]], seed: int) -> dict[str, dict[str, Any]]:
+    """:func:`summarise` of per-sentence correlations in sentence order (whatever order they arrived in)."""
+    if not rows:
+        raise AttnscopeError("no sentence has 3 or more tokens to rank")
+    return summarise([rows[index] for index in sorted(rows)], seed)
+
+
 def evaluate_model(model: LoadedModel | str, sentences: Sequence[str], *, seed: int = 0,
                    methods: Sequence[str] = METHODS, progress: bool = True) -> dict[str, dict[str, Any]]:
     """The faithfulness table of one model over ``sentences`` (see the module docstring)."""
-    from tqdm.auto import tqdm
-
-    loaded = as_model(model)
-    cases = [case for case in (prepare_case(loaded, sentence) for sentence in sentences) if case is not None]
-
-    def correlate(index: int) -> dict[str, tuple[float, float]]:
-        return sentence_correlations(loaded, cases[index], seed + index, methods)
-
     # two sentences at a time, one intra-op thread each: on 2 cores a single pass with two threads
     # stalls at every parallel region whenever another process holds a core (capture.concurrency)
-    with concurrent_map(default_workers(None, len(cases) > 1)) as run_each:
-        rows = list(tqdm(run_each(correlate, range(len(cases))), total=len(cases), unit="sentence",
-                         desc=f"mixing faithfulness ({loaded.name})", disable=not progress))
-    if not rows:
-        raise AttnscopeError("no sentence has 3 or more tokens to rank")
-    return summarise(rows, seed)
+    rows = correlations_by_sentence(as_model(model), list(enumerate(sentences)), seed=seed, methods=methods,
+                                    workers=default_workers(None, len(sentences) > 1), progress=progress)
+    return summarise_sentences(rows, seed)
 
 
 def evaluate_mixing(models: Sequence[str] = EVALUATION_MODELS, n_sentences: int = DEFAULT_SENTENCES, *,
