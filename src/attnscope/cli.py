@@ -126,6 +126,7 @@ COMMAND_MODULES = (
     "attnscope.cli",
     "attnscope.present.commands",
     "attnscope.analysis.commands",
+    "attnscope.corpus.commands",
     "attnscope.experiments.commands",
     "attnscope.probing.commands",
     "attnscope.lab.commands",
