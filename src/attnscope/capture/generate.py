@@ -27,7 +27,7 @@ from .attention import capture, interventions_active
 from .attribution import PositionRows, decompose, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
-from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
+from .recorders import AttentionCall, Recorder, SiteCapture, refuse_gated_norms, value_norms
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -58,15 +58,23 @@ class StepRows(Recorder):
     with_norms: bool = False
     segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    sink_masses: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, row], learned sinks
+    learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
+
+    def __post_init__(self) -> None:
+        self.hears_gates = self.with_norms  # a generation's per-key norms cannot hold a per-query gate
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
 
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        refuse_gated_norms(site, gate, "a generation record's value norms")
+
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
-                               scaling=call.scaling, first_query=call.first_query)
+                               scaling=call.scaling, first_query=call.first_query, sink_mass=call.sink_mass)
         if self.with_norms:  # the earlier keys' norms came with earlier calls
             added = call.values[:, :, -(call.first_query + call.query.shape[2]):]
             captured.new_value_norms = value_norms(added.detach(), site)
@@ -81,6 +89,10 @@ class StepRows(Recorder):
         kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
         if kept < block.shape[1]:
             self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
+            self.sink_masses.setdefault(site.layer, []).append(
+                np.zeros((block.shape[0], block.shape[1] - kept), np.float32) if captured.sink_mass is None
+                else captured.sink_mass[0, :, kept:].float().cpu().numpy())  # [head, row]
+            self.learned_sinks = self.learned_sinks or captured.sink_mass is not None
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
 
@@ -99,6 +111,12 @@ class StepRows(Recorder):
         for index, layer in enumerate(layers):
             np.concatenate(self.segments.pop(layer), axis=-1, out=rows[index])
         return rows
+
+    def sink_mass(self) -> np.ndarray | None:
+        """Learned sinks' share of each kept row, ``[layer, head, row]``, or None when no call had them."""
+        if not self.learned_sinks:
+            return None
+        return np.stack([np.concatenate(self.sink_masses[layer], axis=-1) for layer in sorted(self.sink_masses)])
 
     def value_norms(self) -> np.ndarray | None:
         """``[layer, head, position]``, or None when norms were not asked for."""
@@ -306,9 +324,9 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
         "candidate_probs": top.values.cpu().numpy().astype(np.float32),
         "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
-    norms = rows.value_norms()
-    if norms is not None:
-        arrays["value_norms"] = norms
+    for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
+        if values is not None:
+            arrays[name] = values
     arrays.update(extra)
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,

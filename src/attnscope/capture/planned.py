@@ -73,6 +73,10 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
     if plan.overview:
         blocks = -(-length // plan.overview)
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
+    if any(layer.sink_mass is not None for layer in layers):  # a layer without learned sinks gives them none
+        arrays[f"{kind}.sink_mass"] = np.stack([np.zeros((len(layer.heads), len(layer.rows)), np.float32)
+                                                if layer.sink_mass is None else layer.sink_mass[row].numpy()
+                                                for layer in layers])[:, :, own_rows]
     return arrays
 
 
@@ -85,8 +89,9 @@ class StreamingSink:
     """
 
     def __init__(self, path: Path, encoded: Encoded, plan: CapturePlan, *, kind: str, n_layers: int,
-                 norms: bool, float16: bool) -> None:
+                 norms: bool, float16: bool, learned_sinks: bool = False) -> None:
         self.path, self.encoded, self.plan, self.kind, self.norms = path, encoded, plan, kind, norms
+        self.learned_sinks = learned_sinks  # the model has learned sinks: the file holds their mass per row
         self.layers = plan.layer_numbers(n_layers)
         self.float_dtype = "float16" if float16 else "float32"
         self.writer: RecordWriter | None = None
@@ -112,6 +117,8 @@ class StreamingSink:
         if plan.overview:
             blocks = -(-length // plan.overview)
             layout[f"{kind}.overview"] = ("float32", (*lead, blocks, blocks))
+        if self.learned_sinks:
+            layout[f"{kind}.sink_mass"] = ("float32", (*lead, rows))
         for name, values in self.input_arrays().items():
             layout[name] = (values.dtype.name, values.shape)
         return layout
@@ -151,6 +158,8 @@ class StreamingSink:
             writer.write_layer(f"{self.kind}.distance_histogram", index, captured.distance_histogram[0].cpu().numpy())
         if captured.overview is not None:
             writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].cpu().numpy())
+        if captured.sink_mass is not None:  # a layer without learned sinks keeps the file's zeros
+            writer.write_layer(f"{self.kind}.sink_mass", index, captured.sink_mass[0].cpu().numpy())
         for array in writer.maps.values():
             array.flush()
         self.on_layer(1)
