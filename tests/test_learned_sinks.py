@@ -20,7 +20,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.present.payload import build_payload, unpack
 from attnscope.present.steps import generation_payload
 
-from .tiny_architectures import TEXT, TOLERANCE, build_folder, compare, eager_attentions
+from .tiny_architectures import EAGER_WITHOUT_SINK, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,19 @@ def test_the_head_views_payload_ships_the_sink_mass(gpt_oss):
     from attnscope.present.payload import payload_schema
 
     jsonschema.validate(payload, payload_schema())
+
+
+# one type per way transformers writes learned sinks: gpt-oss's sink column dropped from eager's weights,
+# Granite's rows renormalised without it (the sink scales the output), MiMo's sinks on its sliding layers only
+@pytest.mark.parametrize("model_type", ["gpt_oss", "granite_swa", "mimo_v2_flash"])
+def test_types_with_learned_sinks_are_captured_exactly(model_type, tmp_path):
+    result = check_type(model_type, tmp_path)
+    assert result["outcome"] == "equal", result
+    assert (model_type in EAGER_WITHOUT_SINK) == (model_type == "granite_swa")
+
+
+def test_deepseek_v4s_compressed_keys_are_refused_in_one_line(tmp_path):
+    """Its compressed-attention layers attend over more keys than there are tokens."""
+    result = check_type("deepseek_v4", tmp_path)
+    assert result["outcome"] == "refused", result
+    assert "attend over different numbers of keys" in result["reason"] and "docs/ARCHITECTURE.md" in result["reason"]

@@ -11,7 +11,7 @@ import torch
 
 from attnscope import extract, load_model
 from attnscope.analysis.mixing import LayerTensors, block_terms, head_terms, norm_maps
-from attnscope.capture.plan import CapturePlan
+from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.capture.recorders import per_head_out_proj
 from attnscope.errors import AttnscopeError
 
@@ -56,18 +56,20 @@ def direct_gated_terms(loaded, ids: list[int]) -> list[dict[str, torch.Tensor]]:
         for handle in handles:
             handle.remove()
     weights = [a[0] for a in out.attentions if isinstance(a, torch.Tensor)]
-    results = []
-    for index, module in enumerate(modules):
-        hidden = seen[index]["hidden"]  # [pos, d_model]
-        n, d_head = hidden.shape[0], module.head_dim
-        _, gate = torch.chunk(module.q_proj(hidden).view(n, -1, d_head * 2), 2, dim=-1)  # [pos, head, d_head]
-        gate = torch.sigmoid(gate).transpose(0, 1)  # [head, pos, d_head]
-        values = module.v_proj(hidden).view(n, -1, d_head).transpose(0, 1)  # [kv_head, pos, d_head]
-        values = values.repeat_interleave(gate.shape[0] // values.shape[0], dim=0)  # [head, pos, d_head]
-        w_o = module.o_proj.weight.T.reshape(gate.shape[0], d_head, -1)  # [head, d_head, d_model]
-        vectors = torch.einsum("hqd,hkd,hdm->hqkm", gate, values, w_o)  # (g_i * v_j) W_O^h
-        results.append({"attention": weights[index], "vectors": vectors, "projected": seen[index]["projected"]})
-    return results
+    return [_direct_terms(module, seen[index], weights[index]) for index, module in enumerate(modules)]
+
+
+@torch.inference_mode()
+def _direct_terms(module, seen: dict[str, torch.Tensor], attention: torch.Tensor) -> dict[str, torch.Tensor]:
+    hidden = seen["hidden"]  # [pos, d_model]
+    n, d_head = hidden.shape[0], module.head_dim
+    _, gate = torch.chunk(module.q_proj(hidden).view(n, -1, d_head * 2), 2, dim=-1)  # [pos, head, d_head]
+    gate = torch.sigmoid(gate).transpose(0, 1)  # [head, pos, d_head]
+    values = module.v_proj(hidden).view(n, -1, d_head).transpose(0, 1)  # [kv_head, pos, d_head]
+    values = values.repeat_interleave(gate.shape[0] // values.shape[0], dim=0)  # [head, pos, d_head]
+    w_o = module.o_proj.weight.T.reshape(gate.shape[0], d_head, -1)  # [head, d_head, d_model]
+    vectors = torch.einsum("hqd,hkd,hdm->hqkm", gate, values, w_o)  # (g_i * v_j) W_O^h
+    return {"attention": attention, "vectors": vectors, "projected": seen["projected"]}
 
 
 def test_norms_include_the_gate_and_the_vectors_sum_to_the_layers_output(qwen3_next):
@@ -84,7 +86,7 @@ def test_norms_include_the_gate_and_the_vectors_sum_to_the_layers_output(qwen3_n
         added = (attention[..., None] * vectors).sum(dim=(0, 2))  # [q, d_model]
         torch.testing.assert_close(added, terms["projected"], atol=1e-5, rtol=1e-4)
         site = sorted(loaded.sites.values(), key=lambda s: s.layer)[layer]
-        values = torch.from_numpy(np.asarray(record.values[layer]))  # [head, k, d_head]
+        values = torch.from_numpy(np.array(record.values[layer]))  # [head, k, d_head]
         ungated = attention * (values @ per_head_out_proj(site, values.shape[0])).norm(dim=-1)[:, None, :]
         assert not np.allclose(record.norms[layer], ungated.numpy(), atol=1e-4)  # the gate is not a no-op here
 
@@ -92,7 +94,7 @@ def test_norms_include_the_gate_and_the_vectors_sum_to_the_layers_output(qwen3_n
 def test_a_planned_capture_with_norms_refuses_a_gated_model_in_one_line(qwen3_next):
     _, loaded = qwen3_next
     with pytest.raises(AttnscopeError, match="multiplies its heads' output by a gate"):
-        extract(loaded, TEXT, norms=True, plan=CapturePlan())
+        extract(loaded, TEXT, norms=True, plan=CapturePlan(queries=QuerySelection("last", n=2)))
 
 
 def test_the_mixing_measures_use_the_gated_vectors():

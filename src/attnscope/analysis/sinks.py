@@ -200,15 +200,17 @@ class SinkReport:
 
     def to_text(self) -> str:
         """A few lines for the terminal."""
-        summary = self.summary()
+        summary = {name: "n/a" if value is None else value for name, value in self.summary().items()}  # no norms: n/a
+        share = {name: value if value == "n/a" else f"{value:.1%}" for name, value in summary.items()
+                 if name.startswith("mean_")}
         lines = [f"{self.model}: {self.n_inputs} inputs, {summary['heads']} heads (layers and heads 0-indexed)",
-                 (f"  attention on the first token: {summary['mean_first']:.1%} of all heads' weight "
-                 f"({summary['mean_first_norm']:.1%} norm-weighted); {summary['first_majority_heads']} heads give it "
+                 (f"  attention on the first token: {share['mean_first']} of all heads' weight "
+                 f"({share['mean_first_norm']} norm-weighted); {summary['first_majority_heads']} heads give it "
                  f"half or more ({summary['first_majority_heads_norm']} norm-weighted)"),
-                 (f"  on other sink positions: {summary['mean_other']:.1%} ({summary['mean_other_norm']:.1%} "
-                 f"norm-weighted); heads with one on an average input: {summary['mean_other_rate']:.1%}")]
-        if summary["mean_learned"] is not None:
-            lines.append(f"  on the learned sink logit (no value): {summary['mean_learned']:.1%}; "
+                 (f"  on other sink positions: {share['mean_other']} ({share['mean_other_norm']} "
+                 f"norm-weighted); heads with one on an average input: {share['mean_other_rate']}")]
+        if share["mean_learned"] != "n/a":
+            lines.append(f"  on the learned sink logit (no value): {share['mean_learned']}; "
                          f"{summary['learned_majority_heads']} heads give it half or more")
         tokens = ", ".join(f"{token!r} x{count}" for token, count in summary["top_sink_tokens"][:6])
         lines.append(f"  most frequent other sink tokens: {tokens or 'none'}")

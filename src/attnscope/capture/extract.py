@@ -338,6 +338,13 @@ def check_calls(loaded: LoadedModel, session: CaptureSession) -> None:
                 f"model type {model_type!r} has {kind} layers with different numbers of heads "
                 f"({', '.join(map(str, heads))}), which attnscope's [layer, head, q_pos, k_pos] records cannot "
                 f"hold; it needs an adapter for it ({HOW_TO_ADD})")
+        keys = sorted({int(c.attention.shape[-1]) for (k, _), c in recorder.captured.items()
+                       if k == kind and getattr(c, "attention", None) is not None and c.attention.dim() == 4})
+        if len(keys) > 1:  # e.g. compressed key/value entries appended to some layers' keys (DeepSeek-V4)
+            raise AttnscopeError(
+                f"model type {model_type!r} has {kind} layers that attend over different numbers of keys "
+                f"({', '.join(map(str, keys))}) for the same input: some keys are not tokens, which attnscope's "
+                f"[layer, head, q_pos, k_pos] records cannot hold; it needs an adapter for it ({HOW_TO_ADD})")
     repeated = sorted(key for key, calls in recorder.calls.items() if calls > 1)
     if repeated:
         kind, layer = repeated[0]

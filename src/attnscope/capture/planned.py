@@ -41,15 +41,16 @@ def planned_records(info: ModelInfo, batch: list[Encoded], layers: list[RowCaptu
     for row, encoded in enumerate(batch):
         arrays = side_arrays("input", encoded.source)
         arrays["input.query_positions"] = facts.selected[row]
-        arrays.update(item_arrays(info.main_kind, layers, row, facts, plan))
+        arrays.update(item_arrays(info.main_kind, layers, row, facts, plan, info.learned_sinks))
         records.append(AttentionRecord(model=info, tokens=encoded.source.tokens, arrays=arrays, text=encoded.text,
                                        selection=selection))
     return records
 
 
 def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts,
-                plan: CapturePlan) -> dict[str, np.ndarray]:
-    """Item ``row``'s arrays, layers stacked: its own rows of the union, its own keys and blocks."""
+                plan: CapturePlan, learned_sinks: bool = False) -> dict[str, np.ndarray]:
+    """Item ``row``'s arrays, layers stacked: its own rows of the union, its own keys and blocks (and their sink
+    mass, for a model with ``learned_sinks``)."""
     length = facts.lengths[row]
     positions = np.searchsorted(layers[0].rows, facts.selected[row])
     # every row is the item's: a view, not a copy of each layer
@@ -73,7 +74,7 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
     if plan.overview:
         blocks = -(-length // plan.overview)
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
-    if any(layer.sink_mass is not None for layer in layers):  # a layer without learned sinks gives them none
+    if learned_sinks:  # a layer without learned sinks (some of MiMo's) gives them no mass
         arrays[f"{kind}.sink_mass"] = np.stack([np.zeros((len(layer.heads), len(layer.rows)), np.float32)
                                                 if layer.sink_mass is None else layer.sink_mass[row].numpy()
                                                 for layer in layers])[:, :, own_rows]

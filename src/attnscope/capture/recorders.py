@@ -205,7 +205,8 @@ def read_output_gate(merged: torch.Tensor, output: torch.Tensor) -> torch.Tensor
     given = merged.float().view(batch, n_queries, n_heads, d_head)
     computed = output.float()
     gate = torch.where(computed != 0, given / torch.where(computed != 0, computed, 1.0), 1.0).transpose(1, 2)
-    return None if bool(torch.allclose(gate, torch.ones_like(gate), rtol=0.0, atol=1e-5)) else gate.contiguous()
+    rounding = max(1e-5, 4 * torch.finfo(merged.dtype).eps)  # a half-precision copy of the output is no gate
+    return None if bool(torch.allclose(gate, torch.ones_like(gate), rtol=0.0, atol=rounding)) else gate.contiguous()
 
 
 def refuse_gated_norms(site: AttentionSite, gate: torch.Tensor | None, what: str) -> None:
