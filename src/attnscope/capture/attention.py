@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ..models.adapters import AttentionSite, unknown_causality, unlisted_attention
-from .hooks import local_hooks
+from .gates import gates_heard, returned
 from .plan import CapturePlan
-from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder, read_output_gate
+from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
 from .rows import BatchFacts
 
 ATTN_IMPLEMENTATION = "attnscope"
@@ -83,8 +83,6 @@ class CaptureSession:
 
 
 _ACTIVE_RECORDER: ContextVar[Recorder | None] = ContextVar("attnscope_recorder", default=None)
-# per site, the output the attention function last returned, while the recorder hears output gates
-_RETURNED: ContextVar[dict[AttentionSite, torch.Tensor] | None] = ContextVar("attnscope_returned", default=None)
 _ACTIVE_INTERVENTIONS: ContextVar[tuple[Intervention, ...]] = ContextVar("attnscope_interventions", default=())
 
 
@@ -142,40 +140,6 @@ def capture(
             yield CaptureSession(sites, recorder)
     finally:
         _ACTIVE_RECORDER.reset(token)
-
-
-@contextmanager
-def gates_heard(sites: Mapping[nn.Module, AttentionSite], recorder: Recorder) -> Iterator[None]:
-    """Inside the block, a recorder that hears output gates (``hears_gates``) is told, each time a wanted site's
-    output projection runs, the gate the model put between the attention function's output and that projection
-    (:func:`~attnscope.capture.recorders.read_output_gate`; None for most models)."""
-    projections = {site.out_proj: site for site in sites.values()
-                   if site.out_proj is not None and recorder.hears_gates and recorder.wants(site)}
-    if not projections:
-        yield
-        return
-    returned: dict[AttentionSite, torch.Tensor] = {}
-
-    def hear(module: nn.Module, inputs: tuple[Any, ...], _output: Any) -> None:
-        site = projections[module]
-        output = returned.pop(site, None)
-        if output is not None:  # [batch, q_pos, head, d_head], as the attention function returned it
-            recorder.output_gate(site, read_output_gate(inputs[0], output))
-
-    token = _RETURNED.set(returned)
-    try:
-        with local_hooks(projections, hear):
-            yield
-    finally:
-        _RETURNED.reset(token)
-
-
-def _returned(site: AttentionSite | None, output: torch.Tensor) -> torch.Tensor:
-    """``output`` of a recorded call, noted for the output gate's reading when the recorder hears gates."""
-    returned = _RETURNED.get()
-    if returned is not None and site is not None:
-        returned[site] = output
-    return output
 
 
 def interventions_active() -> bool:
@@ -272,7 +236,7 @@ def attnscope_attention(
         assert only is not None and site is not None
         output, _ = _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted,
                                           kwargs)
-        return _returned(site, output), None
+        return returned(site, output), None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads = query.shape[1]
     causal = call_causal(site, kwargs)
@@ -285,7 +249,7 @@ def attnscope_attention(
         output = chunked_attention(collector, causal, query, keys, values, attention_mask, scaling, kwargs)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
-        return _returned(site, output), None
+        return returned(site, output), None
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], keys.shape[2], 0, query.device)
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
@@ -306,7 +270,7 @@ def attnscope_attention(
         assert site is not None  # interventions only ever apply to a known site
         output = intervention.modify_output(site, output)
     output = output.contiguous()
-    return _returned(site if recorder is not None else None, output), probs.to(query.dtype)
+    return returned(site if recorder is not None else None, output), probs.to(query.dtype)
 
 
 def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: AttentionSite, query: torch.Tensor,
@@ -394,7 +358,8 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs, sink_mass = softmax_with_sinks(scores, kwargs.get("s_aux"))
-        collector.add(start, probs, scores if collector.wants_logits else None, sink_mass=sink_mass)
+        sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
+        collector.add(start, probs, scores if collector.wants_logits else None, **sinks)
         del scores
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
     return output
