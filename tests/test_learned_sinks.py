@@ -6,6 +6,8 @@ Tiny random gpt-oss built from its config (``tests/tiny_architectures.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -17,9 +19,11 @@ from attnscope.capture.extract import extract_to_file
 from attnscope.capture.generate import generate
 from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.errors import AttnscopeError
+from attnscope.present.html import view
 from attnscope.present.payload import build_payload, unpack
-from attnscope.present.steps import generation_payload
+from attnscope.present.steps import generation_payload, steps_view
 
+from .conftest import CHROMIUM
 from .tiny_architectures import EAGER_WITHOUT_SINK, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
 
 
@@ -194,3 +198,50 @@ def test_deepseek_v4s_compressed_keys_are_refused_in_one_line(tmp_path):
     result = check_type("deepseek_v4", tmp_path)
     assert result["outcome"] == "refused", result
     assert "attend over different numbers of keys" in result["reason"] and "docs/ARCHITECTURE.md" in result["reason"]
+
+
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
+                                    reason="Debian chromium or playwright is not installed")
+
+
+def opened(browser, path, drawn: str):
+    """A page on ``path`` once ``drawn`` (a selector's dataset.drawn) is set, with its console errors."""
+    page = browser.new_page(viewport={"width": 1100, "height": 800})
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+    page.goto(path.as_uri())
+    page.wait_for_function(f"() => document.querySelector('{drawn}')?.dataset.drawn")
+    return page
+
+
+@needs_chromium
+def test_the_step_view_shows_each_steps_learned_sink(browser, gpt_oss, tmp_path):
+    _, loaded, _, _ = gpt_oss
+    gen = generate(loaded, TEXT, max_new_tokens=3, norms=False)
+    page = opened(browser, steps_view(gen).save(tmp_path / "steps.html"), ".attnscope-steps")
+    shown = lambda: float(page.get_attribute("[data-role=sink]", "data-mass"))
+    assert shown() == pytest.approx(float(gen.step_sink_mass(0).mean()), abs=1e-3)  # all layers and heads
+    page.select_option("[data-role=layer]", "1")
+    page.select_option("[data-role=head]", "2")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('.attnscope-steps').dataset.step === '1'")
+    assert shown() == pytest.approx(float(gen.step_sink_mass(1)[1, 2]), abs=1e-3)  # float16
+    assert "learned sink" in page.text_content("[data-role=sink]") and page.errors == []
+
+
+@needs_chromium
+def test_the_head_view_writes_the_learned_sink_of_each_head(browser, gpt_oss, tmp_path):
+    _, _, record, _ = gpt_oss
+    page = opened(browser, view(record, "head").save(tmp_path / "head.html"), ".attnscope-root")
+    app = 'AttnscopeViews.instances["attnscope-view"]'
+    written = f"{app}.views.head.scene.ofType('text').filter(t => t.meta && t.meta.role === 'sink')[0].meta.masses"
+    layer = int(page.evaluate(f"{app}.state.layer"))
+    masses = {m["head"]: m["mass"] for m in page.evaluate(written)}  # mean over the queries shown
+    np.testing.assert_allclose([masses[h] for h in range(record.n_heads)], record.sink_mass[layer].mean(-1), atol=1e-3)
+    page.evaluate(f"{app}.selectToken(4)")
+    page.wait_for_function(f"() => {app}.state.selected === 4")
+    page.wait_for_function(f"() => ({written}).length && {app}.views.head.focus()")
+    masses = {m["head"]: m["mass"] for m in page.evaluate(written)}
+    np.testing.assert_allclose([masses[h] for h in range(record.n_heads)], record.sink_mass[layer, :, 4], atol=1e-3)
+    assert page.errors == []
