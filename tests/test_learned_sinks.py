@@ -245,3 +245,22 @@ def test_the_head_view_writes_the_learned_sink_of_each_head(browser, gpt_oss, tm
     masses = {m["head"]: m["mass"] for m in page.evaluate(written)}
     np.testing.assert_allclose([masses[h] for h in range(record.n_heads)], record.sink_mass[layer, :, 4], atol=1e-3)
     assert page.errors == []
+
+
+def test_a_previous_token_head_that_parks_most_of_its_softmax_in_the_sink_is_still_one(gpt_oss):
+    """Classified on what the head gives the tokens: 10% of each row on the previous token, 90% in the sink."""
+    from dataclasses import replace
+
+    from attnscope.analysis.patterns import classify_heads
+
+    _, _, record, _ = gpt_oss
+    n = len(record.tokens)
+    previous = np.eye(n, k=-1)
+    previous[0, 0] = 1.0  # the first query sees only itself
+    attention = np.broadcast_to(0.1 * previous, record.attention.shape).astype(np.float32)
+    arrays = {**record.arrays, "self.attention": attention, "self.sink_mass": np.full(attention.shape[:3], 0.9,
+                                                                                     dtype=np.float32)}
+    for name in ("self.queries", "self.keys", "self.values"):
+        arrays.pop(name)
+    patterns = classify_heads(replace(record, arrays=arrays))
+    assert set(np.asarray(patterns.labels).ravel()) == {"previous_word"}

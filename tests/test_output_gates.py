@@ -115,3 +115,12 @@ def test_the_mixing_measures_use_the_gated_vectors():
     terms, _ = block_terms(layer)
     expected = vectors.sum(0) + np.eye(n)[:, :, None] * layer.residual[:, None, :]  # the residual joins token i
     np.testing.assert_allclose(terms, expected, atol=1e-12)
+
+
+def test_a_generation_of_a_gated_model_keeps_no_per_key_norms(qwen3_next):
+    """A generation record's norms are per key; a gate makes them per query too, so none are kept."""
+    from attnscope import generate
+
+    _, loaded = qwen3_next
+    gen = generate(loaded, TEXT, max_new_tokens=2)
+    assert not gen.has_norms and gen.n_steps == 2

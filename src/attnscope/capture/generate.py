@@ -27,7 +27,7 @@ from .attention import capture, interventions_active
 from .attribution import PositionRows, decompose, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
-from .recorders import AttentionCall, Recorder, SiteCapture, refuse_gated_norms, value_norms
+from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -51,7 +51,8 @@ class StepRows(Recorder):
     fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
     are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
     ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
-    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``).
+    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``); a model that gates
+    its heads' output (Qwen3-Next) keeps none, since what a head adds per key then depends on the query.
     """
 
     first_row: int = 0
@@ -70,7 +71,10 @@ class StepRows(Recorder):
         return site.kind == "self"
 
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
-        refuse_gated_norms(site, gate, "a generation record's value norms")
+        """A gated model (Qwen3-Next): per-key norms cannot hold a per-query gate, so none are kept."""
+        if gate is not None:
+            self.with_norms = self.hears_gates = False
+            self.norms.clear()
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
@@ -222,6 +226,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
     ``seed``). ``chat`` wraps the prompt in the model's chat template. ``candidates``: how many top
     next tokens each step keeps. ``norms``: also keep ``||v W_O||`` per key, for norm-weighted rows.
+    A model that gates its heads' output (Qwen3-Next) keeps no norms: its per-key norms would depend on the query.
     ``changes`` labels interventions active around the call (kept in the record for the views).
     ``prompt_rows``: True keeps every prompt position's row (a full ``[layer, head, T, T]`` record
     can be made), False only the rows from the prompt's last position on (each step's row: what the
