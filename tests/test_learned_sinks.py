@@ -264,3 +264,12 @@ def test_a_previous_token_head_that_parks_most_of_its_softmax_in_the_sink_is_sti
         arrays.pop(name)
     patterns = classify_heads(replace(record, arrays=arrays))
     assert set(np.asarray(patterns.labels).ravel()) == {"previous_word"}
+
+
+def test_eager_attention_of_a_sink_model_brought_from_elsewhere_keeps_its_sink_mass(gpt_oss, tmp_path):
+    """``from_attentions`` of transformers' eager weights (the sink column dropped): each row's missing share."""
+    _, _, record, eager = gpt_oss
+    brought = AttentionRecord.from_attentions([layer[None] for layer in eager["self"]], record.tokens)
+    assert brought.model.learned_sinks
+    np.testing.assert_allclose(brought.sink_mass, record.sink_mass, atol=TOLERANCE)
+    AttentionRecord.load(brought.save(tmp_path / "brought.safetensors"))  # passes the record checks
