@@ -124,3 +124,30 @@ def test_a_generation_of_a_gated_model_keeps_no_per_key_norms(qwen3_next):
     _, loaded = qwen3_next
     gen = generate(loaded, TEXT, max_new_tokens=2)
     assert not gen.has_norms and gen.n_steps == 2
+
+
+# gated attention as transformers writes it: an elementwise sigmoid gate from q_proj (Qwen3-Next, Qwen3.5),
+# a gate projection of its own (AFMoE), a softplus gate (Laguna), one gate per head (LFM3)
+@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "afmoe", "laguna", "lfm3"])
+def test_the_gated_vectors_read_from_any_gated_model_add_up_to_its_attention_output(model_type, tmp_path):
+    """sum over heads and keys of a_ij (g_i * v_j) W_O^h, plus the projection's bias, is what the output projection
+    returned: the gate read between the attention function and the projection is the model's."""
+    from attnscope.capture.attention import capture
+    from attnscope.capture.hooks import local_hooks
+
+    loaded = load_model(str(build_folder(model_type, tmp_path)))
+    ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
+    projected = {}
+    projections = {site.out_proj: site for site in loaded.sites.values()}
+    keep = lambda module, inputs, output: projected.__setitem__(projections[module], output[0])
+    with torch.inference_mode(), local_hooks(projections, keep), capture(loaded.sites, qkv=True) as session:
+        loaded.model(input_ids=ids)
+    assert any(session.captured[(site.kind, site.layer)].gate is not None for site in loaded.sites.values())
+    for site in loaded.sites.values():
+        captured = session.captured[(site.kind, site.layer)]
+        gate = torch.ones_like(captured.values[:, :, :1]) if captured.gate is None else captured.gate  # [1, h, q, d]
+        per_head = per_head_out_proj(site, captured.n_heads)  # [head, d_head, d_model]
+        gated = gate[0, :, :, None, :] * captured.values[0, :, None, :, :]  # [head, q, k, d_head]
+        added = torch.einsum("hqk,hqkd,hdm->qm", captured.attention[0], gated, per_head)
+        bias = getattr(site.out_proj, "bias", None)
+        torch.testing.assert_close(added + (0 if bias is None else bias), projected[site], atol=1e-4, rtol=1e-4)
