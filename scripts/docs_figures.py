@@ -438,7 +438,8 @@ def _first_words(text: str, n: int) -> str:
 REFUSAL_KINDS = (
     ("has no attention module where attnscope looks", "no attention module where attnscope looks (an adapter row)"),
     ("never called attnscope's attention function", "attention computed inside the model's own forward (a bridge)"),
-    ("learned attention sinks", "learned attention sinks (s_aux), not computed yet"),
+    ("learned attention sinks", "learned attention sinks (s_aux), not computed yet"),  # before attnscope computed them
+    ("different numbers of keys", "layers over keys that are not tokens (compressed key/value entries)"),
     ("more than once per forward pass", "a layer that runs more than once per forward pass"),
     ("would both be", "two stacks of layers with the same layer numbers"),
     ("different numbers of heads", "layers with different numbers of heads"),

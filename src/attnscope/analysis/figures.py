@@ -158,6 +158,9 @@ def head_map_figure(labels: np.ndarray, confidence: np.ndarray, order: list[str]
     return fig
 
 
+CURVE_COLOURS = {"first": "#d62728", "other": "#1f77b4", "learned": "#2ca02c"}  # the sink figure's curves
+
+
 def sink_figure(report: Any, path: Any = None) -> Any:
     """``report`` (a :class:`~attnscope.analysis.sinks.SinkReport`): top, layers x heads heatmaps of the
     first-token share, raw and norm-weighted; bottom, per-layer curves of first-token and other-sink shares.
@@ -179,10 +182,11 @@ def sink_figure(report: Any, path: Any = None) -> Any:
     curves = fig.add_subplot(grid[1, :])
     layers = np.arange(n_layers)
     for name, style, label in (("first", "-", "first token"), ("first_norm", "--", "first token, norm-weighted"),
-                               ("other", "-", "other sinks"), ("other_norm", "--", "other sinks, norm-weighted")):
-        if np.isfinite(by_layer[name]).any():
+                               ("other", "-", "other sinks"), ("other_norm", "--", "other sinks, norm-weighted"),
+                               ("learned", ":", "learned sink (no value)")):
+        if np.isfinite(by_layer[name]).any():  # learned: only for models with learned sinks (gpt-oss)
             curves.plot(layers, by_layer[name], style, marker=".", label=label,
-                        color="#d62728" if name.startswith("first") else "#1f77b4")
+                        color=CURVE_COLOURS[name.partition("_")[0]])
     curves.set_xlabel("layer (0-indexed)")
     curves.set_ylabel("mean over heads")
     curves.set_ylim(0, 1)

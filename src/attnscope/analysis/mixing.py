@@ -9,6 +9,9 @@ much query (output) position ``i`` takes from key (input) position ``j``:
 * ``norm`` (Kobayashi et al. 2020): ``||A^h[i, j] f^h(x_j)||`` per head, where
   ``f^h(x_j) = v_j^h W_O^h`` is token j's value transformed by head h's slice of the output
   projection; the layer map is ``||sum_h A^h[i, j] f^h(x_j)||``. Not normalised (as in the paper).
+  A model that gates its heads' output before the output projection (Qwen3-Next's gated attention)
+  adds ``A^h[i, j] (g^h_i * v_j^h) W_O^h`` for key j, the gate ``g^h_i`` of query i applied per channel:
+  with a gate (``LayerTensors.gate``) every measure below uses that vector in place of ``A f``.
 * ``norm_residual`` = GlobEnc (Modarressi et al. 2022): the attention block's output decomposed per
   input token, residual and layer norms included. Token i's residual joins its own term; a LayerNorm
   ``LN(u) = g * (u - mean(u)) / s + b`` of a sum ``u = sum_j z_j`` is split as
@@ -58,7 +61,7 @@ from .measures import (  # the registry, read through this module (which registe
     register_measure,
     unregister_measure,
 )
-from .rollout import attention_rollout
+from .rollout import attention_rollout, sink_on_diagonal
 
 __all__ = [  # what this module offers: its own names, and the registry's (read through here)
     "METHODS",
@@ -73,6 +76,7 @@ __all__ = [  # what this module offers: its own names, and the registry's (read 
     "alti_map",
     "attention_maps",
     "block_terms",
+    "gated_norms",
     "get_measure",
     "globenc_map",
     "head_terms",
@@ -115,7 +119,10 @@ class LayerTensors:
     ``attention`` ``[head, q_pos, k_pos]``; ``transformed`` ``[head, k_pos, d_model]`` = f^h(x_j)
     (value bias included, output bias not); ``out_bias`` ``[d_model]``; ``residual`` ``[q_pos,
     d_model]`` = the layer's input, which the residual connection adds to the attention output;
-    ``after_attention``/``after_ffn``: the post-LN layer norms (None in pre-LN layers).
+    ``after_attention``/``after_ffn``: the post-LN layer norms (None in pre-LN layers). A model with an output
+    gate adds ``gate`` ``[head, q_pos, d_head]``, with ``values`` ``[head, k_pos, d_head]`` and ``out_proj``
+    ``[head, d_head, d_model]`` (``transformed = values @ out_proj``): head h adds
+    ``A^h[i, j] (gate[h, i] * values[h, j]) @ out_proj[h]`` for key j at query i.
     """
 
     attention: np.ndarray
@@ -124,6 +131,9 @@ class LayerTensors:
     residual: np.ndarray
     after_attention: NormFacts | None = None
     after_ffn: NormFacts | None = None
+    gate: np.ndarray | None = None
+    values: np.ndarray | None = None
+    out_proj: np.ndarray | None = None
 
 
 def attention_maps(layer: LayerTensors) -> tuple[np.ndarray, np.ndarray]:
@@ -132,8 +142,20 @@ def attention_maps(layer: LayerTensors) -> tuple[np.ndarray, np.ndarray]:
 
 
 def head_terms(layer: LayerTensors) -> np.ndarray:
-    """``A^h[i, j] f^h(x_j)`` for every head: ``[head, q_pos, k_pos, d_model]``."""
-    return layer.attention[..., None] * layer.transformed[:, None, :, :]
+    """``A^h[i, j] f^h(x_j)`` for every head (gated: ``A^h[i, j] (g^h_i * v^h_j) W_O^h``): ``[head, q_pos, k_pos,
+    d_model]``."""
+    if layer.gate is None:
+        return layer.attention[..., None] * layer.transformed[:, None, :, :]
+    gated = layer.gate[:, :, None, :] * layer.values[:, None, :, :]  # [head, q_pos, k_pos, d_head]
+    return layer.attention[..., None] * np.einsum("hqkd,hdm->hqkm", gated, layer.out_proj)
+
+
+def gated_norms(layer: LayerTensors) -> np.ndarray:
+    """``||(g^h_i * v^h_j) W_O^h||``: ``[head, q_pos, k_pos]``, from the quadratic form of ``W_O^h W_O^h^T``."""
+    assert layer.gate is not None and layer.values is not None and layer.out_proj is not None
+    gram = np.einsum("hdm,hem->hde", layer.out_proj, layer.out_proj)  # [head, d_head, d_head]
+    gated = layer.gate[:, :, None, :] * layer.values[:, None, :, :]  # [head, q_pos, k_pos, d_head]
+    return np.sqrt(np.maximum(np.einsum("hqkd,hde,hqke->hqk", gated, gram, gated), 0.0))
 
 
 # float64 terms [key, query, d_model] held at once (128 MB): long inputs are measured key chunk by key chunk
@@ -154,6 +176,7 @@ class _Folded:
     weights: np.ndarray
     vectors: np.ndarray
     residual: np.ndarray | None
+    gated: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gate [h, q, d], values [k, h, d], W [h*d, D]
 
 
 def _matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -176,17 +199,29 @@ def _fold(layer: LayerTensors, norms: Sequence[NormFacts], residual: bool = True
     for norm in norms:
         transformed, kept, scale = _linear_part(transformed, norm), _linear_part(kept, norm), scale * norm.scale
     weights = np.ascontiguousarray((layer.attention / scale[None, :, None]).transpose(2, 1, 0))
+    gated = None
+    if layer.gate is not None:  # the norms' linear part acts on d_model: on the projection's rows
+        projection = layer.out_proj.reshape(-1, layer.out_proj.shape[-1])  # [head * d_head, d_model]
+        for norm in norms:
+            projection = _linear_part(projection, norm)
+        gated = (layer.gate, np.ascontiguousarray(layer.values.transpose(1, 0, 2)), projection)
     return _Folded(weights, np.ascontiguousarray(transformed.transpose(1, 0, 2)),
-                   kept / scale[:, None] if residual else None)
+                   kept / scale[:, None] if residual else None, gated)
 
 
 def _term_chunks(folded: _Folded) -> Iterator[tuple[slice, np.ndarray]]:
     """The terms key chunk by key chunk: ``(keys, terms [key in chunk, q_pos, d_model])``."""
     n_keys, n_queries, _ = folded.weights.shape
-    step = max(1, TERM_ELEMENTS // (n_queries * folded.vectors.shape[-1]))
+    width = folded.vectors.shape[-1] if folded.gated is None else max(folded.gated[2].shape)
+    step = max(1, TERM_ELEMENTS // (n_queries * width))
     for start in range(0, n_keys, step):
         keys = slice(start, min(n_keys, start + step))
-        terms = _matmul(folded.weights[keys], folded.vectors[keys])
+        if folded.gated is None:
+            terms = _matmul(folded.weights[keys], folded.vectors[keys])
+        else:  # sum_h A[h, i, j] (g[h, i] * v[h, j]) W_O^h, as one product over (head, channel)
+            gate, values, projection = folded.gated
+            scaled = np.einsum("kqh,hqd,khd->kqhd", folded.weights[keys], gate, values[keys])
+            terms = _matmul(np.ascontiguousarray(scaled.reshape(*scaled.shape[:2], -1)), projection)
         if folded.residual is not None:  # token i's own term holds its residual
             own = np.arange(keys.start, keys.stop)
             terms[own - start, own] += folded.residual[own]
@@ -208,8 +243,9 @@ def _euclidean(terms: np.ndarray) -> np.ndarray:
 
 def norm_maps(layer: LayerTensors) -> tuple[np.ndarray, np.ndarray]:
     """Kobayashi et al.'s norms: per head ``[head, q_pos, k_pos]`` and of the head sum ``[q_pos, k_pos]``."""
-    per_head = layer.attention * np.linalg.norm(layer.transformed, axis=-1)[:, None, :]
-    return per_head, _chunked_map(_fold(layer, (), residual=False), _euclidean)
+    sizes = (np.linalg.norm(layer.transformed, axis=-1)[:, None, :] if layer.gate is None  # [head, 1 or q, k]
+             else gated_norms(layer))
+    return layer.attention * sizes, _chunked_map(_fold(layer, (), residual=False), _euclidean)
 
 
 def _first_norm(layer: LayerTensors) -> tuple[NormFacts, ...]:
@@ -353,7 +389,9 @@ def mixing_from_record(record: Any, method: str) -> Mixing:
     record.require_complete("context mixing")
     attention = np.asarray(record.attention, dtype=np.float64)  # [layer, head, q_pos, k_pos]
     maps = attention.mean(axis=1)
-    return Mixing(method, tuple(record.tokens), maps, rollout_of(method, maps), attention, record.model.name,
+    # learned sinks: the rollout keeps each row's sink mass on the query itself (see analysis.rollout)
+    flowing = sink_on_diagonal(attention, record.sink_mass).mean(axis=1)
+    return Mixing(method, tuple(record.tokens), maps, rollout_of(method, flowing), attention, record.model.name,
                   record.model.causal)
 
 

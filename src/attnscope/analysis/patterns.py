@@ -584,10 +584,15 @@ def classify_heads(record: AttentionRecord, context: TokenContext | None = None,
     """Classify every head of ``record`` on its input (attention ``[layer, head, q_pos, k_pos]``).
 
     Causal models are scored against causal templates: no next word, no delimiter class (attention
-    to the first token counts as vertical), and only keys at or before the query.
+    to the first token counts as vertical), and only keys at or before the query. A model with learned
+    sinks (gpt-oss) is classified on each row's share of what it gives the tokens (the row over 1 minus its
+    sink mass): the pattern is the shape of the attention a head spends on tokens; how much it parks in the
+    learned sink is the sink report's ``learned``.
     """
     ctx = context or token_context(record)
-    evidence = pattern_evidence(record.attention, ctx)
+    row_mass = record.row_mass()  # [layer, head, q_pos], or None: every row sums to 1
+    attention = record.attention if row_mass is None else record.attention / np.maximum(row_mass, 1e-12)[..., None]
+    evidence = pattern_evidence(attention, ctx)
     labels, confidence = decide(evidence, ctx.is_pair, ctx.causal, thresholds)
     return HeadPatterns(labels, confidence, evidence, model=record.model.name, tokens=ctx.tokens, causal=ctx.causal)
 

@@ -7,6 +7,10 @@ embeddings) to ``n_layers`` (the output of the last layer), with an edge from ``
     A_hat[l] = row_normalise(0.5 * mean_over_heads(A[l]) + 0.5 * I)      # [layer, q_pos, k_pos]
 
 (the residual connection carries half of each token's state straight up, as in the paper).
+With learned attention sinks (gpt-oss) a row of ``A[l]`` sums to 1 minus its sink mass: the sink has no
+value, so that share of the head takes in nothing from any token, and the query keeps its own state
+there. Records with sinks therefore have their sink mass put on the diagonal (:func:`sink_on_diagonal`)
+before anything else, and their rows sum to 1 again without rescaling the tokens' shares.
 
 * **Rollout** multiplies these matrices: ``R[l] = A_hat[l] @ R[l - 1]``, ``R[0] = A_hat[0]``, so
   ``R[l][i, j]`` is how much of input token ``j`` reaches token ``i`` after layer ``l`` if mixing
@@ -43,13 +47,24 @@ FLOW_SCALE = 2**30  # integer capacity of an attention weight of 1.0 (fits SciPy
 def _attention_of(source: AttentionRecord | np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
     """Attention as float64 ``[layer, head, q_pos, k_pos]`` (``[layer, q_pos, k_pos]`` gets a head axis)."""
     if isinstance(source, AttentionRecord):
-        return np.asarray(source.attention, dtype=np.float64), source.tokens
+        return sink_on_diagonal(np.asarray(source.attention, dtype=np.float64), source.sink_mass), source.tokens
     array = np.asarray(source, dtype=np.float64)
     if array.ndim == 3:
         array = array[:, None]  # [layer, 1 head, q_pos, k_pos]
     if array.ndim != 4 or array.shape[-1] != array.shape[-2]:
         raise AttnscopeError("attention must be [layer, head, q_pos, k_pos] or [layer, q_pos, k_pos] with q_pos == k_pos")
     return array, tuple(str(i) for i in range(array.shape[-1]))
+
+
+def sink_on_diagonal(attention: np.ndarray, sink_mass: np.ndarray | None) -> np.ndarray:
+    """``attention`` ``[..., q_pos, k_pos]`` with each row's learned sink mass ``[..., q_pos]`` added to the
+    query's own key, so rows sum to 1 (see the module docstring); unchanged when ``sink_mass`` is None."""
+    if sink_mass is None:
+        return attention
+    moved = attention.copy()
+    diagonal = np.arange(attention.shape[-1])
+    moved[..., diagonal, diagonal] += sink_mass
+    return moved
 
 
 def residual_attention(attention: np.ndarray, residual: float = 0.5) -> np.ndarray:

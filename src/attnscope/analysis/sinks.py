@@ -27,6 +27,13 @@ layers only the last ``window`` keys; layers and heads 0-indexed):
 * *sink rate* (``other_rate``): the share of inputs on which the head has at least one other sink
   position; ``sink_tokens`` counts which tokens those positions hold, over every head and input.
 
+* *learned sink mass* (``learned``): models with learned attention sinks (gpt-oss) add one learned logit per
+  head to each softmax's denominator, with no value behind it, so a row's weights over the real keys sum to
+  1 minus its *sink mass*; ``learned`` is the mean sink mass over scored queries (NaN for a model without
+  learned sinks). It stands beside ``first``: Xiao et al.'s sinks emerge on the first token, whose value a
+  head still adds; a learned sink takes the same role with no value at all, and the first-token share of
+  such a model is what remains beside it.
+
 Results are means over inputs; ``by_layer`` averages the heads of each layer.
 """
 
@@ -46,7 +53,7 @@ from ..records.attention import AttentionRecord
 
 SINK_FACTOR = 5.0
 MIN_QUERIES = 3
-MEASURES = ("first", "first_norm", "other", "other_norm", "other_rate")
+MEASURES = ("first", "first_norm", "other", "other_norm", "other_rate", "learned")
 
 
 def definition(factor: float = SINK_FACTOR, min_queries: int = MIN_QUERIES) -> str:
@@ -54,7 +61,9 @@ def definition(factor: float = SINK_FACTOR, min_queries: int = MIN_QUERIES) -> s
     return (f"first: mean attention of every query but the first on position 0; other: on the input's other sink "
             f"positions, keys k >= 1 whose mean weight from queries q >= k + 2 (at least {min_queries}) is at least "
             f"{factor:g} x the uniform share 1/n_visible of those queries; _norm: the same on the shares of "
-            f"||alpha f(x)|| in each row (Kobayashi et al. 2020); other_rate: share of inputs with such a position")
+            f"||alpha f(x)|| in each row (Kobayashi et al. 2020); other_rate: share of inputs with such a position; "
+            f"learned: the mean sink mass of models with learned attention sinks (gpt-oss), the share of each "
+            f"softmax given to the learned sink logit, so that the weights on real keys sum to 1 minus it")
 
 
 DEFINITION = definition()
@@ -122,6 +131,8 @@ def input_sinks(record: AttentionRecord, factor: float = SINK_FACTOR, min_querie
         measures["first"][layer] = attention[layer, :, 1:, 0].mean(axis=-1)
         measures["other"][layer] = (attention[layer, :, 1:, :] * sinks[:, None, :]).sum(-1).mean(-1)
         measures["other_rate"][layer] = sinks.any(axis=-1)
+        if record.sink_mass is not None:
+            measures["learned"][layer] = record.sink_mass[layer, :, 1:].mean(axis=-1)
         if shares is not None:
             measures["first_norm"][layer] = shares[layer, :, 1:, 0].mean(axis=-1)
             measures["other_norm"][layer] = (shares[layer, :, 1:, :] * sinks[:, None, :]).sum(-1).mean(-1)
@@ -159,6 +170,7 @@ class SinkReport:
             "heads": int(first.size),
             "first_majority_heads": int((first >= 0.5).sum()),
             "first_majority_heads_norm": int((self.measures["first_norm"] >= 0.5).sum()),
+            "learned_majority_heads": int((self.measures["learned"] >= 0.5).sum()),
             "top_sink_tokens": self.sink_tokens.most_common(10),
         }
 
@@ -188,13 +200,18 @@ class SinkReport:
 
     def to_text(self) -> str:
         """A few lines for the terminal."""
-        summary = self.summary()
+        summary = {name: "n/a" if value is None else value for name, value in self.summary().items()}  # no norms: n/a
+        share = {name: value if value == "n/a" else f"{value:.1%}" for name, value in summary.items()
+                 if name.startswith("mean_")}
         lines = [f"{self.model}: {self.n_inputs} inputs, {summary['heads']} heads (layers and heads 0-indexed)",
-                 (f"  attention on the first token: {summary['mean_first']:.1%} of all heads' weight "
-                 f"({summary['mean_first_norm']:.1%} norm-weighted); {summary['first_majority_heads']} heads give it "
+                 (f"  attention on the first token: {share['mean_first']} of all heads' weight "
+                 f"({share['mean_first_norm']} norm-weighted); {summary['first_majority_heads']} heads give it "
                  f"half or more ({summary['first_majority_heads_norm']} norm-weighted)"),
-                 (f"  on other sink positions: {summary['mean_other']:.1%} ({summary['mean_other_norm']:.1%} "
-                 f"norm-weighted); heads with one on an average input: {summary['mean_other_rate']:.1%}")]
+                 (f"  on other sink positions: {share['mean_other']} ({share['mean_other_norm']} "
+                 f"norm-weighted); heads with one on an average input: {share['mean_other_rate']}")]
+        if share["mean_learned"] != "n/a":
+            lines.append(f"  on the learned sink logit (no value): {share['mean_learned']}; "
+                         f"{summary['learned_majority_heads']} heads give it half or more")
         tokens = ", ".join(f"{token!r} x{count}" for token, count in summary["top_sink_tokens"][:6])
         lines.append(f"  most frequent other sink tokens: {tokens or 'none'}")
         heads = ", ".join(f"{layer}-{head} ({value:.2f})" for layer, head, value in self.top_heads("first"))

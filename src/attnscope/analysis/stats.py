@@ -18,6 +18,11 @@ own position or another occurrence of its word. The [CLS]/[SEP] and sentence mas
 BOS sink is a leading special token). Shape statistics are averaged over the queries that see
 more than one key (the first query of a causal model sees only itself: entropy 0, weight 1).
 
+In a model with learned sinks (gpt-oss) a row sums to 1 minus its sink mass: masses are shares of the
+whole softmax, the learned sink's own share being the sink report's ``learned``
+(:mod:`attnscope.analysis.sinks`), and shape statistics (entropy, distance, largest weight) read the
+weights over the tokens as they are, without rescaling them.
+
 Token types (``[CLS]``, ``[SEP]``, punctuation, same word) are defined in
 :mod:`attnscope.analysis.tokens`.
 

@@ -29,7 +29,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..models.adapters import AttentionSite, sinks_refusal, unknown_causality, unlisted_attention
+from ..models.adapters import AttentionSite, unknown_causality, unlisted_attention
+from .gates import gates_heard, returned
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
 from .rows import BatchFacts
@@ -135,7 +136,8 @@ def capture(
         raise ValueError("capture takes either a recorder or the options of the built-in records, not both")
     token = _ACTIVE_RECORDER.set(recorder)
     try:
-        yield CaptureSession(sites, recorder)
+        with gates_heard(sites, recorder):
+            yield CaptureSession(sites, recorder)
     finally:
         _ACTIVE_RECORDER.reset(token)
 
@@ -217,23 +219,24 @@ def attnscope_attention(
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
-    # SDPA has no logit softcapping (Gemma 2): such models always take the eager path below
-    if (site is None or (recorder is None and not interventions)) and kwargs.get("softcap") is None:
+    # SDPA has no logit softcapping (Gemma 2) and no learned sinks (gpt-oss): such calls always take the eager path
+    sdpa_exact = kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+    if (site is None or (recorder is None and not interventions)) and sdpa_exact:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if kwargs.get("s_aux") is not None:
-        raise sinks_refusal(module)
     # an intervention changes every row, so only a recorder alone may skip rows or take them in chunks
     only = None if interventions else recorder
     if site is not None and attention_mask is None and call_causal(site, kwargs) is None and query.shape[2] > 1:
         raise unknown_causality(module)  # no mask and a module that does not say: which keys are seen is unknown
     unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, query.shape[2]),
                                                           query.shape[2] - 1)
-    if unwanted and kwargs.get("softcap") is None:
+    if unwanted and sdpa_exact:
         assert only is not None and site is not None
-        return _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted, kwargs)
+        output, _ = _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted,
+                                          kwargs)
+        return returned(site, output), None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads = query.shape[1]
     causal = call_causal(site, kwargs)
@@ -246,26 +249,28 @@ def attnscope_attention(
         output = chunked_attention(collector, causal, query, keys, values, attention_mask, scaling, kwargs)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
-        return output, None
+        return returned(site, output), None
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], keys.shape[2], 0, query.device)
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
-    probs = torch.softmax(scores.float(), dim=-1)  # [batch, head, q_pos, k_pos]
+    probs, sink_mass = softmax_with_sinks(scores.float(), kwargs.get("s_aux"))  # [batch, head, q_pos, k_pos]
     if interventions:
         assert site is not None
         allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
+        if sink_mass is not None:  # a new pattern leaves to the sink what its rows do not spend
+            sink_mass = (1.0 - probs.sum(-1)).clamp_min(0.0)
     if recorder is not None:
         assert site is not None
-        recorder.keep(site, AttentionCall(query, keys, values, probs, key.shape[1], scaling))
+        recorder.keep(site, AttentionCall(query, keys, values, probs, key.shape[1], scaling, sink_mass=sink_mass))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
     output = torch.matmul(mixing, values).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
         assert site is not None  # interventions only ever apply to a known site
         output = intervention.modify_output(site, output)
     output = output.contiguous()
-    return output, probs.to(query.dtype)
+    return returned(site if recorder is not None else None, output), probs.to(query.dtype)
 
 
 def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: AttentionSite, query: torch.Tensor,
@@ -286,6 +291,21 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
     recorder.keep(site, AttentionCall(wanted, keys, values, probs, key.shape[1], scaling, first_query=unwanted))
     return output, None
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The softmax of ``scores`` ``[batch, head, q_pos, k_pos]`` and, with learned sinks (``sinks``: one logit per
+    head, gpt-oss's ``s_aux``), its sink mass ``[batch, head, q_pos]``.
+
+    A sink is one more logit in each row's denominator with no value behind it: the weights over the real keys
+    sum to 1 - sink mass, and the head's output is the sum of those weights times the values, as in the model.
+    The sink mass is the softmax's own sink column, not 1 minus a sum (which would lose small masses).
+    """
+    if sinks is None:
+        return torch.softmax(scores, dim=-1), None
+    sink_logits = sinks.to(scores.device, scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)  # [batch, head, q_pos, k_pos + 1]
+    return combined[..., :-1], combined[..., -1]
 
 
 def call_causal(site: AttentionSite | None, kwargs: Mapping[str, Any]) -> bool | None:
@@ -337,8 +357,9 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
         if implicit_causal:  # only the chunk's own square holds future keys
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1)
-        collector.add(start, probs, scores if collector.wants_logits else None)
+        probs, sink_mass = softmax_with_sinks(scores, kwargs.get("s_aux"))
+        sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
+        collector.add(start, probs, scores if collector.wants_logits else None, **sinks)
         del scores
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
     return output

@@ -189,8 +189,10 @@ def extract_to_file(
     limit = min(max_length or loaded.max_length, loaded.max_length)
     encoded = encode_window(loaded, [(0, (text, pair))], limit)[0]
     check_batch_memory(loaded, [encoded], plan, qkv=False, norms=norms, streamed=True)
-    sink = StreamingSink(Path(path), encoded, plan, kind=main_kind(loaded.sites.values()),
-                         n_layers=n_main_layers(loaded), norms=norms, float16=float16)
+    kind = main_kind(loaded.sites.values())
+    sink = StreamingSink(Path(path), encoded, plan, kind=kind, n_layers=n_main_layers(loaded), norms=norms,
+                         float16=float16, learned_sinks=any(s.learned_sinks for s in loaded.sites.values()
+                                                            if s.kind == kind))
     with (tqdm(total=len(sink.layers), unit="layer", desc="capturing", disable=not progress) as bar,
           torch.inference_mode(),
           capture(loaded.sites, norms=norms, stop_when_complete=stops_early(loaded), plan=plan,
@@ -336,6 +338,13 @@ def check_calls(loaded: LoadedModel, session: CaptureSession) -> None:
                 f"model type {model_type!r} has {kind} layers with different numbers of heads "
                 f"({', '.join(map(str, heads))}), which attnscope's [layer, head, q_pos, k_pos] records cannot "
                 f"hold; it needs an adapter for it ({HOW_TO_ADD})")
+        keys = sorted({int(c.attention.shape[-1]) for (k, _), c in recorder.captured.items()
+                       if k == kind and getattr(c, "attention", None) is not None and c.attention.dim() == 4})
+        if len(keys) > 1:  # e.g. compressed key/value entries appended to some layers' keys (DeepSeek-V4)
+            raise AttnscopeError(
+                f"model type {model_type!r} has {kind} layers that attend over different numbers of keys "
+                f"({', '.join(map(str, keys))}) for the same input: some keys are not tokens, which attnscope's "
+                f"[layer, head, q_pos, k_pos] records cannot hold; it needs an adapter for it ({HOW_TO_ADD})")
     repeated = sorted(key for key, calls in recorder.calls.items() if calls > 1)
     if repeated:
         kind, layer = repeated[0]
@@ -371,6 +380,9 @@ def _stack(session: CaptureSession, kind: str) -> dict[str, np.ndarray]:
         tensors = [getattr(capture_, name) for capture_ in layers]
         if tensors and tensors[0] is not None:
             fields[name] = stack_on_cpu(tensors)
+    if any(capture_.sink_mass is not None for capture_ in layers):  # a layer without learned sinks gives them none
+        fields["sink_mass"] = stack_on_cpu([torch.zeros(c.attention.shape[:-1], device=c.attention.device)
+                                            if c.sink_mass is None else c.sink_mass for c in layers])
     return fields
 
 
@@ -425,6 +437,7 @@ def model_info_from(loaded: LoadedModel, first: SiteCapture | RowCapture) -> Mod
         scaling=first.scaling,
         dtype=loaded.dtype,
         windows=layer_windows(loaded),
+        learned_sinks=any(site.learned_sinks for site in loaded.sites.values()),
     )
 
 
@@ -449,6 +462,8 @@ def _record(loaded: LoadedModel, info: ModelInfo, encoded: Encoded, row: int,
         for name, values in fields.items():
             if name in ("attention", "norms"):
                 arrays[f"{kind}.{name}"] = values[row, :, :, : query_len[kind], : key_len[kind]].copy()
+            elif name == "sink_mass":  # [layer, head, q_pos]
+                arrays[f"{kind}.{name}"] = values[row, :, :, : query_len[kind]].copy()
             else:  # queries come from the query side, keys and values from the key side
                 length = query_len[kind] if name == "queries" else key_len[kind]
                 arrays[f"{kind}.{name}"] = values[row, :, :, :length].copy()

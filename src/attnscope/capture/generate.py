@@ -51,22 +51,34 @@ class StepRows(Recorder):
     fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
     are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
     ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
-    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``).
+    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``); a model that gates
+    its heads' output (Qwen3-Next) keeps none, since what a head adds per key then depends on the query.
     """
 
     first_row: int = 0
     with_norms: bool = False
     segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    sink_masses: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, row], learned sinks
+    learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
+
+    def __post_init__(self) -> None:
+        self.hears_gates = self.with_norms  # a generation's per-key norms cannot hold a per-query gate
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
 
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        """A gated model (Qwen3-Next): per-key norms cannot hold a per-query gate, so none are kept."""
+        if gate is not None:
+            self.with_norms = self.hears_gates = False
+            self.norms.clear()
+
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
-                               scaling=call.scaling, first_query=call.first_query)
+                               scaling=call.scaling, first_query=call.first_query, sink_mass=call.sink_mass)
         if self.with_norms:  # the earlier keys' norms came with earlier calls
             added = call.values[:, :, -(call.first_query + call.query.shape[2]):]
             captured.new_value_norms = value_norms(added.detach(), site)
@@ -81,6 +93,10 @@ class StepRows(Recorder):
         kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
         if kept < block.shape[1]:
             self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
+            self.sink_masses.setdefault(site.layer, []).append(
+                np.zeros((block.shape[0], block.shape[1] - kept), np.float32) if captured.sink_mass is None
+                else captured.sink_mass[0, :, kept:].float().cpu().numpy())  # [head, row]
+            self.learned_sinks = self.learned_sinks or captured.sink_mass is not None
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
 
@@ -99,6 +115,12 @@ class StepRows(Recorder):
         for index, layer in enumerate(layers):
             np.concatenate(self.segments.pop(layer), axis=-1, out=rows[index])
         return rows
+
+    def sink_mass(self) -> np.ndarray | None:
+        """Learned sinks' share of each kept row, ``[layer, head, row]``, or None when no call had them."""
+        if not self.learned_sinks:
+            return None
+        return np.stack([np.concatenate(self.sink_masses[layer], axis=-1) for layer in sorted(self.sink_masses)])
 
     def value_norms(self) -> np.ndarray | None:
         """``[layer, head, position]``, or None when norms were not asked for."""
@@ -204,6 +226,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
     ``seed``). ``chat`` wraps the prompt in the model's chat template. ``candidates``: how many top
     next tokens each step keeps. ``norms``: also keep ``||v W_O||`` per key, for norm-weighted rows.
+    A model that gates its heads' output (Qwen3-Next) keeps no norms: its per-key norms would depend on the query.
     ``changes`` labels interventions active around the call (kept in the record for the views).
     ``prompt_rows``: True keeps every prompt position's row (a full ``[layer, head, T, T]`` record
     can be made), False only the rows from the prompt's last position on (each step's row: what the
@@ -306,9 +329,9 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
         "candidate_probs": top.values.cpu().numpy().astype(np.float32),
         "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
-    norms = rows.value_norms()
-    if norms is not None:
-        arrays["value_norms"] = norms
+    for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
+        if values is not None:
+            arrays[name] = values
     arrays.update(extra)
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,

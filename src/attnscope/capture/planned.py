@@ -41,15 +41,16 @@ def planned_records(info: ModelInfo, batch: list[Encoded], layers: list[RowCaptu
     for row, encoded in enumerate(batch):
         arrays = side_arrays("input", encoded.source)
         arrays["input.query_positions"] = facts.selected[row]
-        arrays.update(item_arrays(info.main_kind, layers, row, facts, plan))
+        arrays.update(item_arrays(info.main_kind, layers, row, facts, plan, info.learned_sinks))
         records.append(AttentionRecord(model=info, tokens=encoded.source.tokens, arrays=arrays, text=encoded.text,
                                        selection=selection))
     return records
 
 
 def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts,
-                plan: CapturePlan) -> dict[str, np.ndarray]:
-    """Item ``row``'s arrays, layers stacked: its own rows of the union, its own keys and blocks."""
+                plan: CapturePlan, learned_sinks: bool = False) -> dict[str, np.ndarray]:
+    """Item ``row``'s arrays, layers stacked: its own rows of the union, its own keys and blocks (and their sink
+    mass, for a model with ``learned_sinks``)."""
     length = facts.lengths[row]
     positions = np.searchsorted(layers[0].rows, facts.selected[row])
     # every row is the item's: a view, not a copy of each layer
@@ -73,6 +74,10 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
     if plan.overview:
         blocks = -(-length // plan.overview)
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
+    if learned_sinks:  # a layer without learned sinks (some of MiMo's) gives them no mass
+        arrays[f"{kind}.sink_mass"] = np.stack([np.zeros((len(layer.heads), len(layer.rows)), np.float32)
+                                                if layer.sink_mass is None else layer.sink_mass[row].numpy()
+                                                for layer in layers])[:, :, own_rows]
     return arrays
 
 
@@ -85,8 +90,9 @@ class StreamingSink:
     """
 
     def __init__(self, path: Path, encoded: Encoded, plan: CapturePlan, *, kind: str, n_layers: int,
-                 norms: bool, float16: bool) -> None:
+                 norms: bool, float16: bool, learned_sinks: bool = False) -> None:
         self.path, self.encoded, self.plan, self.kind, self.norms = path, encoded, plan, kind, norms
+        self.learned_sinks = learned_sinks  # the model has learned sinks: the file holds their mass per row
         self.layers = plan.layer_numbers(n_layers)
         self.float_dtype = "float16" if float16 else "float32"
         self.writer: RecordWriter | None = None
@@ -112,6 +118,8 @@ class StreamingSink:
         if plan.overview:
             blocks = -(-length // plan.overview)
             layout[f"{kind}.overview"] = ("float32", (*lead, blocks, blocks))
+        if self.learned_sinks:
+            layout[f"{kind}.sink_mass"] = ("float32", (*lead, rows))
         for name, values in self.input_arrays().items():
             layout[name] = (values.dtype.name, values.shape)
         return layout
@@ -151,6 +159,8 @@ class StreamingSink:
             writer.write_layer(f"{self.kind}.distance_histogram", index, captured.distance_histogram[0].cpu().numpy())
         if captured.overview is not None:
             writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].cpu().numpy())
+        if captured.sink_mass is not None:  # a layer without learned sinks keeps the file's zeros
+            writer.write_layer(f"{self.kind}.sink_mass", index, captured.sink_mass[0].cpu().numpy())
         for array in writer.maps.values():
             array.flush()
         self.on_layer(1)

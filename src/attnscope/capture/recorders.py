@@ -54,7 +54,8 @@ class AttentionCall:
     call's queries ``first_query..`` (the earlier ones were not wanted, see
     :meth:`Recorder.rows_not_wanted`); ``keys``/``values``: ``[batch, head, k_pos, d_head]``, every
     key of the call, expanded to the query heads; ``probs``: ``[batch, head, q_row, k_pos]`` float32,
-    after any intervention.
+    after any intervention; ``sink_mass``: ``[batch, head, q_row]``, what a model with learned sinks
+    (gpt-oss) gives its sink logit, so that each row of ``probs`` sums to 1 minus it (None without sinks).
     """
 
     query: torch.Tensor
@@ -64,6 +65,7 @@ class AttentionCall:
     n_kv_heads: int
     scaling: float
     first_query: int = 0
+    sink_mass: torch.Tensor | None = None
 
     @property
     def d_head(self) -> int:
@@ -76,8 +78,10 @@ class ChunkCollector(Protocol):
     chunk: int  # queries per chunk
     wants_logits: bool  # whether :meth:`add` should also get the logits (they make the entropy cheaper)
 
-    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
-        """Probabilities of queries ``start..``: ``[batch, head, chunk, k_seen]`` float32 (later keys are 0)."""
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
+            sink_mass: torch.Tensor | None = None) -> None:
+        """Probabilities of queries ``start..``: ``[batch, head, chunk, k_seen]`` float32 (later keys are 0), and
+        with learned sinks their sink mass ``[batch, head, chunk]``."""
 
     def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> Any:
         """What was collected, handed to :meth:`Recorder.keep_rows`."""
@@ -90,6 +94,7 @@ class Recorder(Protocol):
     """
 
     lazy_mask: bool = False  # True: the mask builder gives SDPA's lazy mask (for chunked calls)
+    hears_gates: bool = False  # True: :meth:`output_gate` hears each wanted call's output gate (or None)
 
     def wants(self, site: AttentionSite) -> bool:
         """Whether to record ``site``; the attention function runs the others fused (without interventions)."""
@@ -113,6 +118,11 @@ class Recorder(Protocol):
         """Keep what the collector of a chunked call finished with."""
         raise TypeError(f"{type(self).__name__} gives a row collector, so it must keep its rows (keep_rows)")
 
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        """The gate ``[batch, head, q_pos, d_head]`` by which the model multiplied the output of ``site``'s call
+        just kept before its output projection (Qwen3-Next), or None (asked when :attr:`hears_gates`, once the
+        projection ran; see :func:`read_output_gate`)."""
+
 
 @dataclass
 class SiteCapture:
@@ -131,6 +141,8 @@ class SiteCapture:
     values: torch.Tensor | None = None
     norms: torch.Tensor | None = None
     new_value_norms: torch.Tensor | None = None  # [batch, head, q_pos]: ||v W_O|| of the keys this call added
+    sink_mass: torch.Tensor | None = None  # [batch, head, q_pos]: learned sinks' share of each row (gpt-oss)
+    gate: torch.Tensor | None = None  # [batch, head, q_pos, d_head]: the model's output gate (Qwen3-Next), if heard
     first_query: int = 0  # the call's queries before this one have no row here (the recorder did not want them)
 
     @property
@@ -179,6 +191,53 @@ def per_head_out_proj(site: AttentionSite, n_heads: int, *, unavailable: str = "
     return weight.view(weight.shape[0], n_heads, -1).permute(1, 2, 0)
 
 
+def read_output_gate(merged: torch.Tensor, output: torch.Tensor) -> torch.Tensor | None:
+    """The gate a model multiplied its heads' output by before the output projection (Qwen3-Next's gated
+    attention: ``sigmoid(x W_g)`` per query, head and channel), ``[batch, head, q_pos, d_head]``: what the
+    projection was given (``merged``: ``[batch, q_pos, head * d_head]``) over what the attention function
+    returned (``output``: ``[batch, q_pos, head, d_head]``); None when the projection was given that output
+    itself. A channel whose output is exactly 0 reads as gate 1 (its weight cannot be read).
+    """
+    batch, n_queries, n_heads, d_head = output.shape
+    if merged.shape != (batch, n_queries, n_heads * d_head):
+        raise AttnscopeError(f"the output projection was given {list(merged.shape)}, not the {n_heads} heads' output "
+                             f"[{batch}, {n_queries}, {n_heads * d_head}]: what a head adds per key cannot be read")
+    given = merged.float().view(batch, n_queries, n_heads, d_head)
+    computed = output.float()
+    gate = torch.where(computed != 0, given / torch.where(computed != 0, computed, 1.0), 1.0).transpose(1, 2)
+    rounding = max(1e-5, 4 * torch.finfo(merged.dtype).eps)  # a half-precision copy of the output is no gate
+    return None if bool(torch.allclose(gate, torch.ones_like(gate), rtol=0.0, atol=rounding)) else gate.contiguous()
+
+
+def refuse_gated_norms(site: AttentionSite, gate: torch.Tensor | None, what: str) -> None:
+    """Refuse norms ``what`` cannot hold for a model with an output gate (they would leave the gate out)."""
+    if gate is not None:
+        raise AttnscopeError(f"{site.name} multiplies its heads' output by a gate (gated attention), so what a head "
+                             f"adds for key j depends on the query; {what} cannot hold that: capture without a plan "
+                             "(attnscope extract --norms) or use attnscope mixing --method norm")
+
+
+GATED_CHUNK = 1 << 22  # elements of the [head, q, k, d_head] products held at once by gated_value_norms
+
+
+def gated_value_norms(values: torch.Tensor, gate: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+    """||(g_i * v_j) W_O^h|| for every head h, query i and key j: what head h adds for key j at query i per unit
+    of weight, with the model's output gate ``g`` (``[batch, head, q_pos, d_head]``); ``values``: ``[batch, head,
+    k_pos, d_head]``. Returns ``[batch, head, q_pos, k_pos]``, from the quadratic form of ``W_O^h W_O^h^T``
+    (``[head, d_head, d_head]``), a few queries at a time."""
+    per_head = per_head_out_proj(site, values.shape[1], unavailable="norms")  # [head, d_head, d_model]
+    gram = torch.matmul(per_head, per_head.transpose(1, 2))  # [head, d_head, d_head]
+    values, gate = values.float(), gate.float()
+    batch, n_heads, n_keys, d_head = values.shape
+    step = max(1, GATED_CHUNK // (batch * n_heads * n_keys * d_head))
+    pieces = []
+    for start in range(0, gate.shape[2], step):
+        scaled = gate[:, :, start : start + step, None, :] * values[:, :, None]  # [batch, head, q, k_pos, d_head]
+        projected = torch.einsum("bhqkd,hde->bhqke", scaled, gram)
+        pieces.append((scaled * projected).sum(-1).clamp_min(0.0).sqrt())
+    return torch.cat(pieces, dim=2)
+
+
 class PerSite(Recorder):
     """A recorder that keeps one capture per ``(kind, layer)`` (the last call's), in ``captured``, and
     counts the calls per ``(kind, layer)`` in ``calls`` (a model that runs a layer twice in one forward
@@ -212,11 +271,18 @@ def _stop_after(recorder: Recorder, sites: Mapping[nn.Module, AttentionSite],
 
 class FullRecord(PerSite):
     """Everything: a :class:`SiteCapture` per ``(kind, layer)``, with ``qkv`` the queries, keys and
-    values, with ``norms`` the norm-weighted attention ``||a_ij v_j W_O||`` (``record=False``: nothing)."""
+    values, with ``norms`` the norm-weighted attention ``||a_ij v_j W_O||`` (``record=False``: nothing).
+
+    A model that gates its heads' output before the output projection (Qwen3-Next) adds ``a_ij (g_i * v_j) W_O``
+    for key j: with ``norms`` or ``qkv`` the recorder hears the gate (:func:`read_output_gate`), keeps it
+    (``SiteCapture.gate``) and puts it in the norms; a capture that stops early then waits for the last
+    projection."""
 
     def __init__(self, sites: Mapping[nn.Module, AttentionSite], *, record: bool = True, qkv: bool = False,
                  norms: bool = False, stop_when_complete: bool = False) -> None:
         self.record, self.qkv, self.norms = record, qkv, norms
+        self.hears_gates = record and (norms or qkv)
+        self.pending: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # probs, values: gate not heard
         super().__init__(_stop_after(self, sites, stop_when_complete))
 
     def wants(self, site: AttentionSite) -> bool:
@@ -224,12 +290,28 @@ class FullRecord(PerSite):
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         result = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
-                             scaling=call.scaling, first_query=call.first_query)
+                             scaling=call.scaling, first_query=call.first_query, sink_mass=call.sink_mass)
         if self.qkv:
             result.queries, result.keys, result.values = (t.detach().float() for t in (call.query, call.keys,
                                                                                       call.values))
         if self.norms:
             result.norms = call.probs.detach() * value_norms(call.values.detach(), site)[:, :, None, :]
+        if not self.hears_gates:
+            self.store(site, result)
+            return
+        self.captured[(site.kind, site.layer)] = result  # stored once its gate is heard (output_gate)
+        self.pending[(site.kind, site.layer)] = (call.probs.detach(), call.values.detach())
+
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        """Put the model's output gate, if any, in the norms of the call just kept."""
+        key = (site.kind, site.layer)
+        if key not in self.pending:
+            return
+        probs, values = self.pending.pop(key)
+        result = self.captured.pop(key)
+        result.gate = gate
+        if gate is not None and self.norms:
+            result.norms = probs * gated_value_norms(values, gate, site)
         self.store(site, result)
 
 
@@ -249,6 +331,7 @@ class PlannedRecord(PerSite):
                  record: bool = True, norms: bool = False, sink: Sink | None = None,
                  stop_when_complete: bool = False) -> None:
         self.plan, self.facts, self.record, self.norms, self.sink = plan, facts, record, norms, sink
+        self.hears_gates = record and norms and plan.attention  # norm-weighted rows cannot hold a gate
         self.kind = main_kind(sites.values())
         super().__init__(_stop_after(self, sites, stop_when_complete))
 
@@ -268,12 +351,16 @@ class PlannedRecord(PerSite):
         probs, chunk = call.probs, self.plan.chunk
         collector = self.row_collector(site, call.values.detach(), n_heads=probs.shape[1], n_keys=probs.shape[-1])
         for start in range(0, probs.shape[2], chunk):
-            collector.add(start, probs[:, :, start : start + chunk].detach())
+            sink_mass = None if call.sink_mass is None else call.sink_mass[:, :, start : start + chunk]
+            collector.add(start, probs[:, :, start : start + chunk].detach(), sink_mass=sink_mass)
         self.keep_rows(site, collector.finish(n_heads=probs.shape[1], n_kv_heads=call.n_kv_heads, d_head=call.d_head,
                                               scaling=call.scaling))
 
     def keep_rows(self, site: AttentionSite, collected: RowCapture) -> None:
         self.store(site, collected if self.sink is None else self.sink.finish(site, collected))
+
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        refuse_gated_norms(site, gate, "the norm-weighted rows of a planned capture")
 
 
 def built_in_recorder(sites: Mapping[nn.Module, AttentionSite], *, record: bool = True, qkv: bool = False,

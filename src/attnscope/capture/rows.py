@@ -66,7 +66,8 @@ class RowCapture:
     ``attention``/``norms``: ``[batch, head, row, k_pos]``; ``statistics[name]``: ``[batch, head, row]``;
     ``distance_histogram``: ``[batch, head, bin]`` (mass summed over each item's own rows);
     ``topk_indices`` (int32, -1 where the row has fewer keys) / ``topk_weights``: ``[batch, head, row, k]``;
-    ``overview``: ``[batch, head, q_block, k_block]``.
+    ``overview``: ``[batch, head, q_block, k_block]``; ``sink_mass``: ``[batch, head, row]``, learned sinks' share
+    of each row (gpt-oss; None without sinks).
     """
 
     rows: np.ndarray
@@ -82,6 +83,7 @@ class RowCapture:
     topk_indices: torch.Tensor | None = None
     topk_weights: torch.Tensor | None = None
     overview: torch.Tensor | None = None
+    sink_mass: torch.Tensor | None = None
 
     def cpu(self) -> RowCapture:
         """The same capture with every tensor on the CPU (itself when they already are): one copy per
@@ -92,7 +94,8 @@ class RowCapture:
         return replace(self, attention=moved(self.attention), norms=moved(self.norms),
                        statistics={name: value.cpu() for name, value in self.statistics.items()},
                        distance_histogram=moved(self.distance_histogram), topk_indices=moved(self.topk_indices),
-                       topk_weights=moved(self.topk_weights), overview=moved(self.overview))
+                       topk_weights=moved(self.topk_weights), overview=moved(self.overview),
+                       sink_mass=moved(self.sink_mass))
 
 
 Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
@@ -178,6 +181,7 @@ class RowCollector:
         self.bins = torch.from_numpy(distance_bin_edges(n_keys)).to(device)
         self.histogram = torch.zeros((batch, n_kept_heads, len(self.bins)), device=device) if plan.statistics else None
         self.membership = facts.membership(device)  # [batch, row]
+        self.sink_mass: torch.Tensor | None = None  # [batch, head, row], from the first chunk with learned sinks
         if plan.top_k:
             self.topk_indices = allocate("topk_indices", (*shape, plan.top_k), torch.int32, -1)
             self.topk_weights = allocate("topk_weights", (*shape, plan.top_k), torch.float32, 0.0)
@@ -187,10 +191,12 @@ class RowCollector:
             self.overview_rows = torch.zeros((batch, 1, blocks, 1), device=device)
 
     # ---- per chunk ---------------------------------------------------------------------------
-    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
+            sink_mass: torch.Tensor | None = None) -> None:
         """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
-        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), and the logits
-        they are the softmax of, if at hand (they make the entropy cheaper)."""
+        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), the logits
+        they are the softmax of, if at hand (they make the entropy cheaper), and with learned sinks the
+        rows' sink mass ``[batch, head, chunk]``."""
         probs = self._kept_heads(probs)
         logits = None if logits is None else self._kept_heads(logits)
         if self.plan.overview:
@@ -202,6 +208,8 @@ class RowCollector:
         rows = self._rows(probs, start, positions)
         row_logits = None if logits is None else self._rows(logits, start, positions)
         k_seen = rows.shape[-1]
+        if sink_mass is not None:
+            self._add_sink_mass(slots, self._rows(self._kept_heads(sink_mass)[..., None], start, positions)[..., 0])
         if self.attention is not None:
             put_rows(self.attention, slots, rows)
         if self.norms is not None and self.value_norms is not None:
@@ -210,6 +218,12 @@ class RowCollector:
             self._add_statistics(slots, torch.tensor(positions, device=probs.device), rows, row_logits)
         if self.plan.top_k:
             self._add_top_k(slots, rows)
+
+    def _add_sink_mass(self, slots: torch.Tensor, sink_mass: torch.Tensor) -> None:
+        """Keep the selected rows' sink mass ``[batch, head, n]`` (every row a sink capture holds)."""
+        if self.sink_mass is None:
+            self.sink_mass = torch.zeros((*sink_mass.shape[:2], len(self.rows)), device=sink_mass.device)
+        self.sink_mass[:, :, slots] = sink_mass
 
     def _kept_heads(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` restricted to the kept heads (no copy when every head is kept)."""
@@ -297,7 +311,7 @@ class RowCollector:
     def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> RowCapture:
         result = RowCapture(rows=self.rows, heads=self.heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
                             scaling=scaling, attention=self.attention, norms=self.norms, statistics=self.statistics,
-                            distance_histogram=self.histogram)
+                            distance_histogram=self.histogram, sink_mass=self.sink_mass)
         if self.plan.top_k:
             result.topk_indices, result.topk_weights = self.topk_indices, self.topk_weights
         if self.plan.overview:

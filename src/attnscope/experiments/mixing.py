@@ -37,7 +37,7 @@ from ..analysis.mixing import (
 from ..capture.attention import capture, intervene
 from ..capture.hooks import local_hooks
 from ..capture.loading import load_model
-from ..capture.recorders import SiteCapture, main_kind, transformed_values
+from ..capture.recorders import SiteCapture, main_kind, per_head_out_proj, transformed_values
 from ..capture.tokens import Side, encode_side
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
@@ -171,6 +171,10 @@ def _layer_tensors(captured: Any, site: AttentionSite, args: tuple[Any, ...], kw
     out_proj = site.out_proj
     bias = getattr(out_proj, "bias", None)
     transformed = transformed_values(site_capture.values, site)[0]  # [head, k_pos, d_model]
+    gate = site_capture.gate  # [1, head, q_pos, d_head]: the model's output gate (Qwen3-Next), or None
+    gated = {} if gate is None else {
+        "gate": gate[0].double().numpy(), "values": site_capture.values[0].double().numpy(),
+        "out_proj": per_head_out_proj(site, transformed.shape[0]).double().numpy()}
     return LayerTensors(
         attention=site_capture.attention[0].double().numpy(),
         transformed=transformed.double().numpy(),
@@ -178,6 +182,7 @@ def _layer_tensors(captured: Any, site: AttentionSite, args: tuple[Any, ...], kw
         residual=residual[0].detach().double().numpy(),
         after_attention=after_attention,
         after_ffn=after_ffn,
+        **gated,
     )
 
 

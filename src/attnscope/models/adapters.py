@@ -144,6 +144,8 @@ class AttentionSite:
     ``out_proj`` is the module whose weight maps the concatenated heads back to the residual
     stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``). ``window``: the sliding window in
     keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key.
+    ``learned_sinks``: the module has a learned sink logit per head in its softmax's denominator (gpt-oss's
+    ``sinks``, passed to the attention function as ``s_aux``): its rows over the real keys sum to less than 1.
     ``causal_known``: False for a module that does not say whether it is causal (no ``is_causal``) of a type
     read from the model; ``causal`` is then what its model's class implies (a causal LM's self-attention, a
     decoder's), and the capture refuses any call of it whose causality the mask does not settle.
@@ -157,6 +159,7 @@ class AttentionSite:
     conv1d: bool = False
     window: int = 0
     causal_known: bool = True
+    learned_sinks: bool = False  # its softmax has one learned sink logit per head (gpt-oss's ``sinks``)
 
 
 _LLAMA_LIKE = (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window"),)
@@ -370,14 +373,6 @@ def model_type_of(model: nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
 
 
-def sinks_refusal(module: nn.Module) -> AttnscopeError:
-    """The refusal for a call with learned attention sinks (``s_aux``, gpt-oss): the weights would not be the model's."""
-    return AttnscopeError(
-        f"model type {model_type_of(module)!r} adds learned attention sinks (s_aux) to its softmax, which "
-        f"attnscope's capture does not compute yet, so its weights would not be the model's; for now read them "
-        f"from transformers itself (attn_implementation='eager', output_attentions=True)")
-
-
 def unlisted_attention(module: nn.Module) -> AttnscopeError:
     """The refusal for an attention call, during a capture, from a module that is no site: the record
     would silently miss that attention."""
@@ -398,7 +393,8 @@ def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer:
                      if (found := resolve_relative(model, name, path)) is not None), None)
     window = getattr(module, rule.window, None) if rule.window else None
     return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
-                         window=int(window) if isinstance(window, int) else 0, causal_known=known)
+                         window=int(window) if isinstance(window, int) else 0, causal_known=known,
+                         learned_sinks=isinstance(getattr(module, "sinks", None), nn.Parameter))
 
 
 def _is_causal_lm(model: nn.Module) -> bool:

@@ -18,6 +18,9 @@ Python packs, JS draws. The payload carries what the views show and nothing deri
   axis: a layer-level measure) and encoded as the norms are, scaled per layer
   (``value = round(255 * v / layer_max)``, ``scale[layer] = layer_max / 255``): decoded within
   1/510 of the layer's largest value; rows that sum to 1 are off by at most 0.002 per entry;
+* for a model with learned attention sinks (gpt-oss), per kind ``sink_mass`` ``[layer, head, q_pos]`` as
+  float16: the share of each query's softmax given to the learned sink logit (its row over the keys sums
+  to 1 minus it); the head view writes it under the tokens as the "learned sink" of each head;
 * for the neuron view, the query and key vectors ``[layer, head, pos, d_head]`` as little-endian
   float16, and the model's ``scaling`` (``1/sqrt(d_head)`` for most models). With grouped
   key/value heads only the distinct key heads are shipped (``[layer, kv_head, pos, d_head]``;
@@ -123,6 +126,7 @@ class KindPayload(TypedDict):
     norms: PackedArray | None
     vectors: Vectors | None
     mixing: NotRequired[list[MixingMaps]]
+    sink_mass: NotRequired[PackedArray]  # float16 [layer, head, q_pos]: learned sinks (gpt-oss) only
 
 
 class Start(TypedDict, total=False):
@@ -343,7 +347,8 @@ def _kind(record: AttentionRecord, kind: str, shipping: _Shipping) -> KindPayloa
     norms = record.get(kind, "norms") if shipping.norms else None
     causal = kind == "decoder" or (kind == "self" and record.model.causal)
     vectors = kind_vectors(record, kind, layers) if shipping.vectors else None
-    return KindPayload(
+    sink_mass = record.get(kind, "sink_mass")
+    payload = KindPayload(
         kind=kind,
         label=KIND_LABELS[kind],
         query_side=query_side,
@@ -354,6 +359,9 @@ def _kind(record: AttentionRecord, kind: str, shipping: _Shipping) -> KindPayloa
                                               shipping.compress),
         vectors=None if vectors is None else _pack_vectors(*vectors, shipping),
     )
+    if sink_mass is not None:  # small ([layer, head, q_pos]): shipped whole, even in a lazy payload
+        payload["sink_mass"] = pack_float16(take_layers(sink_mass, layers), shipping.compress)
+    return payload
 
 
 def _lazy_pack(values: np.ndarray, layer_max: np.ndarray, compress: bool) -> PackedArray:

@@ -18,6 +18,10 @@ plus float16 rounding of ``row_max`` off). Three sets of rows:
 * ``layers`` ``[layer, key]`` the mean over the layer's heads, 16 levels;
 * ``all`` ``[1, key]`` the mean over all layers and heads, 256 levels (``MEAN_LEVELS``).
 
+A model with learned attention sinks (gpt-oss) adds ``sink_mass`` float16 ``[layer, head, step]``: the
+share of each step's softmax given to the learned sink logit, so that the row over the tokens sums to 1
+minus it; the page shows it beside the tokens as a bar of its own ("learned sink").
+
 When the record has value norms, ``weighted`` holds the norm-weighted means ``alpha * ||v W_O||``
 (Kobayashi et al. 2020) over heads and over everything, and per key the norms ``||v_k W_O^h||``
 ``[layer, head, position]`` (float16): the page multiplies the ONE head row it shows by them,
@@ -99,7 +103,7 @@ class WeightedRows(TypedDict):
     all: Rows
 
 
-class StepsPayload(TypedDict):
+class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models with learned sinks only
     format: str
     version: int
     title: str
@@ -117,6 +121,7 @@ class StepsPayload(TypedDict):
     attention: AttentionRows
     weighted: WeightedRows | None
     notes: list[str]
+    sink_mass: NotRequired[PackedArray]
 
 
 RowsOf = Callable[[int], np.ndarray]
@@ -127,12 +132,14 @@ generation, norm-weighted, need not all be in memory at once)."""
 def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["self", "cross"],
                         text: Sequence[str], first_step: int, steps: list[StepInfo], rows: RowsOf,
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
-                        notes: Sequence[str] = (), compress: bool = True) -> StepsPayload:
+                        notes: Sequence[str] = (), compress: bool = True,
+                        sink_mass: np.ndarray | None = None) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
     ``||v_k W_O^h||`` of every key position (or None: no norm-weighted view). ``text``: the decoder's
-    tokens; step ``s`` chose ``text[first_step + s]``.
+    tokens; step ``s`` chose ``text[first_step + s]``. ``sink_mass``: ``[layer, head, step]`` for a model with
+    learned sinks (each step's row sums to 1 minus it), else None.
     """
     if not steps:
         raise AttnscopeError("nothing was decoded: the step view needs at least one step")
@@ -145,13 +152,16 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
             lambda step: rows(step) * value_norms[..., : keys[step]], keys, heads=False)
         weighted = WeightedRows(value_norms=pack_float16(value_norms, compress),
                                 layers=weighted_layers.packed(compress), all=weighted_all.packed(compress))
-    return StepsPayload(
+    payload = StepsPayload(
         format=STEPS_FORMAT, version=STEPS_VERSION, title=title, model=model, method=method, changes=changes,
         kind=kind, text=list(text), first_step=first_step, source=list(source), keys=keys,
         n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
         attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
                                 all=overall.packed(compress)),
         weighted=weighted, notes=list(notes))
+    if sink_mass is not None:
+        payload["sink_mass"] = pack_float16(sink_mass, compress)
+    return payload
 
 
 def pack_attention_rows(rows: RowsOf, keys: Sequence[int], *, heads: bool = True) -> tuple[RowPacker, ...]:
@@ -275,7 +285,15 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         title=title or f"{gen.model.name}: {gen.prompt[:120]}", model=gen.model.name, method=gen.method,
         kind="self", text=gen.tokens, first_step=gen.prompt_length,
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
-        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes, compress=compress)
+        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes, compress=compress,
+        sink_mass=_step_sink_mass(gen))
+
+
+def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
+    """``[layer, head, step]``: the learned sink mass of each step's row, or None for a model without learned sinks."""
+    if "sink_mass" not in gen.arrays:
+        return None
+    return np.stack([gen.step_sink_mass(step) for step in range(gen.n_steps)], axis=-1)
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:

@@ -7,7 +7,9 @@ Arrays are kept in one mapping keyed ``"<kind>.<field>"``:
 
 * kinds of attention: ``self`` (encoder-only and decoder-only models), or ``encoder``,
   ``decoder`` and ``cross`` (encoder-decoders; ``cross`` has decoder queries and encoder keys);
-* fields: ``attention``, ``norms``, ``queries``, ``keys``, ``values``;
+* fields: ``attention``, ``norms``, ``queries``, ``keys``, ``values``, and for models with learned
+  attention sinks (gpt-oss) ``sink_mass`` ``[layer, head, q_pos]``: the share of each query's softmax
+  that went to the sink logit, so that the row's weights over the real keys sum to 1 minus it;
 * token arrays: ``input.token_ids``, ``input.special_mask``, ``input.sentence_ids``,
   ``input.word_ids`` and, for encoder-decoders, the same under ``target.``.
 
@@ -93,6 +95,7 @@ class ModelInfo:
     scaling: float
     dtype: str = "float32"
     windows: tuple[int, ...] = ()  # per input-side layer: its sliding window in keys, 0 = global; () = none slide
+    learned_sinks: bool = False  # a learned sink logit per head (gpt-oss): rows sum to 1 - sink_mass
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "windows", tuple(int(w) for w in self.windows))  # JSON gives a list
@@ -235,6 +238,18 @@ class AttentionRecord:
         return self.get(self.model.main_kind, "norms")
 
     @property
+    def sink_mass(self) -> np.ndarray | None:
+        """Learned sinks' share of each query's softmax (gpt-oss), ``[layer, head, q_pos]`` (for a partial
+        record ``[layer, head, row]``): each attention row sums to 1 minus it. None for a model without them."""
+        return self.get(self.model.main_kind, "sink_mass")
+
+    def row_mass(self, kind: str | None = None) -> np.ndarray | None:
+        """What each attention row of ``kind`` (default: the input side) sums to, ``[layer, head, q_pos]``:
+        1 minus the sink mass for a model with learned sinks, None (every row sums to 1) otherwise."""
+        sink_mass = self.get(kind or self.model.main_kind, "sink_mass")
+        return None if sink_mass is None else 1.0 - sink_mass
+
+    @property
     def queries(self) -> np.ndarray | None:
         """Per-head queries ``[layer, head, pos, d_head]`` (after rotary embeddings), if captured."""
         return self.get(self.model.main_kind, "queries")
@@ -371,7 +386,8 @@ class AttentionRecord:
         """Aggregate word pieces to words as Clark et al. 2019 do.
 
         Attention *to* a word is the sum over its pieces; attention *from* a word is the mean over
-        its pieces, so rows still sum to 1. Special tokens stay words of their own. Norms are
+        its pieces, so rows still sum to 1 (1 minus the sink mass, whose mean over the pieces is kept, for a
+        model with learned sinks). Special tokens stay words of their own. Norms are
         aggregated the same way (a sum of norms, an upper bound of the norm of the sum). Queries,
         keys and values have no word-level meaning and are dropped.
         """
@@ -406,6 +422,9 @@ class AttentionRecord:
                 matrix = self.get(kind, field_name)
                 if matrix is not None:
                     arrays[f"{kind}.{field_name}"] = aggregate_to_words(matrix, query_groups, key_groups)
+            sink_mass = self.get(kind, "sink_mass")  # [layer, head, q_tok]: a mean over each word's pieces
+            if sink_mass is not None:
+                arrays[f"{kind}.sink_mass"] = np.stack([sink_mass[..., g].mean(-1) for g in query_groups], axis=-1)
         return replace(self, tokens=words, target_tokens=target_words, arrays=arrays, level="word",
                        kv_expanded=False)
 

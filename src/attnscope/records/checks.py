@@ -9,7 +9,8 @@ In order:
    reader of exactly the keywords the schema uses, so jsonschema is not needed at run time);
 3. every array has the name, dtype and shape the model info and the tokens imply, read from
    ``.shape``/``.dtype`` only (memory-mapped arrays are not read for this);
-4. floating arrays are finite and attention rows sum to 1 (read one layer at a time).
+4. floating arrays are finite and attention rows sum to 1, or to 1 minus their sink mass for a model
+   with learned sinks (read one layer at a time).
 
 Shapes use axis names: ``layer``, ``head``, ``q_pos``, ``k_pos``, ``pos``, ``d_head``.
 """
@@ -226,9 +227,22 @@ def _check_arrays(meta: dict[str, Any], arrays: Mapping[str, ArrayLike], values:
             _check_array(name, arrays[name], kind_of_dtype, shape)
         elif name.startswith(("input.", "target.")):
             raise _Damaged(f"no {name} array")
+    _check_learned_sinks(meta, arrays)
     for name in expected if values else ():
-        if name in arrays and name.split(".")[1] in (*ATTENTION_FIELDS, *VECTOR_FIELDS):
-            _check_values(name, arrays[name])
+        if name in arrays and name.split(".")[1] in (*ATTENTION_FIELDS, *VECTOR_FIELDS, "sink_mass"):
+            kind, _, field_name = name.partition(".")
+            _check_values(name, arrays[name], arrays.get(f"{kind}.sink_mass") if field_name == "attention" else None)
+
+
+def _check_learned_sinks(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> None:
+    """A record of a model with learned sinks holds their mass beside every attention array; no other does."""
+    sinks = meta["model"].get("learned_sinks", False)  # older files do not say: no sinks
+    for name in arrays:
+        kind, _, field_name = name.partition(".")
+        if field_name == "sink_mass" and not sinks:
+            raise _Damaged(f"{name} in a record whose model info has no learned sinks")
+        if field_name == "attention" and sinks and f"{kind}.sink_mass" not in arrays:
+            raise _Damaged(f"no {kind}.sink_mass array, though the model info says it has learned sinks")
 
 
 def _main_kind(meta: dict[str, Any]) -> str:
@@ -267,6 +281,7 @@ def _expected_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) -> d
     for kind, (layers, heads, kv, d_head, q_len, k_len) in sides.items():
         expected.update({f"{kind}.{f}": ("f", (layers, heads, q_len, k_len)) for f in ATTENTION_FIELDS})
         expected[f"{kind}.queries"] = ("f", (layers, heads, q_len, d_head))
+        expected[f"{kind}.sink_mass"] = ("f", (layers, heads, q_len))
         expected.update({f"{kind}.{f}": ("f", (layers, kv, k_len, d_head)) for f in ("keys", "values")})
     if meta.get("selection"):
         expected = {name: value for name, value in expected.items() if not name.startswith(f"{_main_kind(meta)}.")}
@@ -283,6 +298,7 @@ def _partial_shapes(meta: dict[str, Any], n_tokens: int) -> dict[str, tuple[str,
     shapes: dict[str, tuple[str, Shape]] = {"input.query_positions": ("i", (rows,))}
     shapes.update({f"{kind}.{f}": ("f", (*lead, rows, n_tokens)) for f in ATTENTION_FIELDS})
     shapes.update({f"{kind}.stat_{name}": ("f", (*lead, rows)) for name in ROW_STATISTICS})
+    shapes[f"{kind}.sink_mass"] = ("f", (*lead, rows))
     shapes[f"{kind}.distance_histogram"] = ("f", (*lead, len(distance_bin_edges(n_tokens))))
     shapes[f"{kind}.topk_indices"] = ("i", (*lead, rows, "top k"))
     shapes[f"{kind}.topk_weights"] = ("f", (*lead, rows, "top k"))
@@ -312,6 +328,7 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          "topk_indices": ("layers", "heads", "rows", "keys kept"), "topk_weights": ("layers", "heads", "rows", "keys kept"),
          "overview": ("layers", "heads", "query blocks", "key blocks"),
          "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",),
+         "sink_mass": ("layers", "heads", "rows"),
          # generation records
          "rows": ("layers", "heads", "packed keys"), "value_norms": ("layers", "heads", "positions"),
          "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",),
@@ -347,11 +364,12 @@ def row_sum_tolerance(dtype: np.dtype, n_keys: int) -> float:
     return 2 * 2**-11 + n_keys * 2**-25
 
 
-def _check_values(name: str, array: ArrayLike) -> None:
-    """Finite values; attention and norms non-negative; attention rows summing to 1.
+def _check_values(name: str, array: ArrayLike, sink_mass: ArrayLike | None = None) -> None:
+    """Finite values; attention, norms and sink mass non-negative; sink mass at most 1; attention rows
+    summing to 1 minus their ``sink_mass`` (``[layer, head, q_pos]``, None: 0).
 
     Records hold no padding (extraction cuts it off) and word-level rows are means of token rows,
-    so every stored attention row sums to 1. Read one layer at a time to bound memory.
+    so every stored attention row sums to 1 (less its sink mass). Read one layer at a time to bound memory.
     """
     field_name = name.split(".")[1]
     tolerance = row_sum_tolerance(array.dtype, array.shape[-1])
@@ -359,20 +377,26 @@ def _check_values(name: str, array: ArrayLike) -> None:
         values = np.asarray(array[layer])
         if not np.isfinite(values).all():
             raise _Damaged(f"{name} holds NaN or infinite values (layer {layer}, 0-indexed)")
-        if field_name in ATTENTION_FIELDS and values.size and values.min() < 0:
+        if field_name in (*ATTENTION_FIELDS, "sink_mass") and values.size and values.min() < 0:
             raise _Damaged(f"{name} holds negative weights (layer {layer}, 0-indexed)")
+        if field_name == "sink_mass" and values.size and values.max() > 1:
+            raise _Damaged(f"{name} holds a mass above 1 (layer {layer}, 0-indexed)")
         if field_name == "attention" and values.size:
-            _check_rows(name, layer, values, tolerance)
+            _check_rows(name, layer, values, tolerance, None if sink_mass is None else np.asarray(sink_mass[layer]))
 
 
-def _check_rows(name: str, layer: int, values: np.ndarray, tolerance: float) -> None:
-    """Rows of ``values`` ``[head, q_pos, k_pos]`` (one layer) sum to 1 within ``tolerance``."""
+def _check_rows(name: str, layer: int, values: np.ndarray, tolerance: float, sink_mass: np.ndarray | None) -> None:
+    """Rows of ``values`` ``[head, q_pos, k_pos]`` (one layer) sum to 1 minus ``sink_mass`` ``[head, q_pos]``
+    (None: to 1) within ``tolerance``."""
     sums = values.sum(axis=-1, dtype=np.float64)  # [head, q_pos]
-    worst = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
-    if not math.isclose(sums[worst], 1.0, abs_tol=tolerance):
+    wanted = 1.0 if sink_mass is None else 1.0 - sink_mass.astype(np.float64)
+    worst = np.unravel_index(np.argmax(np.abs(sums - wanted)), sums.shape)
+    expected = float(np.broadcast_to(wanted, sums.shape)[worst])
+    if not math.isclose(sums[worst], expected, abs_tol=tolerance):
         head, query = (int(i) for i in worst)
-        raise _Damaged(f"{name} rows should sum to 1, layer {layer} head {head} query {query} sums to "
-                       f"{sums[worst]:.6g} (0-indexed)")
+        should = "1" if sink_mass is None else "1 minus their sink mass"
+        raise _Damaged(f"{name} rows should sum to {should}, layer {layer} head {head} query {query} sums to "
+                       f"{sums[worst]:.6g}, not {expected:.6g} (0-indexed)")
 
 
 # ---- generation records ---------------------------------------------------------------------
@@ -393,7 +417,7 @@ def generation_schema() -> dict[str, Any]:
                            "first_row": {"type": "integer", "minimum": 0}}}
 
 
-OPTIONAL_GENERATION_ARRAYS = ("value_norms", "attribution_heads", "attribution_logits")  # older files lack them
+OPTIONAL_GENERATION_ARRAYS = ("value_norms", "attribution_heads", "attribution_logits", "sink_mass")  # older files lack them
 
 
 def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
@@ -439,6 +463,7 @@ def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) ->
     shapes: dict[str, tuple[str, Shape]] = {
         "rows": ("f", (model["n_layers"], model["n_heads"], packed)),
         "value_norms": ("f", (model["n_layers"], model["n_heads"], n)),
+        "sink_mass": ("f", (model["n_layers"], model["n_heads"], n - first_row)),  # learned sinks, per kept row
         **{name: (kind, (n,)) for name, kind in (("token_ids", "i"), ("special_mask", "b"), ("word_ids", "i"))},
         "candidate_ids": ("i", (steps, k)), "candidate_probs": ("f", (steps, k)), "chosen_probs": ("f", (steps,)),
         "attribution_heads": ("f", (steps, model["n_layers"], model["n_heads"])), "attribution_logits": ("f", (steps,)),
@@ -461,21 +486,29 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
             raise _Damaged(f"{name} holds NaN or infinite values")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)
     starts = np.cumsum([0, *range(first_row + 1, n)])  # where each kept row begins on the packed axis
-    for name, array in ((name, arrays[name]) for name in ("rows", "value_norms") if name in arrays):
+    if "sink_mass" in arrays and not meta["model"].get("learned_sinks", False):
+        raise _Damaged("sink_mass in a record whose model info has no learned sinks")
+    sink_mass = arrays.get("sink_mass")
+    for name, array in ((name, arrays[name]) for name in ("rows", "value_norms", "sink_mass") if name in arrays):
         for layer in range(array.shape[0]):
-            values = np.asarray(array[layer])  # [head, packed or position]
+            values = np.asarray(array[layer])  # [head, packed or position or row]
             if not np.isfinite(values).all():
                 raise _Damaged(f"{name} holds NaN or infinite values (layer {layer}, 0-indexed)")
             if values.size and values.min() < 0:
                 raise _Damaged(f"{name} holds negative values (layer {layer}, 0-indexed)")
             if name == "rows":
-                _check_packed_rows(layer, values, starts, first_row, row_sum_tolerance(array.dtype, n))
+                _check_packed_rows(layer, values, starts, first_row, row_sum_tolerance(array.dtype, n),
+                                   None if sink_mass is None else np.asarray(sink_mass[layer]))
 
 
-def _check_packed_rows(layer: int, values: np.ndarray, starts: np.ndarray, first_row: int, tolerance: float) -> None:
-    """Each row of ``values`` ``[head, packed]`` (rows begin at ``starts``) sums to 1 within ``tolerance``."""
+def _check_packed_rows(layer: int, values: np.ndarray, starts: np.ndarray, first_row: int, tolerance: float,
+                       sink_mass: np.ndarray | None = None) -> None:
+    """Each row of ``values`` ``[head, packed]`` (rows begin at ``starts``) sums to 1 minus its ``sink_mass``
+    ``[head, row]`` (None: to 1) within ``tolerance``."""
     sums = np.add.reduceat(values.astype(np.float64), starts, axis=-1)  # [head, row]
-    head, row = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
-    if not math.isclose(sums[head, row], 1.0, abs_tol=tolerance):
-        raise _Damaged(f"rows should sum to 1, layer {layer} head {head} position {first_row + row} sums to "
-                       f"{sums[head, row]:.6g} (0-indexed)")
+    wanted = np.ones_like(sums) if sink_mass is None else 1.0 - sink_mass.astype(np.float64)
+    head, row = np.unravel_index(np.argmax(np.abs(sums - wanted)), sums.shape)
+    if not math.isclose(sums[head, row], wanted[head, row], abs_tol=tolerance):
+        should = "1" if sink_mass is None else "1 minus their sink mass"
+        raise _Damaged(f"rows should sum to {should}, layer {layer} head {head} position {first_row + row} sums to "
+                       f"{sums[head, row]:.6g}, not {wanted[head, row]:.6g} (0-indexed)")

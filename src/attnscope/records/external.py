@@ -69,12 +69,28 @@ def record_parts(attentions: Any, tokens: Sequence[str], *, target_tokens: Seque
     if causal is None:
         causal = not is_seq2seq and _attends_only_backwards(main)
     arrays = {f"{kind}.attention": values for kind, values in stacked.items()}
+    sinks = _learned_sink_mass(stacked)
+    arrays.update({f"{kind}.sink_mass": values for kind, values in sinks.items()})
     arrays.update(_side("input", tokens, special, sentence_b_start, word_ids))
     if targets is not None and is_seq2seq:
         arrays.update(_side("target", targets, None, None, None))
-    info = _model_info(model, name, main, causal=causal, is_encoder_decoder=is_seq2seq)
+    info = {**_model_info(model, name, main, causal=causal, is_encoder_decoder=is_seq2seq), "learned_sinks": bool(sinks)}
     return {"model": info, "tokens": tokens, "arrays": arrays, "target_tokens": targets if is_seq2seq else None,
             "text": tuple(text)}
+
+
+# some row summing to less than 1 by more than this says the model has learned sinks (half-precision
+# rounding stays well below it); every row then holds its sink's share, 1 minus its sum
+SINK_EVIDENCE = 1e-2
+
+
+def _learned_sink_mass(stacked: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per kind, ``1 - sum`` of each row ``[layer, head, q_pos]`` when some row sums to less than 1: the eager
+    weights of a model with learned sinks (gpt-oss), which drop the sink's column; empty for every other model."""
+    masses = {kind: 1.0 - values.sum(-1, dtype=np.float64) for kind, values in stacked.items()}
+    if not any(mass.max(initial=0.0) > SINK_EVIDENCE for mass in masses.values()):
+        return {}
+    return {kind: np.clip(mass, 0.0, 1.0).astype(np.float32) for kind, mass in masses.items()}
 
 
 # ---- what was handed in -> per kind, one [batch, head, q_pos, k_pos] tensor per layer ----------

@@ -69,6 +69,8 @@ class GenerationRecord:
       ``[row_offset(q) - row_offset(first_row), row_offset(q + 1) - row_offset(first_row))``;
     * ``value_norms`` float32 ``[layer, head, position]`` (optional): ``||v_j W_O^h||`` of each key
       (Kobayashi et al. 2020), so a norm-weighted row is ``row * value_norms[..., :q + 1]``;
+    * ``sink_mass`` float32 ``[layer, head, row]`` (models with learned sinks, gpt-oss): the share of
+      each kept row's softmax (positions ``first_row..``) that went to the sink logit; the row sums to 1 minus it;
     * ``token_ids`` int64, ``special_mask`` bool and ``word_ids`` int64 ``[position]`` (as in a record);
     * ``candidate_ids`` int64 and ``candidate_probs`` float32 ``[step, k]``, best first;
     * ``chosen_probs`` float32 ``[step]``: the probability the model gave the token that was chosen;
@@ -159,6 +161,18 @@ class GenerationRecord:
         """Whether every position's row is kept (``first_row == 0``), the prompt's included."""
         return self.first_row == 0
 
+    def row_sink_mass(self, position: int) -> np.ndarray | None:
+        """Learned sinks' share of ``position``'s row, ``[layer, head]`` (the row sums to 1 minus it);
+        None for a model without learned sinks."""
+        self.row(position)  # the same refusals
+        sink_mass = self.arrays.get("sink_mass")
+        return None if sink_mass is None else sink_mass[:, :, position - self.first_row]
+
+    def step_sink_mass(self, step: int) -> np.ndarray | None:
+        """Learned sinks' share of the row that chose generated token ``step``, ``[layer, head]``, or None."""
+        self._check_step(step)
+        return self.row_sink_mass(self.prompt_length + step - 1)
+
     def row(self, position: int, *, weighted: bool = False) -> np.ndarray:
         """Attention of the token at ``position`` over positions ``0..position``: ``[layer, head, position + 1]``.
 
@@ -236,6 +250,8 @@ class GenerationRecord:
         }
         if self.has_norms:
             arrays["self.norms"] = matrix * self.arrays["value_norms"][:, :, None, :]
+        if "sink_mass" in self.arrays:  # every row is kept here (first_row 0)
+            arrays["self.sink_mass"] = self.arrays["sink_mass"]
         return AttentionRecord(model=self.model, tokens=self.tokens, arrays=arrays,
                                text=(self.prompt + self.generated_text,))
 

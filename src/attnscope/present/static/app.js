@@ -93,6 +93,14 @@
       return ["self", "encoder"].includes(this.kind().kind) ? windows[this.layerName(index)] || 0 : 0;
     }
     grid() { return this.ready.get(`${this.state.kind}:${this.field()}`); }
+    /* Learned sinks (gpt-oss): the current kind's sink mass of `head` at `query` in shipped layer `layer`
+     * (the share of the softmax on the sink logit), or null when the model has none. */
+    sinkMass(layer, head, query) {
+      const values = this.ready.get(`${this.state.kind}:sink_mass`);
+      if (!values) return null;
+      const [, nHeads, nQueries] = this.kind().sink_mass.shape;
+      return values[(layer * nHeads + head) * nQueries + query];
+    }
     /* A layer-level measure's decoded grid [layer, 1, q_pos, k_pos]: `which` is "layers" or "rollout". */
     mixingGrid(which) { return this.ready.get(`${this.state.kind}:mixing:${this.state.measure}:${which}`); }
     weightName() {
@@ -241,6 +249,12 @@
 
     async ensure() {
       await this.fetchMixing();
+      const sinks = this.kind().sink_mass;
+      const sinkKey = `${this.state.kind}:sink_mass`;
+      if (sinks && !this.decoded.has(sinkKey)) {
+        this.decoded.set(sinkKey, NS.unpackNumbers(sinks).then((values) => { this.ready.set(sinkKey, values); return values; }));
+      }
+      if (sinks) await this.decoded.get(sinkKey);
       await Promise.all(this.needed().map(([key, packed]) => {
         if (packed.lazy) return this.fetchLayers(key, packed);
         if (!this.decoded.has(key)) {

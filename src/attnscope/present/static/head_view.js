@@ -13,6 +13,7 @@
 
   const SIDE_SPACE = 120; // room for the weights written beside a column while hovering
   const LINE_GAP = 220; // width of the band the lines cross
+  const SINK_LINE = 18; // height of the learned sink's line under the tokens (models with learned sinks)
   const TOP = 50;
   // Without hovering, at most this many lines are drawn (the strongest; the caption says so):
   // a long input has ~10^6 nonzero weights and long lines are slow to rasterize.
@@ -159,6 +160,7 @@
       const left = this.positions("query");
       const right = this.positions("key");
       const layout = this.computeLayout(left, right);
+      if (this.sinkShown()) layout.height += SINK_LINE; // room for the learned sink's line
       layout.width = Math.max(layout.width, NS.textWidth(this.captionText(), 12) * 1.1 + 16); // bold is wider
       this.layout = layout;
       const scene = new NS.Scene(layout.width, layout.height);
@@ -166,6 +168,7 @@
       this.drawLines(scene, layout, grid, layer);
       this.drawCaption(scene, layout);
       if (this.focus()) this.drawWeights(scene, layout, grid, layer);
+      this.drawSink(scene, layout, layer);
       this.scene = scene;
       this.drawnWith = { grid, layer }; // what drawnLines() reads weights from
       this.surface.show(scene);
@@ -260,6 +263,29 @@
             { head: layerLevel ? null : head, byte, pairs: pairs.get(byte) });
         }
       }
+    }
+
+    /* Learned sinks (gpt-oss) are drawn for per-head weights of a model that has them. */
+    sinkShown() {
+      return !this.layerLevel() && this.app.sinkMass && this.app.sinkMass(0, 0, 0) !== null;
+    }
+
+    /* Under the tokens, the learned sink's share of each visible head's softmax (no value behind it, so the
+     * head's weights on the keys sum to 1 minus it): at the focused query, else the mean over the queries shown. */
+    drawSink(scene, layout, layer) {
+      if (!this.sinkShown()) return;
+      const hover = this.focus();
+      const queries = hover && hover.side === "query" ? [hover.pos] : layout.left.shown;
+      if (!queries.length) return;
+      const heads = this.lineHeads();
+      const masses = heads.map((head) => [head,
+        queries.reduce((sum, query) => sum + this.app.sinkMass(layer, head, query), 0) / queries.length]);
+      const where = queries.length === 1 ? `query ${queries[0]} ${JSON.stringify(layout.left.side.tokens[queries[0]])}`
+        : "mean over the queries shown";
+      const shownMasses = masses.slice(0, 12).map(([head, mass]) => `h${this.headName(head)} ${mass.toFixed(3)}`).join("  ");
+      scene.text(8, layout.height - SINK_LINE / 2, `learned sink (no value), ${where}: ${shownMasses}`
+        + (masses.length > 12 ? " …" : ""), { size: 11, color: "#2a7a2a" },
+      { role: "sink", masses: masses.map(([head, mass]) => ({ head, mass })) });
     }
 
     /* While hovering: each visible head's weight beside the tokens of the other column (largest first). */

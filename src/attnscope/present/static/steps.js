@@ -56,6 +56,8 @@
 
     async start() {
       this.decoded.attention = await decodeAttention(this.payload.attention);
+      // learned sinks (gpt-oss): [layer, head, step], each step's share of the softmax on the sink logit
+      this.sinkMass = this.payload.sink_mass ? await V.unpackNumbers(this.payload.sink_mass) : null;
       this.build();
       if (this.options.hash) await this.fromAddress();
       this.draw();
@@ -86,6 +88,38 @@
         max = Math.max(max, weights[k]);
       }
       return { weights, max };
+    }
+
+    /* The learned sink mass of the current row (the head's, or the mean over the heads or over everything
+     * shown), or null for a model without learned sinks. Its row over the tokens sums to 1 minus it. */
+    currentSinkMass() {
+      if (!this.sinkMass) return null;
+      const { layer, head, step } = this.state;
+      const { n_layers: nLayers, n_heads: nHeads } = this.payload;
+      const nSteps = this.nSteps;
+      let total = 0, count = 0;
+      for (let l = 0; l < nLayers; l++) {
+        if (layer >= 0 && l !== layer) continue;
+        for (let h = 0; h < nHeads; h++) {
+          if (head >= 0 && h !== head) continue;
+          total += this.sinkMass[(l * nHeads + h) * nSteps + step];
+          count++;
+        }
+      }
+      return total / count;
+    }
+
+    /* The line under the tokens that shows the learned sink's share as a bar of its own. */
+    sinkLine(mass) {
+      const line = el("p", "st-sink");
+      line.dataset.role = "sink";
+      line.dataset.mass = mass.toFixed(6);
+      const bar = el("span", "st-bar");
+      bar.style.width = `${Math.round(80 * mass)}px`;
+      line.title = "gpt-oss style learned sink: one more logit in the softmax with no value behind it";
+      line.append(bar, ` learned sink (no value): ${mass.toFixed(3)} of the softmax; the weights on the tokens `
+        + `sum to ${(1 - mass).toFixed(3)}`);
+      return line;
     }
 
     /* The current row's weights as numbers [keys] (for tests and tools). */
@@ -292,6 +326,8 @@
         text.append(" \u2192 ", next);
         parts.push(text);
       }
+      const sink = this.currentSinkMass();
+      if (sink !== null && !s.weighted) parts.push(this.sinkLine(sink));
       this.attention.replaceChildren(...parts);
       for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;  // the newest tokens
       this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
