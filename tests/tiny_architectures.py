@@ -42,8 +42,8 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size"), 32),
-    "vocab_size": VOCAB,
-    "pad_token_id": 0,
+    **dict.fromkeys(("vocab_size", "decoder_vocab_size"), VOCAB),
+    **dict.fromkeys(("pad_token_id", "decoder_start_token_id"), 0),  # inside the tiny vocabulary (Marian's: 58100)
     "bos_token_id": 101,
     "eos_token_id": 102,
 }
@@ -53,12 +53,32 @@ SLIDING_WINDOW = 4  # shorter than the input, so sliding-window layers really sl
 SPECIAL: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},  # one of each
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},  # its second layer attends (the default: 1 in 8)
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
+    "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
+    "reformer": {"is_decoder": True},  # its LM head model is a decoder
+}
+
+# model types with a text vocabulary whose forward pass needs other inputs too: not text types (counted apart)
+NEEDS_OTHER_INPUTS: dict[str, str] = {
+    **dict.fromkeys(("bros", "lilt"), "needs each token's bounding box on a page (bbox)"),
+    "lxmert": "needs visual features and boxes of an image",
+    "blip_2_qformer": "needs query embeddings from an image encoder",
+    "tvp": "needs video frames",
+    "gemma3n_vision": "an image encoder",
+    **dict.fromkeys(("gemma3n_audio", "granite_speech5_encoder", "voxtral_encoder", "voxtral_realtime_encoder"),
+                    "an audio encoder: needs audio features"),
+    "nemotron3_5_transcribe_word_timestamp": "needs embeddings from an audio encoder",
+    "decision_transformer": "needs states, actions and returns (reinforcement learning), not tokens",
 }
 
 
 def text_model_types() -> tuple[list[str], list[str]]:
     """``(text, other)``: the model types of ``CONFIG_MAPPING`` with a causal LM, masked LM, seq2seq LM or
-    text base model class, and the rest (vision, audio, multimodal-only, time series, ...)."""
+    text base model class, and the rest (vision, audio, multimodal-only, time series, ..., and the types of
+    :data:`NEEDS_OTHER_INPUTS`)."""
     from transformers.models.auto import configuration_auto, modeling_auto
 
     mappings = {name: getattr(modeling_auto, name) for name in dir(modeling_auto) if name.endswith("_MAPPING_NAMES")}
@@ -71,7 +91,7 @@ def text_model_types() -> tuple[list[str], list[str]]:
                   "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
     candidates = {t for name in text_names for t in mappings[name]} - non_text
     every = sorted(configuration_auto.CONFIG_MAPPING_NAMES)
-    text = [t for t in every if t in candidates and _has_text_config(t)]
+    text = [t for t in every if t in candidates and t not in NEEDS_OTHER_INPUTS and _has_text_config(t)]
     return text, [t for t in every if t not in text]
 
 
@@ -100,31 +120,75 @@ def tiny_config(model_type: str) -> Any:
 
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
-    overrides = {name: value for name, value in TINY_SIZES.items()
-                 if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)}
+    overrides = _tiny_sizes(config_class, default)
     if isinstance(getattr(default, "sliding_window", None), int):
         overrides["sliding_window"] = SLIDING_WINDOW
     layer_types = getattr(default, "layer_types", None)
-    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and \
-            not isinstance(getattr(config_class, "layer_types", None), property):
+    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and _settable(config_class, "layer_types"):
         overrides["layer_types"] = list(_two_layer_types(layer_types))
+    if getattr(default, "attn_layer_indices", False) is not False:  # hybrids that name their attention layers
+        overrides["attn_layer_indices"] = [1]
     for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
         if isinstance(sub_class, type) and isinstance(getattr(default, name, None), sub_class):
             overrides[name] = _tiny_sub_config(sub_class)  # a composite's parts are full-size by default
     overrides.update(SPECIAL.get(model_type, {}))
-    return config_class(**overrides)
+    config = config_class(**overrides)
+    _scale_mrope_sections(config, default)
+    return config
 
 
 def _tiny_sub_config(config_class: Any) -> Any:
-    default = config_class()
-    return config_class(**{name: value for name, value in TINY_SIZES.items()
-                           if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)})
+    return config_class(**_tiny_sizes(config_class, config_class()))
+
+
+def _tiny_sizes(config_class: Any, default: Any) -> dict[str, Any]:
+    """:data:`TINY_SIZES` where ``default`` has the attribute and it can be set, keeping the dims the config
+    derives from each other consistent (multi-head latent attention's rotary ``head_dim`` is its
+    ``qk_rope_head_dim``)."""
+    sizes = {name: value for name, value in TINY_SIZES.items()
+             if hasattr(default, name) and _settable(config_class, name)}
+    rope_dim = getattr(default, "qk_rope_head_dim", None)
+    if "head_dim" in sizes and rope_dim is not None and getattr(default, "head_dim", None) == rope_dim:
+        sizes["head_dim"] = sizes["qk_rope_head_dim"]
+    return sizes
+
+
+def _settable(config_class: Any, name: str) -> bool:
+    """Whether ``name`` can be passed to the config: not a read-only property, itself or through the
+    config's ``attribute_map`` (Bamba's ``layer_types`` is its property ``layers_block_type``)."""
+    target = (getattr(config_class, "attribute_map", None) or {}).get(name, name)
+    return not isinstance(getattr(config_class, target, None), property)
+
+
+def _head_dim(config: Any) -> int | None:
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(head_dim, int):
+        return head_dim
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _scale_mrope_sections(config: Any, default: Any) -> None:
+    """Multimodal rotary sections (Qwen2-VL, GLM-4V) split the rotary dims of the default head size: scale
+    them to the tiny head size, so they still add up to its rotary dims."""
+    rope = getattr(config, "rope_parameters", None)
+    sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+    tiny, full = _head_dim(config), _head_dim(default)
+    if not sections or not tiny or not full or tiny == full:
+        return
+    total = sum(sections) * tiny // full
+    scaled = [max(1, s * tiny // full) for s in sections]
+    scaled[0] += total - sum(scaled)  # the rounding goes to the first (temporal) section
+    rope["mrope_section"] = scaled
 
 
 def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
-    """Two layers of a longer pattern, the first kind and another one where there is another."""
+    """Two layers of a longer pattern: the first kind and another one where there is another, an attention
+    kind where there is one (a hybrid's first layers are often all recurrent)."""
     first = layer_types[0]
-    return first, next((kind for kind in layer_types if kind != first), first)
+    others = [kind for kind in layer_types if kind != first]
+    attention = [kind for kind in others if "attention" in kind and "linear" not in kind]
+    return first, next(iter(attention or others), first)
 
 
 def model_class_name(model_type: str, config: Any) -> str:

@@ -178,6 +178,12 @@ _BART_LIKE = (
 _BART_BLOCKS = (ModuleRule("encoder", r"encoder\.layers\.(\d+)$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)$"))
 _BART_FFN = (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.fc2$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)\.fc2$"))
 
+_T5_SITES = (
+    SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o"),
+    SiteRule("decoder", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o", causal=True),
+    SiteRule("cross", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", "o"),
+)
+
 
 def _llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding) -> Adapter:
     """A row of the Llama family: Llama's modules, pre-norm, whole-model pruning; ``unembedding`` says how
@@ -197,6 +203,15 @@ ADAPTERS: tuple[Adapter, ...] = (
                                     width=("all_head_size",)),
         norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.attention\.output\.LayerNorm$"),),
                          (ModuleRule("self", r"layer\.(\d+)\.output\.LayerNorm$"),)),
+    ),
+    Adapter(  # BERT's attention modules, computed through AttentionInterface, around other layer layouts
+        "bert-like",
+        ("bert-generation", "esm", "markuplm", "mobilebert", "roberta-prelayernorm", "roc_bert", "splinter",
+         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer"),
+        (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
+        note="BERT's attention modules; their layers normalise (pre-LN, a bottleneck) unlike BERT's, so running "
+        "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
+        "VisualBERT and RoFormer compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
     Adapter(
         "distilbert",
@@ -244,6 +259,24 @@ ADAPTERS: tuple[Adapter, ...] = (
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
             note="global and local (sliding-window) layers alternate; unscaled scores; GPT-Neo computes attention "
             "itself: attnscope loads it with eager attention and bridges it (see attnscope.capture.bridges)"),
+    Adapter("albert", ("albert",), (SiteRule("self", r"encoder\.attention_runs\.(\d+)$", "dense"),),
+            note="ALBERT shares weights across layers, running one attention module several times: each run is "
+            "its own layer of the record (the i-th attention to run, as transformers' output_attentions lists "
+            "them), through a bridge (see attnscope.capture.bridges)"),
+    Adapter("deberta-v2", ("deberta-v2",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
+            note="disentangled attention: each weight is the softmax of content-to-content plus relative-position "
+            "terms (content-to-position, position-to-content), as DeBERTa mixes its values; DeBERTa computes it "
+            "itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("xlm", ("xlm", "flaubert"), (SiteRule("self", r"(?:^|\.)attentions\.(\d+)$", "out_lin", causal=None),),
+            note="XLM and FlauBERT compute attention themselves: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("openai-gpt", ("openai-gpt",),
+            (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "c_proj", causal=True, conv1d=True),),
+            note="GPT-1 computes attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("mpt", ("mpt",), (SiteRule("self", r"blocks\.(\d+)\.attn$", "out_proj", causal=True),),
+            note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
+            "(see attnscope.capture.bridges)"),
+    Adapter("ctrl", ("ctrl",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.multi_head_attention$", "dense", causal=True),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
@@ -281,15 +314,13 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
         "t5",
         ("t5", "mt5", "umt5"),
-        (
-            SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o"),
-            SiteRule("decoder", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o", causal=True),
-            SiteRule("cross", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", "o"),
-        ),
+        _T5_SITES,
         blocks=(ModuleRule("encoder", r"encoder\.block\.(\d+)$"), ModuleRule("decoder", r"decoder\.block\.(\d+)$")),
         ffn=(ModuleRule("encoder", r"encoder\.block\.(\d+)\.layer\.1\.DenseReluDense$"),
              ModuleRule("decoder", r"decoder\.block\.(\d+)\.layer\.2\.DenseReluDense$")),
     ),
+    # T5's attention modules; some feed-forward layers are mixtures of experts (no DenseReluDense)
+    Adapter("switch-transformers", ("switch_transformers",), _T5_SITES),
 )
 
 _GENERIC_NOTE = ("model type not in the table: its attention modules and their causality are read from the model; "
