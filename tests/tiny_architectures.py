@@ -39,6 +39,7 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), 8),  # MLA's and GPT-J's partial rotary
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    "num_kv_shared_layers": 0,  # two layers cannot both produce and reuse another's keys (Gemma 3n, Gemma 4)
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size"), 32),
@@ -55,11 +56,19 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},  # its second layer attends (the default: 1 in 8)
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
-    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # the default: all Mamba
+    **{t: {"global_head_dim": 32} for t in ("gemma4_text", "gemma4_unified_text")},  # its global layers: 512
+    # its decoder starts from eos, as released FSMT models do: from the pad token, eager's default decoder mask
+    # (padding by token id) would hide the start token that attnscope's explicit decoder mask keeps
+    "fsmt": {"decoder_start_token_id": 102},
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
     "reformer": {"is_decoder": True},  # its LM head model is a decoder
 }
+
+# what eager gets beside the inputs, where a model computes differently by default than attnscope calls it:
+# FSMT builds its decoder's causal mask only without a cache (attnscope's extract runs with use_cache=False)
+EAGER_KWARGS: dict[str, dict[str, Any]] = {"fsmt": {"use_cache": False}}
 
 # model types with a text vocabulary whose forward pass needs other inputs too: not text types (counted apart)
 NEEDS_OTHER_INPUTS: dict[str, str] = {
@@ -121,19 +130,19 @@ def tiny_config(model_type: str) -> Any:
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
     overrides = _tiny_sizes(config_class, default)
-    if isinstance(getattr(default, "sliding_window", None), int):
+    if isinstance(_value(default, "sliding_window"), int):
         overrides["sliding_window"] = SLIDING_WINDOW
-    layer_types = getattr(default, "layer_types", None)
+    layer_types = _value(default, "layer_types")
     if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and _settable(config_class, "layer_types"):
         overrides["layer_types"] = list(_two_layer_types(layer_types))
-    if getattr(default, "attn_layer_indices", False) is not False:  # hybrids that name their attention layers
+    if _has(default, "attn_layer_indices"):  # hybrids that name their attention layers (Bamba)
         overrides["attn_layer_indices"] = [1]
     for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
         if isinstance(sub_class, type) and isinstance(getattr(default, name, None), sub_class):
             overrides[name] = _tiny_sub_config(sub_class)  # a composite's parts are full-size by default
     overrides.update(SPECIAL.get(model_type, {}))
     config = config_class(**overrides)
-    _scale_mrope_sections(config, default)
+    _set_mrope_sections(config)
     return config
 
 
@@ -144,13 +153,34 @@ def _tiny_sub_config(config_class: Any) -> Any:
 def _tiny_sizes(config_class: Any, default: Any) -> dict[str, Any]:
     """:data:`TINY_SIZES` where ``default`` has the attribute and it can be set, keeping the dims the config
     derives from each other consistent (multi-head latent attention's rotary ``head_dim`` is its
-    ``qk_rope_head_dim``)."""
-    sizes = {name: value for name, value in TINY_SIZES.items()
-             if hasattr(default, name) and _settable(config_class, name)}
-    rope_dim = getattr(default, "qk_rope_head_dim", None)
-    if "head_dim" in sizes and rope_dim is not None and getattr(default, "head_dim", None) == rope_dim:
+    ``qk_rope_head_dim``, and its key heads are its query heads)."""
+    sizes = {name: value for name, value in TINY_SIZES.items() if _has(default, name) and _settable(config_class, name)}
+    if "num_key_value_heads" in sizes and _has(default, "kv_lora_rank"):  # MLA: every head its own keys
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
+    rope_dim = _value(default, "qk_rope_head_dim")
+    if "head_dim" in sizes and rope_dim is not None and _value(default, "head_dim") == rope_dim:
         sizes["head_dim"] = sizes["qk_rope_head_dim"]
     return sizes
+
+
+def _has(config: Any, name: str) -> bool:
+    """Whether ``config`` has ``name``; an attribute that varies by layer (Gemma 4's ``head_dim``: reading it
+    raises) is there all the same, and passing it sets every layer's that no per-layer entry overrides."""
+    try:
+        getattr(config, name)
+    except AttributeError:
+        return False
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError, a RuntimeError
+        return True
+    return True
+
+
+def _value(config: Any, name: str) -> Any:
+    """``config.name``, or None where it is absent or varies by layer (reading it raises)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError
+        return None
 
 
 def _settable(config_class: Any, name: str) -> bool:
@@ -161,25 +191,23 @@ def _settable(config_class: Any, name: str) -> bool:
 
 
 def _head_dim(config: Any) -> int | None:
-    head_dim = getattr(config, "head_dim", None)
+    head_dim = _value(config, "head_dim")
     if isinstance(head_dim, int):
         return head_dim
-    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    hidden, heads = _value(config, "hidden_size"), _value(config, "num_attention_heads")
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
 
 
-def _scale_mrope_sections(config: Any, default: Any) -> None:
-    """Multimodal rotary sections (Qwen2-VL, GLM-4V) split the rotary dims of the default head size: scale
-    them to the tiny head size, so they still add up to its rotary dims."""
-    rope = getattr(config, "rope_parameters", None)
-    sections = rope.get("mrope_section") if isinstance(rope, dict) else None
-    tiny, full = _head_dim(config), _head_dim(default)
-    if not sections or not tiny or not full or tiny == full:
+def _set_mrope_sections(config: Any) -> None:
+    """Multimodal rotary sections (Qwen2-VL, GLM-4V: the config class names ``mrope_section``) split the rotary
+    frequencies, half the rotary dims, in three; the modeling code's default fits the full-size head only, so
+    set sections that add up to the tiny head's, in the default's proportions (1/4, 3/8, 3/8)."""
+    if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
         return
-    total = sum(sections) * tiny // full
-    scaled = [max(1, s * tiny // full) for s in sections]
-    scaled[0] += total - sum(scaled)  # the rounding goes to the first (temporal) section
-    rope["mrope_section"] = scaled
+    rope = config.rope_parameters
+    factor = rope.get("partial_rotary_factor", _value(config, "partial_rotary_factor") or 1.0)
+    total = int((_head_dim(config) or 0) * factor) // 2
+    rope["mrope_section"] = [total - 2 * (3 * total // 8), 3 * total // 8, 3 * total // 8]
 
 
 def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
@@ -248,6 +276,7 @@ def eager_attentions(folder: Path, input_ids: list[int], decoder_ids: list[int] 
         inputs["token_type_ids"] = torch.tensor([token_type_ids])
     if decoder_ids is not None:
         inputs["decoder_input_ids"] = torch.tensor([decoder_ids])
+    inputs.update(EAGER_KWARGS.get(config.model_type, {}))
     with torch.inference_mode():
         out = model.base_model(**inputs, output_attentions=True)
     names = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"} \

@@ -12,6 +12,7 @@ class by the implementation's name (Falcon) cannot be built with ``"attnscope"``
 from __future__ import annotations
 
 import importlib
+import math
 from functools import partial
 from typing import Any, cast
 
@@ -228,10 +229,26 @@ class BertStyleAttentionBridge(nn.Module):
         return (output, probs) if self.always_probs or output_attentions else (output,)
 
 
+class LukeAttentionBridge(BertStyleAttentionBridge):
+    """Stands in for ``LukeSelfAttention`` on words alone: BERT's attention (:class:`BertStyleAttentionBridge`).
+    With entity inputs LUKE's queries and keys include entity positions, which are no tokens: refused."""
+
+    def forward(  # type: ignore[override]  # LUKE's own signature
+            self, word_hidden_states: torch.Tensor, entity_hidden_states: torch.Tensor | None,
+            attention_mask: torch.Tensor | None = None, output_attentions: bool = False) -> tuple[Any, ...]:
+        if entity_hidden_states is not None:
+            raise AttnscopeError("model type 'luke' with entity inputs attends over entity positions beside the "
+                                 "tokens, which attnscope's records of tokens cannot hold; capture it without "
+                                 "entity ids")
+        output = super().forward(word_hidden_states, attention_mask, output_attentions=True)
+        return (output[0], None, output[1]) if output_attentions else (output[0], None)
+
+
 class BartStyleAttentionBridge(nn.Module):
     """Stands in for the BART-style attention that XGLM, MVP and TrOCR still compute inline (self-attention and,
     with ``key_value_states``, cross-attention): the same q/k/v/out weights and scaling, the model's additive
-    mask. Whether a call is causal is the mask's to say (these modules do not), so no ``is_causal`` here."""
+    mask. The modules do not say whether they are causal (one class serves self- and cross-attention), so each
+    call says: cross-attention and an encoder's self-attention are not, a decoder's self-attention is."""
 
     def __init__(self, original: nn.Module) -> None:
         super().__init__()
@@ -239,7 +256,7 @@ class BartStyleAttentionBridge(nn.Module):
                                                                  for n in ("q", "k", "v", "out"))
         self.n_heads, self.d_head = int(cast(int, original.num_heads)), int(cast(int, original.head_dim))
         self.scaling, self.p_dropout = float(cast(float, original.scaling)), float(cast(float, original.dropout))
-        self.layer_idx = original.layer_idx
+        self.layer_idx, self.is_decoder = original.layer_idx, bool(getattr(original, "is_decoder", False))
         self.train(original.training)
 
     def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None, cache: Any = None,
@@ -254,7 +271,8 @@ class BartStyleAttentionBridge(nn.Module):
         k, v = _cached(cache, self.layer_idx, cross, _heads(self.k_proj(current), self.d_head),
                        _heads(self.v_proj(current), self.d_head), kwargs)
         output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.scaling,
-                                            dropout=self.p_dropout if self.training else 0.0)
+                                            dropout=self.p_dropout if self.training else 0.0,
+                                            is_causal=self.is_decoder and not cross)
         return self.out_proj(output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)), probs
 
 
@@ -374,27 +392,31 @@ class AlbertRunsBridge(nn.Module):
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
+def _adopt(bridge: nn.Module, original: nn.Module, methods: tuple[str, ...]) -> None:
+    """Give ``bridge`` the state of ``original`` (its submodules, its own parameters, its plain attributes) and
+    its class's ``methods`` bound to the bridge, so the model's own code computes the terms the bridge adds."""
+    for name, child in original.named_children():
+        setattr(bridge, name, child)
+    for name, parameter in original.named_parameters(recurse=False):
+        bridge.register_parameter(name, parameter)
+    for name, value in vars(original).items():
+        if not name.startswith("_") and isinstance(value, int | float | str | list | tuple) and name != "training":
+            setattr(bridge, name, value)
+    for name in methods:
+        setattr(bridge, name, partial(getattr(type(original), name), bridge))
+    bridge.is_causal = False
+    bridge.train(original.training)
+
+
 class DebertaV2AttentionBridge(nn.Module):
     """Stands in for DeBERTa-v2's ``DisentangledSelfAttention``: the same projections, and its disentangled
     relative-position terms (content-to-position and position-to-content, computed by DeBERTa's own method) as
     the position bias added to the content-to-content scores, all scaled by 1/sqrt(d_head * terms). The
     captured weights are the softmax of that sum: the probabilities DeBERTa mixes its values with."""
 
-    _STATE = ("num_attention_heads", "attention_head_size", "share_att_key", "pos_att_type", "relative_attention",
-              "position_buckets", "max_relative_positions", "pos_ebd_size", "all_head_size")
-
     def __init__(self, original: nn.Module) -> None:
         super().__init__()
-        for name, child in original.named_children():  # projections, dropouts (same modules, same weights)
-            setattr(self, name, child)
-        for name in self._STATE:
-            if hasattr(original, name):
-                setattr(self, name, getattr(original, name))
-        cls = type(original)
-        self.transpose_for_scores = partial(cls.transpose_for_scores, self)  # DeBERTa's own [batch*head, pos, d]
-        self.disentangled_attention_bias = partial(cls.disentangled_attention_bias, self)
-        self.is_causal = False
-        self.train(original.training)
+        _adopt(self, original, ("transpose_for_scores", "disentangled_attention_bias"))
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
                 query_states: torch.Tensor | None = None, relative_pos: torch.Tensor | None = None,
@@ -409,20 +431,57 @@ class DebertaV2AttentionBridge(nn.Module):
             bias = self.disentangled_attention_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings), terms)
             bias = bias.view(-1, n_heads, *bias.shape[-2:])  # [batch, head, q_pos, k_pos]
         q, k, v = (t.view(-1, n_heads, *t.shape[-2:]) for t in (q, k, v))  # [batch, head, pos, d_head]
-        output, probs = attnscope_attention(self, q, k, v, attention_mask.bool(), scaling=(q.shape[-1] * terms) ** -0.5,
-                                            position_bias=bias, dropout=self.dropout.p if self.training else 0.0)
-        return output.reshape(*output.shape[:2], -1), probs if output_attentions else None
+        return _disentangled(self, q, k, v, attention_mask, terms, bias, output_attentions)
+
+
+class DebertaAttentionBridge(nn.Module):
+    """Stands in for DeBERTa's (v1) ``DisentangledSelfAttention``: its fused projection and biases, and its
+    relative-position terms (by its own method) as the position bias, as :class:`DebertaV2AttentionBridge`.
+    Talking heads (``talking_head``: weights mixed across heads after the softmax) are refused."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        if original.head_weights_proj is not None:
+            raise AttnscopeError("model type 'deberta' with talking_head mixes the attention weights across heads "
+                                 "after the softmax, which attnscope's bridge does not reproduce; load it with "
+                                 "talking_head: false")
+        _adopt(self, original, ("transpose_for_scores", "disentangled_att_bias"))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+                query_states: torch.Tensor | None = None, relative_pos: torch.Tensor | None = None,
+                rel_embeddings: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if query_states is not None:
+            raise AttnscopeError("model type 'deberta': a call with separate query states (its enhanced mask "
+                                 "decoder) is not bridged by attnscope; capture the encoder's attention")
+        q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)  # [batch, head, pos, d]
+        q, v = q + self.transpose_for_scores(self.q_bias[None, None, :]), v + self.transpose_for_scores(
+            self.v_bias[None, None, :])
+        terms = 1 + len(self.pos_att_type)
+        bias = None
+        if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
+            scaled = q / math.sqrt(q.shape[-1] * terms)  # DeBERTa's terms take the scaled queries
+            bias = self.disentangled_att_bias(scaled, k, relative_pos, self.pos_dropout(rel_embeddings), terms)
+        return _disentangled(self, q, k, v, attention_mask, terms, bias, output_attentions)
+
+
+def _disentangled(bridge: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor,
+                  terms: int, bias: torch.Tensor | None, output_attentions: bool) -> tuple[torch.Tensor, Any]:
+    """DeBERTa's attention of ``[batch, head, pos, d_head]`` q/k/v: scores scaled by 1/sqrt(d_head * terms)
+    plus the relative-position ``bias``, its boolean mask (1 = keep); ``(context [batch, pos, width], weights)``."""
+    output, probs = attnscope_attention(bridge, q, k, v, attention_mask.bool(), scaling=(q.shape[-1] * terms) ** -0.5,
+                                        position_bias=bias, dropout=bridge.dropout.p if bridge.training else 0.0)
+    return output.reshape(*output.shape[:2], -1), probs if output_attentions else None
 
 
 class FSMTAttentionBridge(BartStyleAttentionBridge):
     """Stands in for FSMT's ``Attention`` (time-major ``[pos, batch, width]``, self- or cross-attention): the same
     q/k/v/out weights and scaling; its additive ``attn_mask`` (the decoder's causal one) and boolean
-    ``key_padding_mask`` (True = padding) joined in one mask of the keys each query sees (every key where it gives
+    ``key_padding_mask`` (True = padding) joined in one additive mask, always given (zeros where FSMT gives
     neither: so each call says which keys are seen, and the site's causality is its kind's)."""
 
     def __init__(self, original: nn.Module) -> None:
         super().__init__(original)
-        self.cross = bool(original.encoder_decoder_attention)
+        self.cross, self.cache_key = bool(original.encoder_decoder_attention), original.cache_key
 
     def forward(  # type: ignore[override]  # FSMT's own signature
             self, query: torch.Tensor, key: torch.Tensor | None, key_padding_mask: torch.Tensor | None = None,
@@ -433,12 +492,14 @@ class FSMTAttentionBridge(BartStyleAttentionBridge):
         q = _heads(self.q_proj(query.transpose(0, 1)), self.d_head)
         k, v = _cached(layer_state, self.layer_idx, self.cross, _heads(self.k_proj(states), self.d_head),
                        _heads(self.v_proj(states), self.d_head), kwargs)
-        keep = torch.ones((1, 1, length, k.shape[2]), dtype=torch.bool, device=query.device)
-        if attn_mask is not None:  # [q_pos, k_pos], 0 or -inf
-            keep = keep & (attn_mask > torch.finfo(attn_mask.dtype).min / 2)
-        if key_padding_mask is not None and key_padding_mask.dim() > 0:  # [batch, k_pos], True = padding
-            keep = keep & ~key_padding_mask.bool()[:, None, None, :]
-        output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.scaling,
+        # additive, as FSMT applies it: its causal attn_mask ([q_pos, k_pos], 0 or -inf) added, then every padded
+        # key ([batch, k_pos], True = padding) set to the dtype's minimum whatever the causal mask said
+        mask = torch.zeros((1, 1, length, k.shape[2]), dtype=q.dtype, device=q.device)
+        if attn_mask is not None:
+            mask = mask + attn_mask.to(q.dtype)
+        if key_padding_mask is not None and key_padding_mask.dim() > 0:
+            mask = mask.masked_fill(key_padding_mask.bool()[:, None, None, :], torch.finfo(q.dtype).min)
+        output, probs = attnscope_attention(self, q, k, v, mask, scaling=self.scaling,
                                             dropout=self.p_dropout if self.training else 0.0)
         output = self.out_proj(output.reshape(batch, length, width).transpose(0, 1))  # back to [pos, batch, width]
         return output, probs if output_attentions else None
@@ -506,9 +567,10 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     **dict.fromkeys(("MegatronBertSelfAttention", "RemBertSelfAttention", "TapasSelfAttention",
                      "VisualBertSelfAttention", "RoFormerSelfAttention"), BertStyleAttentionBridge),
     **dict.fromkeys(("XGLMAttention", "MvpAttention", "TrOCRAttention"), BartStyleAttentionBridge),
-    "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
+    "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
     "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
+    "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
     # class names too common to key by alone
     "transformers.models.openai.modeling_openai.Attention": OpenAIGPTAttentionBridge,
     "transformers.models.fsmt.modeling_fsmt.Attention": FSMTAttentionBridge,
@@ -526,6 +588,8 @@ def install_bridges(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         replacement = bridge(module)
+        if getattr(replacement, "config", None) is None:  # its refusals name the model type
+            replacement.config = model.config
         if hasattr(replacement, "configure"):  # a fact of the model the module does not keep (XLM's causal)
             replacement.configure(model.config)
         setattr(parent, child, replacement)

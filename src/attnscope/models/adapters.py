@@ -207,11 +207,11 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter(  # BERT's attention modules, computed through AttentionInterface, around other layer layouts
         "bert-like",
         ("bert-generation", "esm", "markuplm", "mobilebert", "roberta-prelayernorm", "roc_bert", "splinter",
-         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer"),
+         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke"),
         (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
         note="BERT's attention modules; their layers normalise (pre-LN, a bottleneck) unlike BERT's, so running "
         "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
-        "VisualBERT and RoFormer compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
+        "VisualBERT, RoFormer and LUKE compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
     Adapter(
         "distilbert",
@@ -263,7 +263,7 @@ ADAPTERS: tuple[Adapter, ...] = (
             note="ALBERT shares weights across layers, running one attention module several times: each run is "
             "its own layer of the record (the i-th attention to run, as transformers' output_attentions lists "
             "them), through a bridge (see attnscope.capture.bridges)"),
-    Adapter("deberta-v2", ("deberta-v2",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
+    Adapter("deberta", ("deberta", "deberta-v2"), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
             note="disentangled attention: each weight is the softmax of content-to-content plus relative-position "
             "terms (content-to-position, position-to-content), as DeBERTa mixes its values; DeBERTa computes it "
             "itself: attnscope bridges it (see attnscope.capture.bridges)"),
