@@ -34,6 +34,8 @@ EQUAL = (
     "megatron-bert", "xglm", "openai-gpt", "mpt", "deberta-v2", "gpt_neox_japanese", "albert",
     # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
     "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
+    # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
+    "recurrent_gemma",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {

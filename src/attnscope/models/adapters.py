@@ -11,6 +11,8 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
   module's own ``is_causal`` (what transformers' SDPA path reads) always wins; None means the module
   must say, and a model whose attention modules do not is refused;
 * ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
+* ``classes``: where not empty, only modules of these class names match: hybrids (RecurrentGemma,
+  Nemotron-H) put an attention layer or a recurrent one at the same place;
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
   itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
   e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
@@ -44,6 +46,7 @@ class SiteRule:
     causal: bool | None = False
     conv1d: bool = False
     window: str = ""
+    classes: tuple[str, ...] = ()  # where not empty: only modules of these classes (a hybrid's attention layers)
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,18 @@ ADAPTERS: tuple[Adapter, ...] = (
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
+    # hybrids: attention on some layers, a recurrent block or Mamba mixer at the same place on the others
+    Adapter("recurrent-gemma", ("recurrent_gemma",),
+            (SiteRule("self", r"layers\.(\d+)\.temporal_block$", "o_proj", causal=True, window="sliding_window",
+                      classes=("RecurrentGemmaAttention",)),),
+            note="its attention layers slide over a window; its other layers are recurrent (no attention weights)"),
+    Adapter("nemotron-h", ("nemotron_h",),
+            (SiteRule("self", r"layers\.(\d+)\.mixer$", "o_proj", causal=True, classes=("NemotronHAttention",)),),
+            note="its attention layers; its other layers are Mamba mixers and feed-forward blocks (no attention)"),
+    Adapter("kimi-linear", ("kimi_linear",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
+            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
+            "which has no attention weights"),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
@@ -382,7 +397,7 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
     for name, module in model.named_modules():
         for rule in adapter.rules:
             match = re.search(rule.pattern, name)
-            if match:
+            if match and (not rule.classes or type(module).__name__ in rule.classes):
                 site = _site(model, name, module, rule, int(match.group(1)))
                 if (site.kind, site.layer) in seen:
                     raise AttnscopeError(
