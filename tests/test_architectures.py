@@ -32,6 +32,8 @@ EQUAL = (
     # bridged: BERT's and BART's inline copies, GPT-1, MPT (ALiBi), DeBERTa-v2 (disentangled), GPT-NeoX-Japanese,
     # ALBERT (one shared layer run several times: each run its own layer)
     "megatron-bert", "xglm", "openai-gpt", "mpt", "deberta-v2", "gpt_neox_japanese", "albert",
+    # DiffLlama: two attention calls per layer with the same queries and keys, bridged into one
+    "diffllama",
     # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
     "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
@@ -42,8 +44,6 @@ REFUSED = {
     # two stacks of layers run in cycles: eager returns 16 layers of attention from 2 modules
     "hrm_text": "model type 'hrm_text': modules model.L_module.layers.0.self_attn and model.H_module.layers.0.self_attn "
                 "would both be self layer 0",
-    # two softmax calls per layer, combined as softmax_1 - λ softmax_2 over head pairs
-    "diffllama": "model type 'diffllama' runs its attention layers more than once per forward pass",
     # its encoder's block-sparse / full attention is computed inside its own modules (a bridge is needed)
     "bigbird_pegasus": "model type 'bigbird_pegasus': 2 of its 6 attention modules (e.g. "
                        "model.encoder.layers.0.self_attn) never called attnscope's attention function",
@@ -103,6 +103,17 @@ def test_a_module_that_does_not_say_whether_it_is_causal_is_refused_where_no_mas
         extract(dataclasses.replace(loaded, sites=sites), TEXT)
 
 
+def test_a_layer_run_twice_in_one_forward_pass_is_refused(tmp_path):
+    # a type read from the model: its captures run to the end of the forward pass, so a repeat is seen
+    loaded = load_model(str(build_folder("eurobert", tmp_path)))
+    assert loaded.adapter.generic
+    layers = loaded.model.base_model.layers
+    layers[1].self_attn = layers[0].self_attn  # one module in two layers: ALBERT's shared weights, unbridged
+    sites = {module: site for module, site in loaded.sites.items() if module is layers[0].self_attn}
+    with pytest.raises(AttnscopeError, match=r"runs its attention layers more than once .*self layer 0 ran 2 times"):
+        extract(dataclasses.replace(loaded, sites=sites), TEXT)
+
+
 def test_attention_from_a_module_the_adapter_did_not_find_is_refused(tmp_path):
     loaded = load_model(str(build_folder("llama", tmp_path)))
     module = next(iter(loaded.sites))
@@ -131,7 +142,7 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
-                                        "gpt_neox_japanese"])
+                                        "gpt_neox_japanese", "diffllama"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""

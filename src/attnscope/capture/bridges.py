@@ -1,12 +1,15 @@
 """Bridges for architectures whose attention does not dispatch through ``AttentionInterface``.
 
-transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XGLM, MVP, TrOCR and
-BERT's older copies (Megatron-BERT, RemBERT, TAPAS, VisualBERT) inline. Rather than copy its modeling code or
-patch its class, attnscope swaps each such module *instance* for a bridge that reuses the
-module's own projections and calls the one capture function with the relative position bias.
-Bridges are keyed by class name (data, like the adapter table). A model type that picks its attention
-class by the implementation's name (Falcon) cannot be built with ``"attnscope"``: it is loaded with
-``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
+transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XLM and
+FlauBERT, XGLM, MVP, TrOCR, FSMT, DeBERTa (v1 and v2), GPT-NeoX-Japanese and BERT's older copies
+(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE) inline. Rather than copy its modeling code or
+patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
+projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
+with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
+one attention module several times, gets a bridge for its layer loop that gives each run its own site.
+Bridges are keyed by class name (data, like the adapter table), or by module path and class name where the
+name is too common. A model type that picks its attention class by the implementation's name (Falcon) cannot
+be built with ``"attnscope"``: it is loaded with ``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
 """
 
 from __future__ import annotations
@@ -561,6 +564,28 @@ def _neox_japanese_attn(self: Any, query: torch.Tensor, key: torch.Tensor, value
     return output.transpose(1, 2), probs
 
 
+def _diffllama_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                       attention_mask: torch.Tensor | None = None, cache: Any = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DiffLlama's attention in one softmax per head: its two calls share queries and keys (so their weights are
+    the same) and differ in the value halves, so one call with both halves side by side (``[.., 2 * d_head]``)
+    gives both outputs; the rest (head pairs combined as out_1 - λ out_2, group norm) is DiffLlama's code."""
+    modeling = importlib.import_module(type(self).__mro__[1].__module__)
+    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    q, k, v = (proj(hidden_states).view(shape).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+    q, k = modeling.apply_rotary_pos_emb(q, k, *position_embeddings)
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    both = torch.cat([half.repeat(1, 2, 1, 1) for half in torch.chunk(v, 2, dim=1)], dim=-1)  # [b, kv, k, 2 d]
+    output, probs = attnscope_attention(self, q, k, both, attention_mask, scaling=self.scaling, **kwargs)
+    out_1, out_2 = torch.chunk(output, 2, dim=2)  # [batch, q_pos, head / 2, 2 d_head]: the head pairs
+    lambda_1, lambda_2 = (torch.exp(torch.sum(a * b, dim=-1, dtype=torch.float32)).to(q.dtype)
+                          for a, b in ((self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2)))
+    output = out_1 - (lambda_1 - lambda_2 + self.lambda_init) * out_2
+    output = (1 - self.lambda_init) * self.groupnorm(output)
+    return self.o_proj(output.reshape(*hidden_states.shape[:-1], -1)), probs
+
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -569,6 +594,7 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     **dict.fromkeys(("XGLMAttention", "MvpAttention", "TrOCRAttention"), BartStyleAttentionBridge),
     "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
     "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
+    "DiffLlamaAttention": _inner_replaced("forward", _diffllama_forward),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
     # class names too common to key by alone

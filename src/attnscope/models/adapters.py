@@ -290,6 +290,13 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("nemotron-h", ("nemotron_h",),
             (SiteRule("self", r"layers\.(\d+)\.mixer$", "o_proj", causal=True, classes=("NemotronHAttention",)),),
             note="its attention layers; its other layers are Mamba mixers and feed-forward blocks (no attention)"),
+    # no out_proj: the heads' outputs are combined in pairs (out_h - λ out_h+heads/2) and normalised before o_proj,
+    # so no per-head vector reaches the residual stream (the measures that need one are unavailable)
+    Adapter("diffllama", ("diffllama",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True),),
+            note="differential attention: head h and head h + heads/2 are the two softmaxes of one differential "
+            "head (its output is out_h - λ out_h+heads/2); the record holds each softmax as its own head, as "
+            "transformers' output_attentions does; DiffLlama calls attention twice per layer (same queries and keys, "
+            "two halves of the values): attnscope's bridge calls it once with both halves"),
     Adapter("kimi-linear", ("kimi_linear",),
             (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
             note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
