@@ -61,6 +61,7 @@ SPECIAL: dict[str, dict[str, Any]] = {
     # its decoder starts from eos, as released FSMT models do: from the pad token, eager's default decoder mask
     # (padding by token id) would hide the start token that attnscope's explicit decoder mask keeps
     "fsmt": {"decoder_start_token_id": 102},
+    "zaya": {"num_experts_per_tok": 1},  # the only value it supports
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
     "reformer": {"is_decoder": True},  # its LM head model is a decoder
@@ -135,6 +136,8 @@ def tiny_config(model_type: str) -> Any:
     layer_types = _value(default, "layer_types")
     if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and _settable(config_class, "layer_types"):
         overrides["layer_types"] = list(_two_layer_types(layer_types))
+    if (rope := _tiny_rope(default, overrides)) is not None:
+        overrides["rope_parameters"] = rope
     if _has(default, "attn_layer_indices"):  # hybrids that name their attention layers (Bamba)
         overrides["attn_layer_indices"] = [1]
     for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
@@ -201,13 +204,28 @@ def _head_dim(config: Any) -> int | None:
 def _set_mrope_sections(config: Any) -> None:
     """Multimodal rotary sections (Qwen2-VL, GLM-4V: the config class names ``mrope_section``) split the rotary
     frequencies, half the rotary dims, in three; the modeling code's default fits the full-size head only, so
-    set sections that add up to the tiny head's, in the default's proportions (1/4, 3/8, 3/8)."""
+    set sections that fit the tiny head (:func:`_mrope_sections`)."""
     if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
         return
-    rope = config.rope_parameters
-    factor = rope.get("partial_rotary_factor", _value(config, "partial_rotary_factor") or 1.0)
-    total = int((_head_dim(config) or 0) * factor) // 2
-    rope["mrope_section"] = [total - 2 * (3 * total // 8), 3 * total // 8, 3 * total // 8]
+    config.rope_parameters["mrope_section"] = _mrope_sections(config.rope_parameters, _head_dim(config) or 0,
+                                                              _value(config, "partial_rotary_factor"))
+
+
+def _mrope_sections(rope: dict[str, Any], head_dim: int, partial: float | None) -> list[int]:
+    """Three sections adding up to half the rotary dims of ``head_dim``, in the default's proportions (1/4, 3/8,
+    3/8)."""
+    total = int(head_dim * rope.get("partial_rotary_factor", partial or 1.0)) // 2
+    return [total - 2 * (3 * total // 8), 3 * total // 8, 3 * total // 8]
+
+
+def _tiny_rope(default: Any, overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """The default's rope parameters with sections for the tiny head where the config checks them when it is
+    built (Cosmos 3 Edge), else None."""
+    rope = _value(default, "rope_parameters")
+    if not isinstance(rope, dict) or "mrope_section" not in rope:
+        return None
+    head_dim = overrides.get("head_dim") or TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"]
+    return {**rope, "mrope_section": _mrope_sections(rope, head_dim, _value(default, "partial_rotary_factor"))}
 
 
 def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
