@@ -156,3 +156,13 @@ def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     with torch.inference_mode():
         bridged, expected = (model.base_model(input_ids=ids)[0] for model in (loaded.model, eager))
     torch.testing.assert_close(bridged, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_whose_output_does_not_reach_the_residual_alone_has_no_norm_measures(tmp_path):
+    """DiffLlama combines its heads in pairs before its output projection: the weights are captured, but the
+    measures that weight them by each head's ‖α f(x)‖ are refused in one line rather than computed wrongly."""
+    loaded = load_model(str(build_folder("diffllama", tmp_path)))
+    assert all(site.out_proj is None for site in loaded.sites.values())
+    assert extract(loaded, TEXT).get("self").shape[0] == 2
+    with pytest.raises(AttnscopeError, match="no output projection found"):
+        extract(loaded, TEXT, norms=True)

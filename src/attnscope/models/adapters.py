@@ -301,6 +301,12 @@ ADAPTERS: tuple[Adapter, ...] = (
             (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
             note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
             "which has no attention weights"),
+    # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
+    # the residual stream is not α f(x) (the measures that need it are unavailable)
+    Adapter("bailing-hybrid", ("bailing_hybrid",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True, classes=("BailingHybridAttention",)),),
+            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
+            "which has no attention weights"),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
