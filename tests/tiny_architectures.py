@@ -62,6 +62,8 @@ SPECIAL: dict[str, dict[str, Any]] = {
     # (padding by token id) would hide the start token that attnscope's explicit decoder mask keeps
     "fsmt": {"decoder_start_token_id": 102},
     "zaya": {"num_experts_per_tok": 1},  # the only value it supports
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its default names none
+    "dots1": {"n_shared_experts": 1},  # its default (None) does not build
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
     "reformer": {"is_decoder": True},  # its LM head model is a decoder
