@@ -6,7 +6,8 @@ Run from the repository root (``make bench-architectures``)::
     .venv/bin/python benchmarks/architectures.py --types bert,llama  # a few
 
 For each model type of transformers' ``CONFIG_MAPPING`` that has a causal LM, masked LM, seq2seq LM or
-text base model class (vision, audio and multimodal-only types are counted and skipped), a tiny random
+text base model class (vision, audio and multimodal-only types, and those whose forward pass needs other
+inputs than tokens, such as bounding boxes or audio features, are counted and skipped), a tiny random
 model (hidden 64, 2 layers, 4 heads, seeded noise on every weight so attention is far from uniform) is
 saved to a folder, loaded with ``attnscope.load_model`` and captured with ``extract``; every attention
 kind (self, encoder, decoder, cross) is compared with the same folder loaded with
@@ -43,7 +44,7 @@ import transformers.modeling_utils
 from bench_json import add_smoke_flag, cpu_name, emit
 
 import attnscope.capture.extract  # noqa: F401
-from tests.tiny_architectures import TOLERANCE, check_type, text_model_types
+from tests.tiny_architectures import NEEDS_OTHER_INPUTS, TOLERANCE, check_type, text_model_types
 
 SMOKE_TYPES = ("bert", "llama", "t5", "eurobert", "falcon", "hrm_text")
 TIMEOUT_S = 120  # per type; a hang counts as a crash
@@ -108,6 +109,7 @@ def figures(results: dict[str, dict[str, Any]], n_total: int, n_other: int) -> d
         "transformers_version": transformers.__version__,
         "total": n_total,
         "skipped_non_text": n_other,
+        "skipped_needs_other_inputs": NEEDS_OTHER_INPUTS,  # among the skipped: a text vocabulary, other inputs
         "text_types": len(results),
         "eligible": sum(len(by[o]) for o in ("equal", "differs", "refused", "crash")),
         "equal": len(by["equal"]),

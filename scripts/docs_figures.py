@@ -443,6 +443,7 @@ REFUSAL_KINDS = (
     ("more than once per forward pass", "a layer that runs more than once per forward pass"),
     ("would both be", "two stacks of layers with the same layer numbers"),
     ("different numbers of heads", "layers with different numbers of heads"),
+    ("did not find it among the model's attention modules", "attention from a module the adapter does not name"),
 )
 
 

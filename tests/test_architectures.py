@@ -27,16 +27,23 @@ EQUAL = (
     "nllb-moe", "plbart", "t5gemma",
     # read from the model: its attention modules do not say whether they are causal, but every call has a mask
     "doge",
+    # rows: BERT's attention modules in other layer layouts (AttentionInterface), T5's with expert layers, CTRL
+    "esm", "switch_transformers", "ctrl",
+    # bridged: BERT's and BART's inline copies, GPT-1, MPT (ALiBi), DeBERTa-v2 (disentangled), GPT-NeoX-Japanese,
+    # ALBERT (one shared layer run several times: each run its own layer)
+    "megatron-bert", "xglm", "openai-gpt", "mpt", "deberta-v2", "gpt_neox_japanese", "albert",
+    # DiffLlama: two attention calls per layer with the same queries and keys, bridged into one
+    "diffllama",
+    # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
+    "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
+    # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
+    "recurrent_gemma",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
     # two stacks of layers run in cycles: eager returns 16 layers of attention from 2 modules
     "hrm_text": "model type 'hrm_text': modules model.L_module.layers.0.self_attn and model.H_module.layers.0.self_attn "
                 "would both be self layer 0",
-    # shares one layer's weights across every layer: the same module runs once per layer
-    "albert": "model type 'albert' runs its attention layers more than once per forward pass",
-    # two softmax calls per layer, combined as softmax_1 - λ softmax_2 over head pairs
-    "diffllama": "model type 'diffllama' runs its attention layers more than once per forward pass",
     # its encoder's block-sparse / full attention is computed inside its own modules (a bridge is needed)
     "bigbird_pegasus": "model type 'bigbird_pegasus': 2 of its 6 attention modules (e.g. "
                        "model.encoder.layers.0.self_attn) never called attnscope's attention function",
@@ -94,6 +101,17 @@ def test_a_module_that_does_not_say_whether_it_is_causal_is_refused_where_no_mas
         extract(dataclasses.replace(loaded, sites=sites), TEXT)
 
 
+def test_a_layer_run_twice_in_one_forward_pass_is_refused(tmp_path):
+    # a type read from the model: its captures run to the end of the forward pass, so a repeat is seen
+    loaded = load_model(str(build_folder("eurobert", tmp_path)))
+    assert loaded.adapter.generic
+    layers = loaded.model.base_model.layers
+    layers[1].self_attn = layers[0].self_attn  # one module in two layers: ALBERT's shared weights, unbridged
+    sites = {module: site for module, site in loaded.sites.items() if module is layers[0].self_attn}
+    with pytest.raises(AttnscopeError, match=r"runs its attention layers more than once .*self layer 0 ran 2 times"):
+        extract(dataclasses.replace(loaded, sites=sites), TEXT)
+
+
 def test_attention_from_a_module_the_adapter_did_not_find_is_refused(tmp_path):
     loaded = load_model(str(build_folder("llama", tmp_path)))
     module = next(iter(loaded.sites))
@@ -119,3 +137,30 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
     gpt_neo = load_model(str(build_folder("gpt_neo", tmp_path / "gpt_neo")))  # global, then local layers
     assert gpt_neo.causal
     assert [site.window for site in sorted(gpt_neo.sites.values(), key=lambda s: s.layer)] == [0, SLIDING_WINDOW]
+
+
+@pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
+                                        "gpt_neox_japanese", "diffllama"])
+def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
+    """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
+    the eager model's (the attention comparison alone does not see the last layer's output)."""
+    import torch
+    import transformers
+
+    folder = build_folder(model_type, tmp_path)
+    loaded = load_model(str(folder))
+    eager = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
+    with torch.inference_mode():
+        bridged, expected = (model.base_model(input_ids=ids)[0] for model in (loaded.model, eager))
+    torch.testing.assert_close(bridged, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_whose_output_does_not_reach_the_residual_alone_has_no_norm_measures(tmp_path):
+    """DiffLlama combines its heads in pairs before its output projection: the weights are captured, but the
+    measures that weight them by each head's ‖α f(x)‖ are refused in one line rather than computed wrongly."""
+    loaded = load_model(str(build_folder("diffllama", tmp_path)))
+    assert all(site.out_proj is None for site in loaded.sites.values())
+    assert extract(loaded, TEXT).get("self").shape[0] == 2
+    with pytest.raises(AttnscopeError, match="no output projection found"):
+        extract(loaded, TEXT, norms=True)

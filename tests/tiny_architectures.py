@@ -39,11 +39,12 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), 8),  # MLA's and GPT-J's partial rotary
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    "num_kv_shared_layers": 0,  # two layers cannot both produce and reuse another's keys (Gemma 3n, Gemma 4)
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size"), 32),
-    "vocab_size": VOCAB,
-    "pad_token_id": 0,
+    **dict.fromkeys(("vocab_size", "decoder_vocab_size"), VOCAB),
+    **dict.fromkeys(("pad_token_id", "decoder_start_token_id"), 0),  # inside the tiny vocabulary (Marian's: 58100)
     "bos_token_id": 101,
     "eos_token_id": 102,
 }
@@ -53,6 +54,36 @@ SLIDING_WINDOW = 4  # shorter than the input, so sliding-window layers really sl
 SPECIAL: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},  # one of each
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},  # its second layer attends (the default: 1 in 8)
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # the default: all Mamba
+    **{t: {"global_head_dim": 32} for t in ("gemma4_text", "gemma4_unified_text")},  # its global layers: 512
+    # its decoder starts from eos, as released FSMT models do: from the pad token, eager's default decoder mask
+    # (padding by token id) would hide the start token that attnscope's explicit decoder mask keeps
+    "fsmt": {"decoder_start_token_id": 102},
+    "zaya": {"num_experts_per_tok": 1},  # the only value it supports
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its default names none
+    "dots1": {"n_shared_experts": 1},  # its default (None) does not build
+    "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
+    "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
+    "reformer": {"is_decoder": True},  # its LM head model is a decoder
+}
+
+# what eager gets beside the inputs, where a model computes differently by default than attnscope calls it:
+# FSMT builds its decoder's causal mask only without a cache (attnscope's extract runs with use_cache=False)
+EAGER_KWARGS: dict[str, dict[str, Any]] = {"fsmt": {"use_cache": False}}
+
+# model types with a text vocabulary whose forward pass needs other inputs too: not text types (counted apart)
+NEEDS_OTHER_INPUTS: dict[str, str] = {
+    **dict.fromkeys(("bros", "lilt"), "needs each token's bounding box on a page (bbox)"),
+    "lxmert": "needs visual features and boxes of an image",
+    "blip_2_qformer": "needs query embeddings from an image encoder",
+    "tvp": "needs video frames",
+    "gemma3n_vision": "an image encoder",
+    **dict.fromkeys(("gemma3n_audio", "granite_speech5_encoder", "voxtral_encoder", "voxtral_realtime_encoder"),
+                    "an audio encoder: needs audio features"),
+    "nemotron3_5_transcribe_word_timestamp": "needs embeddings from an audio encoder",
+    "decision_transformer": "needs states, actions and returns (reinforcement learning), not tokens",
 }
 
 
@@ -64,7 +95,8 @@ EAGER_WITHOUT_SINK = frozenset({"granite_swa", "granitemoe_swa"})
 
 def text_model_types() -> tuple[list[str], list[str]]:
     """``(text, other)``: the model types of ``CONFIG_MAPPING`` with a causal LM, masked LM, seq2seq LM or
-    text base model class, and the rest (vision, audio, multimodal-only, time series, ...)."""
+    text base model class, and the rest (vision, audio, multimodal-only, time series, ..., and the types of
+    :data:`NEEDS_OTHER_INPUTS`)."""
     from transformers.models.auto import configuration_auto, modeling_auto
 
     mappings = {name: getattr(modeling_auto, name) for name in dir(modeling_auto) if name.endswith("_MAPPING_NAMES")}
@@ -77,7 +109,7 @@ def text_model_types() -> tuple[list[str], list[str]]:
                   "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
     candidates = {t for name in text_names for t in mappings[name]} - non_text
     every = sorted(configuration_auto.CONFIG_MAPPING_NAMES)
-    text = [t for t in every if t in candidates and _has_text_config(t)]
+    text = [t for t in every if t in candidates and t not in NEEDS_OTHER_INPUTS and _has_text_config(t)]
     return text, [t for t in every if t not in text]
 
 
@@ -106,31 +138,111 @@ def tiny_config(model_type: str) -> Any:
 
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
-    overrides = {name: value for name, value in TINY_SIZES.items()
-                 if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)}
-    if isinstance(getattr(default, "sliding_window", None), int):
+    overrides = _tiny_sizes(config_class, default)
+    if isinstance(_value(default, "sliding_window"), int):
         overrides["sliding_window"] = SLIDING_WINDOW
-    layer_types = getattr(default, "layer_types", None)
-    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and \
-            not isinstance(getattr(config_class, "layer_types", None), property):
+    layer_types = _value(default, "layer_types")
+    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and _settable(config_class, "layer_types"):
         overrides["layer_types"] = list(_two_layer_types(layer_types))
+    if (rope := _tiny_rope(default, overrides)) is not None:
+        overrides["rope_parameters"] = rope
+    if _has(default, "attn_layer_indices"):  # hybrids that name their attention layers (Bamba)
+        overrides["attn_layer_indices"] = [1]
     for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
         if isinstance(sub_class, type) and isinstance(getattr(default, name, None), sub_class):
             overrides[name] = _tiny_sub_config(sub_class)  # a composite's parts are full-size by default
     overrides.update(SPECIAL.get(model_type, {}))
-    return config_class(**overrides)
+    config = config_class(**overrides)
+    _set_mrope_sections(config)
+    return config
 
 
 def _tiny_sub_config(config_class: Any) -> Any:
-    default = config_class()
-    return config_class(**{name: value for name, value in TINY_SIZES.items()
-                           if hasattr(default, name) and not isinstance(getattr(config_class, name, None), property)})
+    return config_class(**_tiny_sizes(config_class, config_class()))
+
+
+def _tiny_sizes(config_class: Any, default: Any) -> dict[str, Any]:
+    """:data:`TINY_SIZES` where ``default`` has the attribute and it can be set, keeping the dims the config
+    derives from each other consistent (multi-head latent attention's rotary ``head_dim`` is its
+    ``qk_rope_head_dim``, and its key heads are its query heads)."""
+    sizes = {name: value for name, value in TINY_SIZES.items() if _has(default, name) and _settable(config_class, name)}
+    if "num_key_value_heads" in sizes and _has(default, "kv_lora_rank"):  # MLA: every head its own keys
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
+    rope_dim = _value(default, "qk_rope_head_dim")
+    if "head_dim" in sizes and rope_dim is not None and _value(default, "head_dim") == rope_dim:
+        sizes["head_dim"] = sizes["qk_rope_head_dim"]
+    return sizes
+
+
+def _has(config: Any, name: str) -> bool:
+    """Whether ``config`` has ``name``; an attribute that varies by layer (Gemma 4's ``head_dim``: reading it
+    raises) is there all the same, and passing it sets every layer's that no per-layer entry overrides."""
+    try:
+        getattr(config, name)
+    except AttributeError:
+        return False
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError, a RuntimeError
+        return True
+    return True
+
+
+def _value(config: Any, name: str) -> Any:
+    """``config.name``, or None where it is absent or varies by layer (reading it raises)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError
+        return None
+
+
+def _settable(config_class: Any, name: str) -> bool:
+    """Whether ``name`` can be passed to the config: not a read-only property, itself or through the
+    config's ``attribute_map`` (Bamba's ``layer_types`` is its property ``layers_block_type``)."""
+    target = (getattr(config_class, "attribute_map", None) or {}).get(name, name)
+    return not isinstance(getattr(config_class, target, None), property)
+
+
+def _head_dim(config: Any) -> int | None:
+    head_dim = _value(config, "head_dim")
+    if isinstance(head_dim, int):
+        return head_dim
+    hidden, heads = _value(config, "hidden_size"), _value(config, "num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _set_mrope_sections(config: Any) -> None:
+    """Multimodal rotary sections (Qwen2-VL, GLM-4V: the config class names ``mrope_section``) split the rotary
+    frequencies, half the rotary dims, in three; the modeling code's default fits the full-size head only, so
+    set sections that fit the tiny head (:func:`_mrope_sections`)."""
+    if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
+        return
+    config.rope_parameters["mrope_section"] = _mrope_sections(config.rope_parameters, _head_dim(config) or 0,
+                                                              _value(config, "partial_rotary_factor"))
+
+
+def _mrope_sections(rope: dict[str, Any], head_dim: int, partial: float | None) -> list[int]:
+    """Three sections adding up to half the rotary dims of ``head_dim``, in the default's proportions (1/4, 3/8,
+    3/8)."""
+    total = int(head_dim * rope.get("partial_rotary_factor", partial or 1.0)) // 2
+    return [total - 2 * (3 * total // 8), 3 * total // 8, 3 * total // 8]
+
+
+def _tiny_rope(default: Any, overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """The default's rope parameters with sections for the tiny head where the config checks them when it is
+    built (Cosmos 3 Edge), else None."""
+    rope = _value(default, "rope_parameters")
+    if not isinstance(rope, dict) or "mrope_section" not in rope:
+        return None
+    head_dim = overrides.get("head_dim") or TINY_SIZES["hidden_size"] // TINY_SIZES["num_attention_heads"]
+    return {**rope, "mrope_section": _mrope_sections(rope, head_dim, _value(default, "partial_rotary_factor"))}
 
 
 def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
-    """Two layers of a longer pattern, the first kind and another one where there is another."""
+    """Two layers of a longer pattern: the first kind and another one where there is another, an attention
+    kind where there is one (a hybrid's first layers are often all recurrent)."""
     first = layer_types[0]
-    return first, next((kind for kind in layer_types if kind != first), first)
+    others = [kind for kind in layer_types if kind != first]
+    attention = [kind for kind in others if "attention" in kind and "linear" not in kind]
+    return first, next(iter(attention or others), first)
 
 
 def model_class_name(model_type: str, config: Any) -> str:
@@ -190,6 +302,7 @@ def eager_attentions(folder: Path, input_ids: list[int], decoder_ids: list[int] 
         inputs["token_type_ids"] = torch.tensor([token_type_ids])
     if decoder_ids is not None:
         inputs["decoder_input_ids"] = torch.tensor([decoder_ids])
+    inputs.update(EAGER_KWARGS.get(config.model_type, {}))
     with torch.inference_mode():
         out = model.base_model(**inputs, output_attentions=True)
     names = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"} \

@@ -1,16 +1,21 @@
 """Bridges for architectures whose attention does not dispatch through ``AttentionInterface``.
 
-transformers 5 still computes MPNet's, BLOOM's, Falcon's and GPT-Neo's attention inline. Rather than copy its modeling code or
-patch its class, attnscope swaps each such module *instance* for a bridge that reuses the
-module's own projections and calls the one capture function with the relative position bias.
-Bridges are keyed by class name (data, like the adapter table). A model type that picks its attention
-class by the implementation's name (Falcon) cannot be built with ``"attnscope"``: it is loaded with
-``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
+transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XLM and
+FlauBERT, XGLM, MVP, TrOCR, FSMT, DeBERTa (v1 and v2), GPT-NeoX-Japanese and BERT's older copies
+(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE) inline. Rather than copy its modeling code or
+patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
+projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
+with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
+one attention module several times, gets a bridge for its layer loop that gives each run its own site.
+Bridges are keyed by class name (data, like the adapter table), or by module path and class name where the
+name is too common. A model type that picks its attention class by the implementation's name (Falcon) cannot
+be built with ``"attnscope"``: it is loaded with ``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from functools import partial
 from typing import Any, cast
 
@@ -18,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnscopeError
+from ..models.adapters import model_type_of
 from .attention import attnscope_attention
 
 
@@ -165,17 +171,458 @@ class GPTNeoAttentionBridge(nn.Module):
         return self.resid_dropout(output), probs
 
 
-BRIDGES: dict[str, type[nn.Module]] = {"MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
-                                       "FalconAttention": FalconAttentionBridge,
-                                       "GPTNeoSelfAttention": GPTNeoAttentionBridge}
+def _heads(states: torch.Tensor, d_head: int) -> torch.Tensor:
+    """``[batch, pos, head * d_head]`` -> ``[batch, head, pos, d_head]``."""
+    return states.view(*states.shape[:2], -1, d_head).transpose(1, 2)
+
+
+def _cached(cache: Any, layer_idx: int | None, cross: bool, key: torch.Tensor, value: torch.Tensor,
+            kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values after the model's cache, as transformers' own modules keep them: an encoder-decoder
+    cache holds a self-attention and a cross-attention part, and the cross part is filled once."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    if cache is None:
+        return key, value
+    part = cache
+    if isinstance(cache, EncoderDecoderCache):
+        part = cache.cross_attention_cache if cross else cache.self_attention_cache
+        if cross and cache.is_updated.get(layer_idx):
+            return part.layers[layer_idx].keys, part.layers[layer_idx].values
+    key, value = part.update(key, value, layer_idx, kwargs=kwargs)
+    if cross and isinstance(cache, EncoderDecoderCache):
+        cache.is_updated[layer_idx] = True
+    return key, value
+
+
+class BertStyleAttentionBridge(nn.Module):
+    """Stands in for the BERT self-attention that older copies still compute inline (Megatron-BERT, RemBERT,
+    TAPAS, VisualBERT, RoFormer with its rotary positions): the same query/key/value weights, scores scaled by
+    1/sqrt(d_head) plus the model's additive mask. Encoders only: as a decoder (``is_decoder``) these modules keep a cache the bridge does
+    not reproduce, and it refuses."""
+
+    ALWAYS_PROBS = frozenset({"MegatronBertSelfAttention", "RemBertSelfAttention", "RoFormerSelfAttention"})  # (context, probs) either way
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        if getattr(original, "is_decoder", False):
+            raise AttnscopeError(f"model type {model_type_of(original)!r} used as a decoder (is_decoder: true) keeps a "
+                                 f"key/value cache that attnscope's bridge for its attention does not reproduce; load "
+                                 f"it as an encoder (is_decoder: false in its config.json)")
+        self.query, self.key, self.value = (cast(nn.Linear, getattr(original, n)) for n in ("query", "key", "value"))
+        self.dropout = cast(nn.Dropout, original.dropout)
+        self.n_heads, self.d_head = int(cast(int, original.num_attention_heads)), int(cast(int,
+                                                                                     original.attention_head_size))
+        self.always_probs = type(original).__name__ in self.ALWAYS_PROBS
+        self.rotate = getattr(original, "apply_rotary_position_embeddings", None)  # RoFormer's, a static method
+        self.rotary_value = bool(getattr(original, "rotary_value", False))
+        self.is_causal = False
+        self.train(original.training)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False, sinusoidal_pos: torch.Tensor | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        q, k, v = (_heads(proj(hidden_states), self.d_head) for proj in (self.query, self.key, self.value))
+        if sinusoidal_pos is not None:  # RoFormer's rotary positions, by its own function
+            q, k, *rotated_v = self.rotate(sinusoidal_pos, q, k, *([v] if self.rotary_value else []))
+            v = rotated_v[0] if rotated_v else v
+        output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.d_head**-0.5,
+                                            dropout=self.dropout.p if self.training else 0.0)
+        output = output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)  # [batch, pos, width]
+        return (output, probs) if self.always_probs or output_attentions else (output,)
+
+
+class LukeAttentionBridge(BertStyleAttentionBridge):
+    """Stands in for ``LukeSelfAttention`` on words alone: BERT's attention (:class:`BertStyleAttentionBridge`).
+    With entity inputs LUKE's queries and keys include entity positions, which are no tokens: refused."""
+
+    def forward(  # type: ignore[override]  # LUKE's own signature
+            self, word_hidden_states: torch.Tensor, entity_hidden_states: torch.Tensor | None,
+            attention_mask: torch.Tensor | None = None, output_attentions: bool = False) -> tuple[Any, ...]:
+        if entity_hidden_states is not None:
+            raise AttnscopeError("model type 'luke' with entity inputs attends over entity positions beside the "
+                                 "tokens, which attnscope's records of tokens cannot hold; capture it without "
+                                 "entity ids")
+        output = super().forward(word_hidden_states, attention_mask, output_attentions=True)
+        return (output[0], None, output[1]) if output_attentions else (output[0], None)
+
+
+class BartStyleAttentionBridge(nn.Module):
+    """Stands in for the BART-style attention that XGLM, MVP and TrOCR still compute inline (self-attention and,
+    with ``key_value_states``, cross-attention): the same q/k/v/out weights and scaling, the model's additive
+    mask. The modules do not say whether they are causal (one class serves self- and cross-attention), so each
+    call says: cross-attention and an encoder's self-attention are not, a decoder's self-attention is."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (cast(nn.Linear, getattr(original, f"{n}_proj"))
+                                                                 for n in ("q", "k", "v", "out"))
+        self.n_heads, self.d_head = int(cast(int, original.num_heads)), int(cast(int, original.head_dim))
+        self.scaling, self.p_dropout = float(cast(float, original.scaling)), float(cast(float, original.dropout))
+        self.layer_idx, self.is_decoder = original.layer_idx, bool(getattr(original, "is_decoder", False))
+        self.train(original.training)
+
+    def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None, cache: Any = None,
+                attention_mask: torch.Tensor | None = None, attn_prompt: torch.Tensor | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if attn_prompt is not None:
+            raise AttnscopeError("model type 'mvp' with use_prompt adds prompt keys that are no tokens of the input, "
+                                 "which attnscope's [q_pos, k_pos] records cannot hold; load it with use_prompt: false")
+        cross = key_value_states is not None
+        current = key_value_states if cross else hidden_states
+        q = _heads(self.q_proj(hidden_states), self.d_head)
+        k, v = _cached(cache, self.layer_idx, cross, _heads(self.k_proj(current), self.d_head),
+                       _heads(self.v_proj(current), self.d_head), kwargs)
+        output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.scaling,
+                                            dropout=self.p_dropout if self.training else 0.0,
+                                            is_causal=self.is_decoder and not cross)
+        return self.out_proj(output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)), probs
+
+
+class MptAttentionBridge(nn.Module):
+    """Stands in for ``MptAttention``: the same fused q/k/v (clipped where the config clips) and output weights;
+    ALiBi's per-head bias by distance (``position_bias``, ``[head, 1, max_pos]``) added to the scaled scores.
+    MPT's boolean mask is True where a key is *masked*: the bridge passes its inverse (True = keep)."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.Wqkv, self.out_proj = cast(nn.Linear, original.Wqkv), cast(nn.Linear, original.out_proj)
+        self.n_heads, self.d_head = int(cast(int, original.n_heads)), int(cast(int, original.head_dim))
+        self.scaling, self.clip_qkv = float(cast(float, original.softmax_scale)), original.clip_qkv
+        self.p_dropout, self.layer_idx = float(cast(float, original.attn_dropout_p)), original.layer_idx
+        self.is_causal = True
+        self.train(original.training)
+
+    def forward(self, hidden_states: torch.Tensor, position_bias: torch.Tensor | None, cache: Any = None,
+                attention_mask: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        fused = self.Wqkv(hidden_states)
+        if self.clip_qkv:
+            fused = fused.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+        q, k, v = (_heads(part, self.d_head) for part in fused.chunk(3, dim=2))
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        bias = None if position_bias is None else position_bias[:, -q.shape[2]:, -k.shape[2]:][None]
+        keep = None if attention_mask is None else ~attention_mask
+        output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.scaling, position_bias=bias,
+                                            dropout=self.p_dropout if self.training else 0.0)
+        return self.out_proj(output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)), probs
+
+
+class OpenAIGPTAttentionBridge(nn.Module):
+    """Stands in for GPT-1's ``Attention``: the same fused q/k/v and output ``Conv1D`` weights; its causal
+    ``bias`` buffer joined to the model's additive padding mask (GPT-1 masks the future with -1e4, which
+    leaves those weights 0 in float32 as the dtype's minimum does)."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj = cast(nn.Module, original.c_attn), cast(nn.Module, original.c_proj)
+        self.attn_dropout, self.resid_dropout = cast(nn.Dropout, original.attn_dropout), cast(nn.Dropout,
+                                                                                              original.resid_dropout)
+        self.register_buffer("allowed", cast(torch.Tensor, original.bias).bool(), persistent=False)  # [1, 1, pos, pos]
+        self.n_heads, self.width, self.scale = int(cast(int, original.n_head)), int(cast(int, original.split_size)), \
+            bool(original.scale)
+        self.is_causal = True
+        self.train(original.training)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> list[torch.Tensor]:
+        d_head = self.width // self.n_heads
+        q, k, v = (_heads(part, d_head) for part in self.c_attn(x).split(self.width, dim=2))
+        length = x.shape[1]
+        keep = self.allowed[:, :, :length, :length]
+        if attention_mask is not None:
+            keep = keep & (attention_mask > torch.finfo(attention_mask.dtype).min / 2)
+        output, probs = attnscope_attention(self, q, k, v, keep, scaling=d_head**-0.5 if self.scale else 1.0,
+                                            dropout=self.attn_dropout.p if self.training else 0.0)
+        output = self.resid_dropout(self.c_proj(output.reshape(*x.shape[:2], self.width)))
+        return [output, probs] if output_attentions and probs is not None else [output]
+
+
+class AlbertAttentionRun(nn.Module):
+    """One run of a shared ``AlbertAttention``: the same weights (registered here too, so the site's output
+    projection is found), attention via attnscope with this run as the module, so each run is its own site."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        for name in ("query", "key", "value", "dense", "LayerNorm", "attention_dropout", "output_dropout"):
+            setattr(self, name, getattr(shared, name))
+        self.d_head, self.scaling = int(cast(int, shared.attention_head_size)), float(cast(float, shared.scaling))
+        self.is_causal = False
+        self.train(shared.training)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v = (_heads(proj(hidden_states), self.d_head) for proj in (self.query, self.key, self.value))
+        output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.scaling,
+                                            dropout=cast(nn.Dropout, self.attention_dropout).p if self.training else 0.0)
+        output = self.output_dropout(self.dense(output.reshape(*hidden_states.shape[:2], -1)))
+        return self.LayerNorm(hidden_states + output), probs
+
+
+class AlbertRunsBridge(nn.Module):
+    """Stands in for ``AlbertTransformer``. ALBERT shares weights across layers: its ``num_hidden_layers`` layers
+    run the layers of ``num_hidden_groups`` groups, one module several times. Each run gets its own site
+    (``attention_runs.i``, layer ``i`` of the record: the ``i``-th attention to run, as eager's
+    ``output_attentions`` lists them); the layers' other weights are ALBERT's own, applied as ALBERT does."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import apply_chunking_to_forward
+
+        self._chunked = apply_chunking_to_forward
+        self.config = cast(Any, original.config)
+        self.embedding_hidden_mapping_in = cast(nn.Linear, original.embedding_hidden_mapping_in)
+        self.albert_layer_groups = cast(nn.ModuleList, original.albert_layer_groups)
+        self.attention_runs = nn.ModuleList(AlbertAttentionRun(layer.attention) for layer in self._layer_runs())
+        self.train(original.training)
+
+    def _layer_runs(self) -> list[Any]:
+        """The ``AlbertLayer`` of each run, in order (ALBERT's group of layer ``i``, then each of its layers)."""
+        n_layers, n_groups = self.config.num_hidden_layers, self.config.num_hidden_groups
+        groups = [self.albert_layer_groups[int(i / (n_layers / n_groups))] for i in range(n_layers)]
+        return [layer for group in groups for layer in cast(Any, group).albert_layers]
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutput
+
+        hidden_states = self.embedding_hidden_mapping_in(hidden_states)
+        for layer, run in zip(self._layer_runs(), self.attention_runs, strict=True):
+            attention_output, _ = run(hidden_states, attention_mask, **kwargs)
+            ffn_output = self._chunked(layer.ff_chunk, layer.chunk_size_feed_forward, layer.seq_len_dim,
+                                       attention_output)
+            hidden_states = layer.full_layer_layer_norm(ffn_output + attention_output)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+def _adopt(bridge: nn.Module, original: nn.Module, methods: tuple[str, ...]) -> None:
+    """Give ``bridge`` the state of ``original`` (its submodules, its own parameters, its plain attributes) and
+    its class's ``methods`` bound to the bridge, so the model's own code computes the terms the bridge adds."""
+    for name, child in original.named_children():
+        setattr(bridge, name, child)
+    for name, parameter in original.named_parameters(recurse=False):
+        bridge.register_parameter(name, parameter)
+    for name, value in vars(original).items():
+        if not name.startswith("_") and isinstance(value, int | float | str | list | tuple) and name != "training":
+            setattr(bridge, name, value)
+    for name in methods:
+        setattr(bridge, name, partial(getattr(type(original), name), bridge))
+    bridge.is_causal = False
+    bridge.train(original.training)
+
+
+class DebertaV2AttentionBridge(nn.Module):
+    """Stands in for DeBERTa-v2's ``DisentangledSelfAttention``: the same projections, and its disentangled
+    relative-position terms (content-to-position and position-to-content, computed by DeBERTa's own method) as
+    the position bias added to the content-to-content scores, all scaled by 1/sqrt(d_head * terms). The
+    captured weights are the softmax of that sum: the probabilities DeBERTa mixes its values with."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        _adopt(self, original, ("transpose_for_scores", "disentangled_attention_bias"))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+                query_states: torch.Tensor | None = None, relative_pos: torch.Tensor | None = None,
+                rel_embeddings: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n_heads = self.num_attention_heads
+        queries = hidden_states if query_states is None else query_states
+        q, k, v = (self.transpose_for_scores(proj(states), n_heads) for proj, states in
+                   ((self.query_proj, queries), (self.key_proj, hidden_states), (self.value_proj, hidden_states)))
+        terms = 1 + sum(kind in self.pos_att_type for kind in ("c2p", "p2c"))
+        bias = None
+        if self.relative_attention:
+            bias = self.disentangled_attention_bias(q, k, relative_pos, self.pos_dropout(rel_embeddings), terms)
+            bias = bias.view(-1, n_heads, *bias.shape[-2:])  # [batch, head, q_pos, k_pos]
+        q, k, v = (t.view(-1, n_heads, *t.shape[-2:]) for t in (q, k, v))  # [batch, head, pos, d_head]
+        return _disentangled(self, q, k, v, attention_mask, terms, bias, output_attentions)
+
+
+class DebertaAttentionBridge(nn.Module):
+    """Stands in for DeBERTa's (v1) ``DisentangledSelfAttention``: its fused projection and biases, and its
+    relative-position terms (by its own method) as the position bias, as :class:`DebertaV2AttentionBridge`.
+    Talking heads (``talking_head``: weights mixed across heads after the softmax) are refused."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        if original.head_weights_proj is not None:
+            raise AttnscopeError("model type 'deberta' with talking_head mixes the attention weights across heads "
+                                 "after the softmax, which attnscope's bridge does not reproduce; load it with "
+                                 "talking_head: false")
+        _adopt(self, original, ("transpose_for_scores", "disentangled_att_bias"))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+                query_states: torch.Tensor | None = None, relative_pos: torch.Tensor | None = None,
+                rel_embeddings: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if query_states is not None:
+            raise AttnscopeError("model type 'deberta': a call with separate query states (its enhanced mask "
+                                 "decoder) is not bridged by attnscope; capture the encoder's attention")
+        q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)  # [batch, head, pos, d]
+        q, v = q + self.transpose_for_scores(self.q_bias[None, None, :]), v + self.transpose_for_scores(
+            self.v_bias[None, None, :])
+        terms = 1 + len(self.pos_att_type)
+        bias = None
+        if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
+            scaled = q / math.sqrt(q.shape[-1] * terms)  # DeBERTa's terms take the scaled queries
+            bias = self.disentangled_att_bias(scaled, k, relative_pos, self.pos_dropout(rel_embeddings), terms)
+        return _disentangled(self, q, k, v, attention_mask, terms, bias, output_attentions)
+
+
+def _disentangled(bridge: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor,
+                  terms: int, bias: torch.Tensor | None, output_attentions: bool) -> tuple[torch.Tensor, Any]:
+    """DeBERTa's attention of ``[batch, head, pos, d_head]`` q/k/v: scores scaled by 1/sqrt(d_head * terms)
+    plus the relative-position ``bias``, its boolean mask (1 = keep); ``(context [batch, pos, width], weights)``."""
+    output, probs = attnscope_attention(bridge, q, k, v, attention_mask.bool(), scaling=(q.shape[-1] * terms) ** -0.5,
+                                        position_bias=bias, dropout=bridge.dropout.p if bridge.training else 0.0)
+    return output.reshape(*output.shape[:2], -1), probs if output_attentions else None
+
+
+class FSMTAttentionBridge(BartStyleAttentionBridge):
+    """Stands in for FSMT's ``Attention`` (time-major ``[pos, batch, width]``, self- or cross-attention): the same
+    q/k/v/out weights and scaling; its additive ``attn_mask`` (the decoder's causal one) and boolean
+    ``key_padding_mask`` (True = padding) joined in one additive mask, always given (zeros where FSMT gives
+    neither: so each call says which keys are seen, and the site's causality is its kind's)."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__(original)
+        self.cross, self.cache_key = bool(original.encoder_decoder_attention), original.cache_key
+
+    def forward(  # type: ignore[override]  # FSMT's own signature
+            self, query: torch.Tensor, key: torch.Tensor | None, key_padding_mask: torch.Tensor | None = None,
+            layer_state: Any = None, attn_mask: torch.Tensor | None = None, output_attentions: bool = False,
+            **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        length, batch, width = query.shape
+        states = (key if self.cross else query).transpose(0, 1)  # [batch, pos, width]
+        q = _heads(self.q_proj(query.transpose(0, 1)), self.d_head)
+        k, v = _cached(layer_state, self.layer_idx, self.cross, _heads(self.k_proj(states), self.d_head),
+                       _heads(self.v_proj(states), self.d_head), kwargs)
+        # additive, as FSMT applies it: its causal attn_mask ([q_pos, k_pos], 0 or -inf) added, then every padded
+        # key ([batch, k_pos], True = padding) set to the dtype's minimum whatever the causal mask said
+        mask = torch.zeros((1, 1, length, k.shape[2]), dtype=q.dtype, device=q.device)
+        if attn_mask is not None:
+            mask = mask + attn_mask.to(q.dtype)
+        if key_padding_mask is not None and key_padding_mask.dim() > 0:
+            mask = mask.masked_fill(key_padding_mask.bool()[:, None, None, :], torch.finfo(q.dtype).min)
+        output, probs = attnscope_attention(self, q, k, v, mask, scaling=self.scaling,
+                                            dropout=self.p_dropout if self.training else 0.0)
+        output = self.out_proj(output.reshape(batch, length, width).transpose(0, 1))  # back to [pos, batch, width]
+        return output, probs if output_attentions else None
+
+
+class XLMAttentionBridge(nn.Module):
+    """Stands in for XLM's and FlauBERT's ``MultiHeadAttention``: the same q/k/v/out weights, scores scaled by
+    1/sqrt(d_head); its mask (1 = keep) is ``[batch, k_pos]`` or, for a causal model, ``[batch, q_pos, k_pos]``.
+    Whether it is causal is the model's ``causal`` (:meth:`configure`), which the module does not keep."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.q_lin, self.k_lin, self.v_lin, self.out_lin = (cast(nn.Linear, getattr(original, f"{n}_lin"))
+                                                             for n in ("q", "k", "v", "out"))
+        self.d_head, self.p_dropout = int(cast(int, original.head_dim)), float(cast(float, original.dropout))
+        self.layer_id = original.layer_id
+        self.is_causal = False
+        self.train(original.training)
+
+    def configure(self, config: Any) -> None:
+        self.is_causal = bool(getattr(config, "causal", False))
+
+    def forward(self, input: torch.Tensor, mask: torch.Tensor, kv: torch.Tensor | None = None, cache: Any = None,
+                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        batch, length, _ = input.shape
+        cross = kv is not None
+        current = kv if cross else input
+        q = _heads(self.q_lin(input), self.d_head)
+        k, v = _cached(cache, self.layer_id, cross, _heads(self.k_lin(current), self.d_head),
+                       _heads(self.v_lin(current), self.d_head), kwargs)
+        keep = (mask != 0).view((batch, 1, length, -1) if mask.dim() == 3 else (batch, 1, 1, -1))
+        output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.d_head**-0.5,
+                                            dropout=self.p_dropout if self.training else 0.0)
+        outputs: tuple[torch.Tensor, ...] = (self.out_lin(output.reshape(batch, length, -1)),)
+        return outputs + (probs,) if output_attentions and probs is not None else outputs
+
+
+def _inner_replaced(method: str, compute: Any, **attributes: Any) -> Any:
+    """A bridge for a module whose forward computes attention in one inner ``method``: the same instance state
+    (weights, buffers, mode) in a subclass of its class whose ``method`` is ``compute``; the rest of its
+    forward is the model's own code."""
+
+    def bridge(original: nn.Module) -> nn.Module:
+        cls = type(original)
+        bridged = type(f"{cls.__name__}Bridge", (cls,), {method: compute, **attributes})
+        module = bridged.__new__(bridged)
+        module.__dict__.update(original.__dict__)
+        return cast(nn.Module, module)
+
+    return bridge
+
+
+def _neox_japanese_attn(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GPT-NeoX-Japanese's ``_attn``: rotated ``[batch, head, pos, d_head]`` q/k/v in, the output in the same
+    layout (its forward merges the heads) and the weights out; scores divided by sqrt(d_head)."""
+    output, probs = attnscope_attention(self, query, key, value, attention_mask, scaling=1.0 / self.norm_factor,
+                                        dropout=self.attention_dropout.p if self.training else 0.0)
+    return output.transpose(1, 2), probs
+
+
+def _diffllama_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                       attention_mask: torch.Tensor | None = None, cache: Any = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DiffLlama's attention in one softmax per head: its two calls share queries and keys (so their weights are
+    the same) and differ in the value halves, so one call with both halves side by side (``[.., 2 * d_head]``)
+    gives both outputs; the rest (head pairs combined as out_1 - λ out_2, group norm) is DiffLlama's code."""
+    modeling = importlib.import_module(type(self).__mro__[1].__module__)
+    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    q, k, v = (proj(hidden_states).view(shape).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+    q, k = modeling.apply_rotary_pos_emb(q, k, *position_embeddings)
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    both = torch.cat([half.repeat(1, 2, 1, 1) for half in torch.chunk(v, 2, dim=1)], dim=-1)  # [b, kv, k, 2 d]
+    output, probs = attnscope_attention(self, q, k, both, attention_mask, scaling=self.scaling, **kwargs)
+    out_1, out_2 = torch.chunk(output, 2, dim=2)  # [batch, q_pos, head / 2, 2 d_head]: the head pairs
+    lambda_1, lambda_2 = (torch.exp(torch.sum(a * b, dim=-1, dtype=torch.float32)).to(q.dtype)
+                          for a, b in ((self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2)))
+    output = out_1 - (lambda_1 - lambda_2 + self.lambda_init) * out_2
+    output = (1 - self.lambda_init) * self.groupnorm(output)
+    return self.o_proj(output.reshape(*hidden_states.shape[:-1], -1)), probs
+
+
+BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
+    "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
+    "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
+    **dict.fromkeys(("MegatronBertSelfAttention", "RemBertSelfAttention", "TapasSelfAttention",
+                     "VisualBertSelfAttention", "RoFormerSelfAttention"), BertStyleAttentionBridge),
+    **dict.fromkeys(("XGLMAttention", "MvpAttention", "TrOCRAttention"), BartStyleAttentionBridge),
+    "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
+    "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
+    "DiffLlamaAttention": _inner_replaced("forward", _diffllama_forward),
+    "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
+    "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
+    # class names too common to key by alone
+    "transformers.models.openai.modeling_openai.Attention": OpenAIGPTAttentionBridge,
+    "transformers.models.fsmt.modeling_fsmt.Attention": FSMTAttentionBridge,
+    "transformers.models.xlm.modeling_xlm.MultiHeadAttention": XLMAttentionBridge,
+    "transformers.models.flaubert.modeling_flaubert.MultiHeadAttention": XLMAttentionBridge,
+}
 LOADED_EAGER = frozenset({"falcon", "gpt_neo"})  # model types built with attn_implementation="eager", then bridged
 
 
 def install_bridges(model: nn.Module) -> int:
     """Replace every module whose class has a bridge; returns how many were replaced."""
-    targets = [(name, module) for name, module in model.named_modules() if type(module).__name__ in BRIDGES]
-    for name, module in targets:
+    targets = [(name, module, bridge) for name, module in model.named_modules()
+               if (bridge := _bridge_for(module)) is not None]
+    for name, module, bridge in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, BRIDGES[type(module).__name__](module))
+        replacement = bridge(module)
+        if getattr(replacement, "config", None) is None:  # its refusals name the model type
+            replacement.config = model.config
+        if hasattr(replacement, "configure"):  # a fact of the model the module does not keep (XLM's causal)
+            replacement.configure(model.config)
+        setattr(parent, child, replacement)
     return len(targets)
+
+
+def _bridge_for(module: nn.Module) -> Any:
+    """The bridge of ``module``'s class, by its qualified name or, where that is not listed, its name."""
+    cls = type(module)
+    return BRIDGES.get(f"{cls.__module__}.{cls.__name__}") or BRIDGES.get(cls.__name__)

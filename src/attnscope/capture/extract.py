@@ -402,9 +402,20 @@ def n_main_layers(loaded: LoadedModel) -> int:
 
 
 def n_config_heads(loaded: LoadedModel) -> int:
-    """Query heads per layer as the config names them (16 when it names none), for memory estimates."""
-    heads = (getattr(loaded.config, name, None) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
+    """Query heads per layer as the config names them (16 when it names none), for memory estimates; the most
+    of any layer where they vary by layer."""
+    heads = (_config_value(loaded.config, name) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
     return next((int(h) for h in heads if isinstance(h, int)), 16)
+
+
+def _config_value(config: Any, name: str) -> Any:
+    """``config.name``; for an attribute that varies by layer (transformers' per-layer configs refuse to read it
+    globally), the largest of its layers' values."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError (a RuntimeError)
+        values = [getattr(layer, name, None) for layer in getattr(config, "per_layer_config", None) or ()]
+        return max((v for v in values if isinstance(v, int)), default=None)
 
 
 def check_batch_memory(loaded: LoadedModel, batch: list[Encoded], plan: CapturePlan | None, *, qkv: bool,

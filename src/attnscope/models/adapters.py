@@ -11,6 +11,8 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
   module's own ``is_causal`` (what transformers' SDPA path reads) always wins; None means the module
   must say, and a model whose attention modules do not is refused;
 * ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
+* ``classes``: where not empty, only modules of these class names match: hybrids (RecurrentGemma,
+  Nemotron-H) put an attention layer or a recurrent one at the same place;
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
   itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
   e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
@@ -44,6 +46,7 @@ class SiteRule:
     causal: bool | None = False
     conv1d: bool = False
     window: str = ""
+    classes: tuple[str, ...] = ()  # where not empty: only modules of these classes (a hybrid's attention layers)
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,12 @@ _BART_LIKE = (
 _BART_BLOCKS = (ModuleRule("encoder", r"encoder\.layers\.(\d+)$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)$"))
 _BART_FFN = (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.fc2$"), ModuleRule("decoder", r"decoder\.layers\.(\d+)\.fc2$"))
 
+_T5_SITES = (
+    SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o"),
+    SiteRule("decoder", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o", causal=True),
+    SiteRule("cross", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", "o"),
+)
+
 
 def _llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding) -> Adapter:
     """A row of the Llama family: Llama's modules, pre-norm, whole-model pruning; ``unembedding`` says how
@@ -200,6 +209,15 @@ ADAPTERS: tuple[Adapter, ...] = (
                                     width=("all_head_size",)),
         norms=LayerNorms((ModuleRule("self", r"layer\.(\d+)\.attention\.output\.LayerNorm$"),),
                          (ModuleRule("self", r"layer\.(\d+)\.output\.LayerNorm$"),)),
+    ),
+    Adapter(  # BERT's attention modules, computed through AttentionInterface, around other layer layouts
+        "bert-like",
+        ("bert-generation", "esm", "markuplm", "mobilebert", "roberta-prelayernorm", "roc_bert", "splinter",
+         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke"),
+        (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
+        note="BERT's attention modules; their layers normalise (pre-LN, a bottleneck) unlike BERT's, so running "
+        "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
+        "VisualBERT, RoFormer and LUKE compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
     Adapter(
         "distilbert",
@@ -247,8 +265,51 @@ ADAPTERS: tuple[Adapter, ...] = (
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),), ffn=(ModuleRule("self", r"(?:^|\.)h\.(\d+)\.mlp$"),),
             note="global and local (sliding-window) layers alternate; unscaled scores; GPT-Neo computes attention "
             "itself: attnscope loads it with eager attention and bridges it (see attnscope.capture.bridges)"),
+    Adapter("albert", ("albert",), (SiteRule("self", r"encoder\.attention_runs\.(\d+)$", "dense"),),
+            note="ALBERT shares weights across layers, running one attention module several times: each run is "
+            "its own layer of the record (the i-th attention to run, as transformers' output_attentions lists "
+            "them), through a bridge (see attnscope.capture.bridges)"),
+    Adapter("deberta", ("deberta", "deberta-v2"), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
+            note="disentangled attention: each weight is the softmax of content-to-content plus relative-position "
+            "terms (content-to-position, position-to-content), as DeBERTa mixes its values; DeBERTa computes it "
+            "itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("xlm", ("xlm", "flaubert"), (SiteRule("self", r"(?:^|\.)attentions\.(\d+)$", "out_lin", causal=None),),
+            note="XLM and FlauBERT compute attention themselves: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("openai-gpt", ("openai-gpt",),
+            (SiteRule("self", r"(?:^|\.)h\.(\d+)\.attn$", "c_proj", causal=True, conv1d=True),),
+            note="GPT-1 computes attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("mpt", ("mpt",), (SiteRule("self", r"blocks\.(\d+)\.attn$", "out_proj", causal=True),),
+            note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
+            "(see attnscope.capture.bridges)"),
+    Adapter("ctrl", ("ctrl",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.multi_head_attention$", "dense", causal=True),),
+            blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.mlp$"),)),
+    # hybrids: attention on some layers, a recurrent block or Mamba mixer at the same place on the others
+    Adapter("recurrent-gemma", ("recurrent_gemma",),
+            (SiteRule("self", r"layers\.(\d+)\.temporal_block$", "o_proj", causal=True, window="sliding_window",
+                      classes=("RecurrentGemmaAttention",)),),
+            note="its attention layers slide over a window; its other layers are recurrent (no attention weights)"),
+    Adapter("nemotron-h", ("nemotron_h",),
+            (SiteRule("self", r"layers\.(\d+)\.mixer$", "o_proj", causal=True, classes=("NemotronHAttention",)),),
+            note="its attention layers; its other layers are Mamba mixers and feed-forward blocks (no attention)"),
+    # no out_proj: the heads' outputs are combined in pairs (out_h - λ out_h+heads/2) and normalised before o_proj,
+    # so no per-head vector reaches the residual stream (the measures that need one are unavailable)
+    Adapter("diffllama", ("diffllama",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True),),
+            note="differential attention: head h and head h + heads/2 are the two softmaxes of one differential "
+            "head (its output is out_h - λ out_h+heads/2); the record holds each softmax as its own head, as "
+            "transformers' output_attentions does; DiffLlama calls attention twice per layer (same queries and keys, "
+            "two halves of the values): attnscope's bridge calls it once with both halves"),
+    Adapter("kimi-linear", ("kimi_linear",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
+            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
+            "which has no attention weights"),
+    # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
+    # the residual stream is not α f(x) (the measures that need it are unavailable)
+    Adapter("bailing-hybrid", ("bailing_hybrid",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True, classes=("BailingHybridAttention",)),),
+            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
+            "which has no attention weights"),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
@@ -284,15 +345,13 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
         "t5",
         ("t5", "mt5", "umt5"),
-        (
-            SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o"),
-            SiteRule("decoder", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", "o", causal=True),
-            SiteRule("cross", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", "o"),
-        ),
+        _T5_SITES,
         blocks=(ModuleRule("encoder", r"encoder\.block\.(\d+)$"), ModuleRule("decoder", r"decoder\.block\.(\d+)$")),
         ffn=(ModuleRule("encoder", r"encoder\.block\.(\d+)\.layer\.1\.DenseReluDense$"),
              ModuleRule("decoder", r"decoder\.block\.(\d+)\.layer\.2\.DenseReluDense$")),
     ),
+    # T5's attention modules; some feed-forward layers are mixtures of experts (no DenseReluDense)
+    Adapter("switch-transformers", ("switch_transformers",), _T5_SITES),
 )
 
 _GENERIC_NOTE = ("model type not in the table: its attention modules and their causality are read from the model; "
@@ -354,7 +413,7 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
     for name, module in model.named_modules():
         for rule in adapter.rules:
             match = re.search(rule.pattern, name)
-            if match:
+            if match and (not rule.classes or type(module).__name__ in rule.classes):
                 site = _site(model, name, module, rule, int(match.group(1)))
                 if (site.kind, site.layer) in seen:
                     raise AttnscopeError(
