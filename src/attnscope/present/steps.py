@@ -99,6 +99,28 @@ class WeightedRows(TypedDict):
     all: Rows
 
 
+class LensStrip(TypedDict):
+    """The logit lens of every step: ``tokens[step][layer][k]`` and their probabilities ``probs``
+    float16 ``[step, layer, k]``, best first (the last layer's are the model's own)."""
+
+    tokens: list[list[list[str]]]
+    probs: PackedArray
+
+
+class StepAttribution(TypedDict):
+    """Direct logit attribution of each step's chosen token (a generation made with ``attribute=True``).
+
+    ``logits[step]``: the chosen token's logit (the sum of every term); ``heads[step][rank]``:
+    ``[layer, head, term]`` of the heads with the largest ``|term|``, largest first; ``sources``
+    float16 ``[step, rank, source_pos]``: those terms split over the tokens each head read (0 past
+    the step's last key)."""
+
+    logits: list[float]
+    heads: list[list[tuple[int, int, float]]]
+    sources: PackedArray
+    lens: LensStrip
+
+
 class StepsPayload(TypedDict):
     format: str
     version: int
@@ -116,6 +138,7 @@ class StepsPayload(TypedDict):
     steps: list[StepInfo]
     attention: AttentionRows
     weighted: WeightedRows | None
+    attribution: StepAttribution | None
     notes: list[str]
 
 
@@ -127,7 +150,8 @@ generation, norm-weighted, need not all be in memory at once)."""
 def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["self", "cross"],
                         text: Sequence[str], first_step: int, steps: list[StepInfo], rows: RowsOf,
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
-                        notes: Sequence[str] = (), compress: bool = True) -> StepsPayload:
+                        notes: Sequence[str] = (), attribution: StepAttribution | None = None,
+                        compress: bool = True) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
@@ -151,7 +175,7 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
         n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
         attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
                                 all=overall.packed(compress)),
-        weighted=weighted, notes=list(notes))
+        weighted=weighted, attribution=attribution, notes=list(notes))
 
 
 def pack_attention_rows(rows: RowsOf, keys: Sequence[int], *, heads: bool = True) -> tuple[RowPacker, ...]:
@@ -275,7 +299,23 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         title=title or f"{gen.model.name}: {gen.prompt[:120]}", model=gen.model.name, method=gen.method,
         kind="self", text=gen.tokens, first_step=gen.prompt_length,
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
-        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes, compress=compress)
+        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
+        attribution=generation_attribution(gen, compress), compress=compress)
+
+
+def generation_attribution(gen: GenerationRecord, compress: bool = True) -> StepAttribution | None:
+    """The step view's attribution of a generation made with ``attribute=True`` (None without: records
+    of the first version, which kept no per-source terms, too)."""
+    arrays = gen.arrays
+    if "attribution_sources" not in arrays:
+        return None
+    terms, top = arrays["attribution_heads"], arrays["attribution_top"]  # [step, layer, head], [step, rank, 2]
+    heads = [[(int(layer), int(head), round(float(terms[step, layer, head]), 5)) for layer, head in top[step]]
+             for step in range(gen.n_steps)]
+    lens = LensStrip(tokens=[[list(layer) for layer in step] for step in gen.lens_tokens],
+                     probs=pack_float16(arrays["lens_probs"], compress))
+    return StepAttribution(logits=[round(float(v), 5) for v in arrays["attribution_logits"]], heads=heads,
+                           sources=pack_float16(arrays["attribution_sources"], compress), lens=lens)
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:
