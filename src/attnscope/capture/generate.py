@@ -289,7 +289,8 @@ def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) ->
             top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")
                                             [:ATTRIBUTION_TOP_HEADS], step_heads.shape), axis=-1)  # [rank, 2]
             split = np.zeros((len(top), n_sources), dtype=np.float32)
-            split[:, : position + 1] = terms.head_sources[top[:, 0], top[:, 1]].float().cpu().numpy()
+            layers, heads_of = torch.as_tensor(top[:, 0]), torch.as_tensor(top[:, 1])
+            split[:, : position + 1] = terms.head_sources[layers, heads_of].float().cpu().numpy()
             heads.append(step_heads)
             logits.append(terms.total())
             tops.append(top)

@@ -25,6 +25,12 @@ rather than shipping a second copy of every head's rows. 500 generated tokens of
 layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are mostly near zero,
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
+A generation made with ``attribute=True`` also ships ``attribution``: per step, the heads with the
+largest direct-logit-attribution terms of the chosen token (signed), their terms split over the
+source tokens (float16 ``[step, rank, source_pos]``) and the logit lens (each layer's top tokens);
+the page draws them as ranked signed bars, the text shaded by the clicked head's shares, and a
+layers x tokens strip. Without it ``attribution`` is null and nothing more is computed or shipped.
+
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
 """
@@ -116,7 +122,7 @@ class StepAttribution(TypedDict):
     the step's last key)."""
 
     logits: list[float]
-    heads: list[list[tuple[int, int, float]]]
+    heads: list[list[list[int | float]]]  # [step][rank]: [layer, head, term]
     sources: PackedArray
     lens: LensStrip
 
@@ -310,7 +316,7 @@ def generation_attribution(gen: GenerationRecord, compress: bool = True) -> Step
     if "attribution_sources" not in arrays:
         return None
     terms, top = arrays["attribution_heads"], arrays["attribution_top"]  # [step, layer, head], [step, rank, 2]
-    heads = [[(int(layer), int(head), round(float(terms[step, layer, head]), 5)) for layer, head in top[step]]
+    heads = [[[int(layer), int(head), round(float(terms[step, layer, head]), 5)] for layer, head in top[step]]
              for step in range(gen.n_steps)]
     lens = LensStrip(tokens=[[list(layer) for layer in step] for step in gen.lens_tokens],
                      probs=pack_float16(arrays["lens_probs"], compress))

@@ -231,6 +231,7 @@
     pickHead(rank) {
       this.state.rank = rank;
       this.draw();
+      this.root.focus({ preventScroll: true });  // the clicked bar is drawn anew: keep the arrow keys on the view
     }
 
     choose(layer, head) {
