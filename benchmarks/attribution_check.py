@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/attribution_check.py            # SmolLM2, 40 prompts per task, a few minutes
+    .venv/bin/python benchmarks/attribution_check.py            # SmolLM2, 8 prompts per task, a few minutes alone
     .venv/bin/python benchmarks/attribution_check.py --smoke    # a tiny random Llama, seconds
 
 Figures (the last line printed is one JSON object; see :mod:`attnscope.experiments.attribution_check`): per

@@ -320,7 +320,7 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--evaluate", action="store_true", help="run the check instead of patching pairs")
     check.add_argument("--tasks", default="brown,ioi", help="comma-separated tasks: brown, ioi (default: both)")
     check.add_argument("--prompts", type=positive_int, default=None,
-                       help="prompts per task (default: 40, a few minutes for smollm2 on two cores; --quick: 4)")
+                       help="prompts per task (default: 8, a few minutes for smollm2 on two cores; --quick: 4)")
     check.add_argument("--quick", action="store_true", help="4 prompts per task and 3 random draws: a quick look")
     check.add_argument("--ks", type=index_list, default=None, help="how many heads to ablate together (default: 1,5,20)")
     add_model_arguments(parser)

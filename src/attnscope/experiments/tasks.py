@@ -26,7 +26,7 @@ NAMES = (" Mary", " John", " Tom", " Anna", " Paul", " Sarah", " David", " Kate"
 PLACES = (" store", " park", " school", " beach", " office")
 IOI_TEMPLATE = "When{a} and{b} went to the{place},{giver} gave a drink to"
 SPACE_MARKERS = ("\u0120", "\u2581")  # GPT-2 byte-level BPE's and SentencePiece's "a space before"
-BROWN_MAX_TOKENS = 32  # a sentence's first tokens, enough context and cheap to patch head by head
+BROWN_MAX_TOKENS = 20  # a sentence's first tokens: some context, and cheap to patch head by head
 
 
 @dataclass(frozen=True)
