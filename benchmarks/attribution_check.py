@@ -35,14 +35,21 @@ IMAGE = Path(__file__).resolve().parent.parent / "docs" / "img" / "attribution_c
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="DLA against mean ablation and patching (one JSON line last)")
     parser.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help=f"prompts per task (default: {DEFAULT_PROMPTS})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default: 1; the batches are small: on this 2-core machine shared with "
+                        "other jobs a 9 x 19-token forward pass took 1.5 s with one thread and 15 s with two)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         loaded = tiny_model(Path(folder)) if args.smoke else attnscope.load_model("smollm2")
     ks, draws = ((1, 5), 2) if args.smoke else (KS, RANDOM_DRAWS)
     n_prompts = 3 if args.smoke else args.prompts
-    print(f"attnscope {attnscope.__version__}, {cpu_name()}, load average {load_before:.2f}; model {loaded.name}",
+    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average {load_before:.2f}; "
+          f"model {loaded.name}",
           flush=True)
     check = check_attribution(loaded, n_prompts=n_prompts, ks=ks, draws=draws, progress=not args.smoke)
     data = check.to_dict()
@@ -53,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke:
         save_figure(plot_attribution_check(data), IMAGE)
     figures = {key: value for key, value in data.items() if key != "per_prompt"}
-    figures.update(load_avg_before=round(load_before, 2), load_avg_after=round(os.getloadavg()[0], 2))
+    figures.update(torch_threads=args.threads, load_avg_before=round(load_before, 2),
+                   load_avg_after=round(os.getloadavg()[0], 2))
     emit("attribution_check", figures, keep=not args.smoke and args.prompts == DEFAULT_PROMPTS)
     return 0
 

@@ -45,4 +45,4 @@ shot lab_steps 1000,330 "step=2"
 # tokens the strongest one pushed through, and the logit lens
 "$BIN/attnscope" generate --model smollm2 "The capital of France is" -n 4 --attribute --html "$STEPS/attribute.html" >/dev/null
 PAGE=$STEPS/attribute.html
-shot steps_attribution 1100,980 "step=0"
+shot steps_attribution 1100,730 "step=0"
