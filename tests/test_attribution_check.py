@@ -18,7 +18,7 @@ from attnscope.experiments.attribution_check import check_attribution, prompt_ef
 from attnscope.experiments.tasks import brown_next_tokens, ioi_next_tokens, ioi_pairs
 from attnscope.models.registry import ALIASES
 
-from .test_cli_errors import assert_one_error_line, exit_code
+from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +170,7 @@ EVALUATE_CASES = {
 @pytest.mark.parametrize("name", list(EVALUATE_CASES))
 def test_bad_evaluate_input_is_one_line(name, tiny_model_dir, tmp_path, capsys, monkeypatch):
     extra, expect = EVALUATE_CASES[name]
-    def started(*_args, **_kwargs):
-        raise AssertionError("the check ran before the input was checked")
-
-    monkeypatch.setattr("attnscope.experiments.attribution_check.prompt_effects", started)
+    must_not_run(monkeypatch, "attnscope.experiments.attribution_check.prompt_effects")
     argv = ["patch", "--evaluate", "--model", str(tiny_model_dir("llama")),
             *[value.format(bert=tiny_model_dir("bert")) for value in extra], "-o", str(tmp_path / "out")]
     assert_one_error_line(exit_code(argv), capsys.readouterr().err, expect)
