@@ -28,9 +28,7 @@ The machine may be shared: the JSON gives the load average and the other process
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
-import random
 import sys
 import tempfile
 import time
@@ -49,11 +47,8 @@ from attnscope.capture.attention import capture
 from attnscope.capture.attribution import PositionRows
 from attnscope.data import brown_sentences
 from attnscope.experiments.attribution import RUNNER_UP, direct_logit_attribution
-from attnscope.experiments.patching import PromptPair, activation_patching
-
-NAMES = [" Mary", " John", " Tom", " Anna", " Paul", " Sarah", " David", " Kate", " James", " Emma", " Peter",
-         " Lucy"]
-PLACES = [" store", " park", " school", " beach", " office"]
+from attnscope.experiments.patching import activation_patching
+from attnscope.experiments.tasks import ioi_pairs
 
 
 def tiny_model(folder: Path) -> Any:
@@ -69,25 +64,6 @@ def tiny_model(folder: Path) -> Any:
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(folder)
     return attnscope.load_model(str(folder))
-
-
-def ioi_pairs(loaded: Any, n: int) -> list[PromptPair]:
-    """Indirect-object pairs: clean names the giver B, corrupt a third person C; target A, other B.
-    Only pairs whose prompts have equal token lengths and whose names are one token each."""
-    tokenizer = loaded.tokenizer
-    single = [name for name in NAMES if len(tokenizer(name, add_special_tokens=False)["input_ids"]) == 1]
-    pairs = []
-    triples = list(itertools.permutations(single, 3))
-    random.Random(0).shuffle(triples)  # varied names, the same pairs every run
-    for index, (a, b, c) in enumerate(triples):
-        place = PLACES[index % len(PLACES)]
-        clean = f"When{a} and{b} went to the{place},{b} gave a drink to"
-        corrupt = f"When{a} and{b} went to the{place},{c} gave a drink to"
-        if len(tokenizer(clean)["input_ids"]) == len(tokenizer(corrupt)["input_ids"]):
-            pairs.append(PromptPair(clean, corrupt, a, b))
-        if len(pairs) == n:
-            return pairs
-    raise SystemExit(f"only {len(pairs)} usable pairs")
 
 
 def text_of(loaded: Any, n_tokens: int) -> str:

@@ -145,6 +145,14 @@ def test_a_garbage_gguf_is_one_stderr_line(files, tmp_path, monkeypatch, capsys)
     assert len(err) == 1 and "not a GGUF file" in err[0], err
 
 
+def must_not_run(monkeypatch, target: str) -> None:
+    """Make ``target`` (a dotted name) fail the test if called: the slow work a bad input must never reach."""
+    def started(*_args, **_kwargs):
+        raise AssertionError(f"{target} ran before the input was checked")
+
+    monkeypatch.setattr(target, started)
+
+
 def exit_code(args: list[str]) -> int:
     try:
         return cli.main(args)

@@ -16,7 +16,7 @@ from attnscope import AttnscopeError
 from attnscope.capture.attention import Intervention, intervene
 from attnscope.experiments.patching import HeadOutputs, PromptPair, activation_patching, mean_interval
 
-from .test_cli_errors import assert_one_error_line, exit_code
+from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
 
 CLEAN, CORRUPT = "the cat sat on the mat.", "the dog sat on the mat."
 PAIR = PromptPair(CLEAN, CORRUPT, "mat", "cat")
@@ -150,10 +150,7 @@ PATCH_CASES = {
 def test_bad_patch_input_is_one_line_before_any_forward_pass(name, tiny_model_dir, tmp_path, capsys, monkeypatch):
     extra, expect = PATCH_CASES[name]
 
-    def started(*_args, **_kwargs):
-        raise AssertionError("activation_patching ran before the input was checked")
-
-    monkeypatch.setattr("attnscope.experiments.patching.activation_patching", started)
+    must_not_run(monkeypatch, "attnscope.experiments.patching.activation_patching")
     (tmp_path / "pairs.jsonl").write_text(json.dumps({"clean": CLEAN, "corrupt": CORRUPT, "target": "mat"}) + "\n")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"clean": CLEAN, "corrupt": CORRUPT}) + "\n")
     folders = {"bert": str(tiny_model_dir("bert")), "pairs": str(tmp_path / "pairs.jsonl"),

@@ -10,7 +10,7 @@ import pytest
 
 from attnscope import generate, load_model
 from attnscope.models.registry import ALIASES
-from attnscope.present.steps import steps_schema
+from attnscope.present.steps import generation_payload, steps_schema
 
 from .conftest import CHROMIUM
 from .test_serve_guard import serving
@@ -47,6 +47,23 @@ def test_generate_returns_the_step_view_of_what_generate_writes(client, app):
     assert [step["chosen"] for step in data["payload"]["steps"]] == list(record.generated_tokens)
     assert data["payload"]["keys"] == [record.prompt_length + step for step in range(3)]
     assert client.get("/api/models").json()["max_new_tokens"] == MAX_NEW_TOKENS
+
+
+def test_generate_with_attribution_returns_the_attribution_of_what_generate_writes(client, app):
+    plain = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2}).json()
+    assert plain["payload"]["attribution"] is None, "asked for nothing, nothing more is sent"
+    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2,
+                                                "attribute": True})
+    assert answer.status_code == 200, answer.text
+    payload = answer.json()["payload"]
+    jsonschema.validate(payload, steps_schema())
+    with app.state.pool.use("smollm2") as smollm2:
+        record = generate(smollm2, PROMPT, max_new_tokens=2, attribute=True)
+    want = generation_payload(record)["attribution"]
+    assert payload["attribution"]["heads"] == want["heads"]
+    assert payload["attribution"]["lens"]["tokens"] == want["lens"]["tokens"]
+    refused = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "attribute": "yes please"})
+    assert refused.status_code == 422 and "attribute" in refused.json()["detail"]
 
 
 def test_a_long_prompt_keeps_only_the_steps_rows_when_asked(client):
@@ -121,4 +138,36 @@ def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, serv
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer_generate.png"))
     assert errors == [] and all(url.startswith((server, "data:", "blob:")) for url in requests)
+    page.close()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
+                    reason="Debian chromium or playwright is not installed")
+def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, server):
+    page = browser.new_page(viewport={"width": 1300, "height": 1100})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(server)
+    page.wait_for_selector("#gen-model option", state="attached")
+    page.click(".ex-tabs [data-tab=generate]")
+    page.select_option("#gen-model", "smollm2")
+    page.fill("#gen-prompt", PROMPT)
+    page.fill("#gen-tokens", "2")
+    page.check("#gen-attribute")
+    page.click("#generate")
+    page.wait_for_selector("#gen-steps[data-drawn] [data-role=head-bar]", timeout=120_000)
+    bars = page.locator("#gen-steps [data-role=head-bar]")
+    assert bars.count() == 10
+    shades = lambda: page.evaluate("Array.from(document.querySelectorAll('#gen-steps [data-role=sources] .st-key'), "
+                                   "s => s.style.background)")
+    before = shades()
+    second = bars.nth(1)
+    layer, head = second.get_attribute("data-layer"), second.get_attribute("data-head")
+    second.click()
+    page.wait_for_function(f"() => document.querySelector('#gen-steps [data-role=sources]').dataset.head === '{head}'"
+                           f" && document.querySelector('#gen-steps [data-role=sources]').dataset.layer === '{layer}'")
+    assert shades() != before, "clicking a head changes the drawn source tokens"
+    assert page.locator("#gen-steps [data-role=lens]").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "explorer_generate_attribution.png"), full_page=True)
+    assert errors == []
     page.close()

@@ -25,6 +25,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -300,6 +301,24 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
     return Terms(heads=sources.sum(-1), head_sources=sources, mlps=mlps, attention_bias=biases,
                  embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
                  final_scale=final.scale)
+
+
+def lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The logit lens: ``[position, layer, k]`` top token ids (int64) and probabilities (float32) of each
+    block's output (``blocks[layer]``: ``[position, d_model]``) through the final norm and the LM head (and
+    any final logit softcapping), one layer at a time. Call it outside :func:`residual_parts`."""
+    norm, head = named_module(loaded, unembedding(loaded).final_norm), lm_head(loaded)
+    dtype = cast(torch.Tensor, head.weight).dtype
+    softcap = getattr(loaded.config, "final_logit_softcapping", None)
+    ids, probs = [], []
+    for layer in sorted(blocks):
+        logits = head(norm(blocks[layer].to(dtype))).float()  # [position, vocab]
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        top = torch.softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
+        ids.append(top.indices.cpu().numpy())
+        probs.append(top.values.cpu().numpy())
+    return np.stack(ids, axis=1).astype(np.int64), np.stack(probs, axis=1).astype(np.float32)
 
 
 def _check_rebuilt(loaded: LoadedModel, rebuilt: torch.Tensor, actual: torch.Tensor) -> None:

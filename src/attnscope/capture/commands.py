@@ -119,7 +119,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
     parser.add_argument("--attribute", action="store_true",
                         help="also keep each step's direct logit attribution: how much every head pushed the chosen "
-                        "token's logit up or down (one more forward pass of the final text; --save keeps it)")
+                        "token's logit up or down, what the strongest ten pushed through each source token, and the "
+                        "logit lens (one more forward pass of the final text; --save keeps it, --html shows it)")
     parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
                         help=PROMPT_ROWS_HELP + " (the table, --json and --html are the same; 'all' lets --save's "
                         "record become a full AttentionRecord: to_attention_record)")

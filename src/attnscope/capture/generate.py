@@ -24,7 +24,7 @@ from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
-from .attribution import PositionRows, decompose, logit_direction, residual_parts
+from .attribution import PositionRows, decompose, lens_top, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
 from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
@@ -40,6 +40,8 @@ DROP_PROMPT_ROWS_ADVICE = "keep only the steps' rows (prompt_rows=False, --promp
 # per-step table never read them (only each step's own row), and `attnscope view`/`extract` capture a
 # long prompt's attention on their own, in row chunks.
 PROMPT_ROWS_BUDGET = 512 * 2**20
+ATTRIBUTION_TOP_HEADS = 10  # heads per step whose terms are kept split over the source tokens (attribute=True)
+LENS_TOP = 3  # tokens per layer and step of the logit lens kept (attribute=True)
 
 
 @dataclass
@@ -259,36 +261,70 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         _complete_last_row(loaded, sequence, output.cache)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    extra = step_attribution(loaded, sequence.tolist(), len(ids)) if attribute else {}
+    extra = step_attribution(loaded, sequence.tolist(), len(ids)) if attribute else None
     return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes,
                    extra)
 
 
-def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) -> dict[str, np.ndarray]:
-    """Direct logit attribution of every step's chosen token, from one teacher-forced forward pass of
-    ``sequence`` (interventions active around the call apply, as they did while generating).
+@dataclass(frozen=True)
+class StepAttribution:
+    """What ``generate(..., attribute=True)`` adds to a record: ``arrays`` (see :func:`step_attribution`) and
+    ``lens_tokens[step][layer][k]``, the logit lens's top tokens as text."""
 
-    Step s chose ``sequence[n_prompt + s]`` at position ``n_prompt - 1 + s``. Returns
-    ``attribution_heads`` float32 ``[step, layer, head]`` (each head's signed term of the chosen token's
-    logit) and ``attribution_logits`` float32 ``[step]`` (that logit: the sum of every term, heads, MLPs,
-    embeddings and biases; see :mod:`attnscope.capture.attribution`).
+    arrays: dict[str, np.ndarray]
+    lens_tokens: tuple[tuple[tuple[str, ...], ...], ...]
+
+
+def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) -> StepAttribution:
+    """Direct logit attribution and the logit lens of every step's chosen token, from one teacher-forced
+    forward pass of ``sequence`` (interventions active around the call apply, as they did while generating).
+
+    Step s chose ``sequence[n_prompt + s]`` at position ``n_prompt - 1 + s``. Arrays:
+
+    * ``attribution_heads`` float32 ``[step, layer, head]``: each head's signed term of the chosen token's
+      logit; ``attribution_logits`` float32 ``[step]``: that logit (the sum of every term: heads, MLPs,
+      embeddings and biases; see :mod:`attnscope.capture.attribution`);
+    * ``attribution_top`` int64 ``[step, rank, 2]``: (layer, head) of the :data:`ATTRIBUTION_TOP_HEADS`
+      heads with the largest ``|term|``, largest first, and ``attribution_sources`` float32
+      ``[step, rank, source_pos]``: their terms split over the source tokens they read (sources
+      ``0..len(sequence) - 2``; 0 past the step's position). Only the top heads: every head's split
+      would be ``[step, layer, head, source]``, which grows with the text squared (SmolLM2, 256 tokens
+      after a 1,000-token prompt: 270 heads x 1,256 sources x 256 steps, 347 MB) while a view shows a
+      few heads per step (10 heads: 13 MB);
+    * ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]``: the logit lens at the step's
+      position (the top :data:`LENS_TOP` tokens of each layer's residual stream through the final norm
+      and the LM head; the last layer's is the model's own next-token distribution).
     """
     positions = tuple(range(n_prompt - 1, len(sequence) - 1))
     rows = PositionRows(positions)
     input_ids = torch.tensor([sequence], device=loaded.input_device)
     with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
-          residual_parts(loaded, positions) as parts, _quiet_transformers()):
+          residual_parts(loaded, positions, blocks=True) as parts, _quiet_transformers()):
         loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    n_sources = len(sequence) - 1
     with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
-        heads, logits = [], []
+        heads, logits, tops, sources = [], [], [], []
         cache: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
         for index, position in enumerate(positions):
             token = sequence[position + 1]
             terms = decompose(loaded, rows, parts, *logit_direction(loaded, token), index, cache)
-            heads.append(terms.heads.float().cpu().numpy())
+            step_heads = terms.heads.float().cpu().numpy()  # [layer, head]
+            top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")
+                                            [:ATTRIBUTION_TOP_HEADS], step_heads.shape), axis=-1)  # [rank, 2]
+            split = np.zeros((len(top), n_sources), dtype=np.float32)
+            layers, heads_of = torch.as_tensor(top[:, 0]), torch.as_tensor(top[:, 1])
+            split[:, : position + 1] = terms.head_sources[layers, heads_of].float().cpu().numpy()
+            heads.append(step_heads)
             logits.append(terms.total())
-    return {"attribution_heads": np.stack(heads).astype(np.float32),
-            "attribution_logits": np.array(logits, dtype=np.float32)}
+            tops.append(top)
+            sources.append(split)
+        lens_ids, lens_probs = lens_top(loaded, parts.blocks, LENS_TOP)
+    arrays = {"attribution_heads": np.stack(heads).astype(np.float32),
+              "attribution_logits": np.array(logits, dtype=np.float32),
+              "attribution_top": np.stack(tops).astype(np.int64), "attribution_sources": np.stack(sources),
+              "lens_ids": lens_ids, "lens_probs": lens_probs}
+    lens_tokens = tuple(tuple(readable_tokens(loaded.tokenizer, layer.tolist()) for layer in step) for step in lens_ids)
+    return StepAttribution(arrays, lens_tokens)
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
@@ -310,7 +346,7 @@ def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, cache: Any) 
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
             rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
-            extra: Mapping[str, np.ndarray]) -> GenerationRecord:
+            extra: StepAttribution | None) -> GenerationRecord:
     assert rows.first is not None
     tokenizer = loaded.tokenizer
     tokens = readable_tokens(tokenizer, sequence)
@@ -332,8 +368,10 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
         if values is not None:
             arrays[name] = values
-    arrays.update(extra)
+    if extra is not None:
+        arrays.update(extra.arrays)
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
-                            changes=changes, first_row=rows.first_row)
+                            changes=changes, first_row=rows.first_row,
+                            lens_tokens=() if extra is None else extra.lens_tokens)

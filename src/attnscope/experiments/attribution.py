@@ -28,6 +28,7 @@ from ..capture.attention import capture
 from ..capture.attribution import (
     PositionRows,
     decompose,
+    lens_top,
     lm_head,
     logit_direction,
     named_module,
@@ -132,11 +133,11 @@ def logits_at(loaded: LoadedModel, input_ids: torch.Tensor, position: int) -> to
     return cast(torch.Tensor, logits[-keep].float())
 
 
-def direct_logit_attribution(model: LoadedModel | str, prompt: str, target: int | str | None = None,
+def direct_logit_attribution(model: LoadedModel | str, prompt: str | Sequence[int], target: int | str | None = None,
                              position: int = -1, contrast: int | str | None = None) -> Attribution:
     """Split the logit of ``target`` at ``position`` of ``prompt`` into the terms of :class:`Attribution`.
 
-    ``target``: a token id or a one-token text (``" Paris"``); None = the model's top next token at
+    ``prompt``: a text, or token ids. ``target``: a token id or a one-token text (``" Paris"``); None = the model's top next token at
     ``position``. ``position``: 0-indexed, negative counts from the end (default: the last).
     ``contrast``: a token (id or text) whose logit is subtracted, or :data:`RUNNER_UP` for the best
     token other than the target. One forward pass: each layer's probability row of ``position``
@@ -144,7 +145,7 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str, target: int 
     """
     loaded = as_loaded(model)
     unembedding(loaded)
-    ids = prompt_ids(loaded, prompt, chat=False)
+    ids = _ids_of(loaded, prompt)
     t = _resolve_position(position, len(ids))
     wanted = None if target is None else token_id(loaded, target)
     wanted_contrast = None if contrast is None or contrast == RUNNER_UP else token_id(loaded, contrast, "contrast")
@@ -172,6 +173,14 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str, target: int 
         heads=terms.heads.numpy(), head_sources=terms.head_sources.numpy(), mlps=terms.mlps.numpy(),
         attention_bias=terms.attention_bias.numpy(), embeddings=terms.embeddings, final_bias=terms.final_bias,
         final_scale=terms.final_scale)
+
+
+def _ids_of(loaded: LoadedModel, prompt: str | Sequence[int]) -> list[int]:
+    """A prompt's token ids: a text as the tokenizer encodes it, or the ids given."""
+    ids = prompt_ids(loaded, prompt, chat=False) if isinstance(prompt, str) else [int(i) for i in prompt]
+    if not ids:
+        raise AttnscopeError("the prompt is empty")
+    return ids
 
 
 def _runner_up(logits: torch.Tensor, target_id: int) -> int:
@@ -220,9 +229,7 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
     end; default: the last), from one forward pass."""
     loaded = as_loaded(model)
     unembedding(loaded)
-    ids = prompt_ids(loaded, prompt, chat=False) if isinstance(prompt, str) else [int(i) for i in prompt]
-    if not ids:
-        raise AttnscopeError("the prompt is empty")
+    ids = _ids_of(loaded, prompt)
     chosen = [_resolve_position(p, len(ids)) for p in (positions if positions is not None else [-1])]
     if k < 1:
         raise AttnscopeError("k must be at least 1")
@@ -230,26 +237,10 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
         loaded.model(input_ids=torch.tensor([ids], device=loaded.input_device), use_cache=False,
                      **last_logits_only(loaded))
     with torch.inference_mode():  # outside the hooks
-        top_ids, top_probs = _lens_top(loaded, parts.blocks, k)
+        top_ids, top_probs = lens_top(loaded, parts.blocks, k)
     tokenizer = loaded.tokenizer
     texts = tuple(tuple(readable_tokens(tokenizer, layer.tolist()) for layer in position) for position in top_ids)
     return LogitLens(loaded.name, readable_tokens(tokenizer, ids), np.array(chosen), top_ids, top_probs, texts)
-
-
-def _lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[position, layer, k]`` top ids and probabilities of each block's output, one layer at a time."""
-    norm, head = named_module(loaded, unembedding(loaded).final_norm), lm_head(loaded)
-    dtype = cast(torch.Tensor, head.weight).dtype
-    ids, probs = [], []
-    for layer in sorted(blocks):
-        logits = head(norm(blocks[layer].to(dtype))).float()  # [position, vocab]
-        softcap = getattr(loaded.config, "final_logit_softcapping", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        top = torch.softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
-        ids.append(top.indices.cpu().numpy())
-        probs.append(top.values.cpu().numpy())
-    return np.stack(ids, axis=1).astype(np.int64), np.stack(probs, axis=1).astype(np.float32)
 
 
 def generation_lens(model: LoadedModel | str, record: GenerationRecord, k: int = 5) -> LogitLens:

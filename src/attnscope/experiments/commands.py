@@ -321,8 +321,22 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals over pairs (default: 1000)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
+    check = parser.add_argument_group(
+        "is direct logit attribution faithful? (--evaluate, no pairs needed)",
+        "on built-in tasks (Brown sentences' next words, indirect-object prompts from templates), per prompt: "
+        "mean-ablating the top-k heads by direct logit attribution (largest positive terms) against k random heads "
+        "(k = 1, 5, 20; 10 draws), and each head alone mean-ablated (patching) against its DLA term (Spearman); "
+        "mean ablation = the head's output replaced by its mean over every position of the task's prompts; "
+        "means over prompts with bootstrap 95%% intervals; writes attribution_check.json, .png and .svg")
+    check.add_argument("--evaluate", action="store_true", help="run the check instead of patching pairs")
+    check.add_argument("--tasks", default="brown,ioi", help="comma-separated tasks: brown, ioi (default: both)")
+    check.add_argument("--prompts", type=positive_int, default=None,
+                       help="prompts per task (default: 8, a few minutes for smollm2 on two cores; --quick: 4)")
+    check.add_argument("--quick", action="store_true", help="4 prompts per task and 3 random draws: a quick look")
+    check.add_argument("--ks", type=index_list, default=None, help="how many heads to ablate together (default: 1,5,20)")
     add_model_arguments(parser)
-    add_output_folder(parser, "patching", "patching_heads.png (and _mlps, _residual) and patching.json")
+    add_output_folder(parser, "patching", "patching_heads.png (and _mlps, _residual) and patching.json "
+                      "(--evaluate: attribution_check.json, .png, .svg)")
 
 
 def _read_pairs(args: argparse.Namespace) -> list[dict[str, str | None]]:
@@ -378,6 +392,12 @@ def _pairs_file(path: Path) -> list[dict[str, str | None]]:
 def _run_patch(args: argparse.Namespace) -> int:
     from ..outputs import output_folder
 
+    if args.evaluate:
+        given = [name for name in ("clean", "corrupt", "target", "other", "file") if getattr(args, name) is not None]
+        if given:
+            raise AttnscopeError(f"--evaluate runs built-in tasks; leave out --{', --'.join(given)}")
+        with output_folder(args.out, overwrite=args.overwrite, command="patch"):
+            return _check_attribution(args)
     pairs = _read_pairs(args)  # bad pairs, files or folders fail before the model loads
     with output_folder(args.out, overwrite=args.overwrite, command="patch"):
         return _patch(args, pairs)
@@ -405,6 +425,35 @@ def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
         interval = (f" [{low[layer, head]:+.3f}, {high[layer, head]:+.3f}]" if np.isfinite(low[layer, head]) else "")
         print(f"  layer {layer} head {head}: {share:+.3f}{interval}")
     print(f"wrote {', '.join(written)}, {summary}")
+    return 0
+
+
+def _check_attribution(args: argparse.Namespace) -> int:
+    from ..present.figures import plot_attribution_check, save_figure
+    from .attribution_check import DEFAULT_PROMPTS, KS, QUICK_PROMPTS, RANDOM_DRAWS, TASKS, check_attribution
+
+    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
+    unknown = [task for task in tasks if task not in TASKS]
+    if unknown or not tasks:
+        raise AttnscopeError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    loaded = load_from_args(args)
+    n_prompts = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
+    check = check_attribution(loaded, tasks=tasks, n_prompts=n_prompts, ks=args.ks or KS, draws=3 if args.quick else
+                              RANDOM_DRAWS, n_resamples=args.bootstrap, seed=args.seed, progress=True)
+    data = check.to_dict()
+    summary = args.out / "attribution_check.json"
+    summary.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    figure = plot_attribution_check(data)
+    written = [str(save_figure(figure, args.out / f"attribution_check.{suffix}")) for suffix in ("png", "svg")]
+    show = lambda v: "n/a" if v[0] is None else f"{v[0]:+.3f}" + ("" if v[1] is None else f" [{v[1]:+.3f}, {v[2]:+.3f}]")
+    for task, result in data["tasks"].items():
+        print(f"{task} ({result['n_prompts']} prompts), drop of the target logit, mean [95% CI]:")
+        for k, row in result["ablation"].items():
+            print(f"  k={k}: top by DLA {show(row['top_dla'])}, random {show(row['random'])}, "
+                  f"difference {show(row['difference'])}")
+        print(f"  Spearman(DLA, each head alone ablated) {show(result['spearman'])}; top-20 overlap "
+              f"{show(result['top20_overlap'])}")
+    print(f"wrote {summary}, {', '.join(written)} ({check.seconds:.0f} s)")
     return 0
 
 
@@ -437,6 +486,8 @@ the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad
   attnscope patch --model smollm2 --clean "The Eiffel Tower is in the city of" \\
       --corrupt "The Colosseum is in the city of" --target " Paris" --other " Rome" -o out/
   attnscope patch --model smollm2 --file pairs.jsonl --mlps --residual -o out/
+  attnscope patch --model smollm2 --evaluate -o out/          # is direct logit attribution faithful? (minutes)
+  attnscope patch --model smollm2 --evaluate --quick -o out/  # 4 prompts per task
 pairs.jsonl: one {"clean": ..., "corrupt": ..., "target": ..., "other": ...} per line (prompts of equal token length)
 writes out/patching_heads.png (layers x heads: share of the metric recovered, 0 = corrupted, 1 = clean;
 * = 95% bootstrap CI over pairs excludes 0) and out/patching.json""",

@@ -68,7 +68,7 @@ class PromptPair:
 
 
 @dataclass(frozen=True)
-class _Encoded:
+class EncodedPair:
     clean: torch.Tensor  # [1, pos]
     corrupt: torch.Tensor  # [1, pos]
     target: int
@@ -77,7 +77,7 @@ class _Encoded:
 
 
 def prepare_pairs(loaded: LoadedModel, pairs: Sequence[PromptPair], metric: str | None = None
-                  ) -> tuple[list[_Encoded], str]:
+                  ) -> tuple[list[EncodedPair], str]:
     """Encode and check every pair before any forward pass: one line naming the pair for an empty
     prompt, prompts of different token lengths, or a target / other that is not one token. Returns the
     encoded pairs and the metric (default: ``logit_diff`` when every pair has another token, else ``logit``)."""
@@ -97,7 +97,7 @@ def prepare_pairs(loaded: LoadedModel, pairs: Sequence[PromptPair], metric: str 
     return encoded, chosen
 
 
-def _encode(loaded: LoadedModel, pair: PromptPair, metric: str) -> _Encoded:
+def _encode(loaded: LoadedModel, pair: PromptPair, metric: str) -> EncodedPair:
     clean, corrupt = prompt_ids(loaded, pair.clean, chat=False), prompt_ids(loaded, pair.corrupt, chat=False)
     if len(clean) != len(corrupt):
         raise AttnscopeError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupt)}; patching "
@@ -107,7 +107,7 @@ def _encode(loaded: LoadedModel, pair: PromptPair, metric: str) -> _Encoded:
     target = token_id(loaded, pair.target)
     other = None if pair.other is None else token_id(loaded, pair.other, "other")
     device = loaded.input_device
-    return _Encoded(torch.tensor([clean], device=device), torch.tensor([corrupt], device=device), target, other,
+    return EncodedPair(torch.tensor([clean], device=device), torch.tensor([corrupt], device=device), target, other,
                     readable_tokens(loaded.tokenizer, clean))
 
 
@@ -245,7 +245,7 @@ def activation_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | 
     return _result(loaded, encoded, runs, metric, method, seconds, n_resamples, seed)
 
 
-def _progress(items: list[_Encoded], enabled: bool) -> Iterator[_Encoded]:
+def _progress(items: list[EncodedPair], enabled: bool) -> Iterator[EncodedPair]:
     from tqdm.auto import tqdm
 
     yield from tqdm(items, desc="patching", unit="pair", disable=not enabled, leave=False)
@@ -257,11 +257,11 @@ def _cacheable(loaded: LoadedModel) -> bool:
 
 # ---- one pair --------------------------------------------------------------------------------------------
 @dataclass
-class _Runner:
+class PatchRunner:
     """Runs the corrupted prompt with patches: from a cached block input (``cached``) or whole."""
 
     loaded: LoadedModel
-    pair: _Encoded
+    pair: EncodedPair
     metric: str
     cached: bool
     kept: Any = None
@@ -296,13 +296,13 @@ class _Runner:
             return self.score(hidden[:, -1])
 
 
-def _patch_pair(loaded: LoadedModel, pair: _Encoded, metric: str, method: str, *, mlps: bool,
+def _patch_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, method: str, *, mlps: bool,
                 residual: bool) -> dict[str, Any]:
     """The clean, corrupted and patched metrics of one pair."""
     kind, n_layers, n_heads = attention_shape(loaded, "self")
     blocks = blocks_by_layer(loaded)
     ffn = {layer: module for (k, layer), module in find_modules(loaded.model, loaded.adapter.ffn).items() if k == kind}
-    runner = _Runner(loaded, pair, metric, cached=method == "cached", blocks=blocks,
+    runner = PatchRunner(loaded, pair, metric, cached=method == "cached", blocks=blocks,
                      finals=final_modules(loaded) if method == "cached" else [])
     clean_heads = HeadOutputs(kind)
     clean_ffn: dict[int, torch.Tensor] = {}
@@ -315,7 +315,7 @@ def _patch_pair(loaded: LoadedModel, pair: _Encoded, metric: str, method: str, *
             corrupt = float(runner.whole(pair.corrupt)[0])
         runner.kept = kept
         out: dict[str, Any] = {"clean": clean, "corrupt": corrupt}
-        out["heads"] = _patch_heads(runner, clean_heads.outputs, n_layers, n_heads, method)
+        out["heads"] = patch_each_head(runner, clean_heads.outputs, n_layers, n_heads, method)
         if mlps:
             out["mlps"] = _patch_modules(runner, ffn, clean_ffn, n_layers, each_position=False)
         if residual:
@@ -342,7 +342,7 @@ def _chunks(n: int, per_row_tokens: int) -> Iterator[range]:
         yield range(start, min(n, start + size))
 
 
-def _patch_heads(runner: _Runner, clean: Mapping[int, torch.Tensor], n_layers: int, n_heads: int,
+def patch_each_head(runner: PatchRunner, clean: Mapping[int, torch.Tensor], n_layers: int, n_heads: int,
                  method: str) -> np.ndarray:
     """``[layer, head]`` metric with each head's output patched from the clean run."""
     values = np.zeros((n_layers, n_heads))
@@ -375,7 +375,7 @@ def _patch_heads(runner: _Runner, clean: Mapping[int, torch.Tensor], n_layers: i
     return values
 
 
-def _patch_modules(runner: _Runner, modules: Mapping[int, nn.Module], clean: Mapping[int, torch.Tensor],
+def _patch_modules(runner: PatchRunner, modules: Mapping[int, nn.Module], clean: Mapping[int, torch.Tensor],
                    n_layers: int, *, each_position: bool) -> np.ndarray:
     """Patch each module's output from the clean run: ``[layer]`` (MLPs, every position at once) or, with
     ``each_position``, ``[layer, position]`` (one position per batch row; the residual after each block)."""
@@ -434,7 +434,7 @@ def mean_interval(values: np.ndarray, n_resamples: int = 1000, seed: int = 0
     return mean, np.asarray(interval.low), np.asarray(interval.high)
 
 
-def _result(loaded: LoadedModel, encoded: Sequence[_Encoded], runs: Sequence[dict[str, Any]], metric: str,
+def _result(loaded: LoadedModel, encoded: Sequence[EncodedPair], runs: Sequence[dict[str, Any]], metric: str,
             method: str, seconds: float, n_resamples: int, seed: int) -> PatchingResult:
     clean = np.array([run["clean"] for run in runs])
     corrupt = np.array([run["corrupt"] for run in runs])

@@ -11,9 +11,10 @@ they work in scripts, servers and notebooks alike (a notebook shows a returned F
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -266,6 +267,47 @@ def plot_patching(result: PatchingResult, part: str = "heads") -> Figure:
                  f"mean over {result.n_pairs} pair(s); 0 = corrupted, 1 = clean; * = 95% bootstrap CI excludes 0",
                  fontsize=9)
     figure.colorbar(image, ax=ax, label="share recovered", shrink=0.8)
+    return figure
+
+
+def plot_attribution_check(check: Mapping[str, Any]) -> Figure:
+    """The attribution check (``AttributionCheck.to_dict()``, as ``attnscope patch --evaluate`` writes it), one
+    column per task: above, the drop of the target logit when the top-k heads by DLA or k random heads are
+    mean-ablated (means over prompts, bars: bootstrap 95% intervals); below, each head's mean DLA term
+    against its mean effect alone (patching), with Spearman's rho (mean over prompts)."""
+    tasks = check["tasks"]
+    figure = _figure_class()(figsize=(4.2 * len(tasks), 6.4), layout="constrained")
+    axes = figure.subplots(2, len(tasks), squeeze=False)
+    for column, (task, summary) in enumerate(tasks.items()):
+        ks = [int(k) for k in summary["ablation"]]
+        top, ax = axes[0, column], axes[1, column]
+        for offset, (name, label, colour) in enumerate((("top_dla", "top-k heads by DLA", "#1e8c46"),
+                                                        ("random", "k random heads", "#888888"))):
+            mean, low, high = (np.array([np.nan if v is None else v for v in
+                                         (summary["ablation"][str(k)][name][i] for k in ks)]) for i in range(3))
+            x = np.arange(len(ks)) + (offset - 0.5) * 0.3
+            top.bar(x, mean, width=0.3, color=colour, label=label,
+                    yerr=np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0), capsize=3)
+        top.set_xticks(range(len(ks)), [str(k) for k in ks])
+        top.set_xlabel("k heads mean-ablated")
+        top.set_ylabel("drop of the target logit")
+        top.set_title(f"{task}: {summary['n_prompts']} prompts", fontsize=9)
+        top.axhline(0, color="black", linewidth=0.5)
+        top.legend(fontsize=7)
+        dla, patched = np.ravel(summary["mean_dla"]), np.ravel(summary["mean_patching"])
+        ax.scatter(dla, patched, s=8, color="#4a7bd0", alpha=0.7)
+        n_heads = len(summary["mean_dla"][0])
+        for head in summary["heads"]["by_patching"][:3] + summary["heads"]["by_dla"][:3]:
+            index = head["layer"] * n_heads + head["head"]
+            ax.annotate(f"L{head['layer']}H{head['head']}", (dla[index], patched[index]), fontsize=6)
+        rho = summary["spearman"]
+        interval = "" if rho[1] is None else f" [{rho[1]:.2f}, {rho[2]:.2f}]"
+        ax.set_title(f"Spearman rho per prompt, mean {rho[0]:.2f}{interval}", fontsize=9)
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.axvline(0, color="black", linewidth=0.5)
+        ax.set_xlabel("mean DLA term (direct effect)")
+        ax.set_ylabel("mean drop, head alone mean-ablated")
+    figure.suptitle(f"{check['model']}: is direct logit attribution faithful? (layers, heads 0-indexed)", fontsize=10)
     return figure
 
 

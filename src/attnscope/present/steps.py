@@ -29,6 +29,12 @@ rather than shipping a second copy of every head's rows. 500 generated tokens of
 layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are mostly near zero,
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
+A generation made with ``attribute=True`` also ships ``attribution``: per step, the heads with the
+largest direct-logit-attribution terms of the chosen token (signed), their terms split over the
+source tokens (float16 ``[step, rank, source_pos]``) and the logit lens (each layer's top tokens);
+the page draws them as ranked signed bars, the text shaded by the clicked head's shares, and a
+layers x tokens strip. Without it ``attribution`` is null and nothing more is computed or shipped.
+
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
 """
@@ -103,6 +109,28 @@ class WeightedRows(TypedDict):
     all: Rows
 
 
+class LensStrip(TypedDict):
+    """The logit lens of every step: ``tokens[step][layer][k]`` and their probabilities ``probs``
+    float16 ``[step, layer, k]``, best first (the last layer's are the model's own)."""
+
+    tokens: list[list[list[str]]]
+    probs: PackedArray
+
+
+class StepAttribution(TypedDict):
+    """Direct logit attribution of each step's chosen token (a generation made with ``attribute=True``).
+
+    ``logits[step]``: the chosen token's logit (the sum of every term); ``heads[step][rank]``:
+    ``[layer, head, term]`` of the heads with the largest ``|term|``, largest first; ``sources``
+    float16 ``[step, rank, source_pos]``: those terms split over the tokens each head read (0 past
+    the step's last key)."""
+
+    logits: list[float]
+    heads: list[list[list[int | float]]]  # [step][rank]: [layer, head, term]
+    sources: PackedArray
+    lens: LensStrip
+
+
 class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models with learned sinks only
     format: str
     version: int
@@ -120,6 +148,7 @@ class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models
     steps: list[StepInfo]
     attention: AttentionRows
     weighted: WeightedRows | None
+    attribution: StepAttribution | None
     notes: list[str]
     sink_mass: NotRequired[PackedArray]
 
@@ -132,14 +161,15 @@ generation, norm-weighted, need not all be in memory at once)."""
 def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["self", "cross"],
                         text: Sequence[str], first_step: int, steps: list[StepInfo], rows: RowsOf,
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
-                        notes: Sequence[str] = (), compress: bool = True,
-                        sink_mass: np.ndarray | None = None) -> StepsPayload:
+                        notes: Sequence[str] = (), attribution: StepAttribution | None = None,
+                        compress: bool = True, sink_mass: np.ndarray | None = None) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
     ``||v_k W_O^h||`` of every key position (or None: no norm-weighted view). ``text``: the decoder's
-    tokens; step ``s`` chose ``text[first_step + s]``. ``sink_mass``: ``[layer, head, step]`` for a model with
-    learned sinks (each step's row sums to 1 minus it), else None.
+    tokens; step ``s`` chose ``text[first_step + s]``. ``attribution``: the chosen tokens' direct logit
+    attribution and logit lens (:func:`generation_attribution`), or None. ``sink_mass``: ``[layer, head, step]``
+    for a model with learned sinks (each step's row sums to 1 minus it), else None.
     """
     if not steps:
         raise AttnscopeError("nothing was decoded: the step view needs at least one step")
@@ -158,7 +188,7 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
         n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
         attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
                                 all=overall.packed(compress)),
-        weighted=weighted, notes=list(notes))
+        weighted=weighted, attribution=attribution, notes=list(notes))
     if sink_mass is not None:
         payload["sink_mass"] = pack_float16(sink_mass, compress)
     return payload
@@ -285,8 +315,8 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         title=title or f"{gen.model.name}: {gen.prompt[:120]}", model=gen.model.name, method=gen.method,
         kind="self", text=gen.tokens, first_step=gen.prompt_length,
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
-        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes, compress=compress,
-        sink_mass=_step_sink_mass(gen))
+        rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
+        attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen))
 
 
 def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
@@ -294,6 +324,21 @@ def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
     if "sink_mass" not in gen.arrays:
         return None
     return np.stack([gen.step_sink_mass(step) for step in range(gen.n_steps)], axis=-1)
+
+
+def generation_attribution(gen: GenerationRecord, compress: bool = True) -> StepAttribution | None:
+    """The step view's attribution of a generation made with ``attribute=True`` (None without: records
+    of the first version, which kept no per-source terms, too)."""
+    arrays = gen.arrays
+    if "attribution_sources" not in arrays:
+        return None
+    terms, top = arrays["attribution_heads"], arrays["attribution_top"]  # [step, layer, head], [step, rank, 2]
+    heads = [[[int(layer), int(head), round(float(terms[step, layer, head]), 5)] for layer, head in top[step]]
+             for step in range(gen.n_steps)]
+    lens = LensStrip(tokens=[[list(layer) for layer in step] for step in gen.lens_tokens],
+                     probs=pack_float16(arrays["lens_probs"], compress))
+    return StepAttribution(logits=[round(float(v), 5) for v in arrays["attribution_logits"]], heads=heads,
+                           sources=pack_float16(arrays["attribution_sources"], compress), lens=lens)
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:

@@ -332,7 +332,9 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          # generation records
          "rows": ("layers", "heads", "packed keys"), "value_norms": ("layers", "heads", "positions"),
          "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",),
-         "attribution_heads": ("steps", "layers", "heads"), "attribution_logits": ("steps",)}
+         "attribution_heads": ("steps", "layers", "heads"), "attribution_logits": ("steps",),
+         "attribution_top": ("steps", "ranks", "(layer, head)"), "attribution_sources": ("steps", "ranks", "sources"),
+         "lens_ids": ("steps", "layers", "lens tokens"), "lens_probs": ("steps", "layers", "lens tokens")}
 _DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
 
 
@@ -414,10 +416,13 @@ def generation_schema() -> dict[str, Any]:
                            "tokens": {**strings, "minItems": 2}, "prompt_length": {"type": "integer", "minimum": 1},
                            "candidate_tokens": {"type": "array", "items": {**strings, "minItems": 1}},
                            "prompt": {"type": "string"}, "settings": {"type": "object"}, "changes": {"type": "string"},
-                           "first_row": {"type": "integer", "minimum": 0}}}
+                           "first_row": {"type": "integer", "minimum": 0},
+                           "lens_tokens": {"type": "array", "items": {"type": "array", "items": strings}}}}
 
 
-OPTIONAL_GENERATION_ARRAYS = ("value_norms", "attribution_heads", "attribution_logits", "sink_mass")  # older files lack them
+ATTRIBUTION_ARRAYS = ("attribution_heads", "attribution_logits", "attribution_top", "attribution_sources", "lens_ids",
+                      "lens_probs")  # generate(..., attribute=True); files of its first version hold the first two
+OPTIONAL_GENERATION_ARRAYS = ("value_norms", "sink_mass", *ATTRIBUTION_ARRAYS)  # older files lack them
 
 
 def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
@@ -427,7 +432,7 @@ def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], 
     [0, 1] and attention rows summing to 1 within the stored precision. One AttnscopeError line."""
     try:
         meta = _parse_generation_metadata(header)
-        for name, (kind_of_dtype, shape) in _generation_shapes(meta, arrays).items():
+        for name, (kind_of_dtype, shape) in _bind_unknown_sizes(_generation_shapes(meta, arrays), arrays).items():
             if name in arrays:
                 _check_array(name, arrays[name], kind_of_dtype, shape)
             elif name not in OPTIONAL_GENERATION_ARRAYS:
@@ -451,6 +456,8 @@ def _parse_generation_metadata(header: str | None) -> dict[str, Any]:
     steps, k = n - prompt_length, {len(c) for c in meta["candidate_tokens"]}
     if len(meta["candidate_tokens"]) != steps or len(k) > 1:
         raise _Damaged(f"candidate_tokens should be {steps} lists (one per generated token) of one length")
+    if "lens_tokens" in meta and len(meta["lens_tokens"]) != steps:
+        raise _Damaged(f"lens_tokens should be {steps} lists (one per generated token)")
     return meta
 
 
@@ -467,6 +474,8 @@ def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) ->
         **{name: (kind, (n,)) for name, kind in (("token_ids", "i"), ("special_mask", "b"), ("word_ids", "i"))},
         "candidate_ids": ("i", (steps, k)), "candidate_probs": ("f", (steps, k)), "chosen_probs": ("f", (steps,)),
         "attribution_heads": ("f", (steps, model["n_layers"], model["n_heads"])), "attribution_logits": ("f", (steps,)),
+        "attribution_top": ("i", (steps, "ranks", 2)), "attribution_sources": ("f", (steps, "ranks", n - 1)),
+        "lens_ids": ("i", (steps, model["n_layers"], "lens_k")), "lens_probs": ("f", (steps, model["n_layers"], "lens_k")),
     }
     unknown = sorted(set(arrays) - set(shapes))
     if unknown:
@@ -481,7 +490,7 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
         values = np.asarray(arrays[name])
         if not (np.isfinite(values).all() and (values >= 0).all() and (values <= 1).all()):
             raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
-    for name in ("attribution_heads", "attribution_logits"):
+    for name in ("attribution_heads", "attribution_logits", "attribution_sources", "lens_probs"):
         if name in arrays and not np.isfinite(np.asarray(arrays[name])).all():
             raise _Damaged(f"{name} holds NaN or infinite values")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)

@@ -76,7 +76,12 @@ class GenerationRecord:
     * ``chosen_probs`` float32 ``[step]``: the probability the model gave the token that was chosen;
     * ``attribution_heads`` float32 ``[step, layer, head]`` and ``attribution_logits`` float32 ``[step]``
       (optional, ``generate(..., attribute=True)``): each head's signed direct-logit-attribution term of
-      the chosen token's logit, and that logit (the sum of every term: heads, MLPs, embeddings, biases).
+      the chosen token's logit, and that logit (the sum of every term: heads, MLPs, embeddings, biases);
+      with them ``attribution_top`` int64 ``[step, rank, 2]`` (layer, head) of each step's heads with the
+      largest ``|term|``, largest first, and ``attribution_sources`` float32 ``[step, rank, source_pos]``
+      their terms split over the source tokens they read (0 past the step's position), and the logit
+      lens at each step: ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]`` (the text of
+      the tokens in ``lens_tokens[step][layer][k]``).
 
     ``candidate_tokens`` are the candidates as readable strings ``[step][k]``; ``settings`` the
     decoding settings (greedy or sampling, temperature, ...); ``changes`` names the interventions
@@ -94,6 +99,7 @@ class GenerationRecord:
     settings: Mapping[str, Any] = field(default_factory=dict)
     changes: str = ""
     first_row: int = 0
+    lens_tokens: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
     def __post_init__(self) -> None:
         arrays = {key: np.ascontiguousarray(value) for key, value in self.arrays.items()}
@@ -280,7 +286,7 @@ class GenerationRecord:
         return {"format": GENERATION_FORMAT, "model": self.model.to_json(), "tokens": list(self.tokens),
                 "prompt_length": self.prompt_length, "candidate_tokens": [list(c) for c in self.candidate_tokens],
                 "prompt": self.prompt, "settings": dict(self.settings), "changes": self.changes,
-                "first_row": self.first_row}
+                "first_row": self.first_row, **({"lens_tokens": self.lens_tokens} if self.lens_tokens else {})}
 
     @classmethod
     def load(cls, path: str | Path) -> GenerationRecord:
@@ -290,4 +296,5 @@ class GenerationRecord:
         return cls(model=ModelInfo(**meta["model"]), tokens=tuple(meta["tokens"]), prompt_length=meta["prompt_length"],
                    arrays=arrays, candidate_tokens=tuple(tuple(c) for c in meta["candidate_tokens"]),
                    prompt=meta["prompt"], settings=meta["settings"], changes=meta["changes"],
-                   first_row=meta.get("first_row", 0))  # files from before first_row kept every row
+                   first_row=meta.get("first_row", 0),  # files from before first_row kept every row
+                   lens_tokens=tuple(tuple(tuple(layer) for layer in step) for step in meta.get("lens_tokens", ())))

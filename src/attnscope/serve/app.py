@@ -169,6 +169,9 @@ class GenerateRequest(StrictRequest):
         16, description=f"tokens to generate (1 to {MAX_NEW_TOKENS}; greedy)")
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     prompt_rows: Literal[tuple(PROMPT_ROWS)] = Field("auto", description=PROMPT_ROWS_HELP)  # type: ignore[valid-type]
+    attribute: bool = Field(False, description="also each step's direct logit attribution (the heads that pushed the "
+                            "chosen token up or down, the tokens they pushed through) and the logit lens: one more "
+                            "forward pass")
 
     _check_prompt = field_validator("prompt")(_utf8)
 
@@ -341,7 +344,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
 
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
-                              prompt_rows=PROMPT_ROWS[request.prompt_rows])
+                              prompt_rows=PROMPT_ROWS[request.prompt_rows], attribute=request.attribute)
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
 

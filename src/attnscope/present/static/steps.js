@@ -9,6 +9,9 @@
  * probabilities, and what its query attended to, drawn over the tokens it saw: one head, one
  * layer's mean over heads, or the mean of all layers and heads, raw or norm-weighted. `focus`: take
  * the keyboard; `hash`: start where the address says (#step=5&layer=2&head=3&norms=1).
+ * A generation made with --attribute also shows, for the chosen step, the heads that pushed the
+ * chosen token's logit up or down most (signed bars, ranked by size; click one to see which tokens
+ * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
  * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack).
  */
 (function (NS, V) {
@@ -42,15 +45,30 @@
     return { layers, all, norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
   }
 
+  /* The attribution (payload $defs/attribution): per-source terms [step, rank, source] and lens probabilities. */
+  async function decodeAttribution(attribution) {
+    const [sources, lens] = await Promise.all([attribution.sources, attribution.lens.probs].map(V.unpackNumbers));
+    const [, ranks, nSources] = attribution.sources.shape;
+    const [, nLayers, k] = attribution.lens.probs.shape;
+    return { sources, ranks, nSources, lens, nLayers, k };
+  }
+
+  /* A signed term as a colour: green pushed the chosen token up, purple pushed it down. */
+  const signedShade = (value, max) => {
+    const level = max > 0 ? Math.min(1, Math.abs(value) / max) : 0;
+    return { colour: value >= 0 ? `rgba(30, 140, 70, ${level.toFixed(3)})` : `rgba(150, 40, 160, ${level.toFixed(3)})`, level };
+  };
+  const signed = (value, digits) => (value >= 0 ? "+" : "\u2212") + Math.abs(value).toFixed(digits);
+
   class StepView {
     constructor(container, payload, options) {
       this.root = container;
       this.payload = payload;
       this.options = options || {};
-      this.state = { step: 0, layer: -1, head: -1, weighted: false, brighten: false };
+      this.state = { step: 0, layer: -1, head: -1, weighted: false, brighten: false, rank: 0 };
       this.offsets = [0];
       for (const n of payload.keys) this.offsets.push(this.offsets.at(-1) + n);
-      this.decoded = { attention: null, weighted: null };
+      this.decoded = { attention: null, weighted: null, attribution: null };
       this.drawCount = 0;
     }
 
@@ -58,6 +76,7 @@
       this.decoded.attention = await decodeAttention(this.payload.attention);
       // learned sinks (gpt-oss): [layer, head, step], each step's share of the softmax on the sink logit
       this.sinkMass = this.payload.sink_mass ? await V.unpackNumbers(this.payload.sink_mass) : null;
+      if (this.payload.attribution) this.decoded.attribution = await decodeAttribution(this.payload.attribution);
       this.build();
       if (this.options.hash) await this.fromAddress();
       this.draw();
@@ -127,6 +146,13 @@
       return Array.from(this.currentRow().weights);
     }
 
+    /* The selected head's term of the current step split over the tokens it read [keys] (attribution only). */
+    sourceTerms() {
+      const d = this.decoded.attribution;
+      const start = (this.state.step * d.ranks + this.state.rank) * d.nSources;
+      return Array.from(d.sources.subarray(start, start + this.payload.keys[this.state.step]));
+    }
+
     // ---- controls ------------------------------------------------------------------------
     build() {
       const p = this.payload;
@@ -192,9 +218,12 @@
       this.caption = el("p", "st-note");
       const body = el("div", "st-body");
       body.append(this.candidates, this.attention);
+      this.attribution = el("div", "st-attrib");
+      this.attribution.dataset.role = "attribution";
       const parts = [el("h3", "st-title", p.title), meta, ...p.notes.map((n) => el("p", "st-note", n)), controls,
         el("p", "st-note", p.kind === "cross" ? "the decoded tokens (click one, or use \u2190 \u2192):"
-          : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption];
+          : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption,
+        ...(p.attribution ? [this.attribution] : [])];
       this.root.replaceChildren(...parts);
       this.root.classList.add("attnscope-steps", `st-${p.kind}`);
       if (!this.root.hasAttribute("tabindex")) this.root.tabIndex = 0;  // takes the arrow keys once focused
@@ -226,8 +255,17 @@
     }
 
     go(step) {
-      this.state.step = Math.max(0, Math.min(this.nSteps - 1, step));
+      const next = Math.max(0, Math.min(this.nSteps - 1, step));
+      if (next !== this.state.step) this.state.rank = 0;  // another step has other heads: start at its strongest
+      this.state.step = next;
       this.draw();
+    }
+
+    /* Show what the step's head of this rank (0 = the largest |term|) pushed through each token. */
+    pickHead(rank) {
+      this.state.rank = rank;
+      this.draw();
+      this.root.focus({ preventScroll: true });  // the clicked bar is drawn anew: keep the arrow keys on the view
     }
 
     choose(layer, head) {
@@ -257,6 +295,7 @@
       this.stepCells[s.step].scrollIntoView({ block: "nearest" });
       this.drawCandidates(p.steps[s.step]);
       this.drawAttention();
+      if (p.attribution) this.drawAttribution();
       this.root.dataset.step = String(s.step);
       this.root.dataset.drawn = String(++this.drawCount);
     }
@@ -334,6 +373,91 @@
         + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
     }
   }
+
+  Object.assign(StepView.prototype, {
+    /* The step's ranked heads (signed bars), the selected head's terms over the tokens, the logit lens. */
+    drawAttribution() {
+      const p = this.payload;
+      const { step, rank } = this.state;
+      const heads = p.attribution.heads[step];
+      const largest = Math.max(...heads.map((h) => Math.abs(h[2])), 1e-9);
+      const chosen = JSON.stringify(p.steps[step].chosen);
+      const title = el("p", "st-note", `what the heads did to the logit of ${chosen} `
+        + `(${p.attribution.logits[step].toFixed(2)}, the sum of every head, MLP, embedding and bias term): `
+        + "the heads that pushed it most, up (green) or down (purple); click one to see which tokens it pushed through");
+      const bars = el("div", "st-heads");
+      bars.dataset.role = "heads";
+      heads.forEach(([layer, head, term], r) => {
+        const line = el("button", "st-head" + (r === rank ? " st-on" : ""));
+        line.type = "button";
+        Object.assign(line.dataset, { role: "head-bar", rank: String(r), layer: String(layer), head: String(head) });
+        const bar = el("span", "st-sbar " + (term >= 0 ? "st-up" : "st-down"));
+        bar.style.width = `${Math.round(90 * Math.abs(term) / largest)}px`;
+        const half = (filled, side) => { const box = el("span", `st-half ${side}`); if (filled) box.append(bar); return box; };
+        line.append(el("span", "st-head-name", `L${layer} H${head}`), half(term < 0, "st-neg"), half(term >= 0, "st-pos"),
+          el("span", "st-term", signed(term, 3)));
+        line.addEventListener("click", () => this.pickHead(r));
+        bars.append(line);
+      });
+      const [layer, head, term] = heads[rank];
+      const terms = this.sourceTerms();
+      const top = Math.max(...terms.map(Math.abs), 1e-9);
+      const text = el("div", "st-text");
+      text.dataset.role = "sources";
+      text.dataset.layer = String(layer);
+      text.dataset.head = String(head);
+      p.text.slice(0, p.first_step + step).forEach((token, k) => {
+        const piece = el("span", "st-key", shown(token));
+        const { colour, level } = signedShade(terms[k], top);
+        piece.style.background = colour;
+        if (level > 0.55) piece.style.color = "white";
+        piece.title = `key ${k} ${JSON.stringify(token)}: ${signed(terms[k], 4)}`;
+        text.append(piece);
+        if (token.includes("\n")) text.append(el("br"));
+      });
+      text.append(" \u2192 ", el("span", "st-next", shown(p.text[p.first_step + step])));
+      const which = el("p", "st-note", `layer ${layer}, head ${head} added ${signed(term, 3)} to the logit of ${chosen}; `
+        + "its share through each token it read (attention weight \u00d7 what that token's value adds), darkest = "
+        + `${top.toFixed(3)}; hover a token for its share`);
+      const panel = el("div", "st-attrib-body");
+      const left = el("div");
+      left.append(bars);
+      const right = el("div");
+      right.append(which, text);
+      panel.append(left, right);
+      this.attribution.replaceChildren(el("h4", "st-subtitle", "attribution"), title, panel, ...this.lensStrip());
+    },
+
+    /* The logit lens of the step: one column per layer, its top tokens shaded by probability. */
+    lensStrip() {
+      const p = this.payload;
+      const d = this.decoded.attribution;
+      const step = this.state.step;
+      const tokens = p.attribution.lens.tokens[step];
+      const table = el("table", "st-lens");
+      table.dataset.role = "lens";
+      const header = el("tr");
+      header.append(el("th", "", "layer"), ...tokens.map((_, l) => el("th", "", String(l))));
+      table.append(header);
+      for (let r = 0; r < d.k; r++) {
+        const row = el("tr");
+        row.append(el("th", "", r === 0 ? "top" : `#${r + 1}`));
+        tokens.forEach((layerTokens, l) => {
+          const probability = d.lens[(step * d.nLayers + l) * d.k + r];
+          const cell = el("td", layerTokens[r] === p.steps[step].chosen ? "st-lens-chosen" : "", shown(layerTokens[r]));
+          cell.style.background = `rgba(74, 123, 208, ${Math.min(1, probability).toFixed(3)})`;
+          if (probability > 0.55) cell.style.color = "white";
+          cell.title = `layer ${l}: ${JSON.stringify(layerTokens[r])} ${probability.toFixed(3)}`;
+          row.append(cell);
+        });
+        table.append(row);
+      }
+      const box = el("div", "st-lens-box");
+      box.append(table);
+      return [el("p", "st-note", "logit lens: each layer's residual stream read through the final norm and the LM "
+        + "head; its top tokens, shaded by probability (the chosen token boxed; the last layer is the model's own):"), box];
+    },
+  });
 
   NS.instances = NS.instances || {};
   NS.render = async function render(container, payload, options) {

@@ -482,7 +482,7 @@
     try {
       const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
         max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked,
-        prompt_rows: $("gen-prompt-rows").value };
+        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked };
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
       delete holder.dataset.drawn;
