@@ -6,6 +6,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import qwen
+
 DEFAULT_MODEL = "minilm"
 
 
@@ -27,7 +29,10 @@ class ModelAlias:
     relative_path: str
     install: str
     max_tokens: int = 512  # the longest input the model takes (tested against the loaded model)
-    builder: str = ""  # module with cached_folder() -> Path and build() -> Path, for models made on first use
+    # module (or "module:object") with cached_folder() -> Path and build() -> Path, for models made on first use
+    builder: str = ""
+    parts: tuple[str, ...] = ()  # further modules the builder reads (a file split over packages)
+    size: str = ""  # what it takes: the download and the built model, for `attnscope models`
 
     def locate(self) -> Path | None:
         """Path of the shipped weights (a folder, or a .gguf file), or None if not installed."""
@@ -47,14 +52,29 @@ class ModelAlias:
     @property
     def buildable(self) -> bool:
         """Whether a missing build can be made now (the builder's source package is installed)."""
-        return bool(self.builder) and _package_dir(self.module) is not None
+        return bool(self.builder) and all(_package_dir(module) is not None for module in (self.module, *self.parts))
 
     def build(self) -> Path:
         """Build the model folder (e.g. train the toy translator) and return it."""
-        return Path(importlib.import_module(self.builder).build())
+        return Path(self._builder().build())
 
     def _build_target(self) -> Path:
-        return Path(importlib.import_module(self.builder).cached_folder())
+        return Path(self._builder().cached_folder())
+
+    def _builder(self):  # type: ignore[no-untyped-def]
+        module, _, name = self.builder.partition(":")
+        found = importlib.import_module(module)
+        return getattr(found, name) if name else found
+
+
+def _split_gguf_alias(name: str, description: str, attribute: str, max_tokens: int, size: str) -> ModelAlias:
+    """An alias built from the GGUF split over PyPI part packages that ``attnscope.models.qwen.<attribute>`` names."""
+    split: qwen.SplitGGUF = getattr(qwen, attribute)
+    return ModelAlias(
+        name=name, description=description, architecture="qwen2", package=f"{split.distribution}1..{split.parts}",
+        module=split.modules[0], parts=split.modules[1:], relative_path="", install=split.install + "; joined, "
+        "checked and converted into attnscope's cache on first use; bfloat16 (--dtype bfloat16) halves the memory",
+        max_tokens=max_tokens, builder=f"attnscope.models.qwen:{attribute}", size=size)
 
 
 ALIASES: dict[str, ModelAlias] = {
@@ -104,5 +124,11 @@ ALIASES: dict[str, ModelAlias] = {
             max_tokens=32768,
             builder="attnscope.models.gemma3",
         ),
+        _split_gguf_alias(
+            "qwen0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (decoder, 24 layers x 14 heads, 2 kv heads)",
+            "QWEN_0_5B", 32768, "a 491 MB GGUF in 6 packages; 1.0 GB in bfloat16, 2.0 GB in float32 in memory"),
+        _split_gguf_alias(
+            "qwen1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (decoder, 28 layers x 12 heads, 2 kv heads)",
+            "QWEN_1_5B", 32768, "a 1.1 GB GGUF in 22 packages; 3.5 GB in bfloat16, 7 GB in float32 in memory"),
     )
 }
