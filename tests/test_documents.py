@@ -52,12 +52,14 @@ def test_an_unknown_name_lists_the_shipped_documents_in_one_line(tmp_path, monke
         document("x")
 
 
-def test_generate_reads_a_shipped_document_by_name(tiny_model_dir, capsys):
-    import json
+def test_extract_reads_a_shipped_document_by_name(tiny_model_dir, tmp_path, capsys):
+    from attnscope import AttentionRecord
 
     from .test_analysis_cli import run
 
-    code, out, err = run(capsys, "generate", "--file", "moby-dick-001", "-m", str(tiny_model_dir("llama")), "-n", "1",
-                         "--prompt-rows", "last", "--json")
+    out = tmp_path / "records"
+    code, _, err = run(capsys, "extract", "--document", "moby-dick-001", "-m", str(tiny_model_dir("llama")),
+                       "--max-tokens", "16", "--out", str(out))
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1])["prompt"].startswith("CHAPTER 1. Loomings.")
+    record = AttentionRecord.open(next(out.glob("*.safetensors")))
+    assert [token.lower() for token in record.tokens[1:4]] == ["chapter", "1", "."]
