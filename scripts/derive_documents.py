@@ -43,6 +43,9 @@ LONGEST_ADDRESSES = 5
 MOBY_DICK_CHAPTERS = (1, 32, 42, 54)  # Loomings, Cetology, The Whiteness of the Whale, The Town-Ho's Story
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from derive_brown_sample import package_json
+
 OUTPUT = REPO / "src" / "attnscope" / "data" / "documents"
 
 
@@ -58,13 +61,8 @@ def fetch(package: str, base: Path) -> Path:
 
 
 def checked(package_dir: Path, name: str) -> Path:
-    """``package_dir`` after checking that its package.json names ``name`` at ``VERSION``."""
-    meta = json.loads((package_dir / "package.json").read_text())
-    if meta.get("name") != name:
-        sys.exit(f"{package_dir} is not {name} (package.json names {meta.get('name')!r})")
-    if meta.get("version") != VERSION:
-        print(f"warning: expected {name} {VERSION}, found {meta.get('version')}; the documents may differ",
-              file=sys.stderr)
+    """``package_dir`` after checking that its package.json names ``name`` (at ``VERSION``, else a warning)."""
+    package_json(package_dir, name, VERSION, "documents")
     return package_dir
 
 
