@@ -131,7 +131,7 @@ def resolve_source(name: str) -> Path:
         alias = ALIASES[name]
         path = alias.locate()
         if path is None and alias.buildable:
-            say_slow_step(f"building model {name!r} once, on first use (about a minute); later loads read it "
+            say_slow_step(f"building model {name!r} once, on first use ({alias.build_time}); later loads read it "
                           f"from {cache_dir()}")
             path = alias.build()
         if path is None:

@@ -33,6 +33,7 @@ class ModelAlias:
     builder: str = ""
     parts: tuple[str, ...] = ()  # further modules the builder reads (a file split over packages)
     size: str = ""  # what it takes: the download and the built model, for `attnscope models`
+    build_time: str = "about a minute"  # how long the first use's build takes, for the line that announces it
 
     def locate(self) -> Path | None:
         """Path of the shipped weights (a folder, or a .gguf file), or None if not installed."""
@@ -74,7 +75,8 @@ def _split_gguf_alias(name: str, description: str, attribute: str, max_tokens: i
         name=name, description=description, architecture="qwen2", package=f"{split.distribution}1..{split.parts}",
         module=split.modules[0], parts=split.modules[1:], relative_path="", install=split.install + "; joined, "
         "checked and converted into attnscope's cache on first use; bfloat16 (--dtype bfloat16) halves the memory",
-        max_tokens=max_tokens, builder=f"attnscope.models.qwen:{attribute}", size=size)
+        max_tokens=max_tokens, builder=f"attnscope.models.qwen:{attribute}", size=size,
+        build_time="a few minutes on 2 cores")
 
 
 ALIASES: dict[str, ModelAlias] = {
