@@ -8,7 +8,8 @@ Run from the repository root (``make bench-big``; the full run takes tens of min
 
 The text is the longest shipped State of the Union address (``sotu-1981-jimmy-carter``, about 42,000
 tokens), cut to each length in the model's tokens. Models are loaded one at a time (never two at
-once) in the dtype of :data:`MODELS`. For each model and length, in one process, side by side:
+once) in the dtype of :data:`MODELS` (the Qwens in bfloat16 only where this CPU multiplies faster in
+it). For each model and length, in one process, side by side:
 
 (a) plain   the base model's forward pass under ``torch.inference_mode`` with attnscope's attention
             function outside any capture (PyTorch's fused SDPA): nothing is kept;
@@ -48,14 +49,15 @@ from attnscope.capture.plan import CapturePlan
 from attnscope.data import document
 
 DOCUMENT = "sotu-1981-jimmy-carter"
-# model: (dtype, lengths, longest length at which one layer's full matrix is also captured)
+# model: (dtype, lengths, longest length at which one layer's full matrix is also captured); "auto": bfloat16
+# where this CPU multiplies in bfloat16 at least as fast as in float32, else float32 (see gemm_bf16_over_fp32)
 MODELS: dict[str, tuple[str, tuple[int, ...], int]] = {
     "smollm2": ("float32", (1024, 2048, 4096, 8192), 8192),
     "gemma3": ("float32", (2048, 8192, 32768), 8192),
-    "qwen0.5b": ("bfloat16", (1024, 2048, 4096, 8192), 4096),
-    "qwen1.5b": ("bfloat16", (1024, 2048, 8192), 2048),
+    "qwen0.5b": ("auto", (1024, 2048, 4096, 8192), 4096),
+    "qwen1.5b": ("auto", (1024, 2048, 8192), 2048),
 }
-QUICK = {"qwen0.5b": ("bfloat16", (1024, 2048), 2048)}
+QUICK = {"qwen0.5b": ("auto", (1024, 2048), 2048)}
 SMOKE = {"smollm2": ("float32", (64, 128), 128)}
 TARGETS = {"stats_over_plain": "<= 1.3 at every length", "stats_memory_exponent": "<= 1.1",
            "gemma3_32k_stats_peak_mb": "<= 8192", "qwen1_5b_8k_stats_peak_mb": "<= 12288"}
@@ -67,6 +69,22 @@ def resident_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def gemm_bf16_over_fp32() -> float:
+    """How many times faster this CPU multiplies a Qwen 0.5B MLP shape in bfloat16 than in float32 (PyTorch's
+    default GEMM, best of 3): about 2 with AVX-512 bf16 dot products, 0.03 on an AVX2-only AMD EPYC here,
+    where bfloat16 halves the memory but multiplies some thirty times slower."""
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(256, 896, dtype=dtype), torch.randn(896, 4864, dtype=dtype)
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            a @ b
+            runs.append(time.perf_counter() - start)
+        seconds[dtype] = min(runs)
+    return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
 def texts_of(model, lengths: tuple[int, ...]) -> dict[int, str]:  # type: ignore[no-untyped-def]
@@ -136,8 +154,11 @@ def main() -> None:
         table = {name: MODELS[name] for name in args.models.split(",")}
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     started = time.perf_counter()
+    ratio = gemm_bf16_over_fp32()
+    print(f"bfloat16 GEMM {ratio:.2f}x float32 on this CPU", flush=True)
     figures = {}
     for name, (dtype, lengths, layer_max) in table.items():
+        dtype = dtype if dtype != "auto" else "bfloat16" if ratio >= 1 else "float32"
         rows = run_model(name, dtype, lengths, layer_max)
         gc.collect()  # the model went with run_model's frame: never two models at once
         figures[name] = {"lengths": rows.pop("tokens"), "requested_lengths": list(lengths), **rows}
@@ -150,6 +171,7 @@ def main() -> None:
         **{key: {name: rows[key] for name, rows in figures.items()}
            for key in ("plain_s", "stats_s", "stats_over_plain", "plain_peak_mb", "stats_peak_mb", "layer_s",
                        "layer_peak_mb", "stats_memory_exponent", "weights_mb", "load_s", "dtype")},
+        "gemm_bf16_over_fp32": round(ratio, 3),
         "stats_over_plain_max": max(max(rows["stats_over_plain"]) for rows in figures.values()),
         "stats_peak_mb_max": peak,
         "gemma3_32k_stats_peak_mb": at(figures, "gemma3", 32768),

