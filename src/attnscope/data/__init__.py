@@ -16,8 +16,9 @@ from ..errors import AttnscopeError
 
 BROWN_SAMPLE = "brown_sample.txt"
 BROWN_PAIRS = "brown_pairs.txt"
+DOCUMENTS = "documents"
 
-__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "brown_pairs", "brown_sentences"]
+__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "brown_pairs", "brown_sentences", "document", "documents"]
 
 
 @cache
@@ -61,3 +62,20 @@ def brown_pairs(n: int | None = None) -> list[tuple[str, str]]:
     ``scripts/derive_brown_pairs.py`` for how they were made.
     """
     return _first(_pair_lines(), n, "pairs")
+
+
+@cache
+def documents() -> tuple[str, ...]:
+    """Names of the long public-domain documents shipped with attnscope (``attnscope view --file NAME``):
+    the five longest State of the Union addresses (``sotu-1981-jimmy-carter``, ...) and four chapters of
+    *Moby-Dick* (``moby-dick-001``, ...); sources and licence in ``documents/README.md``, derived by
+    ``scripts/derive_documents.py``."""
+    folder = files(__package__).joinpath(DOCUMENTS)
+    return tuple(sorted(entry.name.removesuffix(".txt") for entry in folder.iterdir() if entry.name.endswith(".txt")))
+
+
+def document(name: str) -> str:
+    """The whole text of the shipped document ``name`` (one of :func:`documents`)."""
+    if name not in documents():
+        raise AttnscopeError(f"no shipped document {name!r}; the shipped documents are: {', '.join(documents())}")
+    return files(__package__).joinpath(DOCUMENTS, f"{name}.txt").read_text(encoding="utf-8")

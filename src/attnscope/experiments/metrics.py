@@ -293,10 +293,15 @@ class LanguageModelTask(Task):
 
     @staticmethod
     def token_nll(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per predicted token: negative log-likelihood and a real-token mask, both ``[batch, pos - 1]``."""
+        """Per predicted token: negative log-likelihood (float64) and a real-token mask, both ``[batch, pos - 1]``.
+
+        The log-normalizer is summed in float64, one input at a time: in float32, over Qwen2.5's 151,936-word
+        vocabulary, cross-entropy was off by about 3e-4 nats per token, as much as some heads' ablation effect."""
         targets = batch.inputs["input_ids"][:, 1:]
         real = batch.inputs["attention_mask"][:, 1:].bool()
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), targets, reduction="none")
+        predicting = logits[:, :-1]
+        normalizer = torch.stack([row.double().logsumexp(-1) for row in predicting])  # [batch, pos - 1]
+        nll = normalizer - predicting.gather(-1, targets[..., None])[..., 0].double()
         return nll * real, real
 
     def stats(self, output: torch.Tensor, batch: Batch) -> np.ndarray:

@@ -131,7 +131,7 @@ def resolve_source(name: str) -> Path:
         alias = ALIASES[name]
         path = alias.locate()
         if path is None and alias.buildable:
-            say_slow_step(f"building model {name!r} once, on first use (about a minute); later loads read it "
+            say_slow_step(f"building model {name!r} once, on first use ({alias.build_time}); later loads read it "
                           f"from {cache_dir()}")
             path = alias.build()
         if path is None:
@@ -194,28 +194,28 @@ def _check_gguf_magic(gguf_path: Path) -> None:
                              "so it is not a GGUF file")
 
 
-def convert_gguf(gguf_path: Path, folder: Path | None = None) -> Path:
-    """Dequantize a GGUF file once into a safetensors folder (``folder``, or one in the cache named after the
-    file); later loads read that folder (~1 s, not ~20 s)."""
+def convert_gguf(gguf_path: Path, folder: Path | None = None, dtype: str = "float32") -> Path:
+    """Dequantize a GGUF file once into a safetensors folder of ``dtype`` weights (``folder``, or one in the cache
+    named after the file); later loads read that folder (~1 s, not ~20 s)."""
     folder = folder or _gguf_cache_folder(gguf_path)
     if (folder / "model.safetensors").exists():
         return folder
     import transformers
 
     _check_gguf_magic(gguf_path)  # a file that is no GGUF at all is refused before the slow step is announced
-    say_slow_step(f"converting {gguf_path.name} to float32 safetensors once (about 20 s for a 135M model, a minute "
-                  f"for 270M); later loads read {folder} in a second or two")
+    say_slow_step(f"converting {gguf_path.name} to {dtype} safetensors once (about 20 s for a 135M model, a minute "
+                  f"for 270M, a few for 1.5B); later loads read {folder} in seconds")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=DTYPES[dtype]
         )
     except ImportError as error:
         raise AttnscopeError(f"reading GGUF needs extra packages: {error}; pip install gguf accelerate") from None
     except Exception as error:  # noqa: BLE001 - a damaged or foreign file fails in many ways inside transformers/gguf
         raise AttnscopeError(f"cannot read {gguf_path} as a GGUF model: {_first_line(error)}") from None
     config = model.config.to_dict()
-    config.pop("quantization_config", None)  # the weights we write are plain float32
+    config.pop("quantization_config", None)  # the weights we write are plain floats
     config["architectures"] = [type(model).__name__]
 
     def write(staging: Path) -> None:
