@@ -119,8 +119,7 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
                          runtime_env=runtime_env)
         except (ConnectionError, TimeoutError, ValueError, RuntimeError) as error:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise AttnscopeError(f"cannot connect to {where}: {reason}") from None
+            raise AttnscopeError(f"cannot connect to {where}: {_message_line(error)}") from None
         stack.callback(ray.shutdown)
         _configure_data(ray, verbose)
         yield progress_stream
@@ -155,8 +154,14 @@ def _check_runtime_env(ray: Any, runtime_env: dict[str, Any] | None) -> None:
     try:
         ray.runtime_env.RuntimeEnv(**runtime_env)
     except (TypeError, ValueError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise AttnscopeError(f"--runtime-env: {reason}") from None
+        raise AttnscopeError(f"--runtime-env: {_message_line(error)}") from None
+
+
+def _message_line(error: BaseException, *, last: bool = False) -> str:
+    """One line of an exception's message for a one-line error (the first, or the ``last``: where a remote
+    traceback ends), or its type's name when it has none."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return lines[-1] if last else lines[0]
 
 
 def runtime_env_argument(value: str) -> dict[str, Any]:
@@ -445,8 +450,8 @@ def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, de
     if failure:
         if isinstance(failure[0], AttnscopeError):
             raise failure[0]
-        last_line = (str(failure[0]).strip().splitlines() or [type(failure[0]).__name__])[-1]
-        raise AttnscopeError(f"the Ray job failed{_lost(ray, alive)}: {last_line}") from failure[0]
+        raise AttnscopeError(f"the Ray job failed{_lost(ray, alive)}: {_message_line(failure[0], last=True)}"
+                             ) from failure[0]
 
 
 def _counted(ray: Any, counter: Any, fallback: int) -> int:
