@@ -82,6 +82,36 @@ def test_single_planned_layer_of_a_long_input(tiny_gemma):
     np.testing.assert_allclose(record.held(), expected, atol=1e-6, rtol=0, err_msg=kind)
 
 
+def test_a_chunk_of_a_sliding_layer_computes_only_the_keys_of_its_window(tiny_gemma, monkeypatch):
+    """Chunked capture scores only the keys some query of the chunk sees (chunk + window - 1 of them in a sliding
+    layer, every earlier key in the global one), and the statistics and top keys still equal the full matrix's."""
+    from attnscope.capture import attention
+
+    from .test_capture_plan import reference_histogram, reference_statistics
+
+    kind, _, loaded = tiny_gemma
+    text = " ".join(SENTENCES)
+    widths: list[int] = []
+    scores = attention.attention_scores
+    monkeypatch.setattr(attention, "attention_scores",
+                        lambda query, key, *a, **k: widths.append(key.shape[2]) or scores(query, key, *a, **k))
+    chunk = 7
+    record = extract(loaded, text, plan=CapturePlan(attention=False, statistics=True, top_k=3, chunk=chunk))
+    n = len(record.tokens)
+    per_layer = -(-n // chunk)
+    assert len(widths) == 3 * per_layer
+    assert max(widths[:per_layer]) == chunk + WINDOW - 1 and max(widths[2 * per_layer:]) == chunk + WINDOW - 1
+    assert max(widths[per_layer: 2 * per_layer]) == n  # the global layer's last chunk sees every key
+    full = extract(loaded, text)
+    expected = reference_statistics(full.attention, full.special_mask.astype(bool), causal=True)
+    for name, values in record.statistics.items():
+        np.testing.assert_allclose(values, expected[name], atol=1e-5, err_msg=f"{kind}: {name}")
+    np.testing.assert_allclose(record.held("distance_histogram"), reference_histogram(full.attention, np.arange(n)),
+                               atol=1e-5)
+    top = np.take_along_axis(full.attention, record.held("topk_indices").astype(np.int64), axis=-1)
+    np.testing.assert_allclose(record.held("topk_weights"), top, atol=1e-6)
+
+
 # ---- the real model (the gemma3 alias): loaded once, one capture longer than its 512-token window ----
 def _gemma3_available() -> bool:
     from attnscope.models.registry import ALIASES

@@ -340,8 +340,9 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
     """Attention of one site ``collector.chunk`` queries at a time, each chunk handed to the
     ``collector``; returns the output ``[batch, q_pos, head, d_head]``. ``causal``: the call's (:func:`call_causal`).
 
-    ``keys``/``values`` are expanded to the query heads. Without a mask, causal attention only
-    computes the keys up to each chunk's last query (the rest would get weight 0).
+    ``keys``/``values`` are expanded to the query heads. Each chunk computes only the keys some of its
+    queries may see: up to its last query for causal attention without a mask, and within the mask's
+    span otherwise, so a sliding-window layer costs O(chunk x window), not O(chunk x k_pos), per chunk.
     """
     batch, n_heads, q_len, _ = query.shape
     k_len = keys.shape[2]
@@ -350,19 +351,45 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
     bias = kwargs.get("position_bias")
     for start in range(0, q_len, collector.chunk):
         end = min(start + collector.chunk, q_len)
-        k_seen = end if implicit_causal else k_len
-        mask = None if attention_mask is None else attention_mask[:, :, start:end, :k_seen]
-        scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, :k_seen], mask, 1.0,
-                                  None if bias is None else bias[:, :, start:end, :k_seen], kwargs.get("softcap")).float()
+        mask = None if attention_mask is None else attention_mask[:, :, start:end]
+        first, k_seen = (0, end) if implicit_causal else seen_keys(mask, k_len)
+        mask = None if mask is None else mask[..., first:k_seen]
+        scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, first:k_seen], mask, 1.0,
+                                  None if bias is None else bias[:, :, start:end, first:k_seen],
+                                  kwargs.get("softcap")).float()
         if implicit_causal:  # only the chunk's own square holds future keys
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs, sink_mass = softmax_with_sinks(scores, kwargs.get("s_aux"))
         sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
-        collector.add(start, probs, scores if collector.wants_logits else None, **sinks)
+        collector.add(start, *from_key_zero(first, probs, scores if collector.wants_logits else None), **sinks)
         del scores
-        output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, :k_seen]).transpose(1, 2)
+        output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, first:k_seen]).transpose(1, 2)
     return output
+
+
+def seen_keys(mask: torch.Tensor | None, k_len: int) -> tuple[int, int]:
+    """The keys ``first..k_seen-1`` that the queries of a chunk may see, from the chunk's mask ``[batch, 1 or
+    head, chunk, k_pos]`` (every key without a mask). A chunk with a row that sees no key at all keeps every key,
+    so that such a row's softmax is spread over every key, as without chunks."""
+    if mask is None:
+        return 0, k_len
+    allowed = allowed_keys(mask, mask.shape[-2], k_len)
+    if not bool(allowed.any(-1).all()):
+        return 0, k_len
+    seen = allowed.flatten(0, 2).any(0).nonzero()[:, 0]  # [k]: keys some query sees
+    return int(seen[0]), int(seen[-1]) + 1
+
+
+def from_key_zero(first: int, probs: torch.Tensor, logits: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``probs`` and ``logits`` of keys ``first..`` ``[batch, head, chunk, k]`` widened to start at key 0 (weight 0,
+    logit the dtype's minimum), as collectors take them; themselves when ``first`` is 0."""
+    if first == 0:
+        return probs, logits
+    widened = nn.functional.pad(probs, (first, 0))
+    if logits is None:
+        return widened, None
+    return widened, nn.functional.pad(logits, (first, 0), value=torch.finfo(logits.dtype).min)
 
 
 capture_attention = capture  # the public name: ``attnscope.capture`` is this subpackage
