@@ -219,6 +219,30 @@ def sink_report(work: Path) -> dict[str, Any]:
             "agreement": sink_agreement(records, maps)}
 
 
+SINK_MODELS = ("smollm2", "gemma3", "qwen0.5b", "qwen1.5b")  # float32: bfloat16 is far slower on AVX2-only CPUs
+
+
+def sink_models(work: Path) -> dict[str, Any]:
+    """``attnscope sinks brown --model M`` for each of :data:`SINK_MODELS` on the same sentences: each model's
+    summary and per-layer first-token share, and one figure of the curves side by side."""
+    from attnscope.analysis.figures import sink_models_figure
+
+    reports = {model: last_json(attnscope("sinks", "brown", "--model", model, "--limit", str(SINK_MODEL_INPUTS),
+                                          "-o", str(work / model), "--json")) for model in SINK_MODELS}
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    sink_models_figure({model: report["by_layer"] for model, report in reports.items()}, IMAGES / "sinks_models.png")
+    figures = {}
+    for model, report in reports.items():
+        summary, first = report["summary"], report["by_layer"]["first"]
+        figures[model] = {"inputs": report["n_inputs"], "layers": len(first), "heads": summary["heads"],
+                          **{key: round(summary[key], 3) for key in ("mean_first", "mean_first_norm")},
+                          "first_majority_heads": summary["first_majority_heads"],
+                          "first_majority_heads_norm": summary["first_majority_heads_norm"],
+                          "by_layer_first": [round(v, 3) for v in first],
+                          "by_layer_first_norm": [round(v, 3) for v in report["by_layer"]["first_norm"]]}
+    return figures
+
+
 def corpus_report(work: Path) -> dict[str, Any]:
     """``attnscope heads brown``: the corpus report's figures, and its PNGs copied into docs/img."""
     import duckdb
@@ -392,6 +416,8 @@ GROUPS: dict[str, Group] = {
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
     "sinks": Group(f"attnscope sinks brown --model smollm2 --limit {SINK_MODEL_INPUTS} -o out/ --json; "
                    "sink_agreement on labels/smollm2_sinks.tsv", sink_report),
+    "sinks-models": Group(f"attnscope sinks brown --model M --limit {SINK_MODEL_INPUTS} -o out/ --json "
+                          f"(M: {', '.join(SINK_MODELS)})", sink_models),
     "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
     "ablation": Group("attnscope ablate -o out/", ablation),
     "generate": Group(f'attnscope generate "{GENERATE_PROMPT}" --chat -n {GENERATE_TOKENS} --json '

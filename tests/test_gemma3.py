@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from attnscope import extract, extract_corpus, load_model
 from attnscope.capture.plan import CapturePlan
@@ -96,13 +97,13 @@ def test_a_chunk_of_a_sliding_layer_computes_only_the_keys_of_its_window(tiny_ge
     monkeypatch.setattr(attention, "attention_scores",
                         lambda query, key, *a, **k: widths.append(key.shape[2]) or scores(query, key, *a, **k))
     chunk = 7
-    record = extract(loaded, text, plan=CapturePlan(attention=False, statistics=True, top_k=3, chunk=chunk))
+    record = extract(loaded, text, plan=CapturePlan(attention=False, statistics=True, top_k=3, overview=3, chunk=chunk))
     n = len(record.tokens)
     per_layer = -(-n // chunk)
     assert len(widths) == 3 * per_layer
     assert max(widths[:per_layer]) == chunk + WINDOW - 1 and max(widths[2 * per_layer:]) == chunk + WINDOW - 1
     assert max(widths[per_layer: 2 * per_layer]) == n  # the global layer's last chunk sees every key
-    full = extract(loaded, text)
+    full = extract(loaded, text, norms=True)
     expected = reference_statistics(full.attention, full.special_mask.astype(bool), causal=True)
     for name, values in record.statistics.items():
         np.testing.assert_allclose(values, expected[name], atol=1e-5, err_msg=f"{kind}: {name}")
@@ -110,6 +111,59 @@ def test_a_chunk_of_a_sliding_layer_computes_only_the_keys_of_its_window(tiny_ge
                                atol=1e-5)
     top = np.take_along_axis(full.attention, record.held("topk_indices").astype(np.int64), axis=-1)
     np.testing.assert_allclose(record.held("topk_weights"), top, atol=1e-6)
+    padded = np.pad(full.attention, [(0, 0)] * 2 + [(0, -n % 3)] * 2)  # [layer, head, q, k] in blocks of 3
+    blocks = padded.reshape(*padded.shape[:2], -1, 3, padded.shape[-1] // 3, 3).sum(-1)
+    rows_per_block = np.minimum(3, n - 3 * np.arange(blocks.shape[2]))
+    np.testing.assert_allclose(record.held("overview"), blocks.sum(3) / rows_per_block[:, None], atol=1e-6)
+    rows = extract(loaded, text, norms=True, plan=CapturePlan(chunk=chunk))  # every row, and its norms
+    np.testing.assert_allclose(rows.held(), full.attention, atol=1e-6)
+    np.testing.assert_allclose(rows.held("norms"), full.norms, atol=1e-5)
+
+
+class RowsFromKeyZero:
+    """A chunk collector written before windows: its ``add`` takes no ``first_key``, so every chunk must reach it
+    widened to start at key 0. Keeps ``[batch, head, q_pos, k_pos]``."""
+
+    chunk, wants_logits = 3, False
+
+    def __init__(self, batch: int, n_heads: int, n_keys: int) -> None:
+        self.rows = torch.zeros((batch, n_heads, n_keys, n_keys))
+
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+        self.rows[:, :, start:start + probs.shape[2], : probs.shape[-1]] = probs
+
+    def finish(self, **facts: object) -> torch.Tensor:
+        return self.rows
+
+
+def test_a_chunk_collector_without_windows_still_gets_rows_from_key_zero(tiny_gemma):
+    from attnscope.capture.attention import capture
+    from attnscope.capture.recorders import Recorder
+
+    class FullRows(Recorder):
+        lazy_mask = True
+
+        def __init__(self) -> None:
+            self.kept: dict[int, torch.Tensor] = {}
+
+        def wants(self, site):  # type: ignore[no-untyped-def]
+            return site.kind == "self"
+
+        def row_collector(self, site, values, *, n_heads, n_keys):  # type: ignore[no-untyped-def]
+            return RowsFromKeyZero(values.shape[0], n_heads, n_keys)
+
+        def keep_rows(self, site, collected):  # type: ignore[no-untyped-def]
+            self.kept[site.layer] = collected
+
+    kind, _, loaded = tiny_gemma
+    text = " ".join(SENTENCES)
+    full = extract(loaded, text)
+    recorder = FullRows()
+    encoded = loaded.tokenizer(text, return_tensors="pt")
+    with torch.inference_mode(), capture(loaded.sites, recorder=recorder):
+        loaded.model(**encoded, use_cache=False)
+    for layer, rows in recorder.kept.items():
+        np.testing.assert_allclose(rows[0].numpy(), full.attention[layer], atol=1e-6, err_msg=f"{kind} layer {layer}")
 
 
 # ---- the real model (the gemma3 alias): loaded once, one capture longer than its 512-token window ----

@@ -195,3 +195,25 @@ def sink_figure(report: Any, path: Any = None) -> Any:
     if path is not None:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     return fig
+
+
+def sink_models_figure(by_layer: dict[str, dict[str, list]], path: Any = None) -> Any:
+    """Several models' first-token share per layer, raw (left) and norm-weighted (right), against relative depth
+    (layer / (layers - 1)) so that models of different depths share one axis. ``by_layer``: model name -> a
+    sink report's ``by_layer`` (``to_dict()["by_layer"]``). Saved to ``path`` when given."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, (name, title) in zip(axes, (("first", "attention weight on the first token"),
+                                        ("first_norm", "norm-weighted, ‖αf(x)‖ (Kobayashi et al. 2020)"))):
+        for model, curves in by_layer.items():
+            values = np.array([np.nan if v is None else v for v in curves[name]], dtype=float)
+            ax.plot(np.linspace(0.0, 1.0, len(values)), values, marker=".", label=f"{model} ({len(values)} layers)")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("relative depth (first layer 0, last layer 1)")
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("mean over a layer's heads")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("attention sinks by layer, model by model", fontsize=11)
+    if path is not None:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig

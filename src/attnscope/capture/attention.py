@@ -20,6 +20,7 @@ on each of them (see ``models.adapters``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -349,6 +350,7 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
     implicit_causal = attention_mask is None and causal and q_len == k_len
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
+    takes_window = "first_key" in inspect.signature(collector.add).parameters
     for start in range(0, q_len, collector.chunk):
         end = min(start + collector.chunk, q_len)
         mask = None if attention_mask is None else attention_mask[:, :, start:end]
@@ -362,7 +364,11 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs, sink_mass = softmax_with_sinks(scores, kwargs.get("s_aux"))
         sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
-        collector.add(start, *from_key_zero(first, probs, scores if collector.wants_logits else None), **sinks)
+        logits = scores if collector.wants_logits else None
+        if first and not takes_window:  # a collector written before windows gets every key from 0
+            probs, logits, first = *from_key_zero(first, probs, logits), 0
+        collector.add(start, probs, logits, **({"first_key": first} if first else {}), **sinks)
+        del logits
         del scores
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, first:k_seen]).transpose(1, 2)
     return output
@@ -383,9 +389,7 @@ def seen_keys(mask: torch.Tensor | None, k_len: int) -> tuple[int, int]:
 
 def from_key_zero(first: int, probs: torch.Tensor, logits: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """``probs`` and ``logits`` of keys ``first..`` ``[batch, head, chunk, k]`` widened to start at key 0 (weight 0,
-    logit the dtype's minimum), as collectors take them; themselves when ``first`` is 0."""
-    if first == 0:
-        return probs, logits
+    logit the dtype's minimum)."""
     widened = nn.functional.pad(probs, (first, 0))
     if logits is None:
         return widened, None

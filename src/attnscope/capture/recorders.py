@@ -79,9 +79,9 @@ class ChunkCollector(Protocol):
     wants_logits: bool  # whether :meth:`add` should also get the logits (they make the entropy cheaper)
 
     def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
-            sink_mass: torch.Tensor | None = None) -> None:
-        """Probabilities of queries ``start..``: ``[batch, head, chunk, k_seen]`` float32 (later keys are 0), and
-        with learned sinks their sink mass ``[batch, head, chunk]``."""
+            sink_mass: torch.Tensor | None = None, first_key: int = 0) -> None:
+        """Probabilities of queries ``start..`` over keys ``first_key..``: ``[batch, head, chunk, k]`` float32 (the
+        other keys are 0), and with learned sinks their sink mass ``[batch, head, chunk]``."""
 
     def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> Any:
         """What was collected, handed to :meth:`Recorder.keep_rows`."""

@@ -108,10 +108,11 @@ def new_tensor(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill
     return torch.full(shape, fill, dtype=dtype, device=device)
 
 
-def put_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """``buffer[:, :, slots, :k] = rows`` (``[batch, head, n, k]``), moved to the buffer's device and
-    dtype: a streamed buffer is a float16 view of a file on the CPU, whatever device computes."""
-    buffer[:, :, slots.to(buffer.device), : rows.shape[-1]] = rows.to(buffer.device, buffer.dtype)
+def put_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, first_key: int = 0) -> None:
+    """``buffer[:, :, slots, first_key:first_key + k] = rows`` (``[batch, head, n, k]``), moved to the buffer's
+    device and dtype: a streamed buffer is a float16 view of a file on the CPU, whatever device computes."""
+    keys = slice(first_key, first_key + rows.shape[-1])
+    buffer[:, :, slots.to(buffer.device), keys] = rows.to(buffer.device, buffer.dtype)
 
 
 def row_entropy(probs: torch.Tensor, logits: torch.Tensor | None, largest: torch.Tensor) -> torch.Tensor:
@@ -192,32 +193,32 @@ class RowCollector:
 
     # ---- per chunk ---------------------------------------------------------------------------
     def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
-            sink_mass: torch.Tensor | None = None) -> None:
-        """Take the probabilities of queries ``start ..`` : ``[batch, head, chunk, k_seen]`` float32,
-        where ``k_seen <= n_keys`` keys were computed (later keys are known to be 0), the logits
-        they are the softmax of, if at hand (they make the entropy cheaper), and with learned sinks the
-        rows' sink mass ``[batch, head, chunk]``."""
+            sink_mass: torch.Tensor | None = None, first_key: int = 0) -> None:
+        """Take the probabilities of queries ``start ..`` over keys ``first_key ..``: ``[batch, head, chunk, k]``
+        float32, where keys ``first_key .. first_key + k - 1`` were computed (the others are known to be 0:
+        a sliding window's, a causal row's future), the logits they are the softmax of, if at hand (they make
+        the entropy cheaper), and with learned sinks the rows' sink mass ``[batch, head, chunk]``."""
         probs = self._kept_heads(probs)
         logits = None if logits is None else self._kept_heads(logits)
         if self.plan.overview:
-            self._add_overview(start, probs)
+            self._add_overview(start, probs, first_key)
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
         slots = torch.tensor([self.row_lookup[p] for p in positions], device=probs.device)
         rows = self._rows(probs, start, positions)
         row_logits = None if logits is None else self._rows(logits, start, positions)
-        k_seen = rows.shape[-1]
+        k_seen = rows.shape[-1]  # keys first_key .. first_key + k_seen - 1
         if sink_mass is not None:
             self._add_sink_mass(slots, self._rows(self._kept_heads(sink_mass)[..., None], start, positions)[..., 0])
         if self.attention is not None:
-            put_rows(self.attention, slots, rows)
+            put_rows(self.attention, slots, rows, first_key)
         if self.norms is not None and self.value_norms is not None:
-            put_rows(self.norms, slots, rows * self.value_norms[:, :, None, :k_seen])
+            put_rows(self.norms, slots, rows * self.value_norms[:, :, None, first_key:first_key + k_seen], first_key)
         if self.plan.statistics:
-            self._add_statistics(slots, torch.tensor(positions, device=probs.device), rows, row_logits)
+            self._add_statistics(slots, torch.tensor(positions, device=probs.device), rows, row_logits, first_key)
         if self.plan.top_k:
-            self._add_top_k(slots, rows)
+            self._add_top_k(slots, rows, first_key)
 
     def _add_sink_mass(self, slots: torch.Tensor, sink_mass: torch.Tensor) -> None:
         """Keep the selected rows' sink mass ``[batch, head, n]`` (every row a sink capture holds)."""
@@ -239,16 +240,17 @@ class RowCollector:
         return tensor.index_select(2, torch.tensor(positions, device=tensor.device) - start)
 
     def _add_statistics(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-                        logits: torch.Tensor | None) -> None:
-        """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``."""
+                        logits: torch.Tensor | None, first_key: int = 0) -> None:
+        """Row statistics (see the module docstring) and the distance histogram of rows ``[b, h, n, k_seen]``
+        over keys ``first_key ..`` (the keys before are 0)."""
         k_seen = rows.shape[-1]
+        key_positions = torch.arange(first_key, first_key + k_seen, dtype=torch.float32, device=rows.device)
         # per key: is it special, and its position; one pass over the rows gives both sums
-        key_facts = torch.stack([self.special[:, :k_seen].float(),
-                                 torch.arange(k_seen, dtype=torch.float32, device=rows.device).expand(rows.shape[0], -1)],
-                                dim=-1)
+        key_facts = torch.stack([self.special[:, first_key:first_key + k_seen].float(),
+                                 key_positions.expand(rows.shape[0], -1)], dim=-1)
         sums = torch.matmul(rows, key_facts[:, None])  # [batch, head, n, 2]
         stats = self.statistics
-        stats["first"][:, :, slots] = rows[..., 0]
+        stats["first"][:, :, slots] = rows[..., 0] if first_key == 0 else 0.0
         stats["special"][:, :, slots] = sums[..., 0]
         largest = rows.amax(-1)
         stats["max_weight"][:, :, slots] = largest
@@ -256,27 +258,30 @@ class RowCollector:
         if self.causal:  # every key is at or before the query: sum p |q - k| = q - sum p k
             stats["distance"][:, :, slots] = positions.float() - sums[..., 1]
         else:
-            keys = torch.arange(k_seen, dtype=torch.float32, device=rows.device)
-            distance = (positions[:, None] - keys[None, :]).abs()  # [n, k_seen]
+            distance = (positions[:, None] - key_positions[None, :]).abs()  # [n, k_seen]
             stats["distance"][:, :, slots] = torch.einsum("bhnk,nk->bhn", rows, distance)
         lengths = self.lengths[:, None, None]  # [batch, 1, 1]: each item's own keys
         for name, offset in {"self": 0, "prev": -1, **({} if self.causal else {"next": 1})}.items():
             target = positions + offset
             valid = (target >= 0) & (target < lengths)  # [batch, 1, n]
-            gathered = rows.gather(-1, target.clamp(0, k_seen - 1).expand(*rows.shape[:2], -1)[..., None])[..., 0]
-            gathered = torch.where(target < k_seen, gathered, 0.0)  # keys never computed are 0
+            column = target - first_key
+            gathered = rows.gather(-1, column.clamp(0, k_seen - 1).expand(*rows.shape[:2], -1)[..., None])[..., 0]
+            gathered = torch.where((column >= 0) & (column < k_seen), gathered, 0.0)  # keys never computed are 0
             stats[name][:, :, slots] = torch.where(valid, gathered, float("nan"))
-        self._add_histogram(slots, positions, rows)
+        self._add_histogram(slots, positions, rows, first_key)
 
-    def _add_histogram(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+    def _add_histogram(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                       first_key: int = 0) -> None:
         """Mass per distance bin, as differences of prefix sums: keys ``q - high .. q - low`` and
-        ``q + low .. q + high`` (the second range only where ``low > 0``, never for causal attention)."""
+        ``q + low .. q + high`` (the second range only where ``low > 0``, never for causal attention).
+        ``rows`` hold keys ``first_key ..``: prefix sums over them, at positions counted from ``first_key``, are
+        the prefix sums over every key (the keys before are 0)."""
         assert self.histogram is not None
         low, high = self.bins[:, 0].contiguous(), self.bins[:, 1].contiguous()
         # S(q + o) for: left ranges end at q - low and start after q - high - 1; right ranges likewise
         ends = [(-low, -high - 1)] if self.causal else [(-low, -high - 1), (high, low - 1)]
         offsets = torch.unique(torch.cat([torch.cat(pair) for pair in ends]))
-        prefix = prefix_sums_at(rows, positions, offsets)  # [b, h, n, offset]
+        prefix = prefix_sums_at(rows, positions - first_key, offsets)  # [b, h, n, offset]
 
         def at(offset: torch.Tensor) -> torch.Tensor:
             return prefix[..., torch.searchsorted(offsets, offset)]
@@ -287,24 +292,26 @@ class RowCollector:
         weights = self.membership[:, slots]  # [batch, n]: rows that belong to each item
         self.histogram += torch.einsum("bhnc,bn->bhc", per_row, weights)
 
-    def _add_top_k(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    def _add_top_k(self, slots: torch.Tensor, rows: torch.Tensor, first_key: int = 0) -> None:
         k = min(self.plan.top_k, rows.shape[-1])
         weights, indices = rows.topk(k, dim=-1)
-        indices = torch.where(weights > 0, indices, -1)
+        indices = torch.where(weights > 0, indices + first_key, -1)
         put_rows(self.topk_weights, slots, weights)
         put_rows(self.topk_indices, slots, indices)
 
-    def _add_overview(self, start: int, probs: torch.Tensor) -> None:
-        """Block sums of every query row (the overview keeps all rows, not just the selected ones)."""
+    def _add_overview(self, start: int, probs: torch.Tensor, first_key: int = 0) -> None:
+        """Block sums of every query row (the overview keeps all rows, not just the selected ones) of keys
+        ``first_key ..``."""
         block = min(self.plan.overview, self.n_keys)  # a block wider than the input is the whole input
+        first_block, before = divmod(first_key, block)
         batch, heads, n, k_seen = probs.shape
-        padded = torch.nn.functional.pad(probs, (0, -k_seen % block))
-        key_blocks = padded.view(batch, heads, n, -1, block).sum(-1)  # [b, h, n, k_blocks_seen]
+        padded = torch.nn.functional.pad(probs, (before, -(before + k_seen) % block))
+        key_blocks = padded.view(batch, heads, n, -1, block).sum(-1)  # [b, h, n, blocks from first_block]
         positions = torch.arange(start, start + n, device=probs.device)
         real = (positions[None, :] < self.lengths[:, None]).float()  # [batch, n]: not padding
         query_block = positions // block
         weighted = key_blocks * real[:, None, :, None]
-        self.overview_sum[:, :, :, : key_blocks.shape[-1]].index_add_(2, query_block, weighted)
+        self.overview_sum[:, :, :, first_block:first_block + key_blocks.shape[-1]].index_add_(2, query_block, weighted)
         self.overview_rows.index_add_(2, query_block, real[:, None, :, None])
 
     # ---- at the end of the layer ---------------------------------------------------------------
