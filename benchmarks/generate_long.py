@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/generate_long.py                    # prompts of 4,096 and 8,176 tokens
     .venv/bin/python benchmarks/generate_long.py --lengths 1024     # a quick look
+    .venv/bin/python benchmarks/generate_long.py --model gemma3      # Gemma 3 after a 16,384-token prompt
 
 The prompt is the longest shipped State of the Union address
 (``attnscope.data.document("sotu-1981-jimmy-carter")``), cut to each length in SmolLM2's tokens;
@@ -53,7 +54,7 @@ from attnscope.data import document
 from attnscope.records.generation import packed_length
 
 NEW_TOKENS = 16
-LENGTHS = (4096, 8192 - NEW_TOKENS)
+LENGTHS = {"smollm2": (4096, 8192 - NEW_TOKENS), "gemma3": (16384,)}  # each model's default prompt lengths
 GIB = 2**30
 
 
@@ -128,25 +129,28 @@ def measure(loaded, length: int) -> dict[str, float | int | bool]:  # type: igno
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
+    parser.add_argument("--model", choices=sorted(LENGTHS), default="smollm2", help="the decoder (default: smollm2)")
+    parser.add_argument("--lengths", help="prompt lengths in tokens (default: the model's, "
+                        + "; ".join(f"{m}: {','.join(map(str, n))}" for m, n in LENGTHS.items()) + ")")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 while another process "
                         "holds a core, where two threads wait on each other)")
     add_smoke_flag(parser)
     args = parser.parse_args()
     if args.smoke:
         args.lengths = "64"
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else list(LENGTHS[args.model])
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-    loaded = attnscope.load_model("smollm2")
+    loaded = attnscope.load_model(args.model)
     attnscope.generate(loaded, "The sea is", max_new_tokens=4)  # warm-up
     plain_generate(loaded, loaded.tokenizer("The sea is")["input_ids"], 4)
     rows = [measure(loaded, length) for length in lengths]
     figures = {name: [row[name] for row in rows] for name in rows[0]}
     figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name(),
-               "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
-    emit("generate_long", figures, keep=args.lengths == ",".join(map(str, LENGTHS)))
+               "model": args.model, "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
+    name = "generate_long" if args.model == "smollm2" else f"generate_long_{args.model}"
+    emit(name, figures, keep=lengths == list(LENGTHS[args.model]))
 
 
 if __name__ == "__main__":

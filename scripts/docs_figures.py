@@ -69,6 +69,23 @@ def attnscope(*args: str, extra_env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
+def attnscope_measured(*args: str) -> tuple[float, float]:
+    """Run ``attnscope ARGS`` like :func:`attnscope` (output discarded): its wall time in seconds and its peak
+    resident set size in MB (the child's own ``ru_maxrss``, read by ``wait4``)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as errors:
+        child = subprocess.Popen([sys.executable, "-m", "attnscope", *args], stdout=subprocess.DEVNULL, stderr=errors,
+                                 env=env, cwd=ROOT)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            errors.seek(0)
+            raise SystemExit(f"attnscope {' '.join(args)} failed ({child.returncode}):\n"
+                             f"{errors.read().decode(errors='replace')[-2000:]}")
+    return time.perf_counter() - started, usage.ru_maxrss / 1024
+
+
 def last_json(stdout: str) -> Any:
     """The JSON object on the last non-empty line (what ``--json`` prints)."""
     return json.loads(stdout.strip().splitlines()[-1])
@@ -240,6 +257,46 @@ def sink_models(work: Path) -> dict[str, Any]:
                           "first_majority_heads_norm": summary["first_majority_heads_norm"],
                           "by_layer_first": [round(v, 3) for v in first],
                           "by_layer_first_norm": [round(v, 3) for v in report["by_layer"]["first_norm"]]}
+    return figures
+
+
+DOCUMENT = "sotu-1981-jimmy-carter"  # the longest shipped document: about 42,000 tokens
+DOCUMENT_MODELS = {"smollm2": 8192, "gemma3": 32768, "qwen1.5b": 8192}  # tokens: each model's window, or 8,192
+FAR = 512  # "far back": beyond Gemma 3's sliding window
+
+
+def whole_document(work: Path) -> dict[str, Any]:
+    """``attnscope extract --document`` in statistics mode over the start of :data:`DOCUMENT` for each model of
+    :data:`DOCUMENT_MODELS`: the first-token share, how far back the heads reach (mean distance per head, the
+    share of attention farther than :data:`FAR` tokens back), and for sliding-window models the global layers
+    apart."""
+    import numpy as np
+
+    from attnscope import AttentionRecord, partial_statistics
+
+    figures = {}
+    for model, tokens in DOCUMENT_MODELS.items():
+        seconds, peak_mb = attnscope_measured("extract", "--model", model, "--document", DOCUMENT, "--stats",
+                                              "--max-tokens", str(tokens), "--stream", "-o", str(work / model))
+        record = AttentionRecord.open(next((work / model).glob("*.safetensors")))
+        table = partial_statistics(record)
+        far = [column for column in table.columns
+               if column.startswith("dist_") and int(column[5:].partition("-")[0]) > FAR]
+        table["far"] = table[far].sum(axis=1)
+        farthest = table.loc[table["distance"].idxmax()]
+        windows = np.array(record.model.windows or [0] * record.model.n_layers)
+        global_layers = [layer for layer, window in enumerate(windows) if window == 0]
+        figures[model] = {
+            "tokens": len(record.tokens), "layers": record.model.n_layers, "heads": record.model.n_heads,
+            "first": round(float(table["first"].mean()), 3),
+            "first_majority_heads": int((table["first"] >= 0.5).sum()),
+            "median_distance": round(float(table["distance"].median()), 1),
+            "farthest": [int(farthest["layer"]), int(farthest["head"]), round(float(farthest["distance"]), 1)],
+            "far_share": round(float(table["far"].mean()), 4),
+            "sliding_layers": int((windows > 0).sum()), "window": int(windows.max()),
+            "global_far_share": round(float(table[table["layer"].isin(global_layers)]["far"].mean()), 4),
+            "seconds": round(seconds, 1), "peak_mb": round(peak_mb),
+        }
     return figures
 
 
@@ -416,8 +473,10 @@ GROUPS: dict[str, Group] = {
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
     "sinks": Group(f"attnscope sinks brown --model smollm2 --limit {SINK_MODEL_INPUTS} -o out/ --json; "
                    "sink_agreement on labels/smollm2_sinks.tsv", sink_report),
-    "sinks-models": Group(f"attnscope sinks brown --model M --limit {SINK_MODEL_INPUTS} -o out/ --json "
+    "sinks_models": Group(f"attnscope sinks brown --model M --limit {SINK_MODEL_INPUTS} -o out/ --json "
                           f"(M: {', '.join(SINK_MODELS)})", sink_models),
+    "document": Group(f"attnscope extract --model M --document {DOCUMENT} --stats --max-tokens N --stream -o out/ "
+                      f"(M N: {'; '.join(f'{m} {n}' for m, n in DOCUMENT_MODELS.items())})", whole_document),
     "corpus": Group("attnscope heads brown -o report/", corpus_report, ("seconds",)),
     "ablation": Group("attnscope ablate -o out/", ablation),
     "generate": Group(f'attnscope generate "{GENERATE_PROMPT}" --chat -n {GENERATE_TOKENS} --json '

@@ -247,3 +247,19 @@ def test_a_five_token_page_draws_every_panel(browser, tmp_path):
     drawn = len(page.js(f"{APP}.views.window.lines()"))
     assert drawn == int((np.rint(attention[0, 0] * 255) >= 1).sum()) > 20  # head 0: every pair is in its top 5
     page.close()
+
+
+@pytest.mark.parametrize(("fragment", "expected"), [
+    ("#layer=4&head=5", ["heatmap", 1, 2]),  # the model's numbers: the arrays' second layer and third head
+    ("#view=model&layer=3&head=mean", ["model", 0, "mean"]),
+    ("#layer=7&head=1&view=nothing", ["heatmap", 0, 0]),  # what the page does not hold is ignored
+])
+def test_the_address_chooses_the_starting_view_layer_and_head(browser, long_page, fragment, expected):
+    page = Page(browser, long_page[1], fragment)
+    assert page.js(f"[{APP}.state.view, {APP}.state.layer, {APP}.state.head]") == expected
+    assert page.page.input_value("[data-role=layer]") == str(expected[1])
+    assert page.page.input_value("[data-role=head]") == str(expected[2])
+    if expected[0] == "heatmap":
+        page.wait(f"{HEATMAP}.scene.ofType('text')[0].text.includes('layer {LAYERS[expected[1]]} \u00b7 ')")
+    assert not page.errors, page.errors
+    page.page.close()

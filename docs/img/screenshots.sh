@@ -46,3 +46,9 @@ shot lab_steps 1000,330 "step=2"
 "$BIN/attnscope" generate --model smollm2 "The capital of France is" -n 4 --attribute --html "$STEPS/attribute.html" >/dev/null
 PAGE=$STEPS/attribute.html
 shot steps_attribution 1100,730 "step=0"
+
+# the long view of a whole document: Gemma 3 over its whole 32,768-token window of the longest shipped
+# address (the capture takes tens of minutes on 2 cores)
+PAGE=$(mktemp -d)/long.html
+"$BIN/attnscope" view --model gemma3 --file sotu-1981-jimmy-carter --long -o "$PAGE" >/dev/null
+shot long_view_gemma3 1200,1000 "layer=5&head=0"

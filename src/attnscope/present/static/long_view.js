@@ -73,7 +73,20 @@
       this.drawCount = 0;
       const width = payload.window.width;
       this.state = { view: "heatmap", layer: 0, head: 0, window: { start: 0, width } }; // layer, head: indices
+      this.fromAddress();
       this.build();
+      if (this.state.head !== 0 && this.views.window) this.views.window.showHeads(this.state.head);
+    }
+
+    /* A page of its own starts where its address says: long.html#view=model&layer=5&head=2 (0-indexed layer and
+       head numbers as the model counts them, head=mean for the layer's mean); what the page does not hold is ignored. */
+    fromAddress() {
+      const asked = new URLSearchParams(window.location.hash.replace(/^#/, ""));
+      const layer = this.payload.layers.indexOf(Number(asked.get("layer")));
+      if (asked.has("layer") && layer >= 0) this.state.layer = layer;
+      const head = asked.get("head") === "mean" ? "mean" : this.payload.heads.indexOf(Number(asked.get("head")));
+      if (asked.has("head") && head !== -1) this.state.head = head;
+      if (this.payload.views.includes(asked.get("view"))) this.state.view = asked.get("view");
     }
 
     layerName() { return this.payload.layers[this.state.layer]; }
