@@ -149,3 +149,20 @@ def test_classifier_names_the_labelled_sink_heads_of_smollm2():
     assert agreement["n"] == 32 and agreement["n_sink"] == 19
     assert agreement["precision"] >= 0.9 and agreement["recall"] >= 0.9, agreement  # measured 1.0 and 0.947
     assert agreement["accuracy"] >= 0.7, agreement  # measured 0.781 over every label
+
+
+def test_the_models_figure_puts_models_of_different_depths_on_one_axis(tmp_path):
+    from attnscope.analysis.figures import sink_models_figure
+
+    curves = {"three layers": {"first": [0.1, 0.5, 0.9], "first_norm": [0.1, 0.3, None]},
+              "five layers": {"first": [0.2] * 5, "first_norm": [0.1] * 5}}
+    figure = sink_models_figure(curves, tmp_path / "models.png")
+    assert (tmp_path / "models.png").stat().st_size > 0
+    raw, weighted = figure.axes
+    for ax, name in ((raw, "first"), (weighted, "first_norm")):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {"three layers (3 layers)", "five layers (5 layers)"}
+        for label, line in lines.items():
+            x, y = line.get_data()
+            assert x[0] == 0.0 and x[-1] == 1.0 and len(x) == len(curves[label.split(" (")[0]][name])
+    assert np.isnan(weighted.get_lines()[0].get_data()[1][-1])  # a layer without norms is a gap, not a zero
