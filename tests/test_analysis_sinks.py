@@ -163,6 +163,6 @@ def test_the_models_figure_puts_models_of_different_depths_on_one_axis(tmp_path)
         lines = {line.get_label(): line for line in ax.get_lines()}
         assert set(lines) == {"three layers (3 layers)", "five layers (5 layers)"}
         for label, line in lines.items():
-            x, y = line.get_data()
+            x, _ = line.get_data()
             assert x[0] == 0.0 and x[-1] == 1.0 and len(x) == len(curves[label.split(" (")[0]][name])
     assert np.isnan(weighted.get_lines()[0].get_data()[1][-1])  # a layer without norms is a gap, not a zero
