@@ -213,6 +213,11 @@ INDEX_CASES = {
                                "attnscope.experiments.mixing.mixing", "--layer: layer 5 does not exist"),
     "ablate --layers": (["ablate", "-m", "{bert}", "--layers", "0,2", "-n", "2", "-o", "{tmp}/ablate"],
                         "attnscope.experiments.metrics.prepare_metric", "--layers: layer 2 does not exist"),
+    "extract --heads": (["extract", "hi", "-m", "{bert}", "--heads", "4", "-o", "{tmp}/x"],
+                        "transformers.models.bert.modeling_bert.BertModel.forward", "head 4 does not exist: the model has 4"),
+    "extract --stream --heads": (["extract", "hi", "-m", "{llama}", "--heads", "0,6", "--stats", "--stream", "-o",
+                                  "{tmp}/x"], "transformers.models.llama.modeling_llama.LlamaForCausalLM.forward",
+                                 "head 6 does not exist"),
 }
 
 

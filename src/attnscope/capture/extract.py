@@ -139,8 +139,8 @@ def extract_corpus(
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     loaded = as_loaded(model)
     plan = None if plan is None or plan.keeps_everything else plan
-    if plan is not None:
-        plan.check_against(n_layers=n_main_layers(loaded))
+    if plan is not None:  # before any forward pass: a head the model lacks is refused at once
+        plan.check_against(n_layers=n_main_layers(loaded), n_heads=named_config_heads(loaded))
     limit = min(max_length or loaded.max_length, loaded.max_length)
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
     from tqdm.auto import tqdm
@@ -185,7 +185,7 @@ def extract_to_file(
 
     loaded = as_loaded(model)
     plan = plan or FULL_PLAN
-    plan.check_against(n_layers=n_main_layers(loaded))
+    plan.check_against(n_layers=n_main_layers(loaded), n_heads=named_config_heads(loaded))
     limit = min(max_length or loaded.max_length, loaded.max_length)
     encoded = encode_window(loaded, [(0, (text, pair))], limit)[0]
     check_batch_memory(loaded, [encoded], plan, qkv=False, norms=norms, streamed=True)
@@ -404,8 +404,13 @@ def n_main_layers(loaded: LoadedModel) -> int:
 def n_config_heads(loaded: LoadedModel) -> int:
     """Query heads per layer as the config names them (16 when it names none), for memory estimates; the most
     of any layer where they vary by layer."""
+    return named_config_heads(loaded) or 16
+
+
+def named_config_heads(loaded: LoadedModel) -> int | None:
+    """Query heads per layer where the config names them (the most of any layer where they vary), else None."""
     heads = (_config_value(loaded.config, name) for name in ("num_attention_heads", "encoder_attention_heads", "n_head"))
-    return next((int(h) for h in heads if isinstance(h, int)), 16)
+    return next((int(h) for h in heads if isinstance(h, int)), None)
 
 
 def _config_value(config: Any, name: str) -> Any:
