@@ -265,6 +265,19 @@ DOCUMENT_MODELS = {"smollm2": 8192, "gemma3": 32768, "qwen1.5b": 8192}  # tokens
 FAR = 512  # "far back": beyond Gemma 3's sliding window
 
 
+def distance_off_the_sink(record: Any) -> Any:
+    """``[layer, head]``: each head's mean distance over the keys after the first, weighted by the attention they
+    get: the sum over rows of ``distance - first * q`` (the first token lies ``q`` back from query ``q``) over the
+    sum of ``1 - first``. How far back a head reads when it does not rest on the sink."""
+    import numpy as np
+
+    first = np.asarray(record.statistics["first"], dtype=np.float64)  # [layer, head, row]
+    distance = np.asarray(record.statistics["distance"], dtype=np.float64)
+    positions = np.asarray(record.query_positions, dtype=np.float64)
+    rest = np.nansum(1.0 - first, axis=-1)
+    return np.nansum(distance - first * positions, axis=-1) / np.maximum(rest, 1e-12)
+
+
 def whole_document(work: Path) -> dict[str, Any]:
     """``attnscope extract --document`` in statistics mode over the start of :data:`DOCUMENT` for each model of
     :data:`DOCUMENT_MODELS`: the first-token share, how far back the heads reach (mean distance per head, the
@@ -283,7 +296,10 @@ def whole_document(work: Path) -> dict[str, Any]:
         far = [column for column in table.columns
                if column.startswith("dist_") and int(column[5:].partition("-")[0]) > FAR]
         table["far"] = table[far].sum(axis=1)
+        table["off_sink"] = distance_off_the_sink(record).reshape(-1)  # the same [layer, head] order
         farthest = table.loc[table["distance"].idxmax()]
+        readers = table[table["first"] < 0.5]  # heads that mostly read elsewhere than the sink
+        farthest_off = readers.loc[readers["off_sink"].idxmax()]
         windows = np.array(record.model.windows or [0] * record.model.n_layers)
         global_layers = [layer for layer, window in enumerate(windows) if window == 0]
         figures[model] = {
@@ -291,7 +307,11 @@ def whole_document(work: Path) -> dict[str, Any]:
             "first": round(float(table["first"].mean()), 3),
             "first_majority_heads": int((table["first"] >= 0.5).sum()),
             "median_distance": round(float(table["distance"].median()), 1),
-            "farthest": [int(farthest["layer"]), int(farthest["head"]), round(float(farthest["distance"]), 1)],
+            "farthest": [int(farthest["layer"]), int(farthest["head"]), round(float(farthest["distance"]), 1),
+                         round(float(farthest["first"]), 3)],
+            "median_off_sink": round(float(table["off_sink"].median()), 1),
+            "farthest_off_sink": [int(farthest_off["layer"]), int(farthest_off["head"]),
+                                  round(float(farthest_off["off_sink"]), 1), round(float(farthest_off["first"]), 3)],
             "far_share": round(float(table["far"].mean()), 4),
             "sliding_layers": int((windows > 0).sum()), "window": int(windows.max()),
             "global_far_share": round(float(table[table["layer"].isin(global_layers)]["far"].mean()), 4),
