@@ -37,16 +37,17 @@ EQUAL = (
     # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
     "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
-    "recurrent_gemma",
+    "recurrent_gemma", "minimax",
+    # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first
+    # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
+    # BigBird-Pegasus's encoder with full attention)
+    "ibert", "squeezebert", "convbert", "nystromformer", "bigbird_pegasus",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
     # two stacks of layers run in cycles: eager returns 16 layers of attention from 2 modules
     "hrm_text": "model type 'hrm_text': modules model.L_module.layers.0.self_attn and model.H_module.layers.0.self_attn "
                 "would both be self layer 0",
-    # its encoder's block-sparse / full attention is computed inside its own modules (a bridge is needed)
-    "bigbird_pegasus": "model type 'bigbird_pegasus': 2 of its 6 attention modules (e.g. "
-                       "model.encoder.layers.0.self_attn) never called attnscope's attention function",
 }
 
 
@@ -140,7 +141,8 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
-                                        "gpt_neox_japanese", "diffllama"])
+                                        "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
+                                        "nystromformer", "bigbird_pegasus"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
@@ -164,3 +166,18 @@ def test_a_head_whose_output_does_not_reach_the_residual_alone_has_no_norm_measu
     assert extract(loaded, TEXT).get("self").shape[0] == 2
     with pytest.raises(AttnscopeError, match="no output projection found"):
         extract(loaded, TEXT, norms=True)
+
+
+@pytest.mark.parametrize(("model_type", "setting", "refusal"), [
+    ("ibert", {"quant_mode": True}, "integer-only softmax"),
+    ("nystromformer", {"num_landmarks": 8}, "approximates attention"),
+])
+def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(model_type, setting, refusal,
+                                                                                 tmp_path):
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config(model_type)
+    for name, value in setting.items():
+        setattr(config, name, value)
+    with pytest.raises(AttnscopeError, match=refusal):
+        load_model(str(build_folder(model_type, tmp_path, config)))

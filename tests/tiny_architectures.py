@@ -92,6 +92,23 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
 # so they are compared with eager's after dividing by that sum
 EAGER_WITHOUT_SINK = frozenset({"granite_swa", "granitemoe_swa"})
 
+# model types whose eager output_attentions returns the scores before the softmax (with the mask added), not
+# weights: compared with attnscope's weights after a softmax
+EAGER_RETURNS_SCORES = frozenset({"squeezebert"})
+
+# hybrids whose eager output_attentions returns, for their linear-attention layers, the recurrent state (K^T V,
+# [head, d_head, d_head]) rather than weights: compared on their softmax layers (layer_types "full_attention")
+EAGER_RETURNS_LINEAR_STATES = frozenset({"minimax"})
+
+# model types that have no attention weights although their eager output_attentions returns tensors: counted
+# with the types whose eager returns no attentions (no_eager), with the reason
+NOT_ATTENTION: dict[str, str] = {
+    "rwkv": "recurrent (RWKV time mixing): its output_attentions returns each layer's time-mixing output "
+            "[batch, pos, width], not weights over keys",
+    "yoso": "LSH-sampled attention (YOSO) has no weights: its output_attentions returns each layer's context "
+            "vectors [batch, pos, width]",
+}
+
 
 def text_model_types() -> tuple[list[str], list[str]]:
     """``(text, other)``: the model types of ``CONFIG_MAPPING`` with a causal LM, masked LM, seq2seq LM or
@@ -347,6 +364,23 @@ def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
     return [start, *tokenizer(TARGET, add_special_tokens=False)["input_ids"]]
 
 
+def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Eager's attentions as weights where a type returns something else beside them: the softmax of its scores
+    (:data:`EAGER_RETURNS_SCORES`), its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
+    if model_type in EAGER_RETURNS_SCORES:
+        return {kind: [_softmax(scores) for scores in layers] for kind, layers in eager.items()}
+    if model_type in EAGER_RETURNS_LINEAR_STATES:
+        return {kind: [a for a, layer_type in zip(layers, config.layer_types, strict=True)
+                       if layer_type == "full_attention"] for kind, layers in eager.items()}
+    return eager
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over keys of ``[head, q_pos, k_pos]`` scores, in float64."""
+    shifted = np.exp(scores.astype(np.float64) - scores.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
 def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict[str, Any]:
     """Build, capture and compare one model type in ``folder``: ``{"outcome": ..., ...}``.
 
@@ -388,11 +422,13 @@ def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict
         eager = eager_attentions(folder, input_ids, decoder, types)
     except Exception as error:  # noqa: BLE001 - transformers' own eager path failing is not attnscope's doing
         return {"outcome": "unbuilt", "reason": f"eager: {type(error).__name__}: {_first_line(error)}"}
-    if not eager:
-        return {"outcome": "no_eager", **({"attnscope": refusal} if refusal else {})}
+    if not eager or model_type in NOT_ATTENTION:
+        return {"outcome": "no_eager", **({"reason": NOT_ATTENTION[model_type]} if model_type in NOT_ATTENTION else {}),
+                **({"attnscope": refusal} if refusal else {})}
     if refusal is not None:
         return refusal
     assert record is not None
+    eager = _as_weights(model_type, config, eager)
     captured = {kind: record.get(kind) for kind in record.kinds}
     if model_type in EAGER_WITHOUT_SINK and record.sink_mass is not None:
         captured["self"] = record.attention / (1.0 - record.sink_mass)[..., None]

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from ..models.adapters import model_type_of
-from .attention import attnscope_attention
+from .attention import attention_scores, attnscope_attention
 
 
 class MPNetAttentionBridge(nn.Module):
@@ -540,12 +540,15 @@ class XLMAttentionBridge(nn.Module):
         return outputs + (probs,) if output_attentions and probs is not None else outputs
 
 
-def _inner_replaced(method: str, compute: Any, **attributes: Any) -> Any:
+def _inner_replaced(method: str, compute: Any, refusal: Any = None, **attributes: Any) -> Any:
     """A bridge for a module whose forward computes attention in one inner ``method``: the same instance state
     (weights, buffers, mode) in a subclass of its class whose ``method`` is ``compute``; the rest of its
-    forward is the model's own code."""
+    forward is the model's own code. ``refusal(original)``, where given, names what the bridge does not
+    reproduce (None where it does): attnscope then refuses the model when it loads it."""
 
     def bridge(original: nn.Module) -> nn.Module:
+        if refusal is not None and (reason := refusal(original)) is not None:
+            raise AttnscopeError(reason)
         cls = type(original)
         bridged = type(f"{cls.__name__}Bridge", (cls,), {method: compute, **attributes})
         module = bridged.__new__(bridged)
@@ -586,6 +589,119 @@ def _diffllama_forward(self: Any, hidden_states: torch.Tensor, position_embeddin
     return self.o_proj(output.reshape(*hidden_states.shape[:-1], -1)), probs
 
 
+
+def _ibert_quantized(original: Any) -> str | None:
+    if not original.quant_mode:
+        return None
+    return ("model type 'ibert' with quant_mode: true computes an integer-only softmax that attnscope's bridge does "
+            "not reproduce; load it with quant_mode: false (its float weights are the same)")
+
+
+def _ibert_forward(self: Any, hidden_states: torch.Tensor, hidden_states_scaling_factor: Any,
+                   attention_mask: torch.Tensor | None = None, output_attentions: bool = False) -> tuple[Any, Any]:
+    """I-BERT's self-attention with ``quant_mode`` off (its projections and activations are then plain float):
+    ``[batch, pos, width]`` in; ``((context, probs?), (None, None?))`` out, as I-BERT returns its outputs and
+    their (absent) scaling factors."""
+    q, k, v = (activation(projection(hidden_states, hidden_states_scaling_factor)[0], None)[0]
+               for projection, activation in ((self.query, self.query_activation), (self.key, self.key_activation),
+                                              (self.value, self.value_activation)))
+    q, k, v = (_heads(t, self.attention_head_size) for t in (q, k, v))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    context, _ = self.output_activation(output.reshape(*hidden_states.shape[:2], self.all_head_size), None)
+    return ((context, probs), (None, None)) if output_attentions else ((context,), (None,))
+
+
+def _squeezebert_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                         output_attentions: bool) -> dict[str, torch.Tensor]:
+    """SqueezeBERT's self-attention, channels first: ``[batch, width, pos]`` in, ``{"context_layer": [batch, width,
+    pos]}`` out. Its ``output_attentions`` returns the scores *before* the softmax (with the mask added): the
+    bridge returns those too, computed as SqueezeBERT computes them; the record holds the softmax of them."""
+    q = self.transpose_for_scores(self.query(hidden_states))  # [batch, head, pos, d_head]
+    k = self.transpose_key_for_scores(self.key(hidden_states)).transpose(2, 3)
+    v = self.transpose_for_scores(self.value(hidden_states))
+    output, _ = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                    dropout=self.dropout.p if self.training else 0.0)
+    result = {"context_layer": self.transpose_output(output.transpose(1, 2))}  # [b, q_pos, head, d] -> [b, width, pos]
+    if output_attentions:
+        result["attention_score"] = attention_scores(q, k, attention_mask, self.attention_head_size**-0.5)
+    return result
+
+
+def _convbert_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      encoder_hidden_states: torch.Tensor | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ConvBERT's mixed attention: ``[batch, pos, width]`` in, ``(context [batch, pos, width], probs)`` out. Its
+    self-attention heads go through attnscope; its span-based convolution heads (a softmax over each token's
+    ``conv_kernel_size`` neighbours, no attention over the sequence) are ConvBERT's own code, by
+    :func:`_convbert_convolution`; the context is the attention heads, then the convolution heads."""
+    if encoder_hidden_states is not None:
+        raise AttnscopeError("model type 'convbert' used with cross-attention is not bridged by attnscope; capture "
+                             "it as an encoder")
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    convolution = _convbert_convolution(self, hidden_states)  # [batch, pos, head, d_head]
+    return torch.cat([output, convolution], dim=2).reshape(*hidden_states.shape[:2], -1), probs
+
+
+def _convbert_convolution(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """ConvBERT's span-based dynamic convolution heads, ``[batch, pos, width]`` -> ``[batch, pos, head, d_head]``:
+    a kernel per token from its query and a separable convolution of its neighbourhood, applied to the
+    unfolded ``conv_kernel_size`` neighbours of ``conv_out_layer``'s projection."""
+    batch, length, _ = hidden_states.shape
+    key_conv = self.key_conv_attn_layer(hidden_states.transpose(1, 2)).transpose(1, 2)
+    kernel = self.conv_kernel_layer(key_conv * self.query(hidden_states))
+    kernel = torch.softmax(kernel.reshape(-1, self.conv_kernel_size, 1), dim=1)  # [batch * pos * head, kernel, 1]
+    spans = self.conv_out_layer(hidden_states).transpose(1, 2).unsqueeze(-1)  # [batch, width, pos, 1]
+    spans = nn.functional.unfold(spans, kernel_size=[self.conv_kernel_size, 1],
+                                 padding=[(self.conv_kernel_size - 1) // 2, 0])  # [batch, width * kernel, pos]
+    spans = spans.transpose(1, 2).reshape(-1, self.attention_head_size, self.conv_kernel_size)
+    return torch.matmul(spans, kernel).reshape(batch, length, self.num_attention_heads, self.attention_head_size)
+
+
+def _nystrom_approximated(original: Any) -> str | None:
+    if original.num_landmarks == original.seq_len:
+        return None
+    return (f"model type 'nystromformer' with {original.num_landmarks} landmarks for {original.seq_len} positions "
+            f"approximates attention (Nyström): its weights are not a softmax over the tokens, which attnscope's "
+            f"records hold; only num_landmarks equal to segment_means_seq_len (exact softmax attention) is bridged")
+
+
+def _nystromformer_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                           output_attentions: bool = False) -> tuple[torch.Tensor, ...]:
+    """Nyströmformer's self-attention where it is exact (as many landmarks as positions: a plain softmax):
+    ``[batch, pos, width]`` in, ``(context, probs?)`` out; its depthwise convolution of the values over
+    positions (``conv``) is added to the context, as the model does."""
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=0.0)  # Nyströmformer applies no dropout to its weights
+    if self.conv_kernel_size is not None:
+        output = output + self.conv(v).transpose(1, 2)  # [batch, head, pos, d] -> [batch, pos, head, d]
+    output = output.reshape(*hidden_states.shape[:2], self.all_head_size)
+    return (output, probs) if output_attentions else (output,)
+
+
+def _bigbird_pegasus_encoder_forward(self: Any, hidden_states: torch.Tensor,
+                                     attention_mask: torch.Tensor | None = None, *masks: Any,
+                                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """BigBird-Pegasus's encoder attention with full attention (what it runs for inputs too short for its
+    blocks): ``[batch, pos, width]`` in, ``(output, probs)`` out. The encoder swaps its inner module by input
+    length, so the bridge stands in for the layer's attention, which stays, and reads the inner module's
+    projections at each call; block-sparse attention (long inputs) is refused."""
+    if self.attention_type != "original_full":
+        raise AttnscopeError("model type 'bigbird_pegasus' with block-sparse attention (an input long enough for "
+                             "its blocks) attends to random blocks that attnscope's bridge does not reproduce; "
+                             "load it with attention_type: original_full")
+    inner = self.self
+    q, k, v = (_heads(projection(hidden_states), inner.attention_head_size)
+               for projection in (inner.query, inner.key, inner.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=inner.attention_head_size**-0.5,
+                                        dropout=inner.dropout.p if self.training else 0.0)
+    return self.output(output.reshape(*hidden_states.shape[:2], inner.all_head_size)), probs
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -595,6 +711,12 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
     "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
     "DiffLlamaAttention": _inner_replaced("forward", _diffllama_forward),
+    "IBertSelfAttention": _inner_replaced("forward", _ibert_forward, _ibert_quantized, is_causal=False),
+    "SqueezeBertSelfAttention": _inner_replaced("forward", _squeezebert_forward, is_causal=False),
+    "ConvBertSelfAttention": _inner_replaced("forward", _convbert_forward, is_causal=False),
+    "NystromformerSelfAttention": _inner_replaced("forward", _nystromformer_forward, _nystrom_approximated,
+                                                  is_causal=False),
+    "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
     # class names too common to key by alone

@@ -213,12 +213,23 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter(  # BERT's attention modules, computed through AttentionInterface, around other layer layouts
         "bert-like",
         ("bert-generation", "esm", "markuplm", "mobilebert", "roberta-prelayernorm", "roc_bert", "splinter",
-         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke"),
+         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke", "ibert"),
         (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
         note="BERT's attention modules; their layers normalise (pre-LN, a bottleneck) unlike BERT's, so running "
         "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
-        "VisualBERT, RoFormer and LUKE compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
+        "VisualBERT, RoFormer, LUKE and I-BERT compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
+    # no out_proj: the output projection also takes what is not attention (ConvBERT's convolution heads,
+    # Nyströmformer's convolution of the values), so a head's vector in the residual stream is not α f(x)
+    Adapter("convbert", ("convbert",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", ""),),
+            note="mixed attention: half of each layer's heads are self-attention (captured), the other half span-based "
+            "convolutions over each token's neighbours (no attention over the sequence); ConvBERT computes "
+            "attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("nystromformer", ("nystromformer",),
+            (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", ""),),
+            note="exact softmax attention where it has as many landmarks as positions (its Nyström approximation "
+            "is refused), plus a convolution of the values over positions; attnscope bridges it (see "
+            "attnscope.capture.bridges)"),
     Adapter(
         "distilbert",
         ("distilbert",),
@@ -304,6 +315,11 @@ ADAPTERS: tuple[Adapter, ...] = (
             (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
             note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
             "which has no attention weights"),
+    Adapter("minimax", ("minimax",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window",
+                      classes=("MiniMaxAttention",)),),
+            note="its softmax attention layers; its other layers' self_attn is lightning (linear) attention, which "
+            "has no attention weights"),
     # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
     # the residual stream is not α f(x) (the measures that need it are unavailable)
     Adapter("bailing-hybrid", ("bailing_hybrid",),
