@@ -36,6 +36,9 @@ EQUAL = (
     "diffllama",
     # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
     "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
+    # ... and what released configs carry that the classes' defaults lack (DBRX's rope_theta in its attention
+    # config, Cohere Compass's rope parameters per layer type), DBRX's row
+    "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
     "recurrent_gemma", "minimax",
     # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first

@@ -67,6 +67,16 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
     "reformer": {"is_decoder": True},  # its LM head model is a decoder
+    # DBRX's attention reads its rope_theta from attn_config, as released configs carry it (the class has no default),
+    # (and clips q/k/v: its clamp needs a bound)
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # rope parameters per layer type, as released configs carry them (its default names none)
+    "cohere_compass_text": {"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                                for kind in ("full_attention", "sliding_attention")}},
+    "mamba2": {"num_heads": 8},  # its heads times their size must be hidden_size * expand (128)
+    "glm5_next_text": {"qk_rope_head_dim": 0},  # its sparse (DSA) attention layers have no rotary part
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 2},
 }
 
 # what eager gets beside the inputs, where a model computes differently by default than attnscope calls it:
@@ -232,8 +242,9 @@ def _set_mrope_sections(config: Any) -> None:
     set sections that fit the tiny head (:func:`_mrope_sections`)."""
     if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
         return
-    config.rope_parameters["mrope_section"] = _mrope_sections(config.rope_parameters, _head_dim(config) or 0,
-                                                              _value(config, "partial_rotary_factor"))
+    per_layer_type = [rope for rope in config.rope_parameters.values() if isinstance(rope, dict)]  # Cohere Compass
+    for rope in per_layer_type or [config.rope_parameters]:
+        rope["mrope_section"] = _mrope_sections(rope, _head_dim(config) or 0, _value(config, "partial_rotary_factor"))
 
 
 def _mrope_sections(rope: dict[str, Any], head_dim: int, partial: float | None) -> list[int]:

@@ -292,6 +292,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("mpt", ("mpt",), (SiteRule("self", r"blocks\.(\d+)\.attn$", "out_proj", causal=True),),
             note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
             "(see attnscope.capture.bridges)"),
+    Adapter("dbrx", ("dbrx",), (SiteRule("self", r"blocks\.(\d+)\.norm_attn_norm\.attn$", "out_proj", causal=True),)),
     Adapter("ctrl", ("ctrl",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.multi_head_attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
