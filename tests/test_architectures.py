@@ -40,7 +40,7 @@ EQUAL = (
     # config, Cohere Compass's rope parameters per layer type), DBRX's row
     "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
-    "recurrent_gemma", "minimax",
+    "recurrent_gemma", "minimax", "glm5_next_text",
     # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first
     # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
     # BigBird-Pegasus's encoder with full attention)

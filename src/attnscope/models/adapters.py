@@ -321,6 +321,11 @@ ADAPTERS: tuple[Adapter, ...] = (
                       classes=("MiniMaxAttention",)),),
             note="its softmax attention layers; its other layers' self_attn is lightning (linear) attention, which "
             "has no attention weights"),
+    Adapter("glm5-next", ("glm5_next_text",),
+            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window",
+                      classes=("Glm5NextTextAttention",)),),
+            note="its softmax attention layers (sparse: each query attends to the keys its indexer picks); its "
+            "other layers' self_attn is linear attention, which has no attention weights"),
     # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
     # the residual stream is not α f(x) (the measures that need it are unavailable)
     Adapter("bailing-hybrid", ("bailing_hybrid",),
