@@ -45,6 +45,8 @@ EQUAL = (
     # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
     # BigBird-Pegasus's encoder with full attention)
     "ibert", "squeezebert", "convbert", "nystromformer", "bigbird_pegasus",
+    # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias)
+    "xlnet",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
@@ -145,7 +147,7 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
-                                        "nystromformer", "bigbird_pegasus"])
+                                        "nystromformer", "bigbird_pegasus", "xlnet"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""

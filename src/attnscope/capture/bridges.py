@@ -702,6 +702,34 @@ def _bigbird_pegasus_encoder_forward(self: Any, hidden_states: torch.Tensor,
                                         dropout=inner.dropout.p if self.training else 0.0)
     return self.output(output.reshape(*hidden_states.shape[:2], inner.all_head_size)), probs
 
+
+def _xlnet_attn_core(self: Any, q_head: torch.Tensor, k_head_h: torch.Tensor, v_head_h: torch.Tensor,
+                     k_head_r: torch.Tensor, seg_mat: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+                     output_attentions: bool = False) -> Any:
+    """XLNet's relative attention, time-major: q ``[q_pos, batch, head, d_head]``, k/v ``[k_pos, batch, head,
+    d_head]``, its relative-position keys ``k_head_r``, its segment matrix and its mask (1 = hidden, ``[q_pos,
+    k_pos, batch, 1 or head]``). Content scores (queries plus ``r_w_bias``) go through attnscope; the
+    position and segment terms, computed as XLNet does, are the position bias; all scaled by ``scale``.
+    Returns the output ``[q_pos, batch, head, d_head]`` (and the weights as ``[q_pos, k_pos, batch, head]``)."""
+    to_heads_first = "ibnd->bnid"
+    q, k, v = (torch.einsum(to_heads_first, t) for t in (q_head + self.r_w_bias, k_head_h, v_head_h))
+    bias = self.rel_shift_bnij(torch.einsum("ibnd,jbnd->bnij", q_head + self.r_r_bias, k_head_r), klen=k.shape[2])
+    if seg_mat is not None:
+        segment = torch.einsum("ibnd,snd->ibns", q_head + self.r_s_bias, self.seg_embed)
+        bias = bias + torch.einsum("ijbs,ibns->bnij", seg_mat, segment)
+    keep = None if attn_mask is None else torch.einsum("ijbn->bnij", attn_mask) == 0  # [batch, 1|head, q, k]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.scale, position_bias=bias * self.scale,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    output = output.transpose(0, 1)  # [batch, q_pos, head, d] -> [q_pos, batch, head, d]
+    if not output_attentions:
+        return output
+    return output, None if probs is None else torch.einsum("bnij->ijbn", probs)
+
+
+def _xlnet_causal(self: Any, config: Any) -> None:
+    """XLNet's modules do not keep whether the model attends one way (``attn_type`` "uni") or both ways."""
+    self.is_causal = config.attn_type == "uni"
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -716,6 +744,7 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "ConvBertSelfAttention": _inner_replaced("forward", _convbert_forward, is_causal=False),
     "NystromformerSelfAttention": _inner_replaced("forward", _nystromformer_forward, _nystrom_approximated,
                                                   is_causal=False),
+    "XLNetRelativeAttention": _inner_replaced("rel_attn_core", _xlnet_attn_core, configure=_xlnet_causal),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

@@ -293,6 +293,11 @@ ADAPTERS: tuple[Adapter, ...] = (
             note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
             "(see attnscope.capture.bridges)"),
     Adapter("dbrx", ("dbrx",), (SiteRule("self", r"blocks\.(\d+)\.norm_attn_norm\.attn$", "out_proj", causal=True),)),
+    # no out_proj: XLNet's output projection is a parameter (``o``, [d_model, head, d_head]), not a module
+    Adapter("xlnet", ("xlnet",), (SiteRule("self", r"layer\.(\d+)\.rel_attn$", "", causal=None),),
+            note="relative attention: each weight is the softmax of content plus relative-position and segment "
+            "terms; XLNet computes it itself: attnscope bridges it (see attnscope.capture.bridges); its two-stream "
+            "pretraining mode (target_mapping) runs attention twice per layer and is refused"),
     Adapter("ctrl", ("ctrl",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.multi_head_attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
