@@ -73,6 +73,7 @@ SPECIAL: dict[str, dict[str, Any]] = {
     # rope parameters per layer type, as released configs carry them (its default names none)
     "cohere_compass_text": {"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0}
                                                 for kind in ("full_attention", "sliding_attention")}},
+    "axk1": {"n_group": 1, "topk_group": 1},  # its default routes over 8 groups of experts (the tiny model has 4)
     "mamba2": {"num_heads": 8},  # its heads times their size must be hidden_size * expand (128)
     "glm5_next_text": {"qk_rope_head_dim": 0},  # its sparse (DSA) attention layers have no rotary part
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
