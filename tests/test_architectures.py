@@ -45,8 +45,9 @@ EQUAL = (
     # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
     # BigBird-Pegasus's encoder with full attention)
     "ibert", "squeezebert", "convbert", "nystromformer", "bigbird_pegasus",
-    # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias)
-    "xlnet",
+    # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias),
+    # ProphetNet (its n-gram decoder attention's main stream; eager returns its other kinds before the softmax)
+    "xlnet", "prophetnet",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
@@ -147,7 +148,7 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
-                                        "nystromformer", "bigbird_pegasus", "xlnet"])
+                                        "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
@@ -158,8 +159,9 @@ def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     loaded = load_model(str(folder))
     eager = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
+    decoder = {"decoder_input_ids": ids[:, :5]} if eager.config.is_encoder_decoder else {}
     with torch.inference_mode():
-        bridged, expected = (model.base_model(input_ids=ids)[0] for model in (loaded.model, eager))
+        bridged, expected = (model.base_model(input_ids=ids, **decoder)[0] for model in (loaded.model, eager))
     torch.testing.assert_close(bridged, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -104,12 +104,16 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
 EAGER_WITHOUT_SINK = frozenset({"granite_swa", "granitemoe_swa"})
 
 # model types whose eager output_attentions returns the scores before the softmax (with the mask added), not
-# weights: compared with attnscope's weights after a softmax
-EAGER_RETURNS_SCORES = frozenset({"squeezebert"})
+# weights, for these kinds: compared with attnscope's weights after a softmax
+EAGER_RETURNS_SCORES: dict[str, tuple[str, ...]] = {"squeezebert": ("self",), "prophetnet": ("encoder", "cross")}
 
 # hybrids whose eager output_attentions returns, for their linear-attention layers, the recurrent state (K^T V,
 # [head, d_head, d_head]) rather than weights: compared on their softmax layers (layer_types "full_attention")
 EAGER_RETURNS_LINEAR_STATES = frozenset({"minimax"})
+
+# model types whose decoder runs predicting streams beside its main stream (ProphetNet's n-grams): eager's
+# cross-attention has a row per query of every stream; the record holds the main stream's (the tokens')
+EAGER_CROSS_OF_EVERY_STREAM = frozenset({"prophetnet"})
 
 # model types that have no attention weights although their eager output_attentions returns tensors: counted
 # with the types whose eager returns no attentions (no_eager), with the reason
@@ -378,9 +382,14 @@ def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
 
 def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Eager's attentions as weights where a type returns something else beside them: the softmax of its scores
-    (:data:`EAGER_RETURNS_SCORES`), its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
+    (:data:`EAGER_RETURNS_SCORES`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
+    its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
     if model_type in EAGER_RETURNS_SCORES:
-        return {kind: [_softmax(scores) for scores in layers] for kind, layers in eager.items()}
+        eager = {kind: [_softmax(a) for a in layers] if kind in EAGER_RETURNS_SCORES[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_CROSS_OF_EVERY_STREAM:
+        n_main = eager["decoder"][0].shape[1]  # the main stream's queries: the decoder's tokens
+        eager = {**eager, "cross": [a[:, :n_main] for a in eager["cross"]]}
     if model_type in EAGER_RETURNS_LINEAR_STATES:
         return {kind: [a for a, layer_type in zip(layers, config.layer_types, strict=True)
                        if layer_type == "full_attention"] for kind, layers in eager.items()}

@@ -730,6 +730,57 @@ def _xlnet_causal(self: Any, config: Any) -> None:
     """XLNet's modules do not keep whether the model attends one way (``attn_type`` "uni") or both ways."""
     self.is_causal = config.attn_type == "uni"
 
+
+def _prophetnet_forward(self: Any, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None,
+                        attention_mask: torch.Tensor | None = None, cache: Any = None,
+                        output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ProphetNet's encoder self-attention and decoder cross-attention: ``[batch, pos, width]`` in, ``(output,
+    scores?)`` out. Its ``output_attentions`` returns the scores *before* the softmax (with the mask added): the
+    bridge returns those too, computed as ProphetNet computes them; the record holds the softmax of them."""
+    cross = key_value_states is not None
+    current = key_value_states if cross else hidden_states
+    q = _heads(self.query_proj(hidden_states), self.head_dim)  # [batch, head, q_pos, d_head]
+    k, v = _cached(cache, self.layer_idx, cross, _heads(self.key_proj(current), self.head_dim),
+                   _heads(self.value_proj(current), self.head_dim), kwargs)
+    if attention_mask is not None and attention_mask.dim() == 0:  # ProphetNet's placeholder for no mask
+        attention_mask = None
+    output, _ = attnscope_attention(self, q, k, v, attention_mask, scaling=self.head_dim**-0.5,
+                                    dropout=self.attention_dropout if self.training else 0.0)
+    output = self.out_proj(output.reshape(*hidden_states.shape[:2], -1))
+    output = nn.functional.dropout(output, p=self.dropout, training=self.training)
+    scores = attention_scores(q, k, attention_mask, self.head_dim**-0.5) if output_attentions else None
+    return output, scores
+
+
+def _prophetnet_ngram_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None,
+                              attention_mask: torch.Tensor | None = None,
+                              main_relative_position_buckets: torch.Tensor | None = None,
+                              position_ids: torch.Tensor | None = None, **kwargs: Any) -> tuple[Any, ...]:
+    """ProphetNet's n-gram decoder self-attention: ``[batch, (1 + ngram) * pos, width]`` in (the main stream,
+    then each predicting stream), ``(output, main weights, predicting weights)`` out. The model's own forward
+    computes both streams (and fills the cache once); the main stream, the one a record holds (as eager's
+    ``decoder_attentions``), is then recomputed through attnscope, with ProphetNet's relative-position term
+    as the position bias, and its output replaces the model's."""
+    output, _, predict_probs = super(type(self), self).forward(
+        hidden_states, cache=cache, attention_mask=attention_mask,
+        main_relative_position_buckets=main_relative_position_buckets, position_ids=position_ids, **kwargs)
+    batch, length = hidden_states.shape[0], hidden_states.shape[1] // (1 + self.ngram)
+    main = hidden_states[:, :length]  # [batch, pos, width]
+    q = _heads(self.query_proj(main), self.head_dim)  # [batch, head, pos, d_head]
+    if cache is None:
+        k, v = (_heads(projection(main), self.head_dim) for projection in (self.key_proj, self.value_proj))
+    else:  # the keys and values the model's forward just cached
+        stored = getattr(cache, "self_attention_cache", cache).layers[self.layer_idx]
+        k, v = stored.keys, stored.values
+    shape = q.new_empty(batch, self.num_attn_heads, length, k.shape[2])  # the method reads only the shape
+    bias = self.get_main_relative_pos_embeddings(main, shape, position_ids, main_relative_position_buckets)
+    main_output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.head_dim**-0.5,
+                                             position_bias=bias,
+                                             dropout=self.attention_dropout if self.training else 0.0)
+    main_output = self.out_proj(main_output.reshape(batch, length, -1))
+    main_output = nn.functional.dropout(main_output, p=self.dropout, training=self.training)
+    return torch.cat([main_output, output[:, length:]], dim=1), probs, predict_probs
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -745,6 +796,8 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "NystromformerSelfAttention": _inner_replaced("forward", _nystromformer_forward, _nystrom_approximated,
                                                   is_causal=False),
     "XLNetRelativeAttention": _inner_replaced("rel_attn_core", _xlnet_attn_core, configure=_xlnet_causal),
+    "ProphetNetAttention": _inner_replaced("forward", _prophetnet_forward, is_causal=False),
+    "ProphetNetNgramSelfAttention": _inner_replaced("forward", _prophetnet_ngram_forward, is_causal=True),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

@@ -369,6 +369,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=_BART_FFN,
         norms=PRE_LN,
     ),
+    Adapter("prophetnet", ("prophetnet",),
+            (*_BART_LIKE[:2], SiteRule("cross", r"decoder\.layers\.(\d+)\.cross_attn$", "out_proj")),
+            note="its decoder's self-attention is the main stream of its n-gram attention (as transformers' "
+            "decoder_attentions), its cross-attention the main stream's rows; the predicting streams' weights are "
+            "not recorded; ProphetNet computes attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
     Adapter(
         "t5",
         ("t5", "mt5", "umt5"),
