@@ -48,6 +48,8 @@ EQUAL = (
     # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias),
     # ProphetNet (its n-gram decoder attention's main stream; eager returns its other kinds before the softmax)
     "xlnet", "prophetnet",
+    # bridged: Longformer's local attention and LED's encoder's (a band of keys; eager returns the band)
+    "longformer", "led",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
@@ -148,7 +150,8 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
-                                        "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet"])
+                                        "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet", "longformer",
+                                        "led"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
@@ -188,3 +191,19 @@ def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(
         setattr(config, name, value)
     with pytest.raises(AttnscopeError, match=refusal):
         load_model(str(build_folder(model_type, tmp_path, config)))
+
+
+@pytest.mark.parametrize("model_type", ["longformer", "led"])
+def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, tmp_path):
+    """A window of 4 (2 keys either side) over 16 tokens: the record holds the band, zeros outside it, equal to
+    eager's band scattered into keys."""
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config(model_type)
+    config.attention_window = 4  # every layer
+    assert check_type(model_type, tmp_path / "check", config)["outcome"] == "equal"
+    loaded = load_model(str(build_folder(model_type, tmp_path / "model", config)))
+    record = extract(loaded, TEXT, "Ein Satz." if loaded.is_encoder_decoder else None)
+    attention = record.get("encoder" if loaded.is_encoder_decoder else "self")  # [layer, head, q_pos, k_pos]
+    distance = np.abs(np.subtract.outer(np.arange(attention.shape[-1]), np.arange(attention.shape[-1])))
+    assert np.all(attention[..., distance > 2] == 0) and np.all(attention[..., distance <= 2] > 0)

@@ -115,6 +115,10 @@ EAGER_RETURNS_LINEAR_STATES = frozenset({"minimax"})
 # cross-attention has a row per query of every stream; the record holds the main stream's (the tokens')
 EAGER_CROSS_OF_EVERY_STREAM = frozenset({"prophetnet"})
 
+# model types whose eager attention of these kinds is a band ([head, q_pos, 2 * window + 1]: entry j of query i
+# is key i - window + j), Longformer's local attention: compared after scattering it into [head, q_pos, k_pos]
+EAGER_BANDED: dict[str, tuple[str, ...]] = {"longformer": ("self",), "led": ("encoder",)}
+
 # model types that have no attention weights although their eager output_attentions returns tensors: counted
 # with the types whose eager returns no attentions (no_eager), with the reason
 NOT_ATTENTION: dict[str, str] = {
@@ -382,10 +386,13 @@ def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
 
 def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Eager's attentions as weights where a type returns something else beside them: the softmax of its scores
-    (:data:`EAGER_RETURNS_SCORES`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
+    (:data:`EAGER_RETURNS_SCORES`), a band scattered into keys (:data:`EAGER_BANDED`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
     its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
     if model_type in EAGER_RETURNS_SCORES:
         eager = {kind: [_softmax(a) for a in layers] if kind in EAGER_RETURNS_SCORES[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_BANDED:
+        eager = {kind: [_unbanded(a) for a in layers] if kind in EAGER_BANDED[model_type] else layers
                  for kind, layers in eager.items()}
     if model_type in EAGER_CROSS_OF_EVERY_STREAM:
         n_main = eager["decoder"][0].shape[1]  # the main stream's queries: the decoder's tokens
@@ -394,6 +401,17 @@ def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]
         return {kind: [a for a, layer_type in zip(layers, config.layer_types, strict=True)
                        if layer_type == "full_attention"] for kind, layers in eager.items()}
     return eager
+
+
+def _unbanded(band: np.ndarray) -> np.ndarray:
+    """Longformer's band ``[head, q_pos, 2 * window + 1]`` as ``[head, q_pos, k_pos]`` (zeros outside the band)."""
+    n_heads, length, width = band.shape
+    window = (width - 1) // 2
+    full = np.zeros((n_heads, length, length), dtype=band.dtype)
+    for query in range(length):
+        keys = np.arange(max(0, query - window), min(length, query + window + 1))
+        full[:, query, keys] = band[:, query, keys - query + window]
+    return full
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:

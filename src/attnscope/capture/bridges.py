@@ -279,6 +279,17 @@ class BartStyleAttentionBridge(nn.Module):
         return self.out_proj(output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)), probs
 
 
+class LEDDecoderAttentionBridge(BartStyleAttentionBridge):
+    """Stands in for LED's decoder attention (self- and cross-attention), BART's in all but what it returns:
+    ``(output, weights if output_attentions, cache)``."""
+
+    def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None,  # type: ignore[override]
+                cache: Any = None, attention_mask: torch.Tensor | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        output, probs = super().forward(hidden_states, key_value_states, cache, attention_mask)
+        return output, probs if output_attentions else None, cache
+
+
 class MptAttentionBridge(nn.Module):
     """Stands in for ``MptAttention``: the same fused q/k/v (clipped where the config clips) and output weights;
     ALiBi's per-head bias by distance (``position_bias``, ``[head, 1, max_pos]``) added to the scaled scores.
@@ -781,13 +792,50 @@ def _prophetnet_ngram_forward(self: Any, hidden_states: torch.Tensor, cache: Any
     main_output = nn.functional.dropout(main_output, p=self.dropout, training=self.training)
     return torch.cat([main_output, output[:, length:]], dim=1), probs, predict_probs
 
+
+def _longformer_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        is_index_masked: torch.Tensor | None = None, is_index_global_attn: torch.Tensor | None = None,
+                        is_global_attn: bool | None = None, output_attentions: bool = False) -> tuple[Any, ...]:
+    """Longformer's (and LED's encoder's) local attention, ``[batch, pos, width]`` in (padded to its window),
+    ``(output [batch, pos, width], band weights?)`` out. Each query sees the keys within
+    ``one_sided_attn_window_size`` on either side: computed as a full ``[q_pos, k_pos]`` attention whose mask is
+    that band and the model's padding (its ``attention_mask``: 0 = local, else hidden), so the record holds zeros
+    outside the band. Global attention (``global_attention_mask``) is refused."""
+    if is_global_attn:
+        raise AttnscopeError(f"model type {model_type_of(self)!r} with global attention (global_attention_mask) "
+                             f"attends from and to chosen tokens in a second softmax that attnscope's bridge does "
+                             f"not reproduce; capture it without global_attention_mask (local attention only)")
+    q, k, v = (_heads(projection(hidden_states), self.head_dim) for projection in (self.query, self.key, self.value))
+    length, window = hidden_states.shape[1], self.one_sided_attn_window_size
+    positions = torch.arange(length, device=hidden_states.device)
+    band = (positions[:, None] - positions[None, :]).abs() <= window  # [q_pos, k_pos]
+    keep = band[None, None] & (attention_mask == 0)[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.head_dim**-0.5,
+                                        dropout=self.dropout if self.training else 0.0)
+    if is_index_masked is not None:  # Longformer gives padded queries no attention at all
+        output = output.masked_fill(is_index_masked[:, :, None, None], 0.0)
+    outputs: tuple[Any, ...] = (output.reshape(*hidden_states.shape[:2], -1),)
+    if output_attentions and probs is not None:
+        outputs += (_as_band(probs, window),)
+    return outputs
+
+
+def _as_band(probs: torch.Tensor, window: int) -> torch.Tensor:
+    """Full ``[batch, head, q_pos, k_pos]`` weights in Longformer's band layout ``[batch, q_pos, head, 2 * window
+    + 1]``: entry j of query i is key ``i - window + j`` (0 where that key is outside the sequence)."""
+    length = probs.shape[-1]
+    padded = nn.functional.pad(probs, (window, window))  # key i - window + j sits at column i + j
+    columns = torch.arange(length, device=probs.device)[:, None] + torch.arange(2 * window + 1, device=probs.device)
+    band = torch.gather(padded, 3, columns.expand(*probs.shape[:2], -1, -1))
+    return band.transpose(1, 2)
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
     **dict.fromkeys(("MegatronBertSelfAttention", "RemBertSelfAttention", "TapasSelfAttention",
                      "VisualBertSelfAttention", "RoFormerSelfAttention"), BertStyleAttentionBridge),
     **dict.fromkeys(("XGLMAttention", "MvpAttention", "TrOCRAttention"), BartStyleAttentionBridge),
-    "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
+    "LukeSelfAttention": LukeAttentionBridge, "LEDDecoderAttention": LEDDecoderAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
     "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
     "DiffLlamaAttention": _inner_replaced("forward", _diffllama_forward),
     "IBertSelfAttention": _inner_replaced("forward", _ibert_forward, _ibert_quantized, is_causal=False),
@@ -798,6 +846,8 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "XLNetRelativeAttention": _inner_replaced("rel_attn_core", _xlnet_attn_core, configure=_xlnet_causal),
     "ProphetNetAttention": _inner_replaced("forward", _prophetnet_forward, is_causal=False),
     "ProphetNetNgramSelfAttention": _inner_replaced("forward", _prophetnet_ngram_forward, is_causal=True),
+    **dict.fromkeys(("LongformerSelfAttention", "LEDEncoderSelfAttention"),
+                    _inner_replaced("forward", _longformer_forward, is_causal=False)),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

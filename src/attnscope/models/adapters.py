@@ -219,6 +219,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
         "VisualBERT, RoFormer, LUKE and I-BERT compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
+    Adapter("longformer", ("longformer",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$",
+                                                     "../output.dense"),),
+            note="local attention: each query sees the keys within half its attention_window on either side (the "
+            "record holds zeros outside that band); global attention is refused; Longformer computes attention "
+            "itself: attnscope bridges it (see attnscope.capture.bridges)"),
     # no out_proj: the output projection also takes what is not attention (ConvBERT's convolution heads,
     # Nyströmformer's convolution of the values), so a head's vector in the residual stream is not α f(x)
     Adapter("convbert", ("convbert",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", ""),),
@@ -369,6 +374,12 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=_BART_FFN,
         norms=PRE_LN,
     ),
+    Adapter("led", ("led",),
+            (SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn\.longformer_self_attn$", "../output"),
+             *_BART_LIKE[1:]),
+            note="its encoder attends locally: each query sees the keys within half its attention_window on either "
+            "side (the record holds zeros outside that band); global attention is refused; LED computes its "
+            "encoder's attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
     Adapter("prophetnet", ("prophetnet",),
             (*_BART_LIKE[:2], SiteRule("cross", r"decoder\.layers\.(\d+)\.cross_attn$", "out_proj")),
             note="its decoder's self-attention is the main stream of its n-gram attention (as transformers' "
