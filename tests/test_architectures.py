@@ -48,8 +48,9 @@ EQUAL = (
     # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias),
     # ProphetNet (its n-gram decoder attention's main stream; eager returns its other kinds before the softmax)
     "xlnet", "prophetnet",
-    # bridged: Longformer's local attention and LED's encoder's (a band of keys; eager returns the band)
-    "longformer", "led",
+    # bridged: Longformer's local attention, LED's and LongT5's encoders' (a band of keys; eager returns the band
+    # or blocks)
+    "longformer", "led", "longt5",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
@@ -151,16 +152,15 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
                                         "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet", "longformer",
-                                        "led"])
+                                        "led", "longt5"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
     import torch
-    import transformers
 
     folder = build_folder(model_type, tmp_path)
     loaded = load_model(str(folder))
-    eager = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    eager = type(loaded.model).from_pretrained(folder, attn_implementation="eager").eval()  # the same class
     ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
     decoder = {"decoder_input_ids": ids[:, :5]} if eager.config.is_encoder_decoder else {}
     with torch.inference_mode():
@@ -193,14 +193,18 @@ def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(
         load_model(str(build_folder(model_type, tmp_path, config)))
 
 
-@pytest.mark.parametrize("model_type", ["longformer", "led"])
-def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, tmp_path):
-    """A window of 4 (2 keys either side) over 16 tokens: the record holds the band, zeros outside it, equal to
-    eager's band scattered into keys."""
+@pytest.mark.parametrize(("model_type", "setting"), [
+    ("longformer", {"attention_window": 4}), ("led", {"attention_window": 4}),  # every layer's
+    ("longt5", {"local_radius": 2}),  # blocks of 3 tokens: the input is no whole number of them
+])
+def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, setting, tmp_path):
+    """2 keys either side over 16 tokens: the record holds the band, zeros outside it, equal to eager's band
+    (or blocks) scattered into keys."""
     from .tiny_architectures import tiny_config
 
     config = tiny_config(model_type)
-    config.attention_window = 4  # every layer
+    for name, value in setting.items():
+        setattr(config, name, value)
     assert check_type(model_type, tmp_path / "check", config)["outcome"] == "equal"
     loaded = load_model(str(build_folder(model_type, tmp_path / "model", config)))
     record = extract(loaded, TEXT, "Ein Satz." if loaded.is_encoder_decoder else None)

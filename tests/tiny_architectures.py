@@ -119,6 +119,11 @@ EAGER_CROSS_OF_EVERY_STREAM = frozenset({"prophetnet"})
 # is key i - window + j), Longformer's local attention: compared after scattering it into [head, q_pos, k_pos]
 EAGER_BANDED: dict[str, tuple[str, ...]] = {"longformer": ("self",), "led": ("encoder",)}
 
+# model types whose eager attention of these kinds is in blocks ([batch, block, head, block_len, 3 * block_len]:
+# each block's queries over its own and its two neighbours' keys), LongT5's local attention: compared after
+# scattering the blocks into [head, q_pos, k_pos]
+EAGER_BLOCKED: dict[str, tuple[str, ...]] = {"longt5": ("encoder",)}
+
 # model types that have no attention weights although their eager output_attentions returns tensors: counted
 # with the types whose eager returns no attentions (no_eager), with the reason
 NOT_ATTENTION: dict[str, str] = {
@@ -386,13 +391,18 @@ def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
 
 def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """Eager's attentions as weights where a type returns something else beside them: the softmax of its scores
-    (:data:`EAGER_RETURNS_SCORES`), a band scattered into keys (:data:`EAGER_BANDED`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
+    (:data:`EAGER_RETURNS_SCORES`), a band or blocks scattered into keys (:data:`EAGER_BANDED`,
+    :data:`EAGER_BLOCKED`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
     its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
     if model_type in EAGER_RETURNS_SCORES:
         eager = {kind: [_softmax(a) for a in layers] if kind in EAGER_RETURNS_SCORES[model_type] else layers
                  for kind, layers in eager.items()}
     if model_type in EAGER_BANDED:
         eager = {kind: [_unbanded(a) for a in layers] if kind in EAGER_BANDED[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_BLOCKED:
+        length = eager["cross"][0].shape[-1]  # the encoder's tokens
+        eager = {kind: [_unblocked(a, length) for a in layers] if kind in EAGER_BLOCKED[model_type] else layers
                  for kind, layers in eager.items()}
     if model_type in EAGER_CROSS_OF_EVERY_STREAM:
         n_main = eager["decoder"][0].shape[1]  # the main stream's queries: the decoder's tokens
@@ -412,6 +422,17 @@ def _unbanded(band: np.ndarray) -> np.ndarray:
         keys = np.arange(max(0, query - window), min(length, query + window + 1))
         full[:, query, keys] = band[:, query, keys - query + window]
     return full
+
+
+def _unblocked(blocks: np.ndarray, length: int) -> np.ndarray:
+    """LongT5's blocks ``[batch 1, block, head, block_len, 3 * block_len]`` as ``[head, q_pos, k_pos]`` over the
+    first ``length`` positions (key slot j of a query in block b is position (b - 1) * block_len + j)."""
+    _, n_blocks, n_heads, block_len, _ = blocks.shape
+    full = np.zeros((n_heads, n_blocks * block_len, (n_blocks + 2) * block_len), dtype=blocks.dtype)
+    for block in range(n_blocks):
+        rows = slice(block * block_len, (block + 1) * block_len)
+        full[:, rows, block * block_len:(block + 3) * block_len] = blocks[0, block]  # keys shifted by one block
+    return full[:, :length, block_len:block_len + length]
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:

@@ -829,6 +829,53 @@ def _as_band(probs: torch.Tensor, window: int) -> torch.Tensor:
     band = torch.gather(padded, 3, columns.expand(*probs.shape[:2], -1, -1))
     return band.transpose(1, 2)
 
+
+def _longt5_local_forward(self: Any, hidden_states: torch.Tensor, mask: torch.Tensor | None = None,
+                          position_bias: torch.Tensor | None = None,
+                          output_attentions: bool = False) -> tuple[torch.Tensor, ...]:
+    """LongT5's local encoder attention, ``[batch, pos, width]`` in, ``(output, position bias, weights?)`` out.
+    LongT5 attends in blocks of ``block_len`` over the block and its two neighbours, keeping the keys less than
+    ``block_len`` away: the same as a full ``[q_pos, k_pos]`` attention masked to that band and the padding, with
+    T5's relative-position bias by distance (the record holds zeros outside the band). Its blocked mask
+    (``[batch, 1, block, block_len, 3 * block_len]``) gives the padding; the bias it passes on to the next layer
+    is the bridge's own ``[1, head, q_pos, k_pos]`` (every local layer is bridged); weights, where returned, are
+    ``[batch, head, q_pos, k_pos]``, not LongT5's blocks."""
+    length, block_len = hidden_states.shape[1], self.block_len
+    q, k, v = (_heads(projection(hidden_states), self.key_value_proj_dim) for projection in (self.q, self.k, self.v))
+    distance = torch.arange(length, device=q.device)[None, :] - torch.arange(length, device=q.device)[:, None]
+    keep = (distance.abs() < block_len)[None, None]  # [1, 1, q_pos, k_pos]: key j - query i within the band
+    if mask is not None:
+        keep = keep & _longt5_tokens(mask, block_len, length)[:, None, None, :]
+    if position_bias is None:
+        position_bias = torch.zeros((1, self.n_heads, length, length), device=q.device, dtype=q.dtype)
+        if self.has_relative_attention_bias:
+            buckets = self._relative_position_bucket(distance, bidirectional=not self.is_decoder,
+                                                     num_buckets=self.relative_attention_num_buckets,
+                                                     max_distance=self.relative_attention_max_distance)
+            position_bias = self.relative_attention_bias(buckets).permute(2, 0, 1)[None]  # [1, head, q_pos, k_pos]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=1.0, position_bias=position_bias,
+                                        dropout=self.dropout if self.training else 0.0)
+    outputs = (self.o(output.reshape(*hidden_states.shape[:2], -1)), position_bias)
+    return outputs + (probs,) if output_attentions else outputs
+
+
+def _longt5_tokens(blocked: torch.Tensor, block_len: int, length: int) -> torch.Tensor:
+    """Which positions are tokens (not padding), ``[batch, pos]``, from LongT5's blocked local mask: its entry for
+    a query and the same position as key (the middle block's diagonal) is whether that position is a token."""
+    blocks = blocked.reshape(blocked.shape[0], -1, block_len, 3 * block_len)  # [batch, block, q, 3 blocks of keys]
+    inside = torch.arange(block_len, device=blocked.device)
+    return blocks[:, :, inside, block_len + inside].reshape(blocked.shape[0], -1)[:, :length].bool()
+
+
+def _refused(reason: str) -> Any:
+    """A bridge that refuses its module's model in one line (``reason``): attention attnscope's records cannot
+    hold, said where the model loads rather than as a module that never called the attention function."""
+
+    def bridge(original: nn.Module) -> nn.Module:
+        raise AttnscopeError(reason)
+
+    return bridge
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -848,6 +895,11 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "ProphetNetNgramSelfAttention": _inner_replaced("forward", _prophetnet_ngram_forward, is_causal=True),
     **dict.fromkeys(("LongformerSelfAttention", "LEDEncoderSelfAttention"),
                     _inner_replaced("forward", _longformer_forward, is_causal=False)),
+    "LongT5LocalAttention": _inner_replaced("forward", _longt5_local_forward, is_causal=False),
+    "LongT5TransientGlobalAttention": _refused(
+        "model type 'longt5' with transient-global attention attends to summaries of blocks of tokens beside the "
+        "tokens, which attnscope's [q_pos, k_pos] records cannot hold; local attention (encoder_attention_type: "
+        "local) is supported"),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

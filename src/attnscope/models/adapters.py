@@ -393,6 +393,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=(ModuleRule("encoder", r"encoder\.block\.(\d+)\.layer\.1\.DenseReluDense$"),
              ModuleRule("decoder", r"decoder\.block\.(\d+)\.layer\.2\.DenseReluDense$")),
     ),
+    Adapter("longt5", ("longt5",),
+            (SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.LocalSelfAttention$", "o"), *_T5_SITES[1:]),
+            note="its encoder attends locally: each query sees the keys less than local_radius + 1 away (the record "
+            "holds zeros outside that band); transient-global attention is refused; LongT5 computes its encoder's "
+            "attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
     # T5's attention modules; some feed-forward layers are mixtures of experts (no DenseReluDense)
     Adapter("switch-transformers", ("switch_transformers",), _T5_SITES),
 )
