@@ -66,6 +66,22 @@ def test_captured_attention_equals_eager(model_type, tmp_path):
     assert result["outcome"] == "equal", result
 
 
+# attention over positions that are not the input's tokens: refused where the model loads, saying why
+REFUSED_AT_LOAD = {
+    "pegasus_x": "model type 'pegasus_x': its encoder attends over learned global tokens",
+    "funnel": "model type 'funnel' pools its sequence between blocks",
+    "cpmant": "model type 'cpmant' prepends learned prompt positions",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED_AT_LOAD))
+def test_attention_over_positions_that_are_no_tokens_is_refused_in_one_line(model_type, tmp_path):
+    result = check_type(model_type, tmp_path)
+    assert result["outcome"] == "refused", result
+    assert result["reason"].startswith(REFUSED_AT_LOAD[model_type]), result["reason"]
+    assert "records cannot hold" in result["reason"]
+
+
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_what_cannot_be_read_with_certainty_is_refused_in_one_line(model_type, tmp_path):
     result = check_type(model_type, tmp_path)

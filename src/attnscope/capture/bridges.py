@@ -898,8 +898,19 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
     "LongT5LocalAttention": _inner_replaced("forward", _longt5_local_forward, is_causal=False),
     "LongT5TransientGlobalAttention": _refused(
         "model type 'longt5' with transient-global attention attends to summaries of blocks of tokens beside the "
-        "tokens, which attnscope's [q_pos, k_pos] records cannot hold; local attention (encoder_attention_type: "
-        "local) is supported"),
+        "tokens, which attnscope's [q_pos, k_pos] records cannot hold; load it with encoder_attention_type: local"),
+    # attention over positions that are not the input's tokens: refused where the model loads
+    "PegasusXGlobalLocalAttention": _refused(
+        "model type 'pegasus_x': its encoder attends over learned global tokens beside blocks of the input's tokens, "
+        "which attnscope's [q_pos, k_pos] records cannot hold (transformers' eager path returns none of it either); "
+        "no setting of the model turns them off"),
+    "FunnelRelMultiheadAttention": _refused(
+        "model type 'funnel' pools its sequence between blocks, so its later layers attend over pooled positions, "
+        "which attnscope's [q_pos, k_pos] records cannot hold; attnscope supports no Funnel model yet"),
+    "CpmAntAttention": _refused(
+        "model type 'cpmant' prepends learned prompt positions that every token attends to, which attnscope's "
+        "[q_pos, k_pos] records cannot hold (transformers' eager attentions leave them out, so their rows sum to "
+        "less than one); no setting of the model turns them off"),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
