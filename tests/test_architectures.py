@@ -41,6 +41,8 @@ EQUAL = (
     "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
     "recurrent_gemma", "minimax", "glm5_next_text",
+    # two attention modules per block: each its own layer, numbered by the module's layer_idx
+    "longcat_flash",
     # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first
     # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
     # BigBird-Pegasus's encoder with full attention)

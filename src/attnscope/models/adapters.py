@@ -13,6 +13,8 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 * ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
 * ``classes``: where not empty, only modules of these class names match: hybrids (RecurrentGemma,
   Nemotron-H) put an attention layer or a recurrent one at the same place;
+* ``layer_attribute``: where set, the record's layer is this attribute of the module rather than group 1
+  (LongCat-Flash runs two attention modules per block, its ``layer_idx`` numbering them in order);
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
   itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
   e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
@@ -47,6 +49,7 @@ class SiteRule:
     conv1d: bool = False
     window: str = ""
     classes: tuple[str, ...] = ()  # where not empty: only modules of these classes (a hybrid's attention layers)
+    layer_attribute: str = ""  # where set: the module's attribute that holds its layer (several modules per block)
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,10 @@ ADAPTERS: tuple[Adapter, ...] = (
                       classes=("MiniMaxAttention",)),),
             note="its softmax attention layers; its other layers' self_attn is lightning (linear) attention, which "
             "has no attention weights"),
+    Adapter("longcat-flash", ("longcat_flash",),
+            (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
+            note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
+            "transformers' output_attentions lists them"),
     Adapter("glm5-next", ("glm5_next_text",),
             (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window",
                       classes=("Glm5NextTextAttention",)),),
@@ -462,7 +469,8 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
         for rule in adapter.rules:
             match = re.search(rule.pattern, name)
             if match and (not rule.classes or type(module).__name__ in rule.classes):
-                site = _site(model, name, module, rule, int(match.group(1)))
+                layer = getattr(module, rule.layer_attribute) if rule.layer_attribute else match.group(1)
+                site = _site(model, name, module, rule, int(layer))
                 if (site.kind, site.layer) in seen:
                     raise AttnscopeError(
                         f"model type {model_type_of(model)!r}: modules {seen[(site.kind, site.layer)]} and {name} "
