@@ -200,6 +200,16 @@ def _llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding
     return Adapter(name, model_types, _LLAMA_LIKE, blocks=_LLAMA_BLOCKS, ffn=_LLAMA_FFN, final=_LLAMA_FINAL,
                    projections=_LLAMA_PROJECTIONS, norms=PRE_LN, unembedding=unembedding)
 
+def _softmax_layers_row(family: str, model_type: str, attention_class: str, linear: str, out_proj: str = "o_proj",
+                        sparse: str = "") -> Adapter:
+    """A hybrid whose layers' ``self_attn`` is softmax attention (``attention_class``) on some layers and
+    ``linear`` attention, which has no weights, on the others: the row names the softmax class."""
+    rule = SiteRule("self", r"layers\.(\d+)\.self_attn$", out_proj, causal=True, window="sliding_window",
+                    classes=(attention_class,))
+    return Adapter(family, (model_type,), (rule,), note=f"its softmax attention layers{sparse}; its other layers' "
+                   f"self_attn is {linear} attention, which has no attention weights")
+
+
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
         "bert",
@@ -325,30 +335,17 @@ ADAPTERS: tuple[Adapter, ...] = (
             "head (its output is out_h - λ out_h+heads/2); the record holds each softmax as its own head, as "
             "transformers' output_attentions does; DiffLlama calls attention twice per layer (same queries and keys, "
             "two halves of the values): attnscope's bridge calls it once with both halves"),
-    Adapter("kimi-linear", ("kimi_linear",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
-            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
-            "which has no attention weights"),
-    Adapter("minimax", ("minimax",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window",
-                      classes=("MiniMaxAttention",)),),
-            note="its softmax attention layers; its other layers' self_attn is lightning (linear) attention, which "
-            "has no attention weights"),
+    _softmax_layers_row("kimi-linear", "kimi_linear", "KimiLinearAttention", "linear (delta-rule)"),
+    _softmax_layers_row("minimax", "minimax", "MiniMaxAttention", "lightning (linear)"),
     Adapter("longcat-flash", ("longcat_flash",),
             (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
             note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
             "transformers' output_attentions lists them"),
-    Adapter("glm5-next", ("glm5_next_text",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, window="sliding_window",
-                      classes=("Glm5NextTextAttention",)),),
-            note="its softmax attention layers (sparse: each query attends to the keys its indexer picks); its "
-            "other layers' self_attn is linear attention, which has no attention weights"),
+    _softmax_layers_row("glm5-next", "glm5_next_text", "Glm5NextTextAttention", "linear",
+                        sparse=" (sparse: each query attends to the keys its indexer picks)"),
     # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
     # the residual stream is not α f(x) (the measures that need it are unavailable)
-    Adapter("bailing-hybrid", ("bailing_hybrid",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True, classes=("BailingHybridAttention",)),),
-            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
-            "which has no attention weights"),
+    _softmax_layers_row("bailing-hybrid", "bailing_hybrid", "BailingHybridAttention", "linear (delta-rule)", out_proj=""),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
