@@ -43,6 +43,8 @@ EQUAL = (
     "recurrent_gemma", "minimax", "glm5_next_text",
     # two attention modules per block: each its own layer, numbered by the module's layer_idx
     "longcat_flash",
+    # hybrids whose hybrid layers each hold a shared transformer block (two hybrid layers: one cannot be tied)
+    "zamba", "zamba2",
     # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first
     # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
     # BigBird-Pegasus's encoder with full attention)

@@ -73,6 +73,9 @@ SPECIAL: dict[str, dict[str, Any]] = {
     # rope parameters per layer type, as released configs carry them (its default names none)
     "cohere_compass_text": {"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0}
                                                 for kind in ("full_attention", "sliding_attention")}},
+    # its hybrid layers share one attention block: with a single one transformers cannot tie it to the others
+    "zamba": {"layer_types": ["hybrid", "hybrid"]},
+    "zamba2": {"layer_types": ["hybrid", "hybrid"], "hybrid_layer_ids": [0, 1]},  # (not derived when set so)
     "axk1": {"n_group": 1, "topk_group": 1},  # its default routes over 8 groups of experts (the tiny model has 4)
     "mamba2": {"num_heads": 8},  # its heads times their size must be hidden_size * expand (128)
     "glm5_next_text": {"qk_rope_head_dim": 0},  # its sparse (DSA) attention layers have no rotary part

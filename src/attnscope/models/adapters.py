@@ -337,6 +337,10 @@ ADAPTERS: tuple[Adapter, ...] = (
             "two halves of the values): attnscope's bridge calls it once with both halves"),
     _softmax_layers_row("kimi-linear", "kimi_linear", "KimiLinearAttention", "linear (delta-rule)"),
     _softmax_layers_row("minimax", "minimax", "MiniMaxAttention", "lightning (linear)"),
+    Adapter("zamba", ("zamba", "zamba2"),
+            (SiteRule("self", r"layers\.(\d+)\.shared_transf(?:ormer)?\.self_attn$", "o_proj", causal=True),),
+            note="its hybrid layers' attention (a shared transformer block: one set of weights, or Zamba2's few "
+            "with per-layer adapters, each layer its own module); its other layers are Mamba mixers (no attention)"),
     Adapter("longcat-flash", ("longcat_flash",),
             (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
             note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
