@@ -150,6 +150,17 @@ def test_attention_from_a_module_the_adapter_did_not_find_is_refused(tmp_path):
         extract(loaded, TEXT)
 
 
+def test_attention_over_no_tokens_is_computed_and_not_recorded(tmp_path):
+    """A module its adapter names in ``not_tokens`` (Inkling 2's attention over earlier blocks' outputs) may call
+    the attention function during a capture: its call is computed, and the record holds only the sites."""
+    loaded = load_model(str(build_folder("llama", tmp_path)))
+    module = next(iter(loaded.sites))
+    del module.attnscope_site
+    module.attnscope_not_tokens = True
+    sites = {other: site for other, site in loaded.sites.items() if other is not module}
+    assert extract(dataclasses.replace(loaded, sites=sites), TEXT).get("self").shape[0] == len(sites)
+
+
 def test_an_encoder_decoder_without_decoder_start_token_id_starts_from_its_pad_token(tmp_path):
     from transformers import T5Config
 

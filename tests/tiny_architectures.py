@@ -66,7 +66,10 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "dots1": {"n_shared_experts": 1},  # its default (None) does not build
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
-    "reformer": {"is_decoder": True},  # its LM head model is a decoder
+    # its LM head model is a decoder; its axial position embeddings' widths add up to its hidden size
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    # the size of its output layer (checkpoints pad the embeddings beyond it): the tiny vocabulary
+    **{t: {"unpadded_vocab_size": VOCAB} for t in ("inkling2_text", "inkling2_loop_text")},
     # DBRX's attention reads its rope_theta from attn_config, as released configs carry it (the class has no default),
     # (and clips q/k/v: its clamp needs a bound)
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},

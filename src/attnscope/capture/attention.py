@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..models.adapters import AttentionSite, unknown_causality, unlisted_attention
+from ..models.adapters import AttentionSite, attends_over_no_tokens, unknown_causality, unlisted_attention
 from .gates import gates_heard, returned
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
@@ -214,8 +214,8 @@ def attnscope_attention(
     """
     site: AttentionSite | None = getattr(module, "attnscope_site", None)  # on the nn.Module: set by load_model
     recorder = _ACTIVE_RECORDER.get()
-    if site is None and recorder is not None:  # attention the adapter did not find: a record would miss it
-        raise unlisted_attention(module)
+    if site is None and recorder is not None and not attends_over_no_tokens(module):
+        raise unlisted_attention(module)  # attention the adapter did not find: a record would miss it
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))

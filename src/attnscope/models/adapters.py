@@ -124,7 +124,11 @@ class Adapter:
     ``projections``: per-head weights for physical pruning (``None``: not supported).
     ``norms``: where the layer norms sit around the residual (``None``: unknown; the measures
     that decompose whole layers are then unavailable). ``unembedding``: how sublayers reach the
-    logits (``None``: unknown; direct logit attribution and the logit lens are then refused)."""
+    logits (``None``: unknown; direct logit attribution and the logit lens are then refused).
+    ``not_tokens``: class names of modules that call the attention function over something other than
+    the input's tokens (Inkling 2 mixes each layer's input from earlier blocks' outputs by attention over
+    depth): their calls are computed and never recorded, where any other call from a module that is no
+    site is refused."""
 
     family: str
     model_types: tuple[str, ...]
@@ -136,6 +140,7 @@ class Adapter:
     projections: HeadProjections | None = None
     norms: LayerNorms | None = None
     unembedding: Unembedding | None = None
+    not_tokens: tuple[str, ...] = ()  # classes that call the attention function over no tokens: computed, not recorded
 
     @property
     def generic(self) -> bool:
@@ -345,6 +350,11 @@ ADAPTERS: tuple[Adapter, ...] = (
             (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
             note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
             "transformers' output_attentions lists them"),
+    Adapter("inkling2", ("inkling2_text", "inkling2_loop_text"), _LLAMA_LIKE,
+            not_tokens=("Inkling2BlockAttentionResidual", "Inkling2LoopBlockAttentionResidual",
+                        "Inkling2LoopMessageAttentionResidual"),
+            note="its layers' self-attention; the attention that mixes each layer's input from earlier blocks' "
+            "outputs (attention over depth, not tokens) is computed and not recorded"),
     _softmax_layers_row("glm5-next", "glm5_next_text", "Glm5NextTextAttention", "linear",
                         sparse=" (sparse: each query attends to the keys its indexer picks)"),
     # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
@@ -487,6 +497,11 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
 def model_type_of(model: nn.Module) -> str:
     """The model type a model (or an attention module with its ``config``) names, else its class."""
     return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
+def attends_over_no_tokens(module: nn.Module) -> bool:
+    """Whether ``module`` is of a class its adapter's ``not_tokens`` names (marked by ``load_model``)."""
+    return bool(getattr(module, "attnscope_not_tokens", False))
 
 
 def unlisted_attention(module: nn.Module) -> AttnscopeError:
