@@ -2,14 +2,17 @@
 
 transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XLM and
 FlauBERT, XGLM, MVP, TrOCR, FSMT, DeBERTa (v1 and v2), GPT-NeoX-Japanese and BERT's older copies
-(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE) inline. Rather than copy its modeling code or
-patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
+(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE), I-BERT, SqueezeBERT, ConvBERT, Nyströmformer, XLNet,
+ProphetNet, BigBird-Pegasus's encoder, Longformer, LED and LongT5's local attention inline. Rather than copy its
+modeling code or patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
 projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
 with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
 one attention module several times, gets a bridge for its layer loop that gives each run its own site.
 Bridges are keyed by class name (data, like the adapter table), or by module path and class name where the
 name is too common. A model type that picks its attention class by the implementation's name (Falcon) cannot
 be built with ``"attnscope"``: it is loaded with ``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
+Local attention (a band of keys around each query) is computed as a full ``[q_pos, k_pos]`` attention masked to
+the band. Attention over positions that are not the input's tokens is refused where the model loads (:func:`_refused`).
 """
 
 from __future__ import annotations
