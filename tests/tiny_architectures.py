@@ -101,6 +101,7 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
                     "an audio encoder: needs audio features"),
     "nemotron3_5_transcribe_word_timestamp": "needs embeddings from an audio encoder",
     "decision_transformer": "needs states, actions and returns (reinforcement learning), not tokens",
+    "gemma4_assistant": "a speculative-decoding drafter: needs its target model's keys and values (shared_kv_states)",
 }
 
 
