@@ -55,6 +55,8 @@ EQUAL = (
     # bridged: Longformer's local attention, LED's and LongT5's encoders' (a band of keys; eager returns the band
     # or blocks)
     "longformer", "led", "longt5",
+    # bridged: Reformer's LSH and local attention over inputs no longer than a chunk (whole-sequence attention)
+    "reformer",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
@@ -182,7 +184,7 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
                                         "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet", "longformer",
-                                        "led", "longt5"])
+                                        "led", "longt5", "reformer"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
@@ -236,3 +238,15 @@ def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, s
     for name, value in setting.items():
         setattr(config, name, value)
     assert check_type(model_type, tmp_path, config)["outcome"] == "equal"
+
+
+def test_reformer_hashing_or_chunking_a_longer_input_is_refused(tmp_path):
+    """Chunks of 4 tokens for an input of 16: LSH hashes it into buckets and local attention looks at neighbouring
+    chunks, in the model's own code, which calls no attention function: the capture is refused, not recorded."""
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config("reformer")
+    config.lsh_attn_chunk_length = config.local_attn_chunk_length = 4
+    config.axial_pos_shape = [4, 4]
+    result = check_type("reformer", tmp_path, config)
+    assert result["outcome"] == "refused" and "never called attnscope's attention function" in result["reason"], result

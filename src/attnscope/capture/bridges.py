@@ -879,6 +879,56 @@ def _refused(reason: str) -> Any:
 
     return bridge
 
+
+def _reformer_keep(self: Any, attention_mask: torch.Tensor | None, length: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[batch or 1, 1, q_pos, k_pos]``: the keys a Reformer query sees over a whole (short) sequence: every
+    key that is no padding (its ``attention_mask``, 1 = token), and no later one in a decoder."""
+    keep = torch.ones((1, 1, length, length), dtype=torch.bool, device=device)
+    if attention_mask is not None:
+        keep = keep & attention_mask.bool()[:, None, None, :length]
+    return torch.tril(keep) if self.is_decoder else keep
+
+
+def _reformer_lsh_attend(self: Any, query_vectors: torch.Tensor, key_vectors: torch.Tensor,
+                         value_vectors: torch.Tensor, sorted_bucket_idx_per_hash: torch.Tensor,
+                         attention_mask: torch.Tensor | None, do_standard_self_attention: bool,
+                         use_cache: bool) -> tuple[torch.Tensor, Any, Any]:
+    """Reformer's LSH attention where it attends over the whole sequence (no longer than a chunk, no cache): q
+    ``[batch, head, pos, d_head]`` and its own keys, normalised; ``(output [batch, head, pos, d_head], None,
+    weights)``. A query sees itself only where it sees nothing else: its own logit is lowered by Reformer's
+    ``self_mask_value``. Hashed buckets (longer inputs) and cached decoding run the model's own code, which
+    calls no attention function, so a capture of them is refused."""
+    if not do_standard_self_attention or use_cache:
+        return super(type(self), self)._attend(query_vectors, key_vectors, value_vectors, sorted_bucket_idx_per_hash,
+                                               attention_mask, do_standard_self_attention, use_cache)
+    length = query_vectors.shape[2]
+    keep = _reformer_keep(self, attention_mask, length, query_vectors.device)
+    itself = torch.eye(length, device=query_vectors.device)[None, None] * self.self_mask_value_float32
+    output, probs = attnscope_attention(self, query_vectors, key_vectors, value_vectors, keep, scaling=1.0,
+                                        position_bias=itself, dropout=self.dropout if self.training else 0.0)
+    return output.transpose(1, 2), None, probs
+
+
+def _reformer_local_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                            past_buckets_states: Any = None, use_cache: bool = False, output_attentions: bool = False,
+                            **kwargs: Any) -> Any:
+    """Reformer's local attention where one chunk holds the whole sequence (and no cache): ``[batch, pos,
+    width]`` in, its output type out. Longer inputs (chunks that see their neighbours) and cached decoding run the
+    model's own code, which calls no attention function, so a capture of them is refused."""
+    length = hidden_states.shape[1]
+    cached = past_buckets_states is not None and len(past_buckets_states) > self.layer_idx
+    if cached or (self.chunk_length is not None and length > self.chunk_length):
+        return super(type(self), self).forward(hidden_states, attention_mask, past_buckets_states, use_cache,
+                                               output_attentions, **kwargs)
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, _reformer_keep(self, attention_mask, length, q.device),
+                                        scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout if self.training else 0.0)
+    modeling = importlib.import_module(type(self).__mro__[1].__module__)
+    return modeling.LocalSelfAttentionOutput(hidden_states=output.reshape(*hidden_states.shape[:2], -1),
+                                             attention_probs=probs if output_attentions else ())
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -914,6 +964,10 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
         "model type 'cpmant' prepends learned prompt positions that every token attends to, which attnscope's "
         "[q_pos, k_pos] records cannot hold (transformers' eager attentions leave them out, so their rows sum to "
         "less than one); no setting of the model turns them off"),
+    "transformers.models.reformer.modeling_reformer.LSHSelfAttention": _inner_replaced(
+        "_attend", _reformer_lsh_attend, is_causal=property(lambda self: bool(self.is_decoder))),
+    "transformers.models.reformer.modeling_reformer.LocalSelfAttention": _inner_replaced(
+        "forward", _reformer_local_forward, is_causal=property(lambda self: bool(self.is_decoder))),
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

@@ -316,6 +316,12 @@ ADAPTERS: tuple[Adapter, ...] = (
             note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
             "(see attnscope.capture.bridges)"),
     Adapter("dbrx", ("dbrx",), (SiteRule("self", r"blocks\.(\d+)\.norm_attn_norm\.attn$", "out_proj", causal=True),)),
+    Adapter("reformer", ("reformer",),
+            (SiteRule("self", r"layers\.(\d+)\.attention\.self_attention$", "../output.dense", causal=None),),
+            note="LSH and local attention over inputs no longer than a chunk (where both attend over the whole "
+            "sequence; an LSH query sees itself only where it sees nothing else); longer inputs, hashed into "
+            "buckets or chunks, are refused; Reformer computes attention itself: attnscope bridges it (see "
+            "attnscope.capture.bridges)"),
     # no out_proj: XLNet's output projection is a parameter (``o``, [d_model, head, d_head]), not a module
     Adapter("xlnet", ("xlnet",), (SiteRule("self", r"layer\.(\d+)\.rel_attn$", "", causal=None),),
             note="relative attention: each weight is the softmax of content plus relative-position and segment "
