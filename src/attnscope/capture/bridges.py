@@ -3,7 +3,7 @@
 transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XLM and
 FlauBERT, XGLM, MVP, TrOCR, FSMT, DeBERTa (v1 and v2), GPT-NeoX-Japanese and BERT's older copies
 (Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE), I-BERT, SqueezeBERT, ConvBERT, Nyströmformer, XLNet,
-ProphetNet, BigBird-Pegasus's encoder, Longformer, LED and LongT5's local attention inline. Rather than copy its
+ProphetNet, BigBird-Pegasus's encoder, Reformer, Longformer, LED and LongT5's local attention inline. Rather than copy its
 modeling code or patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
 projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
 with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
