@@ -41,6 +41,8 @@ EQUAL = (
     "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
     "recurrent_gemma", "minimax",
+    # a sink logit computed per query (Inkling 2's sinks), and attention over earlier blocks' outputs (not recorded)
+    "inkling2_text",
     # two attention modules per block: each its own layer, numbered by the module's layer_idx
     "longcat_flash",
     # hybrids whose hybrid layers each hold a shared transformer block (two hybrid layers: one cannot be tied)

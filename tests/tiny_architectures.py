@@ -34,6 +34,8 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "num_decoder_attention_heads"), 4),
     "num_key_value_heads": 2,
+    # sliding-window layers' own head counts (Inkling: as many query heads as its full layers)
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
     **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
                      "hidden_dim"), 128),
     **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),

@@ -531,7 +531,14 @@ def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer:
     window = getattr(module, rule.window, None) if rule.window else None
     return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
                          window=int(window) if isinstance(window, int) else 0, causal_known=known,
-                         learned_sinks=isinstance(getattr(module, "sinks", None), nn.Parameter))
+                         learned_sinks=_has_sinks(module))
+
+
+def _has_sinks(module: nn.Module) -> bool:
+    """Whether ``module``'s softmax has a sink logit: learned per head (gpt-oss's ``sinks`` parameter) or computed
+    per query from its input (Inkling 2's ``sink_proj``)."""
+    return isinstance(getattr(module, "sinks", None), nn.Parameter) or isinstance(getattr(module, "sink_proj", None),
+                                                                                  nn.Module)
 
 
 def _is_causal_lm(model: nn.Module) -> bool:
