@@ -7,7 +7,8 @@ ProphetNet, BigBird-Pegasus's encoder, Reformer, Longformer, LED and LongT5's lo
 modeling code or patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
 projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
 with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
-one attention module several times, gets a bridge for its layer loop that gives each run its own site.
+one attention module several times, gets a bridge for its layer loop that gives each run its own site; HRM,
+which runs two stacks of layers in cycles, gets a site per run that its attention modules name at each call.
 Bridges are keyed by class name (data, like the adapter table), or by module path and class name where the
 name is too common. A model type that picks its attention class by the implementation's name (Falcon) cannot
 be built with ``"attnscope"``: it is loaded with ``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
@@ -929,6 +930,45 @@ def _reformer_local_forward(self: Any, hidden_states: torch.Tensor, attention_ma
     return modeling.LocalSelfAttentionOutput(hidden_states=output.reshape(*hidden_states.shape[:2], -1),
                                              attention_probs=probs if output_attentions else ())
 
+
+class AttentionRunSite(nn.Module):
+    """One run of an attention module that a model runs several times per forward pass, as a site of its own (no
+    weights: the module computes, and names this run's site at each call)."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.is_causal = bool(getattr(shared, "is_causal", False))
+        self.num_key_value_groups = getattr(shared, "num_key_value_groups", 1)
+
+
+def _hrm_runs(original: nn.Module) -> nn.Module:
+    """HRM's recurrent model, in place: its L and H stacks run in cycles (``H_cycles`` times the L stack
+    ``L_cycles`` times, then the H stack), each run of a layer at the slot ``cycle_offset + layer`` that
+    transformers' ``output_attentions`` lists it at. Each slot gets a site (``attention_runs.slot``), and each
+    attention module names the site of the slot it runs at (:func:`_hrm_attention_forward`)."""
+    config, model = cast(Any, original.config), cast(Any, original)
+    per_stack, inner = config.num_layers_per_stack, config.L_cycles
+    runs = []
+    for slot in range(per_stack * config.H_cycles * (inner + 1)):
+        cycle, layer = divmod(slot, per_stack)
+        stack = model.H_module if cycle % (inner + 1) == inner else model.L_module
+        runs.append(AttentionRunSite(stack.layers[layer].self_attn))
+    model.attention_runs = nn.ModuleList(runs)
+    replaced = _inner_replaced("forward", _hrm_attention_forward)
+    for stack in (model.L_module, model.H_module):
+        for layer in stack.layers:
+            layer.self_attn = replaced(layer.self_attn)
+            object.__setattr__(layer.self_attn, "attnscope_runs", model.attention_runs)  # a reference, no child
+    return original
+
+
+def _hrm_attention_forward(self: Any, hidden_states: torch.Tensor, *args: Any, cycle_offset: int = 0,
+                           **kwargs: Any) -> Any:
+    """HRM's attention (its own code), as the site of the slot it runs at: ``cycle_offset + layer_idx``."""
+    run = self.attnscope_runs[cycle_offset + self.layer_idx]
+    self.attnscope_site = getattr(run, "attnscope_site", None)
+    return super(type(self), self).forward(hidden_states, *args, cycle_offset=cycle_offset, **kwargs)
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
@@ -968,6 +1008,7 @@ BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of
         "_attend", _reformer_lsh_attend, is_causal=property(lambda self: bool(self.is_decoder))),
     "transformers.models.reformer.modeling_reformer.LocalSelfAttention": _inner_replaced(
         "forward", _reformer_local_forward, is_causal=property(lambda self: bool(self.is_decoder))),
+    "HrmTextModel": _hrm_runs,
     "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,

@@ -352,6 +352,12 @@ ADAPTERS: tuple[Adapter, ...] = (
             (SiteRule("self", r"layers\.(\d+)\.shared_transf(?:ormer)?\.self_attn$", "o_proj", causal=True),),
             note="its hybrid layers' attention (a shared transformer block: one set of weights, or Zamba2's few "
             "with per-layer adapters, each layer its own module); its other layers are Mamba mixers (no attention)"),
+    # no out_proj: its attention multiplies its output by a gate (gate_proj) before o_proj, and every run of a
+    # layer shares that o_proj (the measures that need a head's vector are unavailable)
+    Adapter("hrm", ("hrm_text",), (SiteRule("self", r"attention_runs\.(\d+)$", "", causal=True),),
+            note="two stacks of layers run in cycles: each run of a layer is its own layer of the record, in the "
+            "order transformers' output_attentions lists them; HRM computes the attention of each run as its own "
+            "site through a bridge (see attnscope.capture.bridges)"),
     Adapter("longcat-flash", ("longcat_flash",),
             (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
             note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
