@@ -124,7 +124,8 @@ def figures(results: dict[str, dict[str, Any]], n_total: int, n_other: int) -> d
         "differs_types": {t: {"error": results[t]["error"], "reason": results[t]["reason"]} for t in by["differs"]},
         "refused_types": {t: results[t]["reason"] for t in by["refused"]},
         "crashed_types": {t: results[t]["reason"] for t in by["crash"]},
-        "no_eager_types": by["no_eager"],
+        # why: "" where eager returns none; the reason where what it returns is not attention weights
+        "no_eager_types": {t: results[t].get("reason", "") for t in by["no_eager"]},
         "unbuilt_types": {t: results[t]["reason"] for t in by["unbuilt"]},
     }
 

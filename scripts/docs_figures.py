@@ -549,6 +549,7 @@ REFUSAL_KINDS = (
     ("would both be", "two stacks of layers with the same layer numbers"),
     ("different numbers of heads", "layers with different numbers of heads"),
     ("did not find it among the model's attention modules", "attention from a module the adapter does not name"),
+    ("records cannot hold", "attention over positions that are no input tokens (global tokens, pooled ones, prompts)"),
 )
 
 

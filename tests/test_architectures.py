@@ -36,17 +36,36 @@ EQUAL = (
     "diffllama",
     # the tiny-config builder: multi-head latent attention's dims, multimodal rotary sections, hybrids' layers
     "deepseek_v3", "qwen2_vl_text", "bamba", "jamba",
+    # ... and what released configs carry that the classes' defaults lack (DBRX's rope_theta in its attention
+    # config, Cohere Compass's rope parameters per layer type), DBRX's row
+    "dbrx", "cohere_compass_text",
     # hybrids whose attention and recurrent layers sit at the same place: the row names the attention class
-    "recurrent_gemma",
+    "recurrent_gemma", "minimax",
+    # a sink logit computed per query (Inkling 2's sinks), and attention over earlier blocks' outputs (not recorded)
+    "inkling2_text",
+    # two attention modules per block: each its own layer, numbered by the module's layer_idx
+    "longcat_flash",
+    # two stacks of layers run in cycles: each run its own site and layer (eager returns 16 from 2 modules)
+    "hrm_text",
+    # hybrids whose hybrid layers each hold a shared transformer block (two hybrid layers: one cannot be tied)
+    "zamba", "zamba2",
+    # bridged: attention computed inside their own modules (I-BERT unquantised, SqueezeBERT's channels-first
+    # layout, ConvBERT's attention heads beside its convolution heads, Nyströmformer where it is exact,
+    # BigBird-Pegasus's encoder with full attention)
+    "ibert", "squeezebert", "convbert", "nystromformer", "bigbird_pegasus",
+    # bridged: XLNet's relative attention (content scores, relative-position and segment terms as the bias),
+    # ProphetNet (its n-gram decoder attention's main stream; eager returns its other kinds before the softmax)
+    "xlnet", "prophetnet",
+    # bridged: Longformer's local attention, LED's and LongT5's encoders' (a band of keys; eager returns the band
+    # or blocks)
+    "longformer", "led", "longt5",
+    # bridged: Reformer's LSH and local attention over inputs no longer than a chunk (whole-sequence attention)
+    "reformer",
 )
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
 REFUSED = {
-    # two stacks of layers run in cycles: eager returns 16 layers of attention from 2 modules
-    "hrm_text": "model type 'hrm_text': modules model.L_module.layers.0.self_attn and model.H_module.layers.0.self_attn "
-                "would both be self layer 0",
-    # its encoder's block-sparse / full attention is computed inside its own modules (a bridge is needed)
-    "bigbird_pegasus": "model type 'bigbird_pegasus': 2 of its 6 attention modules (e.g. "
-                       "model.encoder.layers.0.self_attn) never called attnscope's attention function",
+    # its sliding-window layers have fewer heads than its full ones (as the released model's)
+    "dots3_note_text": "model type 'dots3_note_text' has self layers with different numbers of heads",
 }
 
 
@@ -54,6 +73,21 @@ REFUSED = {
 def test_captured_attention_equals_eager(model_type, tmp_path):
     result = check_type(model_type, tmp_path)
     assert result["outcome"] == "equal", result
+
+
+# attention over positions that are not the input's tokens: refused where the model loads, saying why
+REFUSED_AT_LOAD = {
+    "pegasus_x": "model type 'pegasus_x': its encoder attends over learned global tokens",
+    "cpmant": "model type 'cpmant' prepends learned prompt positions",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED_AT_LOAD))
+def test_attention_over_positions_that_are_no_tokens_is_refused_in_one_line(model_type, tmp_path):
+    result = check_type(model_type, tmp_path)
+    assert result["outcome"] == "refused", result
+    assert result["reason"].startswith(REFUSED_AT_LOAD[model_type]), result["reason"]
+    assert "records cannot hold" in result["reason"]
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
@@ -120,6 +154,17 @@ def test_attention_from_a_module_the_adapter_did_not_find_is_refused(tmp_path):
         extract(loaded, TEXT)
 
 
+def test_attention_over_no_tokens_is_computed_and_not_recorded(tmp_path):
+    """A module its adapter names in ``not_tokens`` (Inkling 2's attention over earlier blocks' outputs) may call
+    the attention function during a capture: its call is computed, and the record holds only the sites."""
+    loaded = load_model(str(build_folder("llama", tmp_path)))
+    module = next(iter(loaded.sites))
+    del module.attnscope_site
+    module.attnscope_not_tokens = True
+    sites = {other: site for other, site in loaded.sites.items() if other is not module}
+    assert extract(dataclasses.replace(loaded, sites=sites), TEXT).get("self").shape[0] == len(sites)
+
+
 def test_an_encoder_decoder_without_decoder_start_token_id_starts_from_its_pad_token(tmp_path):
     from transformers import T5Config
 
@@ -140,19 +185,21 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
-                                        "gpt_neox_japanese", "diffllama"])
+                                        "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
+                                        "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet", "longformer",
+                                        "led", "longt5", "reformer", "hrm_text"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
     the eager model's (the attention comparison alone does not see the last layer's output)."""
     import torch
-    import transformers
 
     folder = build_folder(model_type, tmp_path)
     loaded = load_model(str(folder))
-    eager = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    eager = type(loaded.model).from_pretrained(folder, attn_implementation="eager").eval()  # the same class
     ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
+    decoder = {"decoder_input_ids": ids[:, :5]} if eager.config.is_encoder_decoder else {}
     with torch.inference_mode():
-        bridged, expected = (model.base_model(input_ids=ids)[0] for model in (loaded.model, eager))
+        bridged, expected = (model.base_model(input_ids=ids, **decoder)[0] for model in (loaded.model, eager))
     torch.testing.assert_close(bridged, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -164,3 +211,45 @@ def test_a_head_whose_output_does_not_reach_the_residual_alone_has_no_norm_measu
     assert extract(loaded, TEXT).get("self").shape[0] == 2
     with pytest.raises(AttnscopeError, match="no output projection found"):
         extract(loaded, TEXT, norms=True)
+
+
+@pytest.mark.parametrize(("model_type", "setting", "refusal"), [
+    ("ibert", {"quant_mode": True}, "integer-only softmax"),
+    ("nystromformer", {"num_landmarks": 8}, "approximates attention"),
+])
+def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(model_type, setting, refusal,
+                                                                                 tmp_path):
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config(model_type)
+    for name, value in setting.items():
+        setattr(config, name, value)
+    with pytest.raises(AttnscopeError, match=refusal):
+        load_model(str(build_folder(model_type, tmp_path, config)))
+
+
+@pytest.mark.parametrize(("model_type", "setting"), [
+    ("longformer", {"attention_window": 4}),  # every layer's: 2 keys either side
+    ("longt5", {"local_radius": 2}),  # blocks of 3 tokens: the input is no whole number of them
+])
+def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, setting, tmp_path):
+    """2 keys either side over 16 tokens: the record equals eager's band (or blocks) scattered into keys, so it
+    holds the band and zeros outside it."""
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config(model_type)
+    for name, value in setting.items():
+        setattr(config, name, value)
+    assert check_type(model_type, tmp_path, config)["outcome"] == "equal"
+
+
+def test_reformer_hashing_or_chunking_a_longer_input_is_refused(tmp_path):
+    """Chunks of 4 tokens for an input of 16: LSH hashes it into buckets and local attention looks at neighbouring
+    chunks, in the model's own code, which calls no attention function: the capture is refused, not recorded."""
+    from .tiny_architectures import tiny_config
+
+    config = tiny_config("reformer")
+    config.lsh_attn_chunk_length = config.local_attn_chunk_length = 4
+    config.axial_pos_shape = [4, 4]
+    result = check_type("reformer", tmp_path, config)
+    assert result["outcome"] == "refused" and "never called attnscope's attention function" in result["reason"], result

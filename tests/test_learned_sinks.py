@@ -273,3 +273,16 @@ def test_eager_attention_of_a_sink_model_brought_from_elsewhere_keeps_its_sink_m
     assert brought.model.learned_sinks
     np.testing.assert_allclose(brought.sink_mass, record.sink_mass, atol=TOLERANCE)
     AttentionRecord.load(brought.save(tmp_path / "brought.safetensors"))  # passes the record checks
+
+
+def test_sinks_computed_per_query_are_kept_on_every_path(tmp_path):
+    """Inkling 2 computes one sink logit per query from its input (``sinks``, ``[batch, head, q_pos, 1]``), not one
+    per head: a planned capture, chunk by chunk, keeps the full capture's rows and sink mass."""
+    loaded = load_model(str(build_folder("inkling2_text", tmp_path)))
+    record = extract(loaded, TEXT)
+    assert record.sink_mass is not None and float(record.sink_mass.max()) > 0
+    rows = [2, 5, len(record.tokens) - 1]
+    plan = CapturePlan(heads=(1, 3), queries=QuerySelection("list", given=tuple(rows)), chunk=2)
+    partial = extract(loaded, TEXT, plan=plan)
+    np.testing.assert_allclose(partial.held("sink_mass"), record.sink_mass[:, [1, 3]][:, :, rows], atol=1e-6)
+    np.testing.assert_allclose(partial.held("attention"), record.attention[:, [1, 3]][:, :, rows], atol=1e-6)

@@ -34,6 +34,8 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "num_decoder_attention_heads"), 4),
     "num_key_value_heads": 2,
+    # sliding-window layers' own head counts (Inkling: as many query heads as its full layers)
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
     **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
                      "hidden_dim"), 128),
     **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),
@@ -66,7 +68,24 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "dots1": {"n_shared_experts": 1},  # its default (None) does not build
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
     "squeezebert": {"embedding_size": 64},  # its embeddings must be as wide as its layers
-    "reformer": {"is_decoder": True},  # its LM head model is a decoder
+    # its LM head model is a decoder; its axial position embeddings' widths add up to its hidden size
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},
+    # the size of its output layer (checkpoints pad the embeddings beyond it): the tiny vocabulary
+    **{t: {"unpadded_vocab_size": VOCAB} for t in ("inkling2_text", "inkling2_loop_text")},
+    # DBRX's attention reads its rope_theta from attn_config, as released configs carry it (the class has no default),
+    # (and clips q/k/v: its clamp needs a bound)
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # rope parameters per layer type, as released configs carry them (its default names none)
+    "cohere_compass_text": {"rope_parameters": {kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                                for kind in ("full_attention", "sliding_attention")}},
+    # its hybrid layers share one attention block: with a single one transformers cannot tie it to the others
+    "zamba": {"layer_types": ["hybrid", "hybrid"]},
+    "zamba2": {"layer_types": ["hybrid", "hybrid"], "hybrid_layer_ids": [0, 1]},  # (not derived when set so)
+    "axk1": {"n_group": 1, "topk_group": 1},  # its default routes over 8 groups of experts (the tiny model has 4)
+    "mamba2": {"num_heads": 8},  # its heads times their size must be hidden_size * expand (128)
+    "glm5_next_text": {"qk_rope_head_dim": 0},  # its sparse (DSA) attention layers have no rotary part
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 2},
 }
 
 # what eager gets beside the inputs, where a model computes differently by default than attnscope calls it:
@@ -84,6 +103,7 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
                     "an audio encoder: needs audio features"),
     "nemotron3_5_transcribe_word_timestamp": "needs embeddings from an audio encoder",
     "decision_transformer": "needs states, actions and returns (reinforcement learning), not tokens",
+    "gemma4_assistant": "a speculative-decoding drafter: needs its target model's keys and values (shared_kv_states)",
 }
 
 
@@ -91,6 +111,36 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
 # their output): attnscope records the weights the model mixes values with, which sum to 1 minus the sink mass,
 # so they are compared with eager's after dividing by that sum
 EAGER_WITHOUT_SINK = frozenset({"granite_swa", "granitemoe_swa"})
+
+# model types whose eager output_attentions returns the scores before the softmax (with the mask added), not
+# weights, for these kinds: compared with attnscope's weights after a softmax
+EAGER_RETURNS_SCORES: dict[str, tuple[str, ...]] = {"squeezebert": ("self",), "prophetnet": ("encoder", "cross")}
+
+# hybrids whose eager output_attentions returns, for their linear-attention layers, the recurrent state (K^T V,
+# [head, d_head, d_head]) rather than weights: compared on their softmax layers (layer_types "full_attention")
+EAGER_RETURNS_LINEAR_STATES = frozenset({"minimax"})
+
+# model types whose decoder runs predicting streams beside its main stream (ProphetNet's n-grams): eager's
+# cross-attention has a row per query of every stream; the record holds the main stream's (the tokens')
+EAGER_CROSS_OF_EVERY_STREAM = frozenset({"prophetnet"})
+
+# model types whose eager attention of these kinds is a band ([head, q_pos, 2 * window + 1]: entry j of query i
+# is key i - window + j), Longformer's local attention: compared after scattering it into [head, q_pos, k_pos]
+EAGER_BANDED: dict[str, tuple[str, ...]] = {"longformer": ("self",), "led": ("encoder",)}
+
+# model types whose eager attention of these kinds is in blocks ([batch, block, head, block_len, 3 * block_len]:
+# each block's queries over its own and its two neighbours' keys), LongT5's local attention: compared after
+# scattering the blocks into [head, q_pos, k_pos]
+EAGER_BLOCKED: dict[str, tuple[str, ...]] = {"longt5": ("encoder",)}
+
+# model types that have no attention weights although their eager output_attentions returns tensors: counted
+# with the types whose eager returns no attentions (no_eager), with the reason
+NOT_ATTENTION: dict[str, str] = {
+    "rwkv": "recurrent (RWKV time mixing): its output_attentions returns each layer's time-mixing output "
+            "[batch, pos, width], not weights over keys",
+    "yoso": "LSH-sampled attention (YOSO) has no weights: its output_attentions returns each layer's context "
+            "vectors [batch, pos, width]",
+}
 
 
 def text_model_types() -> tuple[list[str], list[str]]:
@@ -215,8 +265,9 @@ def _set_mrope_sections(config: Any) -> None:
     set sections that fit the tiny head (:func:`_mrope_sections`)."""
     if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
         return
-    config.rope_parameters["mrope_section"] = _mrope_sections(config.rope_parameters, _head_dim(config) or 0,
-                                                              _value(config, "partial_rotary_factor"))
+    per_layer_type = [rope for rope in config.rope_parameters.values() if isinstance(rope, dict)]  # Cohere Compass
+    for rope in per_layer_type or [config.rope_parameters]:
+        rope["mrope_section"] = _mrope_sections(rope, _head_dim(config) or 0, _value(config, "partial_rotary_factor"))
 
 
 def _mrope_sections(rope: dict[str, Any], head_dim: int, partial: float | None) -> list[int]:
@@ -347,6 +398,58 @@ def _decoder_ids(tokenizer: Any, config: Any) -> list[int]:
     return [start, *tokenizer(TARGET, add_special_tokens=False)["input_ids"]]
 
 
+def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Eager's attentions as weights where a type returns something else beside them: the softmax of its scores
+    (:data:`EAGER_RETURNS_SCORES`), a band or blocks scattered into keys (:data:`EAGER_BANDED`,
+    :data:`EAGER_BLOCKED`), the main stream's cross-attention rows (:data:`EAGER_CROSS_OF_EVERY_STREAM`),
+    its softmax layers only (:data:`EAGER_RETURNS_LINEAR_STATES`)."""
+    if model_type in EAGER_RETURNS_SCORES:
+        eager = {kind: [_softmax(a) for a in layers] if kind in EAGER_RETURNS_SCORES[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_BANDED:
+        eager = {kind: [_unbanded(a) for a in layers] if kind in EAGER_BANDED[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_BLOCKED:
+        length = eager["cross"][0].shape[-1]  # the encoder's tokens
+        eager = {kind: [_unblocked(a, length) for a in layers] if kind in EAGER_BLOCKED[model_type] else layers
+                 for kind, layers in eager.items()}
+    if model_type in EAGER_CROSS_OF_EVERY_STREAM:
+        n_main = eager["decoder"][0].shape[1]  # the main stream's queries: the decoder's tokens
+        eager = {**eager, "cross": [a[:, :n_main] for a in eager["cross"]]}
+    if model_type in EAGER_RETURNS_LINEAR_STATES:
+        return {kind: [a for a, layer_type in zip(layers, config.layer_types, strict=True)
+                       if layer_type == "full_attention"] for kind, layers in eager.items()}
+    return eager
+
+
+def _unbanded(band: np.ndarray) -> np.ndarray:
+    """Longformer's band ``[head, q_pos, 2 * window + 1]`` as ``[head, q_pos, k_pos]`` (zeros outside the band)."""
+    n_heads, length, width = band.shape
+    window = (width - 1) // 2
+    full = np.zeros((n_heads, length, length), dtype=band.dtype)
+    for query in range(length):
+        keys = np.arange(max(0, query - window), min(length, query + window + 1))
+        full[:, query, keys] = band[:, query, keys - query + window]
+    return full
+
+
+def _unblocked(blocks: np.ndarray, length: int) -> np.ndarray:
+    """LongT5's blocks ``[batch 1, block, head, block_len, 3 * block_len]`` as ``[head, q_pos, k_pos]`` over the
+    first ``length`` positions (key slot j of a query in block b is position (b - 1) * block_len + j)."""
+    _, n_blocks, n_heads, block_len, _ = blocks.shape
+    full = np.zeros((n_heads, n_blocks * block_len, (n_blocks + 2) * block_len), dtype=blocks.dtype)
+    for block in range(n_blocks):
+        rows = slice(block * block_len, (block + 1) * block_len)
+        full[:, rows, block * block_len:(block + 3) * block_len] = blocks[0, block]  # keys shifted by one block
+    return full[:, :length, block_len:block_len + length]
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over keys of ``[head, q_pos, k_pos]`` scores, in float64."""
+    shifted = np.exp(scores.astype(np.float64) - scores.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
 def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict[str, Any]:
     """Build, capture and compare one model type in ``folder``: ``{"outcome": ..., ...}``.
 
@@ -388,11 +491,13 @@ def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict
         eager = eager_attentions(folder, input_ids, decoder, types)
     except Exception as error:  # noqa: BLE001 - transformers' own eager path failing is not attnscope's doing
         return {"outcome": "unbuilt", "reason": f"eager: {type(error).__name__}: {_first_line(error)}"}
-    if not eager:
-        return {"outcome": "no_eager", **({"attnscope": refusal} if refusal else {})}
+    if not eager or model_type in NOT_ATTENTION:
+        return {"outcome": "no_eager", **({"reason": NOT_ATTENTION[model_type]} if model_type in NOT_ATTENTION else {}),
+                **({"attnscope": refusal} if refusal else {})}
     if refusal is not None:
         return refusal
     assert record is not None
+    eager = _as_weights(model_type, config, eager)
     captured = {kind: record.get(kind) for kind in record.kinds}
     if model_type in EAGER_WITHOUT_SINK and record.sink_mass is not None:
         captured["self"] = record.attention / (1.0 - record.sink_mass)[..., None]

@@ -30,7 +30,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..models.adapters import AttentionSite, unknown_causality, unlisted_attention
+from ..models.adapters import AttentionSite, attends_over_no_tokens, unknown_causality, unlisted_attention
 from .gates import gates_heard, returned
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
@@ -215,13 +215,13 @@ def attnscope_attention(
     """
     site: AttentionSite | None = getattr(module, "attnscope_site", None)  # on the nn.Module: set by load_model
     recorder = _ACTIVE_RECORDER.get()
-    if site is None and recorder is not None:  # attention the adapter did not find: a record would miss it
-        raise unlisted_attention(module)
+    if site is None and recorder is not None and not attends_over_no_tokens(module):
+        raise unlisted_attention(module)  # attention the adapter did not find: a record would miss it
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     # SDPA has no logit softcapping (Gemma 2) and no learned sinks (gpt-oss): such calls always take the eager path
-    sdpa_exact = kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+    sdpa_exact = kwargs.get("softcap") is None and sink_logits(kwargs) is None
     if (site is None or (recorder is None and not interventions)) and sdpa_exact:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -254,7 +254,7 @@ def attnscope_attention(
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], keys.shape[2], 0, query.device)
     scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
-    probs, sink_mass = softmax_with_sinks(scores.float(), kwargs.get("s_aux"))  # [batch, head, q_pos, k_pos]
+    probs, sink_mass = softmax_with_sinks(scores.float(), sink_logits(kwargs))  # [batch, head, q_pos, k_pos]
     if interventions:
         assert site is not None
         allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
@@ -294,9 +294,21 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     return output, None
 
 
+def sink_logits(kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A call's sink logits: gpt-oss's learned ``s_aux`` (one per head) or the ``sinks`` a model computes per query
+    (Inkling 2: ``[batch, head, q_pos, 1]``); None without sinks."""
+    learned = kwargs.get("s_aux")
+    return learned if learned is not None else kwargs.get("sinks")
+
+
+def _rows(sinks: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """The sink logits of query rows ``start..end-1``: per-query sinks sliced, per-head ones as they are."""
+    return sinks[:, :, start:end] if sinks is not None and sinks.dim() == 4 else sinks
+
+
 def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The softmax of ``scores`` ``[batch, head, q_pos, k_pos]`` and, with learned sinks (``sinks``: one logit per
-    head, gpt-oss's ``s_aux``), its sink mass ``[batch, head, q_pos]``.
+    """The softmax of ``scores`` ``[batch, head, q_pos, k_pos]`` and, with sinks (``sinks``: one logit per head,
+    gpt-oss's ``s_aux``, or one per query, ``[batch, head, q_pos, 1]``), its sink mass ``[batch, head, q_pos]``.
 
     A sink is one more logit in each row's denominator with no value behind it: the weights over the real keys
     sum to 1 - sink mass, and the head's output is the sum of those weights times the values, as in the model.
@@ -304,8 +316,9 @@ def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> tupl
     """
     if sinks is None:
         return torch.softmax(scores, dim=-1), None
-    sink_logits = sinks.to(scores.device, scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    combined = torch.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)  # [batch, head, q_pos, k_pos + 1]
+    column = sinks.to(scores.device, scores.dtype)
+    column = (column if column.dim() == 4 else column.view(1, -1, 1, 1)).expand(*scores.shape[:-1], 1)
+    combined = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)  # [batch, head, q_pos, k_pos + 1]
     return combined[..., :-1], combined[..., -1]
 
 
@@ -362,7 +375,7 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
         if implicit_causal:  # only the chunk's own square holds future keys
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
-        probs, sink_mass = softmax_with_sinks(scores, kwargs.get("s_aux"))
+        probs, sink_mass = softmax_with_sinks(scores, _rows(sink_logits(kwargs), start, end))
         sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
         logits = scores if collector.wants_logits else None
         if first and not takes_window:  # a collector written before windows gets every key from 0

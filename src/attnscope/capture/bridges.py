@@ -2,14 +2,18 @@
 
 transformers 5 still computes the attention of MPNet, BLOOM, Falcon, GPT-Neo, MPT, GPT-1, XLM and
 FlauBERT, XGLM, MVP, TrOCR, FSMT, DeBERTa (v1 and v2), GPT-NeoX-Japanese and BERT's older copies
-(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE) inline. Rather than copy its modeling code or
-patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
+(Megatron-BERT, RemBERT, TAPAS, VisualBERT, RoFormer, LUKE), I-BERT, SqueezeBERT, ConvBERT, Nyströmformer, XLNet,
+ProphetNet, BigBird-Pegasus's encoder, Reformer, Longformer, LED and LongT5's local attention inline. Rather than copy its
+modeling code or patch its class, attnscope swaps each such module *instance* for a bridge that reuses the module's own
 projections (and, where the model computes extra terms, its own methods) and calls the one capture function,
 with a position bias where the model adds one (ALiBi, DeBERTa's relative-position terms). ALBERT, which runs
-one attention module several times, gets a bridge for its layer loop that gives each run its own site.
+one attention module several times, gets a bridge for its layer loop that gives each run its own site; HRM,
+which runs two stacks of layers in cycles, gets a site per run that its attention modules name at each call.
 Bridges are keyed by class name (data, like the adapter table), or by module path and class name where the
 name is too common. A model type that picks its attention class by the implementation's name (Falcon) cannot
 be built with ``"attnscope"``: it is loaded with ``"eager"`` (:data:`LOADED_EAGER`) and bridged the same way.
+Local attention (a band of keys around each query) is computed as a full ``[q_pos, k_pos]`` attention masked to
+the band. Attention over positions that are not the input's tokens is refused where the model loads (:func:`_refused`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from ..models.adapters import model_type_of
-from .attention import attnscope_attention
+from .attention import attention_scores, attnscope_attention
 
 
 class MPNetAttentionBridge(nn.Module):
@@ -277,6 +281,17 @@ class BartStyleAttentionBridge(nn.Module):
                                             dropout=self.p_dropout if self.training else 0.0,
                                             is_causal=self.is_decoder and not cross)
         return self.out_proj(output.reshape(*hidden_states.shape[:2], self.n_heads * self.d_head)), probs
+
+
+class LEDDecoderAttentionBridge(BartStyleAttentionBridge):
+    """Stands in for LED's decoder attention (self- and cross-attention), BART's in all but what it returns:
+    ``(output, weights if output_attentions, cache)``."""
+
+    def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None,  # type: ignore[override]
+                cache: Any = None, attention_mask: torch.Tensor | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        output, probs = super().forward(hidden_states, key_value_states, cache, attention_mask)
+        return output, probs if output_attentions else None, cache
 
 
 class MptAttentionBridge(nn.Module):
@@ -540,12 +555,15 @@ class XLMAttentionBridge(nn.Module):
         return outputs + (probs,) if output_attentions and probs is not None else outputs
 
 
-def _inner_replaced(method: str, compute: Any, **attributes: Any) -> Any:
+def _inner_replaced(method: str, compute: Any, refusal: Any = None, **attributes: Any) -> Any:
     """A bridge for a module whose forward computes attention in one inner ``method``: the same instance state
     (weights, buffers, mode) in a subclass of its class whose ``method`` is ``compute``; the rest of its
-    forward is the model's own code."""
+    forward is the model's own code. ``refusal(original)``, where given, names what the bridge does not
+    reproduce (None where it does): attnscope then refuses the model when it loads it."""
 
     def bridge(original: nn.Module) -> nn.Module:
+        if refusal is not None and (reason := refusal(original)) is not None:
+            raise AttnscopeError(reason)
         cls = type(original)
         bridged = type(f"{cls.__name__}Bridge", (cls,), {method: compute, **attributes})
         module = bridged.__new__(bridged)
@@ -586,15 +604,412 @@ def _diffllama_forward(self: Any, hidden_states: torch.Tensor, position_embeddin
     return self.o_proj(output.reshape(*hidden_states.shape[:-1], -1)), probs
 
 
+
+def _ibert_quantized(original: Any) -> str | None:
+    if not original.quant_mode:
+        return None
+    return ("model type 'ibert' with quant_mode: true computes an integer-only softmax that attnscope's bridge does "
+            "not reproduce; load it with quant_mode: false (its float weights are the same)")
+
+
+def _ibert_forward(self: Any, hidden_states: torch.Tensor, hidden_states_scaling_factor: Any,
+                   attention_mask: torch.Tensor | None = None, output_attentions: bool = False) -> tuple[Any, Any]:
+    """I-BERT's self-attention with ``quant_mode`` off (its projections and activations are then plain float):
+    ``[batch, pos, width]`` in; ``((context, probs?), (None, None?))`` out, as I-BERT returns its outputs and
+    their (absent) scaling factors."""
+    q, k, v = (activation(projection(hidden_states, hidden_states_scaling_factor)[0], None)[0]
+               for projection, activation in ((self.query, self.query_activation), (self.key, self.key_activation),
+                                              (self.value, self.value_activation)))
+    q, k, v = (_heads(t, self.attention_head_size) for t in (q, k, v))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    context, _ = self.output_activation(output.reshape(*hidden_states.shape[:2], self.all_head_size), None)
+    return ((context, probs), (None, None)) if output_attentions else ((context,), (None,))
+
+
+def _squeezebert_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                         output_attentions: bool) -> dict[str, torch.Tensor]:
+    """SqueezeBERT's self-attention, channels first: ``[batch, width, pos]`` in, ``{"context_layer": [batch, width,
+    pos]}`` out. Its ``output_attentions`` returns the scores *before* the softmax (with the mask added): the
+    bridge returns those too, computed as SqueezeBERT computes them; the record holds the softmax of them."""
+    q = self.transpose_for_scores(self.query(hidden_states))  # [batch, head, pos, d_head]
+    k = self.transpose_key_for_scores(self.key(hidden_states)).transpose(2, 3)
+    v = self.transpose_for_scores(self.value(hidden_states))
+    output, _ = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                    dropout=self.dropout.p if self.training else 0.0)
+    result = {"context_layer": self.transpose_output(output.transpose(1, 2))}  # [b, q_pos, head, d] -> [b, width, pos]
+    if output_attentions:
+        result["attention_score"] = attention_scores(q, k, attention_mask, self.attention_head_size**-0.5)
+    return result
+
+
+def _convbert_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      encoder_hidden_states: torch.Tensor | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ConvBERT's mixed attention: ``[batch, pos, width]`` in, ``(context [batch, pos, width], probs)`` out. Its
+    self-attention heads go through attnscope; its span-based convolution heads (a softmax over each token's
+    ``conv_kernel_size`` neighbours, no attention over the sequence) are ConvBERT's own code, by
+    :func:`_convbert_convolution`; the context is the attention heads, then the convolution heads."""
+    if encoder_hidden_states is not None:
+        raise AttnscopeError("model type 'convbert' used with cross-attention is not bridged by attnscope; capture "
+                             "it as an encoder")
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    convolution = _convbert_convolution(self, hidden_states)  # [batch, pos, head, d_head]
+    return torch.cat([output, convolution], dim=2).reshape(*hidden_states.shape[:2], -1), probs
+
+
+def _convbert_convolution(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """ConvBERT's span-based dynamic convolution heads, ``[batch, pos, width]`` -> ``[batch, pos, head, d_head]``:
+    a kernel per token from its query and a separable convolution of its neighbourhood, applied to the
+    unfolded ``conv_kernel_size`` neighbours of ``conv_out_layer``'s projection."""
+    batch, length, _ = hidden_states.shape
+    key_conv = self.key_conv_attn_layer(hidden_states.transpose(1, 2)).transpose(1, 2)
+    kernel = self.conv_kernel_layer(key_conv * self.query(hidden_states))
+    kernel = torch.softmax(kernel.reshape(-1, self.conv_kernel_size, 1), dim=1)  # [batch * pos * head, kernel, 1]
+    spans = self.conv_out_layer(hidden_states).transpose(1, 2).unsqueeze(-1)  # [batch, width, pos, 1]
+    spans = nn.functional.unfold(spans, kernel_size=[self.conv_kernel_size, 1],
+                                 padding=[(self.conv_kernel_size - 1) // 2, 0])  # [batch, width * kernel, pos]
+    spans = spans.transpose(1, 2).reshape(-1, self.attention_head_size, self.conv_kernel_size)
+    return torch.matmul(spans, kernel).reshape(batch, length, self.num_attention_heads, self.attention_head_size)
+
+
+def _nystrom_approximated(original: Any) -> str | None:
+    if original.num_landmarks == original.seq_len:
+        return None
+    return (f"model type 'nystromformer' with {original.num_landmarks} landmarks for {original.seq_len} positions "
+            f"approximates attention (Nyström): its weights are not a softmax over the tokens, which attnscope's "
+            f"records hold; only num_landmarks equal to segment_means_seq_len (exact softmax attention) is bridged")
+
+
+def _nystromformer_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                           output_attentions: bool = False) -> tuple[torch.Tensor, ...]:
+    """Nyströmformer's self-attention where it is exact (as many landmarks as positions: a plain softmax):
+    ``[batch, pos, width]`` in, ``(context, probs?)`` out; its depthwise convolution of the values over
+    positions (``conv``) is added to the context, as the model does."""
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.attention_head_size**-0.5,
+                                        dropout=0.0)  # Nyströmformer applies no dropout to its weights
+    if self.conv_kernel_size is not None:
+        output = output + self.conv(v).transpose(1, 2)  # [batch, head, pos, d] -> [batch, pos, head, d]
+    output = output.reshape(*hidden_states.shape[:2], self.all_head_size)
+    return (output, probs) if output_attentions else (output,)
+
+
+def _bigbird_pegasus_encoder_forward(self: Any, hidden_states: torch.Tensor,
+                                     attention_mask: torch.Tensor | None = None, *masks: Any,
+                                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """BigBird-Pegasus's encoder attention with full attention (what it runs for inputs too short for its
+    blocks): ``[batch, pos, width]`` in, ``(output, probs)`` out. The encoder swaps its inner module by input
+    length, so the bridge stands in for the layer's attention, which stays, and reads the inner module's
+    projections at each call; block-sparse attention (long inputs) is refused."""
+    if self.attention_type != "original_full":
+        raise AttnscopeError("model type 'bigbird_pegasus' with block-sparse attention (an input long enough for "
+                             "its blocks) attends to random blocks that attnscope's bridge does not reproduce; "
+                             "load it with attention_type: original_full")
+    inner = self.self
+    q, k, v = (_heads(projection(hidden_states), inner.attention_head_size)
+               for projection in (inner.query, inner.key, inner.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=inner.attention_head_size**-0.5,
+                                        dropout=inner.dropout.p if self.training else 0.0)
+    return self.output(output.reshape(*hidden_states.shape[:2], inner.all_head_size)), probs
+
+
+def _xlnet_attn_core(self: Any, q_head: torch.Tensor, k_head_h: torch.Tensor, v_head_h: torch.Tensor,
+                     k_head_r: torch.Tensor, seg_mat: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+                     output_attentions: bool = False) -> Any:
+    """XLNet's relative attention, time-major: q ``[q_pos, batch, head, d_head]``, k/v ``[k_pos, batch, head,
+    d_head]``, its relative-position keys ``k_head_r``, its segment matrix and its mask (1 = hidden, ``[q_pos,
+    k_pos, batch, 1 or head]``). Content scores (queries plus ``r_w_bias``) go through attnscope; the
+    position and segment terms, computed as XLNet does, are the position bias; all scaled by ``scale``.
+    Returns the output ``[q_pos, batch, head, d_head]`` (and the weights as ``[q_pos, k_pos, batch, head]``)."""
+    to_heads_first = "ibnd->bnid"
+    q, k, v = (torch.einsum(to_heads_first, t) for t in (q_head + self.r_w_bias, k_head_h, v_head_h))
+    bias = self.rel_shift_bnij(torch.einsum("ibnd,jbnd->bnij", q_head + self.r_r_bias, k_head_r), klen=k.shape[2])
+    if seg_mat is not None:
+        segment = torch.einsum("ibnd,snd->ibns", q_head + self.r_s_bias, self.seg_embed)
+        bias = bias + torch.einsum("ijbs,ibns->bnij", seg_mat, segment)
+    keep = None if attn_mask is None else torch.einsum("ijbn->bnij", attn_mask) == 0  # [batch, 1|head, q, k]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.scale, position_bias=bias * self.scale,
+                                        dropout=self.dropout.p if self.training else 0.0)
+    output = output.transpose(0, 1)  # [batch, q_pos, head, d] -> [q_pos, batch, head, d]
+    if not output_attentions:
+        return output
+    return output, None if probs is None else torch.einsum("bnij->ijbn", probs)
+
+
+def _xlnet_causal(self: Any, config: Any) -> None:
+    """XLNet's modules do not keep whether the model attends one way (``attn_type`` "uni") or both ways."""
+    self.is_causal = config.attn_type == "uni"
+
+
+def _prophetnet_forward(self: Any, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None,
+                        attention_mask: torch.Tensor | None = None, cache: Any = None,
+                        output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ProphetNet's encoder self-attention and decoder cross-attention: ``[batch, pos, width]`` in, ``(output,
+    scores?)`` out. Its ``output_attentions`` returns the scores *before* the softmax (with the mask added): the
+    bridge returns those too, computed as ProphetNet computes them; the record holds the softmax of them."""
+    cross = key_value_states is not None
+    current = key_value_states if cross else hidden_states
+    q = _heads(self.query_proj(hidden_states), self.head_dim)  # [batch, head, q_pos, d_head]
+    k, v = _cached(cache, self.layer_idx, cross, _heads(self.key_proj(current), self.head_dim),
+                   _heads(self.value_proj(current), self.head_dim), kwargs)
+    if attention_mask is not None and attention_mask.dim() == 0:  # ProphetNet's placeholder for no mask
+        attention_mask = None
+    output, _ = attnscope_attention(self, q, k, v, attention_mask, scaling=self.head_dim**-0.5,
+                                    dropout=self.attention_dropout if self.training else 0.0)
+    output = self.out_proj(output.reshape(*hidden_states.shape[:2], -1))
+    output = nn.functional.dropout(output, p=self.dropout, training=self.training)
+    scores = attention_scores(q, k, attention_mask, self.head_dim**-0.5) if output_attentions else None
+    return output, scores
+
+
+def _prophetnet_ngram_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None,
+                              attention_mask: torch.Tensor | None = None,
+                              main_relative_position_buckets: torch.Tensor | None = None,
+                              position_ids: torch.Tensor | None = None, **kwargs: Any) -> tuple[Any, ...]:
+    """ProphetNet's n-gram decoder self-attention: ``[batch, (1 + ngram) * pos, width]`` in (the main stream,
+    then each predicting stream), ``(output, main weights, predicting weights)`` out. The model's own forward
+    computes both streams (and fills the cache once); the main stream, the one a record holds (as eager's
+    ``decoder_attentions``), is then recomputed through attnscope, with ProphetNet's relative-position term
+    as the position bias, and its output replaces the model's."""
+    output, _, predict_probs = super(type(self), self).forward(
+        hidden_states, cache=cache, attention_mask=attention_mask,
+        main_relative_position_buckets=main_relative_position_buckets, position_ids=position_ids, **kwargs)
+    batch, length = hidden_states.shape[0], hidden_states.shape[1] // (1 + self.ngram)
+    main = hidden_states[:, :length]  # [batch, pos, width]
+    q = _heads(self.query_proj(main), self.head_dim)  # [batch, head, pos, d_head]
+    if cache is None:
+        k, v = (_heads(projection(main), self.head_dim) for projection in (self.key_proj, self.value_proj))
+    else:  # the keys and values the model's forward just cached
+        stored = getattr(cache, "self_attention_cache", cache).layers[self.layer_idx]
+        k, v = stored.keys, stored.values
+    shape = q.new_empty(batch, self.num_attn_heads, length, k.shape[2])  # the method reads only the shape
+    bias = self.get_main_relative_pos_embeddings(main, shape, position_ids, main_relative_position_buckets)
+    main_output, probs = attnscope_attention(self, q, k, v, attention_mask, scaling=self.head_dim**-0.5,
+                                             position_bias=bias,
+                                             dropout=self.attention_dropout if self.training else 0.0)
+    main_output = self.out_proj(main_output.reshape(batch, length, -1))
+    main_output = nn.functional.dropout(main_output, p=self.dropout, training=self.training)
+    return torch.cat([main_output, output[:, length:]], dim=1), probs, predict_probs
+
+
+def _longformer_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        is_index_masked: torch.Tensor | None = None, is_index_global_attn: torch.Tensor | None = None,
+                        is_global_attn: bool | None = None, output_attentions: bool = False) -> tuple[Any, ...]:
+    """Longformer's (and LED's encoder's) local attention, ``[batch, pos, width]`` in (padded to its window),
+    ``(output [batch, pos, width], band weights?)`` out. Each query sees the keys within
+    ``one_sided_attn_window_size`` on either side: computed as a full ``[q_pos, k_pos]`` attention whose mask is
+    that band and the model's padding (its ``attention_mask``: 0 = local, else hidden), so the record holds zeros
+    outside the band. Global attention (``global_attention_mask``) is refused."""
+    if is_global_attn:
+        raise AttnscopeError(f"model type {model_type_of(self)!r} with global attention (global_attention_mask) "
+                             f"attends from and to chosen tokens in a second softmax that attnscope's bridge does "
+                             f"not reproduce; capture it without global_attention_mask (local attention only)")
+    q, k, v = (_heads(projection(hidden_states), self.head_dim) for projection in (self.query, self.key, self.value))
+    length, window = hidden_states.shape[1], self.one_sided_attn_window_size
+    positions = torch.arange(length, device=hidden_states.device)
+    band = (positions[:, None] - positions[None, :]).abs() <= window  # [q_pos, k_pos]
+    keep = band[None, None] & (attention_mask == 0)[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=self.head_dim**-0.5,
+                                        dropout=self.dropout if self.training else 0.0)
+    if is_index_masked is not None:  # Longformer gives padded queries no attention at all
+        output = output.masked_fill(is_index_masked[:, :, None, None], 0.0)
+    outputs: tuple[Any, ...] = (output.reshape(*hidden_states.shape[:2], -1),)
+    if output_attentions and probs is not None:
+        outputs += (_as_band(probs, window),)
+    return outputs
+
+
+def _as_band(probs: torch.Tensor, window: int) -> torch.Tensor:
+    """Full ``[batch, head, q_pos, k_pos]`` weights in Longformer's band layout ``[batch, q_pos, head, 2 * window
+    + 1]``: entry j of query i is key ``i - window + j`` (0 where that key is outside the sequence)."""
+    length = probs.shape[-1]
+    padded = nn.functional.pad(probs, (window, window))  # key i - window + j sits at column i + j
+    columns = torch.arange(length, device=probs.device)[:, None] + torch.arange(2 * window + 1, device=probs.device)
+    band = torch.gather(padded, 3, columns.expand(*probs.shape[:2], -1, -1))
+    return band.transpose(1, 2)
+
+
+def _longt5_local_forward(self: Any, hidden_states: torch.Tensor, mask: torch.Tensor | None = None,
+                          position_bias: torch.Tensor | None = None,
+                          output_attentions: bool = False) -> tuple[torch.Tensor, ...]:
+    """LongT5's local encoder attention, ``[batch, pos, width]`` in, ``(output, position bias, weights?)`` out.
+    LongT5 attends in blocks of ``block_len`` over the block and its two neighbours, keeping the keys less than
+    ``block_len`` away: the same as a full ``[q_pos, k_pos]`` attention masked to that band and the padding, with
+    T5's relative-position bias by distance (the record holds zeros outside the band). Its blocked mask
+    (``[batch, 1, block, block_len, 3 * block_len]``) gives the padding; the bias it passes on to the next layer
+    is the bridge's own ``[1, head, q_pos, k_pos]`` (every local layer is bridged); weights, where returned, are
+    ``[batch, head, q_pos, k_pos]``, not LongT5's blocks."""
+    length, block_len = hidden_states.shape[1], self.block_len
+    q, k, v = (_heads(projection(hidden_states), self.key_value_proj_dim) for projection in (self.q, self.k, self.v))
+    distance = torch.arange(length, device=q.device)[None, :] - torch.arange(length, device=q.device)[:, None]
+    keep = (distance.abs() < block_len)[None, None]  # [1, 1, q_pos, k_pos]: key j - query i within the band
+    if mask is not None:
+        keep = keep & _longt5_tokens(mask, block_len, length)[:, None, None, :]
+    if position_bias is None:
+        position_bias = torch.zeros((1, self.n_heads, length, length), device=q.device, dtype=q.dtype)
+        if self.has_relative_attention_bias:
+            buckets = self._relative_position_bucket(distance, bidirectional=not self.is_decoder,
+                                                     num_buckets=self.relative_attention_num_buckets,
+                                                     max_distance=self.relative_attention_max_distance)
+            position_bias = self.relative_attention_bias(buckets).permute(2, 0, 1)[None]  # [1, head, q_pos, k_pos]
+    output, probs = attnscope_attention(self, q, k, v, keep, scaling=1.0, position_bias=position_bias,
+                                        dropout=self.dropout if self.training else 0.0)
+    outputs = (self.o(output.reshape(*hidden_states.shape[:2], -1)), position_bias)
+    return outputs + (probs,) if output_attentions else outputs
+
+
+def _longt5_tokens(blocked: torch.Tensor, block_len: int, length: int) -> torch.Tensor:
+    """Which positions are tokens (not padding), ``[batch, pos]``, from LongT5's blocked local mask: its entry for
+    a query and the same position as key (the middle block's diagonal) is whether that position is a token."""
+    blocks = blocked.reshape(blocked.shape[0], -1, block_len, 3 * block_len)  # [batch, block, q, 3 blocks of keys]
+    inside = torch.arange(block_len, device=blocked.device)
+    return blocks[:, :, inside, block_len + inside].reshape(blocked.shape[0], -1)[:, :length].bool()
+
+
+def _refused(reason: str) -> Any:
+    """A bridge that refuses its module's model in one line (``reason``): attention attnscope's records cannot
+    hold, said where the model loads rather than as a module that never called the attention function."""
+
+    def bridge(original: nn.Module) -> nn.Module:
+        raise AttnscopeError(reason)
+
+    return bridge
+
+
+def _reformer_keep(self: Any, attention_mask: torch.Tensor | None, length: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[batch or 1, 1, q_pos, k_pos]``: the keys a Reformer query sees over a whole (short) sequence: every
+    key that is no padding (its ``attention_mask``, 1 = token), and no later one in a decoder."""
+    keep = torch.ones((1, 1, length, length), dtype=torch.bool, device=device)
+    if attention_mask is not None:
+        keep = keep & attention_mask.bool()[:, None, None, :length]
+    return torch.tril(keep) if self.is_decoder else keep
+
+
+def _reformer_lsh_attend(self: Any, query_vectors: torch.Tensor, key_vectors: torch.Tensor,
+                         value_vectors: torch.Tensor, sorted_bucket_idx_per_hash: torch.Tensor,
+                         attention_mask: torch.Tensor | None, do_standard_self_attention: bool,
+                         use_cache: bool) -> tuple[torch.Tensor, Any, Any]:
+    """Reformer's LSH attention where it attends over the whole sequence (no longer than a chunk, no cache): q
+    ``[batch, head, pos, d_head]`` and its own keys, normalised; ``(output [batch, head, pos, d_head], None,
+    weights)``. A query sees itself only where it sees nothing else: its own logit is lowered by Reformer's
+    ``self_mask_value``. Hashed buckets (longer inputs) and cached decoding run the model's own code, which
+    calls no attention function, so a capture of them is refused."""
+    if not do_standard_self_attention or use_cache:
+        return super(type(self), self)._attend(query_vectors, key_vectors, value_vectors, sorted_bucket_idx_per_hash,
+                                               attention_mask, do_standard_self_attention, use_cache)
+    length = query_vectors.shape[2]
+    keep = _reformer_keep(self, attention_mask, length, query_vectors.device)
+    itself = torch.eye(length, device=query_vectors.device)[None, None] * self.self_mask_value_float32
+    output, probs = attnscope_attention(self, query_vectors, key_vectors, value_vectors, keep, scaling=1.0,
+                                        position_bias=itself, dropout=self.dropout if self.training else 0.0)
+    return output.transpose(1, 2), None, probs
+
+
+def _reformer_local_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                            past_buckets_states: Any = None, use_cache: bool = False, output_attentions: bool = False,
+                            **kwargs: Any) -> Any:
+    """Reformer's local attention where one chunk holds the whole sequence (and no cache): ``[batch, pos,
+    width]`` in, its output type out. Longer inputs (chunks that see their neighbours) and cached decoding run the
+    model's own code, which calls no attention function, so a capture of them is refused."""
+    length = hidden_states.shape[1]
+    cached = past_buckets_states is not None and len(past_buckets_states) > self.layer_idx
+    if cached or (self.chunk_length is not None and length > self.chunk_length):
+        return super(type(self), self).forward(hidden_states, attention_mask, past_buckets_states, use_cache,
+                                               output_attentions, **kwargs)
+    q, k, v = (_heads(projection(hidden_states), self.attention_head_size)
+               for projection in (self.query, self.key, self.value))  # [batch, head, pos, d_head]
+    output, probs = attnscope_attention(self, q, k, v, _reformer_keep(self, attention_mask, length, q.device),
+                                        scaling=self.attention_head_size**-0.5,
+                                        dropout=self.dropout if self.training else 0.0)
+    modeling = importlib.import_module(type(self).__mro__[1].__module__)
+    return modeling.LocalSelfAttentionOutput(hidden_states=output.reshape(*hidden_states.shape[:2], -1),
+                                             attention_probs=probs if output_attentions else ())
+
+
+class AttentionRunSite(nn.Module):
+    """One run of an attention module that a model runs several times per forward pass, as a site of its own (no
+    weights: the module computes, and names this run's site at each call)."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.is_causal = bool(getattr(shared, "is_causal", False))
+        self.num_key_value_groups = getattr(shared, "num_key_value_groups", 1)
+
+
+def _hrm_runs(original: nn.Module) -> nn.Module:
+    """HRM's recurrent model, in place: its L and H stacks run in cycles (``H_cycles`` times the L stack
+    ``L_cycles`` times, then the H stack), each run of a layer at the slot ``cycle_offset + layer`` that
+    transformers' ``output_attentions`` lists it at. Each slot gets a site (``attention_runs.slot``), and each
+    attention module names the site of the slot it runs at (:func:`_hrm_attention_forward`)."""
+    config, model = cast(Any, original.config), cast(Any, original)
+    per_stack, inner = config.num_layers_per_stack, config.L_cycles
+    runs = []
+    for slot in range(per_stack * config.H_cycles * (inner + 1)):
+        cycle, layer = divmod(slot, per_stack)
+        stack = model.H_module if cycle % (inner + 1) == inner else model.L_module
+        runs.append(AttentionRunSite(stack.layers[layer].self_attn))
+    model.attention_runs = nn.ModuleList(runs)
+    replaced = _inner_replaced("forward", _hrm_attention_forward)
+    for stack in (model.L_module, model.H_module):
+        for layer in stack.layers:
+            layer.self_attn = replaced(layer.self_attn)
+            object.__setattr__(layer.self_attn, "attnscope_runs", model.attention_runs)  # a reference, no child
+    return original
+
+
+def _hrm_attention_forward(self: Any, hidden_states: torch.Tensor, *args: Any, cycle_offset: int = 0,
+                           **kwargs: Any) -> Any:
+    """HRM's attention (its own code), as the site of the slot it runs at: ``cycle_offset + layer_idx``."""
+    run = self.attnscope_runs[cycle_offset + self.layer_idx]
+    self.attnscope_site = getattr(run, "attnscope_site", None)
+    return super(type(self), self).forward(hidden_states, *args, cycle_offset=cycle_offset, **kwargs)
+
 BRIDGES: dict[str, Any] = {  # class name -> a callable that makes the bridge of one module
     "MPNetSelfAttention": MPNetAttentionBridge, "BloomAttention": BloomAttentionBridge,
     "FalconAttention": FalconAttentionBridge, "GPTNeoSelfAttention": GPTNeoAttentionBridge,
     **dict.fromkeys(("MegatronBertSelfAttention", "RemBertSelfAttention", "TapasSelfAttention",
                      "VisualBertSelfAttention", "RoFormerSelfAttention"), BertStyleAttentionBridge),
     **dict.fromkeys(("XGLMAttention", "MvpAttention", "TrOCRAttention"), BartStyleAttentionBridge),
-    "LukeSelfAttention": LukeAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
+    "LukeSelfAttention": LukeAttentionBridge, "LEDDecoderAttention": LEDDecoderAttentionBridge, "MptAttention": MptAttentionBridge, "AlbertTransformer": AlbertRunsBridge,
     "GPTNeoXJapaneseAttention": _inner_replaced("_attn", _neox_japanese_attn, is_causal=True),
     "DiffLlamaAttention": _inner_replaced("forward", _diffllama_forward),
+    "IBertSelfAttention": _inner_replaced("forward", _ibert_forward, _ibert_quantized, is_causal=False),
+    "SqueezeBertSelfAttention": _inner_replaced("forward", _squeezebert_forward, is_causal=False),
+    "ConvBertSelfAttention": _inner_replaced("forward", _convbert_forward, is_causal=False),
+    "NystromformerSelfAttention": _inner_replaced("forward", _nystromformer_forward, _nystrom_approximated,
+                                                  is_causal=False),
+    "XLNetRelativeAttention": _inner_replaced("rel_attn_core", _xlnet_attn_core, configure=_xlnet_causal),
+    "ProphetNetAttention": _inner_replaced("forward", _prophetnet_forward, is_causal=False),
+    "ProphetNetNgramSelfAttention": _inner_replaced("forward", _prophetnet_ngram_forward, is_causal=True),
+    **dict.fromkeys(("LongformerSelfAttention", "LEDEncoderSelfAttention"),
+                    _inner_replaced("forward", _longformer_forward, is_causal=False)),
+    "LongT5LocalAttention": _inner_replaced("forward", _longt5_local_forward, is_causal=False),
+    "LongT5TransientGlobalAttention": _refused(
+        "model type 'longt5' with transient-global attention attends to summaries of blocks of tokens beside the "
+        "tokens, which attnscope's [q_pos, k_pos] records cannot hold; load it with encoder_attention_type: local"),
+    # attention over positions that are not the input's tokens: refused where the model loads
+    "PegasusXGlobalLocalAttention": _refused(
+        "model type 'pegasus_x': its encoder attends over learned global tokens beside blocks of the input's tokens, "
+        "which attnscope's [q_pos, k_pos] records cannot hold (transformers' eager path returns none of it either); "
+        "no setting of the model turns them off"),
+    "FunnelRelMultiheadAttention": _refused(
+        "model type 'funnel' pools its sequence between blocks, so its later layers attend over pooled positions, "
+        "which attnscope's [q_pos, k_pos] records cannot hold; attnscope supports no Funnel model yet"),
+    "CpmAntAttention": _refused(
+        "model type 'cpmant' prepends learned prompt positions that every token attends to, which attnscope's "
+        "[q_pos, k_pos] records cannot hold (transformers' eager attentions leave them out, so their rows sum to "
+        "less than one); no setting of the model turns them off"),
+    "transformers.models.reformer.modeling_reformer.LSHSelfAttention": _inner_replaced(
+        "_attend", _reformer_lsh_attend, is_causal=property(lambda self: bool(self.is_decoder))),
+    "transformers.models.reformer.modeling_reformer.LocalSelfAttention": _inner_replaced(
+        "forward", _reformer_local_forward, is_causal=property(lambda self: bool(self.is_decoder))),
+    "HrmTextModel": _hrm_runs,
+    "BigBirdPegasusEncoderAttention": _inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": DebertaV2AttentionBridge,
     "transformers.models.deberta.modeling_deberta.DisentangledSelfAttention": DebertaAttentionBridge,
     # class names too common to key by alone

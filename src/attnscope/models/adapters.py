@@ -13,6 +13,8 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 * ``conv1d``: GPT-2's ``Conv1D`` stores its weight as ``[in, out]`` instead of ``[out, in]``;
 * ``classes``: where not empty, only modules of these class names match: hybrids (RecurrentGemma,
   Nemotron-H) put an attention layer or a recurrent one at the same place;
+* ``layer_attribute``: where set, the record's layer is this attribute of the module rather than group 1
+  (LongCat-Flash runs two attention modules per block, its ``layer_idx`` numbering them in order);
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
   itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
   e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
@@ -47,6 +49,7 @@ class SiteRule:
     conv1d: bool = False
     window: str = ""
     classes: tuple[str, ...] = ()  # where not empty: only modules of these classes (a hybrid's attention layers)
+    layer_attribute: str = ""  # where set: the module's attribute that holds its layer (several modules per block)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,11 @@ class Adapter:
     ``projections``: per-head weights for physical pruning (``None``: not supported).
     ``norms``: where the layer norms sit around the residual (``None``: unknown; the measures
     that decompose whole layers are then unavailable). ``unembedding``: how sublayers reach the
-    logits (``None``: unknown; direct logit attribution and the logit lens are then refused)."""
+    logits (``None``: unknown; direct logit attribution and the logit lens are then refused).
+    ``not_tokens``: class names of modules that call the attention function over something other than
+    the input's tokens (Inkling 2 mixes each layer's input from earlier blocks' outputs by attention over
+    depth): their calls are computed and never recorded, where any other call from a module that is no
+    site is refused."""
 
     family: str
     model_types: tuple[str, ...]
@@ -133,6 +140,7 @@ class Adapter:
     projections: HeadProjections | None = None
     norms: LayerNorms | None = None
     unembedding: Unembedding | None = None
+    not_tokens: tuple[str, ...] = ()  # classes that call the attention function over no tokens: computed, not recorded
 
     @property
     def generic(self) -> bool:
@@ -197,6 +205,16 @@ def _llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding
     return Adapter(name, model_types, _LLAMA_LIKE, blocks=_LLAMA_BLOCKS, ffn=_LLAMA_FFN, final=_LLAMA_FINAL,
                    projections=_LLAMA_PROJECTIONS, norms=PRE_LN, unembedding=unembedding)
 
+def _softmax_layers_row(family: str, model_type: str, attention_class: str, linear: str, out_proj: str = "o_proj",
+                        sparse: str = "") -> Adapter:
+    """A hybrid whose layers' ``self_attn`` is softmax attention (``attention_class``) on some layers and
+    ``linear`` attention, which has no weights, on the others: the row names the softmax class."""
+    rule = SiteRule("self", r"layers\.(\d+)\.self_attn$", out_proj, causal=True, window="sliding_window",
+                    classes=(attention_class,))
+    return Adapter(family, (model_type,), (rule,), note=f"its softmax attention layers{sparse}; its other layers' "
+                   f"self_attn is {linear} attention, which has no attention weights")
+
+
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
         "bert",
@@ -213,12 +231,28 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter(  # BERT's attention modules, computed through AttentionInterface, around other layer layouts
         "bert-like",
         ("bert-generation", "esm", "markuplm", "mobilebert", "roberta-prelayernorm", "roc_bert", "splinter",
-         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke"),
+         "xlm-roberta-xl", "xmod", "megatron-bert", "rembert", "tapas", "visual_bert", "roformer", "luke", "ibert"),
         (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", "../output.dense"),),
         note="BERT's attention modules; their layers normalise (pre-LN, a bottleneck) unlike BERT's, so running "
         "from a middle layer onwards, pruning and the whole-layer measures are off; Megatron-BERT, RemBERT, TAPAS, "
-        "VisualBERT, RoFormer and LUKE compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
+        "VisualBERT, RoFormer, LUKE and I-BERT compute attention itself: attnscope bridges it (see attnscope.capture.bridges)",
     ),
+    Adapter("longformer", ("longformer",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$",
+                                                     "../output.dense"),),
+            note="local attention: each query sees the keys within half its attention_window on either side (the "
+            "record holds zeros outside that band); global attention is refused; Longformer computes attention "
+            "itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    # no out_proj: the output projection also takes what is not attention (ConvBERT's convolution heads,
+    # Nyströmformer's convolution of the values), so a head's vector in the residual stream is not α f(x)
+    Adapter("convbert", ("convbert",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", ""),),
+            note="mixed attention: half of each layer's heads are self-attention (captured), the other half span-based "
+            "convolutions over each token's neighbours (no attention over the sequence); ConvBERT computes "
+            "attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("nystromformer", ("nystromformer",),
+            (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$", ""),),
+            note="exact softmax attention where it has as many landmarks as positions (its Nyström approximation "
+            "is refused), plus a convolution of the values over positions; attnscope bridges it (see "
+            "attnscope.capture.bridges)"),
     Adapter(
         "distilbert",
         ("distilbert",),
@@ -281,6 +315,18 @@ ADAPTERS: tuple[Adapter, ...] = (
     Adapter("mpt", ("mpt",), (SiteRule("self", r"blocks\.(\d+)\.attn$", "out_proj", causal=True),),
             note="ALiBi: a per-head linear bias by distance; MPT computes attention itself: attnscope bridges it "
             "(see attnscope.capture.bridges)"),
+    Adapter("dbrx", ("dbrx",), (SiteRule("self", r"blocks\.(\d+)\.norm_attn_norm\.attn$", "out_proj", causal=True),)),
+    Adapter("reformer", ("reformer",),
+            (SiteRule("self", r"layers\.(\d+)\.attention\.self_attention$", "../output.dense", causal=None),),
+            note="LSH and local attention over inputs no longer than a chunk (where both attend over the whole "
+            "sequence; an LSH query sees itself only where it sees nothing else); longer inputs, hashed into "
+            "buckets or chunks, are refused; Reformer computes attention itself: attnscope bridges it (see "
+            "attnscope.capture.bridges)"),
+    # no out_proj: XLNet's output projection is a parameter (``o``, [d_model, head, d_head]), not a module
+    Adapter("xlnet", ("xlnet",), (SiteRule("self", r"layer\.(\d+)\.rel_attn$", "", causal=None),),
+            note="relative attention: each weight is the softmax of content plus relative-position and segment "
+            "terms; XLNet computes it itself: attnscope bridges it (see attnscope.capture.bridges); its two-stream "
+            "pretraining mode (target_mapping) runs attention twice per layer and is refused"),
     Adapter("ctrl", ("ctrl",), (SiteRule("self", r"(?:^|\.)h\.(\d+)\.multi_head_attention$", "dense", causal=True),),
             blocks=(ModuleRule("self", r"(?:^|\.)h\.(\d+)$"),)),
     Adapter("gpt-neox", ("gpt_neox",), (SiteRule("self", r"layers\.(\d+)\.attention$", "dense", causal=True),),
@@ -300,16 +346,32 @@ ADAPTERS: tuple[Adapter, ...] = (
             "head (its output is out_h - λ out_h+heads/2); the record holds each softmax as its own head, as "
             "transformers' output_attentions does; DiffLlama calls attention twice per layer (same queries and keys, "
             "two halves of the values): attnscope's bridge calls it once with both halves"),
-    Adapter("kimi-linear", ("kimi_linear",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "o_proj", causal=True, classes=("KimiLinearAttention",)),),
-            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
-            "which has no attention weights"),
+    _softmax_layers_row("kimi-linear", "kimi_linear", "KimiLinearAttention", "linear (delta-rule)"),
+    _softmax_layers_row("minimax", "minimax", "MiniMaxAttention", "lightning (linear)"),
+    Adapter("zamba", ("zamba", "zamba2"),
+            (SiteRule("self", r"layers\.(\d+)\.shared_transf(?:ormer)?\.self_attn$", "o_proj", causal=True),),
+            note="its hybrid layers' attention (a shared transformer block: one set of weights, or Zamba2's few "
+            "with per-layer adapters, each layer its own module); its other layers are Mamba mixers (no attention)"),
+    # no out_proj: its attention multiplies its output by a gate (gate_proj) before o_proj, and every run of a
+    # layer shares that o_proj (the measures that need a head's vector are unavailable)
+    Adapter("hrm", ("hrm_text",), (SiteRule("self", r"attention_runs\.(\d+)$", "", causal=True),),
+            note="two stacks of layers run in cycles: each run of a layer is its own layer of the record, in the "
+            "order transformers' output_attentions lists them; HRM computes the attention of each run as its own "
+            "site through a bridge (see attnscope.capture.bridges)"),
+    Adapter("longcat-flash", ("longcat_flash",),
+            (SiteRule("self", r"layers\.\d+\.self_attn\.\d+$", "o_proj", causal=True, layer_attribute="layer_idx"),),
+            note="two attention modules per block: layer 2 i + j of the record is block i's module j, as "
+            "transformers' output_attentions lists them"),
+    Adapter("inkling2", ("inkling2_text", "inkling2_loop_text"), _LLAMA_LIKE,
+            not_tokens=("Inkling2BlockAttentionResidual", "Inkling2LoopBlockAttentionResidual",
+                        "Inkling2LoopMessageAttentionResidual"),
+            note="its layers' self-attention; the attention that mixes each layer's input from earlier blocks' "
+            "outputs (attention over depth, not tokens) is computed and not recorded"),
+    _softmax_layers_row("glm5-next", "glm5_next_text", "Glm5NextTextAttention", "linear",
+                        sparse=" (sparse: each query attends to the keys its indexer picks)"),
     # no out_proj: its softmax layers multiply their output by a gate (g_proj) before o_proj, so a head's vector in
     # the residual stream is not α f(x) (the measures that need it are unavailable)
-    Adapter("bailing-hybrid", ("bailing_hybrid",),
-            (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True, classes=("BailingHybridAttention",)),),
-            note="its softmax attention layers; its other layers' self_attn is linear (delta-rule) attention, "
-            "which has no attention weights"),
+    _softmax_layers_row("bailing-hybrid", "bailing_hybrid", "BailingHybridAttention", "linear (delta-rule)", out_proj=""),
     Adapter("opt", ("opt",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "out_proj", causal=True),),
             blocks=(ModuleRule("self", r"layers\.(\d+)$"),), ffn=(ModuleRule("self", r"layers\.(\d+)\.fc2$"),)),
     _llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
@@ -342,6 +404,17 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=_BART_FFN,
         norms=PRE_LN,
     ),
+    Adapter("led", ("led",),
+            (SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn\.longformer_self_attn$", "../output"),
+             *_BART_LIKE[1:]),
+            note="its encoder attends locally: each query sees the keys within half its attention_window on either "
+            "side (the record holds zeros outside that band); global attention is refused; LED computes its "
+            "encoder's attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
+    Adapter("prophetnet", ("prophetnet",),
+            (*_BART_LIKE[:2], SiteRule("cross", r"decoder\.layers\.(\d+)\.cross_attn$", "out_proj")),
+            note="its decoder's self-attention is the main stream of its n-gram attention (as transformers' "
+            "decoder_attentions), its cross-attention the main stream's rows; the predicting streams' weights are "
+            "not recorded; ProphetNet computes attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
     Adapter(
         "t5",
         ("t5", "mt5", "umt5"),
@@ -350,6 +423,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         ffn=(ModuleRule("encoder", r"encoder\.block\.(\d+)\.layer\.1\.DenseReluDense$"),
              ModuleRule("decoder", r"decoder\.block\.(\d+)\.layer\.2\.DenseReluDense$")),
     ),
+    Adapter("longt5", ("longt5",),
+            (SiteRule("encoder", r"encoder\.block\.(\d+)\.layer\.0\.LocalSelfAttention$", "o"), *_T5_SITES[1:]),
+            note="its encoder attends locally: each query sees the keys less than local_radius + 1 away (the record "
+            "holds zeros outside that band); transient-global attention is refused; LongT5 computes its encoder's "
+            "attention itself: attnscope bridges it (see attnscope.capture.bridges)"),
     # T5's attention modules; some feed-forward layers are mixtures of experts (no DenseReluDense)
     Adapter("switch-transformers", ("switch_transformers",), _T5_SITES),
 )
@@ -414,7 +492,8 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
         for rule in adapter.rules:
             match = re.search(rule.pattern, name)
             if match and (not rule.classes or type(module).__name__ in rule.classes):
-                site = _site(model, name, module, rule, int(match.group(1)))
+                layer = getattr(module, rule.layer_attribute) if rule.layer_attribute else match.group(1)
+                site = _site(model, name, module, rule, int(layer))
                 if (site.kind, site.layer) in seen:
                     raise AttnscopeError(
                         f"model type {model_type_of(model)!r}: modules {seen[(site.kind, site.layer)]} and {name} "
@@ -430,6 +509,11 @@ def find_sites(model: nn.Module, adapter: Adapter) -> dict[nn.Module, AttentionS
 def model_type_of(model: nn.Module) -> str:
     """The model type a model (or an attention module with its ``config``) names, else its class."""
     return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
+def attends_over_no_tokens(module: nn.Module) -> bool:
+    """Whether ``module`` is of a class its adapter's ``not_tokens`` names (marked by ``load_model``)."""
+    return bool(getattr(module, "attnscope_not_tokens", False))
 
 
 def unlisted_attention(module: nn.Module) -> AttnscopeError:
@@ -453,7 +537,14 @@ def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer:
     window = getattr(module, rule.window, None) if rule.window else None
     return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
                          window=int(window) if isinstance(window, int) else 0, causal_known=known,
-                         learned_sinks=isinstance(getattr(module, "sinks", None), nn.Parameter))
+                         learned_sinks=_has_sinks(module))
+
+
+def _has_sinks(module: nn.Module) -> bool:
+    """Whether ``module``'s softmax has a sink logit: learned per head (gpt-oss's ``sinks`` parameter) or computed
+    per query from its input (Inkling 2's ``sink_proj``)."""
+    return isinstance(getattr(module, "sinks", None), nn.Parameter) or isinstance(getattr(module, "sink_proj", None),
+                                                                                  nn.Module)
 
 
 def _is_causal_lm(model: nn.Module) -> bool:

@@ -263,6 +263,9 @@ def with_sites(name: str, source: Path, model: Any, tokenizer: Any, dtype: str, 
     check_sites(model.config.model_type, adapter, sites)
     for module, site in sites.items():
         module.attnscope_site = site  # type: ignore[assignment]  # how the attention function finds its site
+    for module in model.modules():  # attention over something other than tokens: computed, never recorded
+        if type(module).__name__ in adapter.not_tokens:
+            module.attnscope_not_tokens = True  # type: ignore[assignment]
     _prepare_tokenizer(tokenizer)
     return LoadedModel(name, source, model, tokenizer, adapter, sites, dtype, device)
 
