@@ -58,10 +58,14 @@ GENERATE_TOKENS = "32"
 
 
 # ---- running commands ------------------------------------------------------------------------------
+def checkout_environment() -> dict[str, str]:
+    """This process's environment with this checkout's sources first on ``PYTHONPATH``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
 def attnscope(*args: str, extra_env: dict[str, str] | None = None) -> str:
     """Run ``attnscope ARGS`` with this checkout's sources first (and ``extra_env``); its stdout (fails loudly)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           **(extra_env or {})}
+    env = {**checkout_environment(), **(extra_env or {})}
     done = subprocess.run([sys.executable, "-m", "attnscope", *args], check=False, capture_output=True, text=True, env=env,
                           cwd=ROOT)
     if done.returncode != 0:
@@ -72,7 +76,7 @@ def attnscope(*args: str, extra_env: dict[str, str] | None = None) -> str:
 def attnscope_measured(*args: str) -> tuple[float, float]:
     """Run ``attnscope ARGS`` like :func:`attnscope` (output discarded): its wall time in seconds and its peak
     resident set size in MB (the child's own ``ru_maxrss``, read by ``wait4``)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = checkout_environment()
     started = time.perf_counter()
     with tempfile.TemporaryFile() as errors:
         child = subprocess.Popen([sys.executable, "-m", "attnscope", *args], stdout=subprocess.DEVNULL, stderr=errors,
