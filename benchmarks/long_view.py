@@ -1,6 +1,6 @@
 """Size and load time of the long-input view at 8,192 tokens, 30 layers x 9 heads (SmolLM2's shape).
 
-Run from the repository root (needs Debian's chromium and ``pip install playwright``)::
+Run from the repository root (needs Debian's chromium, or ``ATTNSCOPE_CHROMIUM``, and ``pip install playwright``)::
 
     .venv/bin/python benchmarks/long_view.py
     .venv/bin/python benchmarks/long_view.py --tokens 4096 --loads 5 --keep out/
@@ -13,7 +13,7 @@ the page keeps itself under its default budget (36 MB) by grouping the overview 
 keys per query (``top_k_in_page``, ``overview_cells_in_page``).
 
 * ``html_mb``: size of the written file (MB = 10^6 bytes); target < 40.
-* ``view_load_ms``: Chromium (``/usr/bin/chromium``, headless) opens the file; the time from
+* ``view_load_ms``: Chromium (Debian's, or ``$ATTNSCOPE_CHROMIUM``; headless) opens the file; the time from
   navigation start until the heatmap has drawn: the page sets the performance mark
   ``attnscope:<id>:drawn`` after reading back a pixel, which forces the canvas to be rasterized.
   Median of ``--loads`` fresh page loads; target < 2000.
@@ -40,8 +40,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' synthetic attention
 from bench_json import add_smoke_flag, emit
-from render import CHROMIUM, CHROMIUM_ARGS, fresh_loads, log, time_in_page
+from render import fresh_loads, log, time_in_page
 
+from attnscope.browser import launch
 from attnscope.present import long_view
 from tests.long_attention import synthetic_long_attention
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"page: {path.stat().st_size / 1e6:.1f} MB in {build_s:.1f} s; notes: {payload['notes']}")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         runs = fresh_loads(browser, partial(measure, tokens=args.tokens), path, args.loads)
         browser.close()
 

@@ -16,7 +16,7 @@ default model's limit of 512 tokens; ``attnscope.extract`` on the default model 
 * BertViz (PyPI ``bertviz``): ``head_view(...)`` and ``model_view(...)`` with
   ``html_action="return"`` on the same attention (one tensor per layer, ``[1, head, q, k]``);
   ``bertviz_html_bytes`` is the sum of the two HTML strings (BertViz writes one per view).
-* ``load_ms``: Chromium (``/usr/bin/chromium``, headless) opens our file; the time from
+* ``load_ms``: Chromium (Debian's, or ``$ATTNSCOPE_CHROMIUM``; headless) opens our file; the time from
   navigation start until the head view has drawn: the page sets the performance mark
   ``attnscope:<id>:drawn`` after reading back a pixel, which forces the canvas to be rasterized.
   Median of ``--loads`` fresh page loads (each load printed). ``model_view_ms`` (click to the
@@ -52,12 +52,10 @@ from typing import Any
 from bench_json import add_smoke_flag, emit
 
 import attnscope
+from attnscope.browser import launch
 from attnscope.data import brown_sentences
 from attnscope.present import view
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 TOKENS = 512
 ROOT_ID = "attnscope-view"
 APP = f'AttnscopeViews.instances["{ROOT_ID}"]'
@@ -198,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"bertviz: {bertviz_bytes:,} bytes (head + model view), built in {bertviz_build_s:.1f} s")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         runs = fresh_loads(browser, partial(measure_ours, hover=min(100, len(record.tokens) - 1)), ours, args.loads)
         bertviz_ms, bertviz_error = measure_bertviz(browser, bertviz_path, args.bertviz_timeout, None)
         log(f"bertviz offline: {bertviz_ms} ms; {bertviz_error}")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from attnscope.browser import why_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted(path for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "bench_json")
 BROWSER = ("render", "long", "long_view")  # these drive Debian's chromium
@@ -32,10 +34,11 @@ def test_every_benchmark_offers_a_smoke_run():
     assert not missing, f"benchmarks without --smoke: {missing}"
 
 
-@pytest.mark.parametrize("script", BENCHMARKS, ids=[path.stem for path in BENCHMARKS])
+@pytest.mark.parametrize("script", [pytest.param(path, marks=[pytest.mark.browser] if path.stem in BROWSER else [])
+                                    for path in BENCHMARKS], ids=[path.stem for path in BENCHMARKS])
 def test_benchmark_runs_at_smoke_size(script: Path):
-    if script.stem in BROWSER and not Path("/usr/bin/chromium").exists():
-        pytest.skip("needs Debian's chromium (apt-get install -y chromium)")
+    if script.stem in BROWSER and (reason := why_unavailable()):
+        pytest.skip(reason)
     kept = _kept_figures()
     environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run([sys.executable, str(script), "--smoke"], check=False, cwd=ROOT, capture_output=True, text=True,

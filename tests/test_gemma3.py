@@ -208,11 +208,8 @@ def test_real_gemma3_capture_equals_eager_across_its_window(gemma3):
 def test_views_mark_the_window_of_sliding_layers(tiny_gemma, browser, tmp_path):
     from attnscope.present import view
 
-    from .conftest import CHROMIUM
     from .test_views_browser import APP, Page
 
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed")
     _, _, loaded = tiny_gemma
     record = extract(loaded, SENTENCES[2])
     page = Page(browser, view(record).save(tmp_path / "gemma.html"))

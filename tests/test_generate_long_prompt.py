@@ -25,7 +25,7 @@ from attnscope.records.format import write_attnscope_file
 from attnscope.records.generation import packed_length, row_offset
 
 from .test_generate import eager_attention
-from .test_steps_view import VIEW, chromium_page, needs_chromium, quantisation_step, shown_token
+from .test_steps_view import VIEW, chromium_page, quantisation_step, shown_token
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 PROMPT_TOKENS = 300  # "a few hundred": far more rows dropped than kept, still fast for a tiny model
@@ -217,7 +217,6 @@ def test_cli_reads_a_long_prompt_from_a_file(tiny_llama_dir, long_prompt, tmp_pa
         assert len(error) == 1 and error[0].startswith("attnscope: error:") and message in error[0]
 
 
-@needs_chromium
 def test_the_step_page_draws_after_a_prompt_without_its_rows(browser, last_rows):
     page = chromium_page(browser, steps_view(last_rows).save(ARTIFACTS / "steps_long_prompt.html"))
     within = lambda got, want, levels: np.all(np.abs(np.array(got) - want) <= quantisation_step(want, levels))

@@ -4,7 +4,8 @@ goes up is still two modules that must change together). docs/ARCHITECTURE.md ex
 
 From the bottom:
 
-1. ``base``: errors, files, progress lines, inputs, argument types, shipped data, the version, lazy exports;
+1. ``base``: errors, files, progress lines, inputs, argument types, shipped data, the version, lazy exports,
+   where Chromium is (page tests and view benchmarks);
 2. ``records``: what is stored (both record types, the file format and its checks);
 3. ``models``: what a model is (aliases, adapters that find attention sites, offline loading);
 4. ``capture``: the one attention function, its recorders and interventions, extract and generate;
@@ -32,7 +33,7 @@ import attnscope
 PACKAGE = Path(attnscope.__file__).parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("version", "_lazy", "errors", "files", "progress", "inputs", "arguments", "data")),
+    ("base", ("version", "_lazy", "errors", "files", "progress", "inputs", "arguments", "data", "browser")),
     ("records", ("records", "record", "generation")),  # record, generation: old import paths, re-exports
     ("models", ("models",)),
     ("capture", ("capture",)),

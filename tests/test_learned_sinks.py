@@ -6,8 +6,6 @@ Tiny random gpt-oss built from its config (``tests/tiny_architectures.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -23,7 +21,6 @@ from attnscope.present.html import view
 from attnscope.present.payload import build_payload, unpack
 from attnscope.present.steps import generation_payload, steps_view
 
-from .conftest import CHROMIUM
 from .tiny_architectures import EAGER_WITHOUT_SINK, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
 
 
@@ -200,8 +197,6 @@ def test_deepseek_v4s_compressed_keys_are_refused_in_one_line(tmp_path):
     assert "attend over different numbers of keys" in result["reason"] and "docs/ARCHITECTURE.md" in result["reason"]
 
 
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
-                                    reason="Debian chromium or playwright is not installed")
 
 
 def opened(browser, path, drawn: str):
@@ -215,7 +210,6 @@ def opened(browser, path, drawn: str):
     return page
 
 
-@needs_chromium
 def test_the_step_view_shows_each_steps_learned_sink(browser, gpt_oss, tmp_path):
     _, loaded, _, _ = gpt_oss
     gen = generate(loaded, TEXT, max_new_tokens=3, norms=False)
@@ -230,7 +224,6 @@ def test_the_step_view_shows_each_steps_learned_sink(browser, gpt_oss, tmp_path)
     assert "learned sink" in page.text_content("[data-role=sink]") and page.errors == []
 
 
-@needs_chromium
 def test_the_head_view_writes_the_learned_sink_of_each_head(browser, gpt_oss, tmp_path):
     _, _, record, _ = gpt_oss
     page = opened(browser, view(record, "head").save(tmp_path / "head.html"), ".attnscope-root")

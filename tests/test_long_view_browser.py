@@ -13,13 +13,7 @@ import pytest
 
 from attnscope.present import long_view
 
-from .conftest import CHROMIUM
 from .long_attention import synthetic_long_attention
-
-if not CHROMIUM.exists():
-    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
-pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-
 from .test_views_browser import APP, Page
 
 ARTIFACTS = Path(__file__).parent / "artifacts"

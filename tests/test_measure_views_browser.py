@@ -12,12 +12,7 @@ from attnscope.experiments.mixing import mixing_measures
 from attnscope.present import view
 
 from . import test_views_browser
-from .conftest import CHROMIUM
 from .test_views_browser import APP, ARTIFACTS, Page
-
-if not CHROMIUM.exists():
-    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 open_page = test_views_browser.open_page  # the same fixture: pages of views opened in Chromium, closed after
 

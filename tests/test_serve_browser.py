@@ -27,12 +27,7 @@ import pytest
 
 from attnscope import extract
 
-from .conftest import CHROMIUM
 from .test_views_browser import ARTIFACTS
-
-if not CHROMIUM.exists():
-    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")
 APP = 'AttnscopeViews.instances["views"]'

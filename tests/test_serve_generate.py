@@ -3,7 +3,6 @@ bad input, and the tab in Debian's Chromium (Playwright) drawing the step view o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from attnscope import generate, load_model
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import generation_payload, steps_schema
 
-from .conftest import CHROMIUM
 from .test_serve_guard import serving
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
@@ -102,8 +100,6 @@ def server(app):
         yield f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
-                    reason="Debian chromium or playwright is not installed")
 def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, server):
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     errors: list[str] = []
@@ -141,8 +137,6 @@ def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, serv
     page.close()
 
 
-@pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
-                    reason="Debian chromium or playwright is not installed")
 def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, server):
     page = browser.new_page(viewport={"width": 1300, "height": 1100})
     errors: list[str] = []

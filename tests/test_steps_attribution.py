@@ -5,7 +5,6 @@ logit lens run on their own at each step's position; the payload that carries it
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,6 @@ from attnscope.experiments.attribution import direct_logit_attribution, logit_le
 from attnscope.models.registry import ALIASES
 from attnscope.present.payload import unpack
 from attnscope.present.steps import generation_payload, steps_schema
-
-from .conftest import CHROMIUM
 
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
@@ -120,8 +117,6 @@ def test_a_file_with_a_damaged_attribution_gets_one_line(attributed, tmp_path):
 
 
 # ---- the page the command writes, in Debian's Chromium -----------------------------------------------
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
-                                    reason="Debian chromium or playwright is not installed")
 VIEW = 'AttnscopeSteps.instances["attnscope-steps"]'
 
 
@@ -135,7 +130,6 @@ def head_bars(page, holder: str = "") -> list[tuple[int, int]]:
         f"Array.from(document.querySelectorAll('{holder} [data-role=head-bar]'), b => [+b.dataset.layer, +b.dataset.head])")]
 
 
-@needs_chromium
 def test_the_command_writes_a_page_showing_the_heads_and_tokens_behind_each_step(browser, tmp_path, capsys):
     from attnscope.cli import main
 

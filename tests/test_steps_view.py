@@ -3,7 +3,6 @@ translating (tiny BART), its numbers against the records, its schema, and the pa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from attnscope.present.steps import (
     steps_schema,
     steps_view,
 )
-
-from .conftest import CHROMIUM
 
 jsonschema = pytest.importorskip("jsonschema")
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -164,8 +161,6 @@ def chromium_page(browser, path):
 
 
 VIEW = 'AttnscopeSteps.instances["attnscope-steps"]'
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() or importlib.util.find_spec("playwright") is None,
-                                    reason="Debian chromium or playwright is not installed")
 
 
 def shown_token(token: str) -> str:
@@ -177,7 +172,6 @@ def key_shades(page) -> list[str]:
 
 
 @needs_smollm2
-@needs_chromium
 def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, generation, tmp_path):
     page = chromium_page(browser, steps_view(generation).save(ARTIFACTS / "steps_generation.html"))
     chosen = lambda: page.text_content("[data-role=chosen]")
@@ -211,7 +205,6 @@ def test_the_generation_page_steps_by_key_and_click_and_toggles_norms(browser, g
     assert page.errors == [] and all(url.startswith("file:") for url in page.requests)
 
 
-@needs_chromium
 def test_the_translation_page_draws_the_source_and_has_no_norm_toggle(browser, trace):
     page = chromium_page(browser, steps_view(trace).save(ARTIFACTS / "steps_translation.html"))
     assert page.locator("[data-role=attention] .st-key").count() == len(trace.source_tokens)

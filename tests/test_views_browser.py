@@ -17,12 +17,6 @@ import pytest
 from attnscope import extract, load_model
 from attnscope.present import view
 
-from .conftest import CHROMIUM
-
-if not CHROMIUM.exists():
-    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-
 ARTIFACTS = Path(__file__).parent / "artifacts"
 APP = 'AttnscopeViews.instances["attnscope-view"]'
 PAIR = ("I went to the store.", "At the store, I bought fresh strawberries.")

@@ -23,12 +23,8 @@ import pytest
 
 from attnscope import extract
 
-from .conftest import CHROMIUM
 from .notebooks import kernel_environment
 
-if not CHROMIUM.exists():
-    pytest.skip("Debian chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 pytest.importorskip("jupyterlab", reason="the notebook extra is not installed (pip install -e '.[notebook]')")
 pytest.importorskip("anywidget", reason="the notebook extra is not installed (pip install -e '.[notebook]')")
 nbformat = pytest.importorskip("nbformat")

@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.venv/bin}
-CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
+CHROMIUM=${ATTNSCOPE_CHROMIUM:-/usr/bin/chromium}  # the same override as attnscope.browser
 OUT=docs/img
 TEXT="I went to the store."
 PAIR="At the store, I bought fresh strawberries."
