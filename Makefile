@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
+# make bench-NAME RECORD=1: the run's figures also become the README's record in docs/bench/ (then make docs-figures);
+# without it a benchmark writes benchmarks/runs/ only, so benchmarking never turns make test red
+RECORD_FLAG := $(if $(RECORD),--record,)
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
@@ -47,49 +50,49 @@ test: install-test
 	$(BIN)/python -m pytest
 
 bench: install-test
-	$(BIN)/python benchmarks/extract.py
-	$(BIN)/python benchmarks/flow.py
+	$(BIN)/python benchmarks/extract.py $(RECORD_FLAG)
+	$(BIN)/python benchmarks/flow.py $(RECORD_FLAG)
 
 # every text model type of transformers: captured attention equal to eager, or refused in one line (~10 minutes)
 bench-architectures: install-test
-	$(BIN)/python benchmarks/architectures.py
+	$(BIN)/python benchmarks/architectures.py $(RECORD_FLAG)
 
 bench-corpus: install-test
-	$(BIN)/python benchmarks/corpus.py
+	$(BIN)/python benchmarks/corpus.py $(RECORD_FLAG)
 
 bench-ablate: install-test
-	$(BIN)/python benchmarks/ablate.py
+	$(BIN)/python benchmarks/ablate.py $(RECORD_FLAG)
 
 # Qwen2.5 0.5B and 1.5B, Gemma 3 at its whole 32,768-token window: statistics capture against the plain
 # forward pass (tens of minutes on 2 cores; benchmarks/big.py --quick: the 0.5B at two lengths)
 bench-big: install-qwen1.5b
-	$(BIN)/python benchmarks/big.py
+	$(BIN)/python benchmarks/big.py $(RECORD_FLAG)
 
 bench-mixing: install-test
-	$(BIN)/python benchmarks/mixing.py
+	$(BIN)/python benchmarks/mixing.py $(RECORD_FLAG)
 
 bench-long: install-test
-	$(BIN)/python benchmarks/long.py
-	$(BIN)/python benchmarks/long_view.py
-	$(BIN)/python benchmarks/generate_long.py
+	$(BIN)/python benchmarks/long.py $(RECORD_FLAG)
+	$(BIN)/python benchmarks/long_view.py $(RECORD_FLAG)
+	$(BIN)/python benchmarks/generate_long.py $(RECORD_FLAG)
 
 # saved notebook size: the widget against the HTML views for a 1,000-token SmolLM2 input
 bench-widget: install-test
-	$(BIN)/python benchmarks/widget.py
+	$(BIN)/python benchmarks/widget.py $(RECORD_FLAG)
 
 # dependency heads on UD EWT test, coreference heads on UD GUM test, per built-in model (gold data in
 # ../shared/data/ud or $ATTNSCOPE_UD_DIR; skipped with a message where absent)
 bench-gold: install-test
-	$(BIN)/python benchmarks/gold.py
+	$(BIN)/python benchmarks/gold.py $(RECORD_FLAG)
 
 bench-serve: install-test
-	$(BIN)/python benchmarks/serve.py
+	$(BIN)/python benchmarks/serve.py $(RECORD_FLAG)
 
 serve: install
 	$(BIN)/attnscope serve
 
 bench-views: install-test
-	$(BIN)/python benchmarks/render.py
+	$(BIN)/python benchmarks/render.py $(RECORD_FLAG)
 
 # every figure README.md quotes, re-run (several minutes) into docs/figures.json, then the README's
 # generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench*)

@@ -1,7 +1,11 @@
-"""Where a benchmark's figures go: its last stdout line, and ``docs/bench/NAME.json`` for the README.
+"""Where a benchmark's figures go: its last stdout line, ``benchmarks/runs/NAME.json`` (this run's, never
+committed), and, only when asked with ``--record``, ``docs/bench/NAME.json`` for the README.
 
-``docs/bench/NAME.json`` holds ``{command, date, cpu, figures}``; ``make docs-figures`` renders the
-README's benchmark figures from it (naming the CPU), so the next run of a benchmark refreshes them.
+Both files hold ``{command, date, cpu, figures}``. ``docs/bench/`` is the record the README is rendered
+from (``make docs-figures``, naming the CPU) and ``tests/test_docs_figures.py`` checks against: a plain
+run leaves it alone, so benchmarking and then testing never turns the tests red. To refresh the record,
+re-run the benchmark at its full size with ``--record`` (or ``make bench-NAME RECORD=1``), then
+``make docs-figures``.
 Every benchmark's figures name the device they were measured on and its model (``device``,
 ``device_name``), so figures from a CPU and a GPU are never compared by mistake.
 """
@@ -19,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 DOCS_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench"
+RUNS = Path(__file__).resolve().parent / "runs"  # a run's own figures (git ignores it)
+RECORD_HELP = ("also write the figures to docs/bench/NAME.json, the record the README is rendered from (only a "
+               "full-size run: --quick, --smoke and other sizes are never recorded); without it they go to "
+               "benchmarks/runs/NAME.json")
 
 
 def cpu_name() -> str:
@@ -54,18 +62,32 @@ SMOKE_HELP = ("smallest sizes, seconds: only checks that the benchmark still run
               "benchmark so); its figures mean nothing and are never kept")
 
 
+def add_record_flag(parser: argparse.ArgumentParser) -> None:
+    """``--record``: a full-size run's figures also become the README's record in docs/bench/."""
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
+
+
 def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
-    """``--smoke``: the same code path at the smallest sizes (``make test`` runs every benchmark with it)."""
+    """``--smoke``: the same code path at the smallest sizes (``make test`` runs every benchmark with it);
+    ``--record`` beside it (:func:`add_record_flag`)."""
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    add_record_flag(parser)
 
 
 def emit(name: str, figures: dict[str, Any], keep: bool = True, device: str = "cpu") -> None:
-    """Print ``figures``, with the ``device`` they were measured on and its name, as the last JSON line;
-    with ``keep``, also write them to docs/bench/NAME.json (never from a ``--smoke`` run)."""
+    """Print ``figures``, with the ``device`` they were measured on and its name, as the last JSON line.
+    ``keep`` says the run is full size: its figures go to benchmarks/runs/NAME.json, and with ``--record``
+    to docs/bench/NAME.json too (a ``--smoke`` run writes neither)."""
     figures = {**figures, "device": device, "device_name": device_name(device)}
     sys.stdout.write(json.dumps(figures) + "\n")
-    if keep and "--smoke" not in sys.argv[1:]:
-        DOCS_BENCH.mkdir(parents=True, exist_ok=True)
-        command = " ".join(["python", f"benchmarks/{name}.py", *sys.argv[1:]])
-        kept = {"command": command, "date": date.today().isoformat(), "cpu": cpu_name(), "figures": figures}
-        (DOCS_BENCH / f"{name}.json").write_text(json.dumps(kept, indent=1) + "\n")
+    arguments = sys.argv[1:]
+    if not keep or "--smoke" in arguments:
+        if "--record" in arguments:  # asked to record, and nothing was: say so rather than succeed silently
+            sys.exit(f"{name}: --record: not recorded, only a full-size run (no --smoke, --quick or other sizes) is")
+        return
+    command = " ".join(["python", f"benchmarks/{name}.py", *(a for a in arguments if a != "--record")])
+    kept = json.dumps({"command": command, "date": date.today().isoformat(), "cpu": cpu_name(), "figures": figures},
+                      indent=1) + "\n"
+    for folder in [RUNS, *([DOCS_BENCH] if "--record" in arguments else [])]:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(kept)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import pandas as pd
-from bench_json import cpu_name, emit
+from bench_json import add_record_flag, cpu_name, emit
 
 BATCH_SIZE = 32
 TOLERANCE = 1e-6
@@ -151,9 +151,10 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--corpus", type=Path, help="a text file of sentences for the large run (default: the "
                         "shipped sample, repeated)")
-    parser.add_argument("--quick", action="store_true", help="300 and 3,000 sentences; docs/bench untouched")
-    parser.add_argument("--smoke", action="store_true", help="16 and 160 sentences, seconds; docs/bench untouched")
+    parser.add_argument("--quick", action="store_true", help="300 and 3,000 sentences; never recorded")
+    parser.add_argument("--smoke", action="store_true", help="16 and 160 sentences, seconds; never recorded")
     parser.add_argument("--driver", nargs=2, metavar=("CORPUS", "OUT"), help=argparse.SUPPRESS)
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.driver:
         return driver(*args.driver, args.actors)

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_json import emit
+from bench_json import add_record_flag, emit
 
 from attnscope import load_model
 from attnscope.probing.documents import first_documents
@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model aliases")
     parser.add_argument("--smoke", action="store_true",
                         help=f"minilm on {SMOKE_SENTENCES} EWT sentences and {SMOKE_DOCUMENT_SENTENCES} GUM "
-                        "sentences, in seconds; docs/bench is not written")
+                        "sentences, in seconds; never recorded")
+    add_record_flag(parser)
     args = parser.parse_args()
     paths = {name: gold_file(name) for name in (EWT_TEST, GUM_TEST)}
     missing = [name for name, path in paths.items() if path is None]

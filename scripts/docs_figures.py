@@ -4,7 +4,7 @@ Each *group* runs the attnscope command that produces its figures and keeps them
 ``docs/figures.json``: per group the figures, the command, the date, the CPU and the wall time.
 README.md's generated regions, marked ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->``, are
 then rendered from the Jinja2 template ``docs/templates/NAME.md`` with those figures and the
-benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when they run). Never
+benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when run with ``--record``). Never
 edit a generated region by hand: ``tests/test_docs_figures.py`` checks that each equals its
 rendering, and re-runs the cheap producers (toy translator, view sizes, the Python example) to
 check they still give the recorded figures. The expensive ones (corpus report, classifier

@@ -28,10 +28,42 @@ def _kept_figures() -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in (ROOT / "docs" / "bench").glob("*.json")}
 
 
-def test_every_benchmark_offers_a_smoke_run():
+def test_every_benchmark_offers_a_smoke_run_and_record():
     missing = [path.name for path in BENCHMARKS if "add_smoke_flag(parser)" not in path.read_text()
-               and "--smoke" not in path.read_text()]
-    assert not missing, f"benchmarks without --smoke: {missing}"
+               and not ("--smoke" in path.read_text() and "add_record_flag(parser)" in path.read_text())]
+    assert not missing, f"benchmarks without --smoke or --record: {missing}"
+
+
+@pytest.fixture
+def bench_json(monkeypatch, tmp_path):
+    """benchmarks/bench_json.py with its two folders moved under tmp_path."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_json
+
+    monkeypatch.setattr(bench_json, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench_json, "DOCS_BENCH", tmp_path / "docs_bench")
+    return bench_json
+
+
+@pytest.mark.parametrize("arguments, folders", [([], {"runs"}), (["--record"], {"runs", "docs_bench"}),
+                                                (["--smoke"], set())])
+def test_a_run_keeps_its_figures_apart_from_the_record_unless_asked(bench_json, monkeypatch, tmp_path, capsys,
+                                                                   arguments, folders):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", *arguments])
+    bench_json.emit("x", {"tok_s": 1.5})
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["tok_s"] == 1.5
+    written = {folder.name for folder in tmp_path.iterdir() if (folder / "x.json").exists()}
+    assert written == folders
+    for folder in written:  # the command that re-runs the figures, without --record
+        kept = json.loads((tmp_path / folder / "x.json").read_text())
+        assert kept["figures"]["tok_s"] == 1.5 and kept["command"] == "python benchmarks/x.py"
+
+
+def test_record_on_a_run_that_is_not_full_size_says_it_recorded_nothing(bench_json, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--quick", "--record"])
+    with pytest.raises(SystemExit, match="not recorded"):
+        bench_json.emit("x", {"tok_s": 1.5}, keep=False)
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("script", [pytest.param(path, marks=[pytest.mark.browser] if path.stem in BROWSER else [])
