@@ -153,7 +153,8 @@ def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path
     import bench_json  # benchmarks/, put on sys.path by scripts/docs_figures.py
 
     monkeypatch.setattr(bench_json, "DOCS_BENCH", tmp_path)
-    monkeypatch.setattr(sys, "argv", ["render.py", "--loads", "3"])
+    monkeypatch.setattr(bench_json, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(sys, "argv", ["render.py", "--loads", "3", "--record"])
     bench_json.emit("render", {"load_ms": 512.5})
     on_cpu = {"load_ms": 512.5, "device": "cpu", "device_name": bench_json.cpu_name()}  # never compared with a GPU's
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == on_cpu
