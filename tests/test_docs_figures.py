@@ -161,5 +161,6 @@ def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path
     kept = json.loads((tmp_path / "render.json").read_text())
     assert kept["figures"] == on_cpu and kept["command"] == "python benchmarks/render.py --loads 3"
     assert kept["cpu"] == bench_json.cpu_name() and kept["cpu"].endswith("cores")
+    monkeypatch.setattr(sys, "argv", ["extract.py", "--quick"])
     bench_json.emit("extract", {"sentences": 200}, keep=False)  # a --quick run leaves the README's figures alone
     assert not (tmp_path / "extract.json").exists()
