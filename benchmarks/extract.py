@@ -110,8 +110,8 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def load_hf(implementation: str) -> tuple[Any, Any]:
-    """The default model as transformers loads it, float32, with the given attention implementation."""
+def load_hf(implementation: str, device: str = "cpu") -> tuple[Any, Any]:
+    """The default model as transformers loads it, float32, with the given attention implementation, on ``device``."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -120,7 +120,13 @@ def load_hf(implementation: str) -> tuple[Any, Any]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32,
                                                    attn_implementation=implementation)
-    return model.eval(), tokenizer
+    return model.to(device).eval(), tokenizer
+
+
+def finish(device: torch.device) -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously; a timer would stop before it is done)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_plain(model: Any, tokenizer: Any, sentences: list[str], batch_size: int) -> int:
@@ -134,8 +140,9 @@ def run_plain(model: Any, tokenizer: Any, sentences: list[str], batch_size: int)
             order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]), reverse=True)
             for first in range(0, len(order), batch_size):
                 batch = tokenizer.pad([rows[i] for i in order[first : first + batch_size]], return_tensors="pt")
-                model(**batch)
+                model(**batch.to(model.device))
                 done += len(batch["input_ids"])
+    finish(model.device)
     return done
 
 
@@ -159,7 +166,7 @@ def run_per_sentence(model: Any, tokenizer: Any, sentences: list[str], autograd:
     floats = 0
     with torch.inference_mode(mode=not autograd):
         for sentence in sentences:
-            outputs = model(**tokenizer(sentence, return_tensors="pt"), output_attentions=True)
+            outputs = model(**tokenizer(sentence, return_tensors="pt").to(model.device), output_attentions=True)
             attention = [layer[0].tolist() for layer in outputs.attentions]  # per layer [head][q_pos][k_pos]
             floats += len(attention) * len(attention[0]) * len(attention[0][0]) ** 2
     return floats
@@ -224,8 +231,8 @@ def eager_check(model: Any, tokenizer: Any, sentences: list[str], records: list[
     worst = 0.0
     with torch.inference_mode():
         for sentence, record in zip(sentences, records, strict=True):
-            outputs = model(**tokenizer(sentence, return_tensors="pt"), output_attentions=True)
-            reference = torch.stack(outputs.attentions, dim=1)[0].numpy()  # [layer, head, q_pos, k_pos]
+            outputs = model(**tokenizer(sentence, return_tensors="pt").to(model.device), output_attentions=True)
+            reference = torch.stack(outputs.attentions, dim=1)[0].cpu().numpy()  # [layer, head, q_pos, k_pos]
             worst = max(worst, float(np.abs(reference - record.attention).max()))
     return worst
 
@@ -261,6 +268,33 @@ def gemm_throughput(hidden: int, intermediate: int, rows: int = 800, calls: int 
     return {"fp32_gflops": fp32, "bf16_gflops": bf16, "ratio": bf16 / fp32}
 
 
+def checked_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """``--device`` as torch reads it, refused in one line where it is not a device this machine has."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device: {name[:40]!r} is not a device (cpu, cuda, cuda:1)")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device: {device.type} is not measured here (cpu or cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available to torch on this machine")
+    return device
+
+
+def cpu_figures(per_s: dict[str, float], gemm: dict[str, float]) -> dict[str, float]:
+    """The figures only a CPU run has: capture against the same oneDNN linear layers, and the bf16 ceiling."""
+    return {
+        "plain_onednn_per_s": round(per_s["plain_onednn"], 2),
+        "capture_overhead_same_linear": round(per_s["plain_onednn"] / per_s["capture"], 4),
+        "capture_default_gemm_per_s": round(per_s["capture_default_gemm"], 2),
+        "onednn_speedup": round(per_s["capture"] / per_s["capture_default_gemm"], 3),
+        "bf16_speedup_vs_default_gemm": round(per_s["capture_bf16"] / per_s["capture_default_gemm"], 3),
+        "gemm_fp32_gflops_per_core": round(gemm["fp32_gflops"], 1),
+        "gemm_bf16_gflops_per_core": round(gemm["bf16_gflops"], 1),
+        "gemm_bf16_over_fp32": round(gemm["ratio"], 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="attnscope capture throughput (prints one JSON line last)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_SENTENCES} sentences instead of 1,000")
@@ -269,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of (a), (a'), (b), (b'), (d); the best counts")
     parser.add_argument("--retries", type=int, default=2,
                         help="extra runs of a variant whose best run was disturbed by other processes")
+    parser.add_argument("--device", default="cpu",
+                        help="where every variant runs: cpu (default) or cuda[:N]; the oneDNN variants and the GEMM "
+                        "ceiling are CPU figures and are left out on a GPU")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -276,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     n = args.sentences if args.sentences is not None else (QUICK_SENTENCES if args.quick else 1000)
     if n < 1 or args.batch_size < 1 or args.repeats < 1 or args.retries < 0:
         parser.error("--sentences, --batch-size and --repeats must be positive, --retries not negative")
+    device = checked_device(parser, args.device)
+    on_cpu = device.type == "cpu"
     wall_start = time.perf_counter()
     whole_run = CpuWatch()
     load_before = os.getloadavg()[0]
@@ -286,10 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cpus, {platform.machine()}, load average {load_before:.2f}")
 
     log("loading: plain (sdpa), eager, attnscope float32, attnscope bfloat16 ...")
-    plain_model, tokenizer = load_hf("sdpa")
-    eager_model, _ = load_hf("eager")
-    loaded = attnscope.load_model(MODEL)
-    loaded_bf16 = attnscope.load_model(MODEL, dtype="bfloat16")
+    plain_model, tokenizer = load_hf("sdpa", args.device)
+    eager_model, _ = load_hf("eager", args.device)
+    loaded = attnscope.load_model(MODEL, device=args.device)
+    loaded_bf16 = attnscope.load_model(MODEL, dtype="bfloat16", device=args.device)
     lengths = [len(ids) for ids in tokenizer(sentences)["input_ids"]]
     log(f"{n} sentences, {sum(lengths)} tokens (mean {np.mean(lengths):.1f}, max {max(lengths)}), "
         f"batch size {batch_size}")
@@ -302,11 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         "capture_default_gemm": lambda: run_capture(loaded, sentences, batch_size, onednn=False),
         "capture_bf16": lambda: run_capture(loaded_bf16, sentences, batch_size),
     }
+    cpu_only = ["plain_onednn", "capture_default_gemm"]  # oneDNN is a CPU library
+    timed_variants = [name for name in variants if on_cpu or name not in cpu_only]
     run_plain(plain_model, tokenizer, warm, batch_size)
-    run_plain_onednn(plain_model, tokenizer, warm, batch_size, packed)
-    run_capture(loaded, warm, batch_size, onednn=True)  # one batch would leave oneDNN off by default
-    run_capture(loaded, warm, batch_size, onednn=False)
-    run_capture(loaded_bf16, warm, batch_size, onednn=True)
+    run_capture(loaded, warm, batch_size, onednn=on_cpu)  # one batch would leave oneDNN off by default
+    run_capture(loaded_bf16, warm, batch_size, onednn=on_cpu)
+    if on_cpu:
+        run_plain_onednn(plain_model, tokenizer, warm, batch_size, packed)
+        run_capture(loaded, warm, batch_size, onednn=False)
     run_per_sentence(eager_model, tokenizer, warm[:4])
 
     best: dict[str, float] = {}
@@ -331,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     variants["per_sentence"] = lambda: run_per_sentence(eager_model, tokenizer, sentences)
     variants["per_sentence_no_grad"] = lambda: run_per_sentence(eager_model, tokenizer, sentences, autograd=False)
     for repeat in range(args.repeats):
-        measure(["plain", "plain_onednn", "capture", "capture_default_gemm", "capture_bf16"], f"run {repeat + 1}/{args.repeats}")
+        measure(timed_variants, f"run {repeat + 1}/{args.repeats}")
     measure(["per_sentence", "per_sentence_no_grad"], "run 1/1")
     for retry in range(args.retries):
         disturbed = [name for name, share in contention.items() if share > CONTENTION_LIMIT]
@@ -346,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     checked = min(n, CHECK_SENTENCES)
     eager_err = eager_check(eager_model, tokenizer, sentences[:checked], records[:checked])
     log(f"float16 capture of {checked} sentences against float32 (untimed) ...")
-    loaded_fp16 = attnscope.load_model(MODEL, dtype="float16")
+    loaded_fp16 = attnscope.load_model(MODEL, dtype="float16", device=args.device)
     errors_fp16 = attention_errors(run_capture(loaded_fp16, sentences[:checked], batch_size), records[:checked])
-    gemm = gemm_throughput(loaded.config.hidden_size, loaded.config.intermediate_size)
+    gemm = gemm_throughput(loaded.config.hidden_size, loaded.config.intermediate_size) if on_cpu else None
     load_after = os.getloadavg()[0]
 
     per_s = {name: n / seconds for name, seconds in best.items()}
@@ -363,14 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_sentence_loop_no_grad_per_s": round(per_s["per_sentence_no_grad"], 2),
         "speedup_vs_per_sentence_no_grad": round(per_s["capture"] / per_s["per_sentence_no_grad"], 3),
         "bf16_speedup": round(per_s["capture_bf16"] / per_s["capture"], 3),
-        "plain_onednn_per_s": round(per_s["plain_onednn"], 2),
-        "capture_overhead_same_linear": round(per_s["plain_onednn"] / per_s["capture"], 4),
-        "capture_default_gemm_per_s": round(per_s["capture_default_gemm"], 2),
-        "onednn_speedup": round(per_s["capture"] / per_s["capture_default_gemm"], 3),
-        "bf16_speedup_vs_default_gemm": round(per_s["capture_bf16"] / per_s["capture_default_gemm"], 3),
-        "gemm_fp32_gflops_per_core": round(gemm["fp32_gflops"], 1),
-        "gemm_bf16_gflops_per_core": round(gemm["bf16_gflops"], 1),
-        "gemm_bf16_over_fp32": round(gemm["ratio"], 3),
+        **(cpu_figures(per_s, gemm) if gemm else {}),
         "bf16_max_abs_err": float(f"{errors['max']:.4g}"),
         "bf16_mean_abs_err": float(f"{errors['mean']:.4g}"),
         "bf16_argmax_agreement": round(errors["argmax_agreement"], 5),
@@ -391,14 +426,14 @@ def main(argv: list[str] | None = None) -> int:
         "other_cpu_share_counted_runs": {name: round(share, 3) for name, share in contention.items()},
         "wall_s": round(time.perf_counter() - wall_start, 1),
     }
-    log(f"capture overhead {result['capture_overhead']:.3f} (target <= 1.10; "
-        f"{result['capture_overhead_same_linear']:.3f} against the same oneDNN linear layers), speed-up vs per-sentence loop "
+    same_linear = f"; {result['capture_overhead_same_linear']:.3f} against the same oneDNN linear layers" if on_cpu else ""
+    log(f"capture overhead {result['capture_overhead']:.3f} (target <= 1.10{same_linear}), speed-up vs per-sentence loop "
         f"{result['speedup_vs_per_sentence']:.2f} (>= 5), bf16 speed-up {result['bf16_speedup']:.2f} (>= 2), "
         f"bf16 max abs err {result['bf16_max_abs_err']:.3g}")
     if max(contention.values()) > CONTENTION_LIMIT:
         log(f"warning: other processes used more than {CONTENTION_LIMIT:.0%} of the cpus during a counted run; the figures are "
             "unreliable (see other_cpu_share_counted_runs); rerun on a quiet machine")
-    emit("extract", result, keep=not (args.quick or args.smoke) and args.sentences is None)
+    emit("extract", result, keep=not (args.quick or args.smoke) and args.sentences is None, device=args.device)
     return 0
 
 
