@@ -249,3 +249,22 @@ def test_cli_generate_refuses_sampling_options_out_of_range(arguments, message, 
         code = raised.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("attnscope: error: generate: ") and message in err[-1], err
+
+
+def test_the_returned_cache_is_found_under_both_names_transformers_5_has_used():
+    """transformers 5.24's generate() returns ``cache``; 5.17 (seen on a GPU machine) ``past_key_values``,
+    and its forward pass takes the cache by that name too."""
+    from dataclasses import dataclass
+
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    from attnscope.capture.generate import returned_cache
+
+    @dataclass
+    class OlderOutput:  # the fields of GenerateDecoderOnlyOutput in transformers 5.17
+        sequences: torch.Tensor
+        past_key_values: object = None
+
+    cache, sequences = object(), torch.zeros(1, 2, dtype=torch.long)
+    assert returned_cache(GenerateDecoderOnlyOutput(sequences=sequences, cache=cache)) == ("cache", cache)
+    assert returned_cache(OlderOutput(sequences, cache)) == ("past_key_values", cache)

@@ -258,7 +258,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
         output = _run_generate(loaded, ids, settings, _Progress(bar))
         sequence = output.sequences[0]
-        _complete_last_row(loaded, sequence, output.cache)
+        _complete_last_row(loaded, sequence, output)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
     extra = step_attribution(loaded, sequence.tolist(), len(ids)) if attribute else None
@@ -339,9 +339,19 @@ def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, An
         output_logits=True, pad_token_id=tokenizer.pad_token_id, streamer=streamer)
 
 
-def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, cache: Any) -> None:
+def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, output: Any) -> None:
     """One more cached forward pass: the last token's own row (generate never feeds it back)."""
-    loaded.model(input_ids=sequence[None, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+    keyword, cache = returned_cache(output)
+    loaded.model(input_ids=sequence[None, -1:], use_cache=True, logits_to_keep=1, **{keyword: cache})
+
+
+def returned_cache(output: Any) -> tuple[str, Any]:
+    """The cache ``generate()`` returned, and the keyword a forward pass takes it by: ``cache`` in
+    transformers 5.24, ``past_key_values`` in earlier 5.x releases (5.17 seen on a GPU machine), which
+    pyproject admits too."""
+    if hasattr(output, "cache"):
+        return "cache", output.cache
+    return "past_key_values", output.past_key_values
 
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],

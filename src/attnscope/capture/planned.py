@@ -142,10 +142,11 @@ class StreamingSink:
 
         def allocate(field_name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float) -> torch.Tensor:
             slab = self._writer(shape[1]).maps[f"{self.kind}.{field_name}"][index]
-            tensor = torch.from_numpy(slab)[None]  # [1, head, row, ...], backed by the file
             if fill != 0:  # the file starts as zeros
-                tensor.fill_(fill)
-            return tensor
+                slab.fill(fill)
+            # [1, head, row, ...], the file's own memory on the CPU whatever the model's device: rows are
+            # copied into it (numpy views, so no tensor of the model's computation is made off its device)
+            return torch.from_numpy(slab[None])
 
         return allocate
 
