@@ -33,7 +33,7 @@ from torch import nn
 from ..models.adapters import AttentionSite, attends_over_no_tokens, unknown_causality, unlisted_attention
 from .gates import gates_heard, returned
 from .plan import CapturePlan
-from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder
+from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder, expand_kv_heads
 from .rows import BatchFacts
 
 ATTN_IMPLEMENTATION = "attnscope"
@@ -148,10 +148,17 @@ def interventions_active() -> bool:
     return bool(_ACTIVE_INTERVENTIONS.get())
 
 
-def expand_kv_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``; query head h uses kv head h // group."""
-    group = n_heads // states.shape[1]
-    return states if group == 1 else states.repeat_interleave(group, dim=1)
+def grouped_matmul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``left`` ``[batch, head, rows, x]`` times ``right`` ``[batch, kv_head, x, y]``, where query head h uses kv
+    head h // group: ``[batch, head, rows, y]``. The heads of a group share one product with their kv head,
+    so keys and values are never copied once per query head (each decoding step would copy the whole cache)."""
+    batch, n_heads, n_rows, width = left.shape
+    n_kv_heads = right.shape[1]
+    if n_kv_heads == n_heads:
+        return torch.matmul(left, right)
+    # [batch, kv_head, group * rows, x]: a group's heads are consecutive, so this is a view of left's rows
+    stacked = left.reshape(batch, n_kv_heads, (n_heads // n_kv_heads) * n_rows, width)
+    return torch.matmul(stacked, right).view(batch, n_heads, n_rows, right.shape[-1])
 
 
 def attention_scores(
@@ -164,12 +171,13 @@ def attention_scores(
 ) -> torch.Tensor:
     """q k^T * scaling (+ softcap, bias, mask): the logits of attention, ``[batch, head, q_pos, k_pos]``.
 
-    ``query``: ``[batch, head, q_pos, d_head]``; ``key`` already expanded to ``head``;
+    ``query``: ``[batch, head, q_pos, d_head]``; ``key``: ``[batch, kv_head, k_pos, d_head]``, grouped (see
+    :func:`grouped_matmul`) or expanded to ``head``;
     ``attention_mask``: additive float or boolean (True = keep), broadcastable to
     ``[batch, head, q_pos, k_pos]``. Masked logits are the dtype's minimum (finite, so that
     ``0 * logit`` stays 0).
     """
-    scores = torch.matmul(query, key.transpose(2, 3))  # [batch, head, q_pos, k_pos]
+    scores = grouped_matmul(query, key.transpose(2, 3))  # [batch, head, q_pos, k_pos]
     if scaling != 1.0:
         scores = scores * scaling
     if softcap is not None:
@@ -239,34 +247,33 @@ def attnscope_attention(
                                           kwargs)
         return returned(site, output), None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    n_heads = query.shape[1]
+    n_heads, n_keys = query.shape[1], key.shape[2]
     causal = call_causal(site, kwargs)
-    keys = expand_kv_heads(key, n_heads)
-    values = expand_kv_heads(value, n_heads)
-    collector = None if only is None or site is None else only.row_collector(site, values, n_heads=n_heads,
-                                                                               n_keys=keys.shape[2])
+    collector = None if only is None or site is None else only.row_collector(site, value, n_heads=n_heads,
+                                                                               n_keys=n_keys)
     if collector is not None:
         assert only is not None and site is not None
-        output = chunked_attention(collector, causal, query, keys, values, attention_mask, scaling, kwargs)
+        output = chunked_attention(collector, causal, query, expand_kv_heads(key, n_heads),
+                                   expand_kv_heads(value, n_heads), attention_mask, scaling, kwargs)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
         return returned(site, output), None
     if site is not None:
-        attention_mask = rows_mask(attention_mask, causal, query.shape[2], keys.shape[2], 0, query.device)
-    scores = attention_scores(query, keys, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
+        attention_mask = rows_mask(attention_mask, causal, query.shape[2], n_keys, 0, query.device)
+    scores = attention_scores(query, key, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs, sink_mass = softmax_with_sinks(scores.float(), sink_logits(kwargs))  # [batch, head, q_pos, k_pos]
     if interventions:
         assert site is not None
-        allowed = allowed_keys(attention_mask, query.shape[2], keys.shape[2], query.device)
+        allowed = allowed_keys(attention_mask, query.shape[2], n_keys, query.device)
         for intervention in interventions:
             probs = intervention.modify_probs(site, probs, allowed)
         if sink_mass is not None:  # a new pattern leaves to the sink what its rows do not spend
             sink_mass = (1.0 - probs.sum(-1)).clamp_min(0.0)
     if recorder is not None:
         assert site is not None
-        recorder.keep(site, AttentionCall(query, keys, values, probs, key.shape[1], scaling, sink_mass=sink_mass))
+        recorder.keep(site, AttentionCall(query, key, value, probs, scaling, sink_mass=sink_mass))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
-    output = torch.matmul(mixing, values).transpose(1, 2)  # [batch, q_pos, head, d_head]
+    output = grouped_matmul(mixing, value).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
         assert site is not None  # interventions only ever apply to a known site
         output = intervention.modify_output(site, output)
@@ -285,12 +292,11 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
 
     output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    n_queries, n_heads = query.shape[2], query.shape[1]
-    keys, values = expand_kv_heads(key, n_heads), expand_kv_heads(value, n_heads)
-    mask = rows_mask(attention_mask, call_causal(site, kwargs), n_queries, keys.shape[2], unwanted, query.device)
+    n_queries = query.shape[2]
+    mask = rows_mask(attention_mask, call_causal(site, kwargs), n_queries, key.shape[2], unwanted, query.device)
     wanted = query[:, :, unwanted:]
-    probs = torch.softmax(attention_scores(wanted, keys, mask, scaling).float(), dim=-1)
-    recorder.keep(site, AttentionCall(wanted, keys, values, probs, key.shape[1], scaling, first_query=unwanted))
+    probs = torch.softmax(attention_scores(wanted, key, mask, scaling).float(), dim=-1)
+    recorder.keep(site, AttentionCall(wanted, key, value, probs, scaling, first_query=unwanted))
     return output, None
 
 

@@ -43,7 +43,9 @@ def gates_heard(sites: Mapping[nn.Module, AttentionSite], recorder: Recorder) ->
     def hear(module: nn.Module, inputs: tuple[Any, ...], _output: Any) -> None:
         site = projections[module]
         output = outputs.pop(site, None)
-        if output is not None:  # [batch, q_pos, head, d_head], as the attention function returned it
+        # output: [batch, q_pos, head, d_head], as the attention function returned it; a recorder may stop
+        # listening part way (a generation, once each site's first pass showed no gate)
+        if output is not None and recorder.hears_gates:
             recorder.output_gate(site, read_output_gate(inputs[0], output))
 
     token = _RETURNED.set(outputs)

@@ -27,7 +27,7 @@ from .attention import capture, interventions_active
 from .attribution import PositionRows, decompose, lens_top, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
-from .recorders import AttentionCall, Recorder, SiteCapture, value_norms
+from .recorders import AttentionCall, Recorder, SiteCapture, per_head_out_proj, value_norms
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -65,6 +65,8 @@ class StepRows(Recorder):
     learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
     first: SiteCapture | None = None
+    out_projs: dict[AttentionSite, torch.Tensor] = field(default_factory=dict)  # per site: W_O by head, for norms
+    heard_ungated: set[AttentionSite] = field(default_factory=set)  # sites whose output gate read None
 
     def __post_init__(self) -> None:
         self.hears_gates = self.with_norms  # a generation's per-key norms cannot hold a per-query gate
@@ -73,18 +75,31 @@ class StepRows(Recorder):
         return site.kind == "self"
 
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
-        """A gated model (Qwen3-Next): per-key norms cannot hold a per-query gate, so none are kept."""
+        """A gated model (Qwen3-Next): per-key norms cannot hold a per-query gate, so none are kept. A site heard
+        a second time with no gate ends the listening: the first pass (the prompt) read every site, and whether a
+        site has a gate is in the model's weights, so reading each step's again would only cost time."""
         if gate is not None:
             self.with_norms = self.hears_gates = False
             self.norms.clear()
+        elif site in self.heard_ungated:
+            self.hears_gates = False
+        else:
+            self.heard_ungated.add(site)
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
                                scaling=call.scaling, first_query=call.first_query, sink_mass=call.sink_mass)
         if self.with_norms:  # the earlier keys' norms came with earlier calls
-            added = call.values[:, :, -(call.first_query + call.query.shape[2]):]
-            captured.new_value_norms = value_norms(added.detach(), site)
+            added = call.last_values(call.first_query + call.query.shape[2]).detach()  # [1, head, new key, d_head]
+            captured.new_value_norms = value_norms(added, site, self.out_proj_of(site, added.shape[1]))
         self(site, captured)
+
+    def out_proj_of(self, site: AttentionSite, n_heads: int) -> torch.Tensor:
+        """``W_O`` split by head, ``[head, d_head, d_model]``, contiguous, made once per site and generation
+        (the split is a strided view that a matrix product would copy at every step)."""
+        if site not in self.out_projs:
+            self.out_projs[site] = per_head_out_proj(site, n_heads, unavailable="norms").contiguous()
+        return self.out_projs[site]
 
     def __call__(self, site: AttentionSite, captured: SiteCapture) -> None:
         """Pack one call's rows (``captured.attention``: ``[1, head, q_row, k_pos]``)."""
@@ -141,6 +156,8 @@ def pack_rows(start: int, block: torch.Tensor) -> np.ndarray:
         padded = block.new_zeros((block.shape[0], n_queries, start + n_queries))
         padded[:, :, first_key:] = block
         block = padded
+    if n_queries == 1:  # a decoding step: its one row sees every key up to itself, already in packed order
+        return block[:, 0].float().cpu().numpy().copy()  # a copy: the record must not hold the call's tensor
     queries = torch.arange(start, start + n_queries, device=block.device)[:, None]
     causal = torch.arange(start + n_queries, device=block.device)[None, :] <= queries  # [q, key]
     return block[:, causal].float().cpu().numpy()  # row-major over [q, key]: the packed order

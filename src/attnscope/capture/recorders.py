@@ -52,17 +52,18 @@ class AttentionCall:
 
     ``query``: ``[batch, head, q_row, d_head]``, the rows whose probabilities were computed: the
     call's queries ``first_query..`` (the earlier ones were not wanted, see
-    :meth:`Recorder.rows_not_wanted`); ``keys``/``values``: ``[batch, head, k_pos, d_head]``, every
-    key of the call, expanded to the query heads; ``probs``: ``[batch, head, q_row, k_pos]`` float32,
-    after any intervention; ``sink_mass``: ``[batch, head, q_row]``, what a model with learned sinks
-    (gpt-oss) gives its sink logit, so that each row of ``probs`` sums to 1 minus it (None without sinks).
+    :meth:`Recorder.rows_not_wanted`); ``key``/``value``: ``[batch, kv_head, k_pos, d_head]``, every
+    key of the call as the model gave them (grouped: query head h reads kv head h // group), and
+    :attr:`keys`/:attr:`values` the same expanded to the query heads (a copy, made when asked);
+    ``probs``: ``[batch, head, q_row, k_pos]`` float32, after any intervention; ``sink_mass``:
+    ``[batch, head, q_row]``, what a model with learned sinks (gpt-oss) gives its sink logit, so that
+    each row of ``probs`` sums to 1 minus it (None without sinks).
     """
 
     query: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
     probs: torch.Tensor
-    n_kv_heads: int
     scaling: float
     first_query: int = 0
     sink_mass: torch.Tensor | None = None
@@ -70,6 +71,31 @@ class AttentionCall:
     @property
     def d_head(self) -> int:
         return int(self.query.shape[-1])
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.key.shape[1])
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """``[batch, head, k_pos, d_head]``: the keys expanded to the query heads."""
+        return expand_kv_heads(self.key, self.probs.shape[1])
+
+    @property
+    def values(self) -> torch.Tensor:
+        """``[batch, head, k_pos, d_head]``: the values expanded to the query heads."""
+        return expand_kv_heads(self.value, self.probs.shape[1])
+
+    def last_values(self, n_keys: int) -> torch.Tensor:
+        """The values of the call's last ``n_keys`` keys, expanded to the query heads: ``[batch, head, n_keys,
+        d_head]`` (only those are copied: a generation step adds one key)."""
+        return expand_kv_heads(self.value[:, :, self.value.shape[2] - n_keys :], self.probs.shape[1])
+
+
+def expand_kv_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``; query head h uses kv head h // group."""
+    group = n_heads // states.shape[1]
+    return states if group == 1 else states.repeat_interleave(group, dim=1)
 
 
 class ChunkCollector(Protocol):
@@ -107,8 +133,9 @@ class Recorder(Protocol):
 
     def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int,
                       n_keys: int) -> ChunkCollector | None:
-        """A collector for a call computed in query chunks (``values``: ``[batch, head, k_pos, d_head]``,
-        expanded), or None for an eager call (asked without interventions only)."""
+        """A collector for a call computed in query chunks (``values``: ``[batch, kv_head, k_pos, d_head]``, as
+        the model gave them; :func:`expand_kv_heads` widens them to the query heads), or None for an eager call
+        (asked without interventions only)."""
         return None
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
@@ -163,19 +190,21 @@ def main_kind(sites: Iterable[AttentionSite]) -> str:
     return "encoder" if any(site.kind == "encoder" for site in sites) else "self"
 
 
-def value_norms(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+def value_norms(values: torch.Tensor, site: AttentionSite, per_head: torch.Tensor | None = None) -> torch.Tensor:
     """||v_j W_O^h|| for every head h and key j: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos]``.
 
     ``W_O^h`` is head h's slice of the output projection (Kobayashi et al. 2020, without the
-    output bias, which is added once after the heads are summed).
+    output bias, which is added once after the heads are summed); ``per_head``: see :func:`transformed_values`.
     """
-    return transformed_values(values, site).norm(dim=-1)
+    return transformed_values(values, site, per_head).norm(dim=-1)
 
 
-def transformed_values(values: torch.Tensor, site: AttentionSite) -> torch.Tensor:
+def transformed_values(values: torch.Tensor, site: AttentionSite, per_head: torch.Tensor | None = None) -> torch.Tensor:
     """Kobayashi et al.'s f^h(x_j) = v_j^h W_O^h: ``[batch, head, k_pos, d_head]`` -> ``[batch, head, k_pos, d_model]``
-    (float32, without the output bias)."""
-    per_head = per_head_out_proj(site, values.shape[1], unavailable="norms")  # [head, d_head, d_model]
+    (float32, without the output bias). ``per_head``: :func:`per_head_out_proj` made contiguous once, for a caller
+    that asks many times (a generation step by step: the strided view would be copied by every product)."""
+    if per_head is None:
+        per_head = per_head_out_proj(site, values.shape[1], unavailable="norms")  # [head, d_head, d_model]
     return torch.matmul(values.float(), per_head)  # [batch, head, k_pos, d_model]; batched matmul beats einsum here
 
 
@@ -339,9 +368,9 @@ class PlannedRecord(PerSite):
         return self.record and site.kind == self.kind and self.plan.wants_layer(site.layer)
 
     def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int, n_keys: int) -> RowCollector:
-        """``values``: ``[batch, head, k_pos, d_head]``, for the norms."""
+        """``values``: ``[batch, kv_head, k_pos, d_head]``, for the norms."""
         assert self.facts is not None, "a planned capture needs the batch's facts"
-        norms = value_norms(values, site) if self.norms else None
+        norms = value_norms(expand_kv_heads(values, n_heads), site) if self.norms else None
         return RowCollector(self.plan, self.facts, n_heads=n_heads, n_keys=n_keys, causal=site.causal,
                             value_norms=norms, allocate=None if self.sink is None else self.sink.allocate(site),
                             device=values.device)
