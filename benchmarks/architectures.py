@@ -8,8 +8,8 @@ Run from the repository root (``make bench-architectures``)::
 For each model type of transformers' ``CONFIG_MAPPING`` that has a causal LM, masked LM, seq2seq LM or
 text base model class (vision, audio and multimodal-only types, and those whose forward pass needs other
 inputs than tokens, such as bounding boxes or audio features, are counted and skipped), a tiny random
-model (hidden 64, 2 layers, 4 heads, seeded noise on every weight so attention is far from uniform) is
-saved to a folder, loaded with ``attnscope.load_model`` and captured with ``extract``; every attention
+model (hidden 64, 2 layers, 4 heads, every window it has shorter than the 16-token input and used by a layer, seeded
+noise on every weight so attention is far from uniform) is saved to a folder, loaded with ``attnscope.load_model`` and captured with ``extract``; every attention
 kind (self, encoder, decoder, cross) is compared with the same folder loaded with
 ``attn_implementation="eager"`` and ``output_attentions=True`` (``tests/tiny_architectures.py``).
 

@@ -554,6 +554,8 @@ REFUSAL_KINDS = (
     ("different numbers of heads", "layers with different numbers of heads"),
     ("did not find it among the model's attention modules", "attention from a module the adapter does not name"),
     ("records cannot hold", "attention over positions that are no input tokens (global tokens, pooled ones, prompts)"),
+    ("blocks of keys their indexer selects", "a sparse-attention indexer's key blocks, handed over as indices"),
+    ("block-sparse attention", "block-sparse attention over random blocks (full attention is captured)"),
 )
 
 

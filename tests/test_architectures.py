@@ -13,7 +13,22 @@ from attnscope import extract, load_model
 from attnscope.errors import AttnscopeError
 from attnscope.models.adapters import GENERIC_DECODER, find_sites
 
-from .tiny_architectures import SLIDING_WINDOW, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
+from .tiny_architectures import (
+    NOT_WINDOWS,
+    SLIDING_WINDOW,
+    TARGET,
+    TEXT,
+    TOLERANCE,
+    WINDOW_SWITCHES,
+    WINDOWS,
+    build_folder,
+    check_type,
+    compare,
+    eager_attentions,
+    text_model_types,
+    tiny_config,
+    window_attributes,
+)
 
 EQUAL = (
     # one per family of the adapters table
@@ -61,17 +76,38 @@ EQUAL = (
     "longformer", "led", "longt5",
     # bridged: Reformer's LSH and local attention over inputs no longer than a chunk (whole-sequence attention)
     "reformer",
+    # windows shorter than the input: the keys a sparse-attention indexer selects (handed to the attention function
+    # as indices, not as a mask), Llama 4's chunks, Qwen2's sliding layers (its config turns them on)
+    "deepseek_v32", "mistral_large4_text", "llama4_text", "qwen2",
 )
+# types whose attention attnscope reproduces only where one window spans the input (the sweep's shorter windows are
+# refused in one line: see REFUSED and the Reformer test below): equal in that setting
+WHOLE_INPUT = {"bigbird_pegasus": {"attention_type": "original_full"},
+               "reformer": {"local_attn_chunk_length": 64, "lsh_attn_chunk_length": 64}}
 HOW_TO = "see docs/ARCHITECTURE.md, 'To add… An architecture'"
-REFUSED = {
+REFUSED = {  # model type -> how its refusal starts, what it says to do
     # its sliding-window layers have fewer heads than its full ones (as the released model's)
-    "dots3_note_text": "model type 'dots3_note_text' has self layers with different numbers of heads",
+    "dots3_note_text": ("model type 'dots3_note_text' has self layers with different numbers of heads", HOW_TO),
+    # its indexer's key blocks reach the attention function as block indices, not a mask
+    "minimax_m3_vl_text": (("model type 'minimax_m3_vl_text': its MiniMaxM3VLAttention modules attend to blocks "
+                            "of keys their indexer selects"), HOW_TO),
+    # random blocks of keys, over an input longer than 5 + 2 x its random blocks
+    "bigbird_pegasus": ("model type 'bigbird_pegasus' with block-sparse attention",
+                        "load it with attention_type: original_full"),
 }
+
+
+def tiny_config_with(model_type: str, setting: dict):
+    """The sweep's tiny config of ``model_type`` with the attributes of ``setting`` set."""
+    config = tiny_config(model_type)
+    for name, value in setting.items():
+        setattr(config, name, value)
+    return config
 
 
 @pytest.mark.parametrize("model_type", EQUAL)
 def test_captured_attention_equals_eager(model_type, tmp_path):
-    result = check_type(model_type, tmp_path)
+    result = check_type(model_type, tmp_path, tiny_config_with(model_type, WHOLE_INPUT.get(model_type, {})))
     assert result["outcome"] == "equal", result
 
 
@@ -93,9 +129,10 @@ def test_attention_over_positions_that_are_no_tokens_is_refused_in_one_line(mode
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_what_cannot_be_read_with_certainty_is_refused_in_one_line(model_type, tmp_path):
     result = check_type(model_type, tmp_path)
+    start, advice = REFUSED[model_type]
     assert result["outcome"] == "refused", result
-    assert result["reason"].startswith(REFUSED[model_type]), result["reason"]
-    assert HOW_TO in result["reason"]  # says what to do
+    assert result["reason"].startswith(start), result["reason"]
+    assert advice in result["reason"]  # says what to do
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +224,14 @@ def test_causality_and_windows_come_from_the_modules(tmp_path):
 @pytest.mark.parametrize("model_type", ["albert", "deberta-v2", "mpt", "openai-gpt", "megatron-bert", "xglm",
                                         "gpt_neox_japanese", "diffllama", "ibert", "squeezebert", "convbert",
                                         "nystromformer", "bigbird_pegasus", "xlnet", "prophetnet", "longformer",
-                                        "led", "longt5", "reformer", "hrm_text"])
+                                        "led", "longt5", "reformer", "hrm_text", "deepseek_v32"])
 def test_a_bridged_model_computes_what_the_model_computes(model_type, tmp_path):
     """Outside a capture a bridge must leave the model's output as it was: its last layer's hidden states equal
-    the eager model's (the attention comparison alone does not see the last layer's output)."""
+    the eager model's (the attention comparison alone does not see the last layer's output). So must the fused
+    path of the attention function where a sparse-attention type hands it the keys its indexer selected."""
     import torch
 
-    folder = build_folder(model_type, tmp_path)
+    folder = build_folder(model_type, tmp_path, tiny_config_with(model_type, WHOLE_INPUT.get(model_type, {})))
     loaded = load_model(str(folder))
     eager = type(loaded.model).from_pretrained(folder, attn_implementation="eager").eval()  # the same class
     ids = torch.tensor([loaded.tokenizer(TEXT)["input_ids"]])
@@ -219,13 +257,8 @@ def test_a_head_whose_output_does_not_reach_the_residual_alone_has_no_norm_measu
 ])
 def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(model_type, setting, refusal,
                                                                                  tmp_path):
-    from .tiny_architectures import tiny_config
-
-    config = tiny_config(model_type)
-    for name, value in setting.items():
-        setattr(config, name, value)
     with pytest.raises(AttnscopeError, match=refusal):
-        load_model(str(build_folder(model_type, tmp_path, config)))
+        load_model(str(build_folder(model_type, tmp_path, tiny_config_with(model_type, setting))))
 
 
 @pytest.mark.parametrize(("model_type", "setting"), [
@@ -235,21 +268,69 @@ def test_a_bridged_module_in_a_setting_it_does_not_reproduce_is_refused_at_load(
 def test_local_attention_narrower_than_the_input_is_a_band_of_keys(model_type, setting, tmp_path):
     """2 keys either side over 16 tokens: the record equals eager's band (or blocks) scattered into keys, so it
     holds the band and zeros outside it."""
-    from .tiny_architectures import tiny_config
-
-    config = tiny_config(model_type)
-    for name, value in setting.items():
-        setattr(config, name, value)
-    assert check_type(model_type, tmp_path, config)["outcome"] == "equal"
+    assert check_type(model_type, tmp_path, tiny_config_with(model_type, setting))["outcome"] == "equal"
 
 
 def test_reformer_hashing_or_chunking_a_longer_input_is_refused(tmp_path):
     """Chunks of 4 tokens for an input of 16: LSH hashes it into buckets and local attention looks at neighbouring
     chunks, in the model's own code, which calls no attention function: the capture is refused, not recorded."""
-    from .tiny_architectures import tiny_config
-
-    config = tiny_config("reformer")
-    config.lsh_attn_chunk_length = config.local_attn_chunk_length = 4
-    config.axial_pos_shape = [4, 4]
+    config = tiny_config_with("reformer", {"lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4,
+                                           "axial_pos_shape": [4, 4]})
     result = check_type("reformer", tmp_path, config)
     assert result["outcome"] == "refused" and "never called attnscope's attention function" in result["reason"], result
+
+
+@pytest.fixture(scope="module")
+def text_types():
+    return text_model_types()[0]
+
+
+def test_a_text_type_that_other_models_build_on_is_swept(text_types):
+    """transformers maps Qwen2 and Qwen3.5's text model among its decision models as well (a model built on them):
+    they are text types all the same, swept like the others."""
+    assert {"qwen2", "qwen3_5_text"} <= set(text_types)
+
+
+def test_every_config_attribute_named_like_a_window_is_known(text_types):
+    """Every attribute of a text type's config (or its parts) named like a window is one the tiny configs set
+    short or turn on, or one said to bound no query's keys: a window a new type brings cannot go unseen."""
+    from transformers import CONFIG_MAPPING
+
+    known = WINDOWS.keys() | WINDOW_SWITCHES.keys() | NOT_WINDOWS.keys()
+    unknown = sorted(f"{model_type}: {name}" for model_type in text_types
+                     for name in window_attributes(CONFIG_MAPPING[model_type]())
+                     if name.rpartition(".")[2] not in known)
+    assert not unknown, "add each to WINDOWS or NOT_WINDOWS in tests/tiny_architectures.py"
+
+
+def test_every_tiny_configs_windows_are_shorter_than_its_input_and_used(text_types):
+    """The sweep's tiny configs (benchmarks/architectures.py) give every type that has a window a window shorter
+    than the input and the target, turned on and used by one of its layers, so a type whose window a capture
+    ignored could not be counted equal."""
+    from transformers import AutoTokenizer
+
+    from attnscope.models.loading import resolve_source
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_source("minilm"))
+    shortest = min(len(tokenizer(TEXT)["input_ids"]), 1 + len(tokenizer(TARGET, add_special_tokens=False)["input_ids"]))
+    problems = [f"{model_type}: {problem}" for model_type in text_types for problem in window_problems(
+        tiny_config(model_type), shortest)]
+    assert not problems
+
+
+def window_problems(config, shortest: int) -> list[str]:
+    """What keeps ``config``'s windows from being exercised by an input of ``shortest`` tokens: a window as long,
+    a window left unset (None where no part of the config has one), a switch left off, or a sliding window beside
+    layer types that are all full attention (layers that name no window: some types slide on all of them)."""
+    found = window_attributes(config)
+    windows = {name: value for name, value in found.items() if name.rpartition(".")[2] in WINDOWS}
+    set_short = {name.rpartition(".")[2] for name, value in windows.items() if value is not None}
+    problems = [f"{name} = {value}" for name, value in windows.items()
+                if not all(isinstance(v, int) and v < shortest for v in (value if isinstance(value, list) else [value]))
+                and not (value is None and name.rpartition(".")[2] in set_short)]  # a layer without one beside one with
+    problems += [f"{name} = {value}" for name, value in found.items()
+                 if WINDOW_SWITCHES.get(name.rpartition(".")[2], value) != value]
+    layer_types = getattr(config, "layer_types", None)
+    if windows.get("sliding_window") and isinstance(layer_types, list) and set(layer_types) == {"full_attention"}:
+        problems.append(f"no layer of {layer_types} slides")
+    return problems

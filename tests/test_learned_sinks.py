@@ -21,7 +21,16 @@ from attnscope.present.html import view
 from attnscope.present.payload import build_payload, unpack
 from attnscope.present.steps import generation_payload, steps_view
 
-from .tiny_architectures import EAGER_WITHOUT_SINK, TEXT, TOLERANCE, build_folder, check_type, compare, eager_attentions
+from .tiny_architectures import (
+    EAGER_WITHOUT_SINK,
+    TEXT,
+    TOLERANCE,
+    build_folder,
+    check_type,
+    compare,
+    eager_attentions,
+    tiny_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +197,55 @@ def test_types_with_learned_sinks_are_captured_exactly(model_type, tmp_path):
     result = check_type(model_type, tmp_path)
     assert result["outcome"] == "equal", result
     assert (model_type in EAGER_WITHOUT_SINK) == (model_type == "granite_swa")
+
+
+def granite_with_sliding_layers(model_type: str):
+    """A tiny Granite SWA in its default pattern on 4 layers (one full, then three sliding over 4 keys: the input has
+    16), without rotary positions (NoPE) on the second and fourth, as its config allows."""
+    config = tiny_config(model_type)
+    config.num_hidden_layers = 4
+    config.layer_types = ["full_attention"] + ["sliding_attention"] * 3
+    config.layer_rope_theta = [10000.0, 0, 10000.0, 0]
+    return config
+
+
+def mixed_values(folder, token_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer of the eager model: its values ``[head, k_pos, d_head]`` (each query head's key/value head) and what
+    its attention hands the output projection ``[head, q_pos, d_head]``, heard with hooks."""
+    import transformers
+
+    from attnscope.models.loading import _auto_class
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    model = _auto_class(config).from_pretrained(folder, attn_implementation="eager").eval()
+    heard = {}
+    for layer, block in enumerate(model.base_model.layers):
+        block.self_attn.v_proj.register_forward_hook(lambda _, __, out, layer=layer: heard.__setitem__(("v", layer),
+                                                                                                      out[0]))
+        block.self_attn.o_proj.register_forward_pre_hook(lambda _, args, layer=layer: heard.__setitem__(("o", layer),
+                                                                                                       args[0][0]))
+    with torch.inference_mode():
+        model.base_model(input_ids=torch.tensor([token_ids]))
+    per_head = lambda states, n: states.view(states.shape[0], n, -1).transpose(0, 1)  # [pos, n * d] -> [n, pos, d]
+    group = config.num_attention_heads // config.num_key_value_heads
+    return [(per_head(heard["v", layer], config.num_key_value_heads).repeat_interleave(group, 0),
+             per_head(heard["o", layer], config.num_attention_heads)) for layer in range(config.num_hidden_layers)]
+
+
+@pytest.mark.parametrize("model_type", sorted(EAGER_WITHOUT_SINK))
+def test_granites_sliding_layers_are_what_the_model_mixes_values_with(model_type, tmp_path):
+    """Granite's sliding-window types, windows shorter than the input on 3 of 4 layers: each recorded row equals
+    eager's (renormalised without the sink) times the share the sink leaves the keys, and the recorded weights times
+    the values are what each layer's attention hands its output projection, which checks that share without
+    attnscope's own sink mass (eager's rows leave the sink out: a comparison with them alone differs by it)."""
+    config = granite_with_sliding_layers(model_type)
+    result = check_type(model_type, tmp_path, config)
+    assert result["outcome"] == "equal", result
+    record = extract(load_model(str(tmp_path)), TEXT)
+    assert record.attention.shape[-1] > config.sliding_window
+    for weights, (values, mixed) in zip(record.attention, mixed_values(tmp_path, record.token_ids.tolist()),
+                                        strict=True):
+        torch.testing.assert_close(torch.tensor(weights) @ values, mixed, atol=1e-5, rtol=1e-5)
 
 
 def test_deepseek_v4s_compressed_keys_are_refused_in_one_line(tmp_path):

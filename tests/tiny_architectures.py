@@ -12,6 +12,7 @@ Used by ``tests/test_architectures.py`` (a representative subset) and ``benchmar
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +42,7 @@ TINY_SIZES: dict[str, Any] = {
     **dict.fromkeys(("head_dim", "d_kv", "attention_head_dim", "v_head_dim"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), 8),  # MLA's and GPT-J's partial rotary
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    "num_random_blocks": 1,  # BigBird: with blocks of 2 keys, block-sparse from 15 tokens on (WINDOWS)
     "num_kv_shared_layers": 0,  # two layers cannot both produce and reuse another's keys (Gemma 3n, Gemma 4)
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
@@ -50,11 +52,54 @@ TINY_SIZES: dict[str, Any] = {
     "bos_token_id": 101,
     "eos_token_id": 102,
 }
-SLIDING_WINDOW = 4  # shorter than the input, so sliding-window layers really slide
+SLIDING_WINDOW = 4  # keys: shorter than the input (16 tokens; the decoder's: 12), so windowed layers really slide
+
+# every config attribute that bounds the keys a query sees (a window, a chunk, a band, a block, a budget of keys) ->
+# a tiny value, set where a config or a part of it has the attribute whatever its default (None included), so that
+# each type's windows are shorter than its input and a type whose window attnscope ignored could not pass
+WINDOWS: dict[str, int] = {
+    # each query sees itself and the keys before it (and after, in a bidirectional model), 4 in all
+    **dict.fromkeys(("sliding_window", "sliding_window_size", "attention_window_size", "window_size",
+                     "local_attention_window_len"), SLIDING_WINDOW),
+    **dict.fromkeys(("attention_window", "local_attention"), SLIDING_WINDOW),  # Longformer, ModernBERT: 2 each side
+    "local_radius": 2,  # LongT5: blocks of 3 tokens, each seeing its own and its neighbours' (2 either side)
+    "attention_chunk_size": SLIDING_WINDOW,  # Llama 4's chunked layers: each query sees its chunk's keys
+    "keep_window_size": SLIDING_WINDOW,  # Doge: the keys its dynamic mask keeps
+    "index_topk": SLIDING_WINDOW,  # DeepSeek sparse attention: the keys its indexer selects per query
+    "index_kpool": 2,  # GLM-5 Next's indexer selects pools of keys (its top 4 keys: 2 pools of 2)
+    # MiniMax M3's indexer: the top block of 2 keys (beside the block before the query)
+    "index_block_size": 2, "index_topk_blocks": 1,
+    **dict.fromkeys(("local_attn_chunk_length", "lsh_attn_chunk_length"), SLIDING_WINDOW),  # Reformer's chunks
+    # BigBird's and PEGASUS-X's blocks of keys (BigBird attends block-sparsely only over more than 5 + 2 x its
+    # random blocks: 14 tokens here; MiniMax's lightning-attention blocks only split a computation)
+    "block_size": 2,
+}
+# switches without which a config holds no window (Qwen2's sliding_window is None unless this is set)
+WINDOW_SWITCHES: dict[str, Any] = {"use_sliding_window": True}
+# names that look like windows (:data:`WINDOW_LIKE`) but bound no query's keys, each with why
+NOT_WINDOWS: dict[str, str] = {
+    **dict.fromkeys(("chunk_size_feed_forward", "chunk_size_lm_head"), "a computation split in chunks (same result)"),
+    **dict.fromkeys(("chunk_size", "mamba_chunk_size", "max_inference_chunksize", "chunkwise_kernel"),
+                    "a state-space or recurrent scan's chunks (no attention weights)"),
+    **dict.fromkeys(("max_window_layers", "sliding_window_pattern", "_sliding_window_pattern",
+                     "prefix_dense_sliding_window_pattern", "local_layer_ids", "mtp_local_layer_ids"),
+                    "which layers slide (the tiny layer types choose)"),
+    **dict.fromkeys(("local_num_chunks_before", "local_num_chunks_after", "lsh_num_chunks_before",
+                     "lsh_num_chunks_after", "index_local_blocks"),
+                    "neighbouring chunks or blocks seen, counted in chunks or blocks (their lengths are windows)"),
+    "global_block_size": "LongT5's transient-global summaries (its local attention has none)",
+    "stagger_local_blocks": "PEGASUS-X: whether its blocks alternate offsets (their size is a window)",
+    "block_sizes": "Funnel: layers per block",
+    "conv_window": "YOSO's convolution over values (no attention weights)",
+    **dict.fromkeys(("num_local_experts", "moe_topk", "norm_topk_prob", "topk_group", "topk_method"),
+                    "experts routed per token"),
+    "local_attention_probs_dropout_prob": "dropout",
+}
+WINDOW_LIKE = r"window|chunk|local|radius|band|block_size|topk"  # attribute names checked against the tables above
 
 # model types whose config needs more than the sizes above to build a small model
 SPECIAL: dict[str, dict[str, Any]] = {
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": SLIDING_WINDOW},  # one of each
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # one of each
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},  # its second layer attends (the default: 1 in 8)
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
@@ -63,7 +108,9 @@ SPECIAL: dict[str, dict[str, Any]] = {
     # its decoder starts from eos, as released FSMT models do: from the pad token, eager's default decoder mask
     # (padding by token id) would hide the start token that attnscope's explicit decoder mask keeps
     "fsmt": {"decoder_start_token_id": 102},
-    "zaya": {"num_experts_per_tok": 1},  # the only value it supports
+    "zaya": {"num_experts_per_tok": 1,  # the only value it supports
+             "layer_types": ["hybrid", "hybrid_sliding"]},  # one of each (its default does not slide)
+    "minimax_m3_vl_text": {"layer_types": ["full_attention", "minimax_m3_sparse"]},  # its default has no sparse layer
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # its default names none
     "dots1": {"n_shared_experts": 1},  # its default (None) does not build
     "xmod": {"default_language": "en_XX"},  # its adapters are per language: without one it refuses to run
@@ -109,7 +156,8 @@ NEEDS_OTHER_INPUTS: dict[str, str] = {
 
 # model types whose eager attention returns each row renormalised without the learned sink (the sink only scales
 # their output): attnscope records the weights the model mixes values with, which sum to 1 minus the sink mass,
-# so they are compared with eager's after dividing by that sum
+# so eager's rows are compared after scaling each by that sum (dividing attnscope's rows by it instead would magnify
+# their rounding where the sink takes nearly the whole row: 3e-4 at a sink mass of 0.9998 in a 4-layer Granite)
 EAGER_WITHOUT_SINK = frozenset({"granite_swa", "granitemoe_swa"})
 
 # model types whose eager output_attentions returns the scores before the softmax (with the mask added), not
@@ -150,9 +198,11 @@ def text_model_types() -> tuple[list[str], list[str]]:
     from transformers.models.auto import configuration_auto, modeling_auto
 
     mappings = {name: getattr(modeling_auto, name) for name in dir(modeling_auto) if name.endswith("_MAPPING_NAMES")}
+    # (not DECISION: a decision model built on a text model maps that model's type, Qwen2's; Decision Transformer
+    # is among NEEDS_OTHER_INPUTS)
     non_text_words = ("IMAGE", "VIDEO", "AUDIO", "CTC", "SPEECH", "VISION", "VISUAL", "DOCUMENT", "BACKBONE",
                       "OBJECT_DETECTION", "DEPTH", "SEGMENTATION", "KEYPOINT", "MASK_GENERATION", "TIME_SERIES",
-                      "SPECTROGRAM", "WAVEFORM", "RNNT", "TDT", "MULTIMODAL", "RETRIEVAL", "DECISION", "POSE",
+                      "SPECTROGRAM", "WAVEFORM", "RNNT", "TDT", "MULTIMODAL", "RETRIEVAL", "POSE",
                       "NORMAL", "POINTMAP", "MATTING", "TABLE_RECOGNITION", "TEXT_RECOGNITION", "ZERO_SHOT")
     non_text = {t for name, mapping in mappings.items() if any(w in name for w in non_text_words) for t in mapping}
     text_names = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
@@ -182,18 +232,16 @@ def _has_text_config(model_type: str) -> bool:
 
 
 def tiny_config(model_type: str) -> Any:
-    """A small config of ``model_type``: :data:`TINY_SIZES` where the class has those attributes, a
-    short sliding window where it has one, and the :data:`SPECIAL` overrides."""
+    """A small config of ``model_type``: :data:`TINY_SIZES` where the class has those attributes, windows
+    shorter than the input where it has any (:data:`WINDOWS`: each turned on, and a layer that uses them), and
+    the :data:`SPECIAL` overrides."""
     from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
     overrides = _tiny_sizes(config_class, default)
-    if isinstance(_value(default, "sliding_window"), int):
-        overrides["sliding_window"] = SLIDING_WINDOW
-    layer_types = _value(default, "layer_types")
-    if isinstance(layer_types, list | tuple) and len(layer_types) > 2 and _settable(config_class, "layer_types"):
-        overrides["layer_types"] = list(_two_layer_types(layer_types))
+    if (layer_types := _tiny_layer_types(config_class, default)) is not None:
+        overrides["layer_types"] = layer_types
     if (rope := _tiny_rope(default, overrides)) is not None:
         overrides["rope_parameters"] = rope
     if _has(default, "attn_layer_indices"):  # hybrids that name their attention layers (Bamba)
@@ -207,15 +255,34 @@ def tiny_config(model_type: str) -> Any:
     return config
 
 
+def window_attributes(config: Any) -> dict[str, Any]:
+    """``{name: value}`` of every attribute of ``config`` and of its parts (sub-configs, per-layer configs: dotted
+    names) whose name looks like a window's (:data:`WINDOW_LIKE`)."""
+    return {name: value for name, value in _flat(config.to_dict()).items()
+            if re.search(WINDOW_LIKE, name.rpartition(".")[2])}
+
+
+def _flat(values: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        flat.update(_flat(value, f"{name}.") if isinstance(value, Mapping) else {name: value})
+    return flat
+
+
 def _tiny_sub_config(config_class: Any) -> Any:
     return config_class(**_tiny_sizes(config_class, config_class()))
 
 
 def _tiny_sizes(config_class: Any, default: Any) -> dict[str, Any]:
-    """:data:`TINY_SIZES` where ``default`` has the attribute and it can be set, keeping the dims the config
-    derives from each other consistent (multi-head latent attention's rotary ``head_dim`` is its
-    ``qk_rope_head_dim``, and its key heads are its query heads)."""
-    sizes = {name: value for name, value in TINY_SIZES.items() if _has(default, name) and _settable(config_class, name)}
+    """:data:`TINY_SIZES`, :data:`WINDOWS` and :data:`WINDOW_SWITCHES` where ``default`` has the attribute and it
+    can be set (by its own name, not an alias of another that is set), keeping the dims the config derives from
+    each other consistent (multi-head latent attention's rotary ``head_dim`` is its ``qk_rope_head_dim``, and its
+    key heads are its query heads)."""
+    aliases = getattr(config_class, "attribute_map", None) or {}
+    wanted = {**TINY_SIZES, **WINDOWS, **WINDOW_SWITCHES}
+    sizes = {name: value for name, value in wanted.items() if _has(default, name) and _settable(config_class, name)
+             and aliases.get(name, name) not in wanted.keys() - {name}}
     if "num_key_value_heads" in sizes and _has(default, "kv_lora_rank"):  # MLA: every head its own keys
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
     rope_dim = _value(default, "qk_rope_head_dim")
@@ -287,13 +354,32 @@ def _tiny_rope(default: Any, overrides: dict[str, Any]) -> dict[str, Any] | None
     return {**rope, "mrope_section": _mrope_sections(rope, head_dim, _value(default, "partial_rotary_factor"))}
 
 
+def _tiny_layer_types(config_class: Any, default: Any) -> list[str] | None:
+    """Two of the default's layer types (:func:`_two_layer_types`), or None where it names no more than two or
+    they cannot be set; a full and a sliding layer where the config has a sliding window that no default layer
+    uses (released configs of these types slide on some layers)."""
+    layer_types = _value(default, "layer_types")
+    if not isinstance(layer_types, list | tuple) or not _settable(config_class, "layer_types"):
+        return None
+    if set(layer_types) == {"full_attention"} and _has(default, "sliding_window"):
+        return ["full_attention", "sliding_attention"]
+    return list(_two_layer_types(layer_types)) if len(layer_types) > 2 else None
+
+
 def _two_layer_types(layer_types: list[str] | tuple[str, ...]) -> tuple[str, str]:
-    """Two layers of a longer pattern: the first kind and another one where there is another, an attention
-    kind where there is one (a hybrid's first layers are often all recurrent)."""
+    """Two layers of a longer pattern: the first kind and another one where there is another, a windowed
+    attention kind where there is one (its window is what a capture could miss), else an attention kind (a
+    hybrid's first layers are often all recurrent)."""
     first = layer_types[0]
     others = [kind for kind in layer_types if kind != first]
     attention = [kind for kind in others if "attention" in kind and "linear" not in kind]
-    return first, next(iter(attention or others), first)
+    windowed = [kind for kind in attention if _windowed_kind(kind)]
+    return first, next(iter(windowed or attention or others), first)
+
+
+def _windowed_kind(layer_type: str) -> bool:
+    """Whether layers of this ``layer_types`` entry see a window of keys (sliding or chunked)."""
+    return "sliding" in layer_type or "chunked" in layer_type
 
 
 def model_class_name(model_type: str, config: Any) -> str:
@@ -422,6 +508,14 @@ def _as_weights(model_type: str, config: Any, eager: dict[str, list[np.ndarray]]
     return eager
 
 
+def _with_sink_share(layers: list[np.ndarray], sink_mass: np.ndarray) -> list[np.ndarray]:
+    """Each layer's rows ``[head, q_pos, k_pos]`` times the share the sink leaves the keys (1 - ``sink_mass``
+    ``[layer, head, q_pos]``); the layers as they are where their count differs (the comparison says so)."""
+    if len(layers) != len(sink_mass):
+        return layers
+    return [rows * (1.0 - mass)[..., None] for rows, mass in zip(layers, sink_mass, strict=True)]
+
+
 def _unbanded(band: np.ndarray) -> np.ndarray:
     """Longformer's band ``[head, q_pos, 2 * window + 1]`` as ``[head, q_pos, k_pos]`` (zeros outside the band)."""
     n_heads, length, width = band.shape
@@ -500,7 +594,7 @@ def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict
     eager = _as_weights(model_type, config, eager)
     captured = {kind: record.get(kind) for kind in record.kinds}
     if model_type in EAGER_WITHOUT_SINK and record.sink_mass is not None:
-        captured["self"] = record.attention / (1.0 - record.sink_mass)[..., None]
+        eager = {**eager, "self": _with_sink_share(eager["self"], record.sink_mass)}
     error, reason = compare(captured, eager)
     outcome = "equal" if error <= TOLERANCE else "differs"
     return {"outcome": outcome, "error": error if np.isfinite(error) else None, "reason": reason}

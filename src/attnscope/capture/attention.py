@@ -30,7 +30,13 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..models.adapters import AttentionSite, attends_over_no_tokens, unknown_causality, unlisted_attention
+from ..models.adapters import (
+    AttentionSite,
+    attends_over_no_tokens,
+    selected_key_blocks,
+    unknown_causality,
+    unlisted_attention,
+)
 from .gates import gates_heard, returned
 from .plan import CapturePlan
 from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder, expand_kv_heads
@@ -228,6 +234,8 @@ def attnscope_attention(
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
+    attention_mask = only_selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
+                                        key.shape[2])
     # SDPA has no logit softcapping (Gemma 2) and no learned sinks (gpt-oss): such calls always take the eager path
     sdpa_exact = kwargs.get("softcap") is None and sink_logits(kwargs) is None
     if (site is None or (recorder is None and not interventions)) and sdpa_exact:
@@ -298,6 +306,27 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     probs = torch.softmax(attention_scores(wanted, key, mask, scaling).float(), dim=-1)
     recorder.keep(site, AttentionCall(wanted, key, value, probs, scaling, first_query=unwanted))
     return output, None
+
+
+def only_selected_keys(module: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any],
+                       causal: bool | None, n_queries: int, n_keys: int) -> torch.Tensor | None:
+    """The call's mask with only the keys a sparse-attention indexer selected left visible, where the model hands
+    the attention function its selection instead of folding it into the mask (DeepSeek sparse attention's
+    ``indices`` ``[batch, q_pos, top_k]``, -1 for none: transformers folds them in for its eager and SDPA
+    implementations only, and passes them to any other, a sparse kernel's); takes ``indices`` out of ``kwargs``.
+    Returns a bool mask ``[batch, 1, q_pos, k_pos]`` (True = seen), or the mask as it was without a selection.
+    Selected key blocks (MiniMax M3's ``block_indices``) are refused: the call does not carry their size."""
+    if kwargs.get("block_indices") is not None:
+        raise selected_key_blocks(module)
+    indices = kwargs.pop("indices", None)
+    if indices is None:
+        return attention_mask
+    slots = indices.long().masked_fill(indices < 0, n_keys)  # -1 lands in a column dropped below
+    selected = torch.zeros((*indices.shape[:2], n_keys + 1), dtype=torch.bool, device=indices.device)
+    selected = selected.scatter_(-1, slots, True)[..., :n_keys].unsqueeze(1)  # [batch, 1, q_pos, k_pos]
+    if attention_mask is None and causal:
+        return causal_mask(n_queries, n_keys - n_queries, n_keys, indices.device) & selected
+    return allowed_keys(attention_mask, n_queries, n_keys, indices.device) & selected
 
 
 def sink_logits(kwargs: Mapping[str, Any]) -> torch.Tensor | None:

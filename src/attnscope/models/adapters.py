@@ -559,6 +559,15 @@ def unknown_causality(module: nn.Module) -> AttnscopeError:
         f"each query sees; the type needs an adapter row that says ({HOW_TO_ADD})")
 
 
+def selected_key_blocks(module: nn.Module) -> AttnscopeError:
+    """The refusal for a call that attends to the key blocks a sparse-attention indexer selected (``block_indices``):
+    the attention function cannot apply a selection whose block size the call does not carry."""
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r}: its {type(module).__name__} modules attend to blocks of keys their "
+        f"indexer selects, which transformers hands only its eager and SDPA attention as a mask; attnscope's attention "
+        f"would see every key, so the type needs an adapter or a bridge for it ({HOW_TO_ADD})")
+
+
 def find_modules(model: nn.Module, rules: tuple[ModuleRule, ...]) -> dict[tuple[str, int], nn.Module]:
     """``(kind, layer) -> module`` for every module matched by ``rules`` (first rule wins)."""
     found: dict[tuple[str, int], nn.Module] = {}
