@@ -455,6 +455,7 @@ def test_a_refused_extract_leaves_nothing_it_created(name, files, tmp_path, monk
     made, kept = tmp_path / "new" / "records", tmp_path / "kept"
     kept.mkdir()  # a folder the user made stays, and stays empty
     for out in (made, kept):
-        code = exit_code(["extract", "The cat sat on the mat.", "-m", str(files["tiny_bert"]), "-o", str(out), *options])
+        code = exit_code(["extract", "The cat sat on the mat.", "-m", str(files["tiny_bert"]), "-o", str(out),
+                          *options])
         assert_one_error_line(code, capsys.readouterr().err, expect)
     assert sorted(tmp_path.iterdir()) == [kept] and not any(kept.iterdir())

@@ -30,7 +30,8 @@ def non_negative_int(value: str) -> int:
     return number
 
 
-MAX_THREADS = 1024  # more than any machine's cores; far beyond it OpenMP is asked for absurd counts (past 2**63 torch overflows)
+# more than any machine's cores: past it OpenMP is asked for absurd thread counts (and past 2**63, torch overflows)
+MAX_THREADS = 1024
 
 
 def thread_count(value: str) -> int:

@@ -77,8 +77,9 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the model runs: cpu (default), cuda, cuda:1, mps, or auto (the layers spread "
                         "over every GPU, then the CPU, for a model larger than one device)")
     parser.add_argument("--threads", type=thread_count, metavar="N",
-                        help=f"torch's CPU threads, 1 to {MAX_THREADS} (default: ${THREADS_VARIABLE} if set, else torch's choice, one per "
-                        f"core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or fewer). While another process keeps a core busy (a second attnscope, the explorer "
+                        help=f"torch's CPU threads, 1 to {MAX_THREADS} (default: ${THREADS_VARIABLE} if set, else "
+                        f"torch's choice, one per core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or "
+                        "fewer). While another process keeps a core busy (a second attnscope, the explorer "
                         "answering, a build), one thread can be several times faster than two that wait on each "
                         "other; benchmarks/threads.py measures it on your machine")
 

@@ -4,7 +4,7 @@ A command that fills a folder runs inside :func:`output_folder`. A new or empty 
 is. A non-empty one is refused, unless ``overwrite`` is set *and* every file in it is listed in the
 manifest (``attnscope-manifest.json``) that an earlier attnscope run wrote there: only then are
 those files removed. So ``-o .`` or ``-o ~`` can never delete a user's own files. When the command
-ends (even by an error) the manifest lists what it wrote.
+ends (even interrupted) the manifest lists what it wrote; a run refused on the way leaves nothing.
 
 >>> with output_folder(Path("out"), overwrite=False, command="ablate") as folder:   # doctest: +SKIP
 ...     (folder / "table.csv").write_text("...")

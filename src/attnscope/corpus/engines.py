@@ -99,8 +99,8 @@ def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model:
     from ..capture.loading import load_model
 
     read = read_corpus(corpus, limit, skip_bad=skip_bad)
-    records = extract_corpus(load_model(model, dtype=dtype, device=device), read.items, batch_size=batch_size, norms=True,
-                             progress=False)
+    records = extract_corpus(load_model(model, dtype=dtype, device=device), read.items, batch_size=batch_size,
+                             norms=True, progress=False)
     report = analyze_corpus(records, out_dir, total=len(read.inputs), progress=progress, inputs=read.inputs,
                             batch_size=batch_size)
     return replace(report, skipped=read.skipped)

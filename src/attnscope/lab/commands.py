@@ -39,9 +39,9 @@ def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate = actions.add_parser("evaluate", help="exact match on the held-out split, intact and corrupted")
     evaluate.add_argument("--json", action="store_true", help="print the figures as one JSON object (last line)")
     evaluate.add_argument("--seeds", type=seed_list, metavar="SEEDS",
-                          help=f"evaluate a translator trained with each of these seeds (e.g. 0-4, at most {MAX_SEEDS}; "
-                               "each trained once and cached, about 20 s) and report the mean and range over them: one training run is "
-                               "one draw, and floating point differs between CPUs")
+                          help=f"evaluate a translator trained with each of these seeds (e.g. 0-4, at most "
+                               f"{MAX_SEEDS}; each trained once and cached, about 20 s) and report the mean and range "
+                               "over them: one training run is one draw, and floating point differs between CPUs")
 
 
 def _run_toy(args: argparse.Namespace) -> int:
