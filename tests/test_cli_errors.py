@@ -323,6 +323,15 @@ def test_a_huge_argument_is_cut_in_the_error_line(args, capsys):
     assert len(err.splitlines()[-1]) < 400, err[:1000]
 
 
+def test_a_long_message_of_ordinary_words_is_printed_whole():
+    from attnscope.capture.plan import MemoryEstimate, check_memory
+
+    with pytest.raises(AttnscopeError) as refused:  # one of the longest messages attnscope writes itself
+        check_memory(MemoryEstimate(kept=2**40, working=2**38), what="capturing 1 input(s) of up to 32768 tokens on "
+                     "qwen0.5b", available=2**30)
+    assert len(str(refused.value)) > 300 and cli.error_line(str(refused.value)) == str(refused.value)
+
+
 # (command, its refusal): the model is never loaded, nor the evaluation run, nor Ray started
 DEVICE_CASES = {
     "heads --device banana": (["heads", "{texts}", "--device", "banana", "-o", "{tmp}/h"], "unknown device 'banana'"),

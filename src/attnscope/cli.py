@@ -232,17 +232,17 @@ def _fail(message: str) -> int:
     return EXIT_USER_ERROR
 
 
-LONG_LINE = 300  # characters: past this, an error line has echoed a huge argument back (a 100,000-character text)
-LONG_WORD = 80
+# characters: a line past LONG_LINE has echoed an argument back (a 100,000-character text): its words past
+# LONG_WORD are cut; past LONGEST_LINE, far beyond any message of ours, the line's middle goes too
+LONG_LINE, LONG_WORD, LONGEST_LINE = 300, 80, 1000
 
 
 def error_line(message: str) -> str:
-    """``message`` as it is printed: a line over :data:`LONG_LINE` characters has each word over
-    :data:`LONG_WORD` cut to that length, and what is still too long, its middle cut."""
+    """``message`` as it is printed: a huge argument echoed back in it is cut (see :data:`LONG_LINE`)."""
     if len(message) <= LONG_LINE:
         return message
     cut = re.sub(rf"\S{{{LONG_WORD + 1},}}", lambda word: _shortened(word.group(), LONG_WORD), message)
-    return cut if len(cut) <= LONG_LINE else _shortened(cut, LONG_LINE)
+    return cut if len(cut) <= LONGEST_LINE else _shortened(cut, LONGEST_LINE)
 
 
 def _shortened(text: str, size: int) -> str:

@@ -197,14 +197,23 @@ def _check_runtime_env(ray: Any, runtime_env: dict[str, Any] | None) -> None:
         ray.runtime_env.RuntimeEnv(**runtime_env)
     except (TypeError, ValueError) as error:
         raise AttnscopeError(f"--runtime-env: {_message_line(error)}") from None
-    from ray._private.runtime_env.plugin_schema_manager import RuntimeEnvPluginSchemaManager
-
-    known = ray.runtime_env.RuntimeEnv.known_fields | set(RuntimeEnvPluginSchemaManager.schemas)  # loaded by the check
+    known = _runtime_env_fields(ray)
     unknown = sorted(set(runtime_env) - known)
     if unknown:  # Ray passes them on to plugins, and without one of that name the job runs as if they were not there
         public = sorted(name for name in known if not name.startswith("_"))
         raise AttnscopeError(f"--runtime-env: Ray would ignore {', '.join(map(repr, unknown))} (no such field); "
                              f"its fields are {', '.join(public)}")
+
+
+def _runtime_env_fields(ray: Any) -> set[str]:
+    """The fields Ray's runtime environment acts on: its own, and those of the plugins whose schemas it loaded
+    (while checking one: call it after ``RuntimeEnv(...)``)."""
+    fields = set(ray.runtime_env.RuntimeEnv.known_fields)
+    with contextlib.suppress(ImportError):  # where Ray keeps the plugins' schemas (a private module)
+        from ray._private.runtime_env.plugin_schema_manager import RuntimeEnvPluginSchemaManager
+
+        fields |= set(RuntimeEnvPluginSchemaManager.schemas)
+    return fields
 
 
 def _check_env_vars(env_vars: Any) -> None:
