@@ -112,6 +112,29 @@ def test_top_k_and_overview(model):
     np.testing.assert_allclose(record.held("overview").sum(-1), 1.0, atol=1e-5)
 
 
+def test_top_k_beyond_the_keys_keeps_one_slot_per_key(model, tmp_path):
+    """``--top-k 50000`` on a short input wrote K slots per row whatever its length (issue 36): each record keeps
+    its own keys, whole rows sorted, in memory (a batch of different lengths) and streamed."""
+    from attnscope.capture.extract import extract_to_file
+
+    plan = CapturePlan(attention=False, top_k=1000)
+    records = list(extract_corpus(model, TEXTS, plan=plan, progress=False))
+    records.append(extract_to_file(model, TEXTS[2], path=tmp_path / "short.safetensors", plan=plan, progress=False))
+    for text, record in zip([*TEXTS, TEXTS[2]], records, strict=True):
+        full = extract(model, text).attention
+        assert record.held("topk_weights").shape == full.shape  # [layer, head, q_pos, one slot per key]
+        np.testing.assert_allclose(record.held("topk_weights"), np.sort(full, axis=-1)[..., ::-1], atol=1e-6)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_the_memory_estimate_counts_top_k_up_to_the_keys_that_exist(streamed):
+    def estimate(top_k: int) -> int:
+        plan = CapturePlan(attention=False, statistics=True, top_k=top_k)
+        return estimate_capture_memory(plan, n_layers=6, n_heads=12, length=5, streamed=streamed).total
+
+    assert estimate(50_000) == estimate(5) > estimate(4) > estimate(0)
+
+
 def test_planned_record_saves_loads_and_opens_lazily(model, tmp_path):
     plan = CapturePlan(layers=(0,), statistics=True, top_k=3)
     record = extract(model, TEXTS[1], plan=plan)

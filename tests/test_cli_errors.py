@@ -6,17 +6,25 @@ range, files with nothing usable, over-long toy inputs. Cases run through the re
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from attnscope import cli
+from attnscope.errors import AttnscopeError
 
 from .conftest import SENTENCES
+from .test_probing_chains import synthetic_document_conllu
 
 LONG_ENGLISH = " ".join(["i can eat apples"] * 12)  # 48 words: over the toy translator's 32 positions
 
@@ -37,6 +45,15 @@ def files(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     made["invisible_words"] = root / "invisible.txt"  # spaCy sees words, the tokenizer gives them no piece
     made["invisible_words"].write_text("\u200b \u200c\n\u00ad \u00ad \u00ad\n")
     made["tiny_bert"] = tiny_model_dir("bert")
+    made["deep_jsonl"], made["deep_json"] = root / "deep.jsonl", root / "deep.json"  # 100,000 levels of [[[...]]]
+    for path in (made["deep_jsonl"], made["deep_json"]):
+        path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    made["long_sentences"] = root / "long.conllu"  # one sentence of 600 words: over the tiny BERT's 512 tokens
+    made["long_sentences"].write_text("# text = " + " ".join(["word"] * 600) + "\n" + "".join(
+        f"{i}\tword\tword\tNOUN\tNN\t_\t{0 if i == 1 else 1}\t{'root' if i == 1 else 'dep'}\t_\t_\n"
+        for i in range(1, 601)) + "\n")
+    made["coref_document"] = root / "chains.conllu"
+    made["coref_document"].write_text(synthetic_document_conllu(8))
     return made
 
 
@@ -114,6 +131,29 @@ CASES = {
                                                     "-o", "{tmp}/deps", expect="no dependency arc could be scored"),
     "empty sentence for toy corrupt": bad("toy", "corrupt", "", expect="empty"),
     "empty sentence for toy translate": bad("toy", "translate", " ", expect="empty"),
+    # JSON nested deeper than Python's parser goes (issue 36): bad JSON like any other, not a RecursionError
+    "deeply nested JSONL line (extract)": bad("extract", "--file", "{deep_jsonl}", "-m", "nope", "-o", "{tmp}/x",
+                                              expect="line 1: not valid JSON (nested too deeply)"),
+    "deeply nested JSONL line (patch)": bad("patch", "--file", "{deep_jsonl}", "-m", "nope", "-o", "{tmp}/p",
+                                            expect="line 1: not valid JSON (nested too deeply)"),
+    "deeply nested JSONL line (probe coref)": bad("probe", "coref", "--items", "{deep_jsonl}", "-m", "nope", "-o",
+                                                  "{tmp}/c", expect="line 1: expected"),
+    "deeply nested --runtime-env file": bad("heads", "brown", "--engine", "ray", "--runtime-env", "{deep_json}",
+                                            expect="not valid JSON: nested too deeply"),
+    # numbers past what torch, OpenMP or the toy translator's training take
+    "--threads past the maximum": bad("report", "hi", "--threads=99999999999999999999",
+                                      expect="--threads: expected at most 1024 threads"),
+    "--seed past 64 bits (generate)": bad("generate", "hi", "--sample", "--seed", "99999999999999999999", "-m", "nope",
+                                          expect="--seed: expected a seed of at most"),
+    "--seed past 64 bits (probe edges)": bad("probe", "edges", "--seed", "99999999999999999999", "-m", "nope",
+                                             expect="--seed: expected a seed of at most"),
+    # messages that name the cause
+    "every sentence over the model's limit (probe deps)": bad(
+        "probe", "deps", "--conllu", "{long_sentences}", "-m", "{tiny_bert}", "-o", "{tmp}/deps",
+        expect="all 1 sentence(s) are longer than"),
+    "a window too small for the special tokens (probe coref)": bad(
+        "probe", "coref", "--conllu", "{coref_document}", "--window", "1", "-m", "{tiny_bert}", "-o", "{tmp}/coref",
+        expect="--window 1 is too small: a window of"),
 }
 
 
@@ -246,3 +286,185 @@ def test_a_refused_connection_is_named_so_not_a_file_operation(monkeypatch, tmp_
     assert exit_code(["heads", "brown", "--engine", "ray", "--address", "127.0.0.1:1", "-o", str(tmp_path / "h")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "attnscope: error: cannot connect: Connection refused", err
+
+
+# ---- issue 36, item 4: bad input ---------------------------------------------------------------------
+SEED_CASES = {
+    "toy train --seed past 64 bits": (["toy", "train", "--seed", "99999999999999999999"], "--seed"),
+    "toy train --seed whose epochs' seeds pass 64 bits": (["toy", "train", "--seed", str(2**63)], "--seed"),
+    "toy evaluate --seeds past 64 bits": (["toy", "evaluate", "--seeds", "99999999999999999999"], "--seeds"),
+    "toy evaluate --seeds 0-100000": (["toy", "evaluate", "--seeds", "0-100000"], "at most 100 seeds"),
+}
+
+
+@pytest.mark.parametrize("name", list(SEED_CASES))
+def test_seeds_torch_cannot_take_and_too_many_seeds_are_refused_before_training(name, monkeypatch, capsys):
+    args, expect = SEED_CASES[name]
+    must_not_run(monkeypatch, "attnscope.lab.translator.train")
+    must_not_run(monkeypatch, "attnscope.lab.experiments.evaluate_seed")
+    assert_one_error_line(exit_code(args), capsys.readouterr().err, expect)
+
+
+def test_a_huge_range_of_heads_is_refused_before_it_is_built():
+    """``--heads 0-9999999999`` was built as a set of ten billion numbers; under a 1 GiB address space the
+    parse must still refuse it in one line."""
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))\n"
+              "from attnscope.cli import main\nsys.exit(main(['extract', 'hi', '--heads', '0-9999999999']))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert_one_error_line(result.returncode, result.stderr, "--heads: layers and heads go up to 65535, got 9999999999")
+
+
+@pytest.mark.parametrize("args", [["report", "hi", "--layers", "x" * 100_000], ["extract", "--file", "x" * 100_000]])
+def test_a_huge_argument_is_cut_in_the_error_line(args, capsys):
+    code = exit_code(args)
+    err = capsys.readouterr().err
+    assert_one_error_line(code, err, "xxx...xxx")
+    assert len(err.splitlines()[-1]) < 400, err[:1000]
+
+
+def test_a_long_message_of_ordinary_words_is_printed_whole():
+    from attnscope.capture.plan import MemoryEstimate, check_memory
+
+    with pytest.raises(AttnscopeError) as refused:  # one of the longest messages attnscope writes itself
+        check_memory(MemoryEstimate(kept=2**40, working=2**38), what="capturing 1 input(s) of up to 32768 tokens on "
+                     "qwen0.5b", available=2**30)
+    assert len(str(refused.value)) > 300 and cli.error_line(str(refused.value)) == str(refused.value)
+
+
+# (command, its refusal): the model is never loaded, nor the evaluation run, nor Ray started
+DEVICE_CASES = {
+    "heads --device banana": (["heads", "{texts}", "--device", "banana", "-o", "{tmp}/h"], "unknown device 'banana'"),
+    "mixing --evaluate --device banana": (["mixing", "--evaluate", "--device", "banana"], "unknown device 'banana'"),
+    "mixing --evaluate --dtype": (["mixing", "--evaluate", "--dtype", "bfloat16"], "in float32 on the CPU"),
+    "mixing --evaluate --model": (["mixing", "--evaluate", "--model", "smollm2"], "give --models smollm2"),
+    "heads --engine ray --device auto": (["heads", "brown", "--engine", "ray", "--device", "auto", "-o", "{tmp}/h"],
+                                         "the Ray engine's actors run on CPUs"),
+    "mixing --evaluate --engine ray --device auto": (["mixing", "--evaluate", "--engine", "ray", "--device", "auto"],
+                                                     "the Ray engine's actors run on CPUs"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEVICE_CASES))
+def test_a_device_or_dtype_a_command_would_ignore_is_refused(name, files, tmp_path, monkeypatch, capsys):
+    args, expect = DEVICE_CASES[name]
+    for slow in ("attnscope.capture.loading.load_model", "attnscope.experiments.faithfulness.evaluate_mixing",
+                 "attnscope.corpus.distributed.ray_module"):
+        must_not_run(monkeypatch, slow)
+    code = exit_code([arg.format(tmp=tmp_path, **files) for arg in args])
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert not (tmp_path / "h").exists()
+
+
+def test_heads_runs_its_model_on_the_device_asked_for(files, tmp_path, monkeypatch, capsys):
+    asked = []
+
+    def load_model(name, *, dtype="float32", device="cpu"):
+        asked.append((name, dtype, device))
+        raise AttnscopeError("stopped where the model would load")
+
+    monkeypatch.setattr("attnscope.capture.loading.load_model", load_model)
+    args = ["heads", str(files["texts"]), "-m", "minilm", "--dtype", "bfloat16", "--device", "auto", "-o",
+            str(tmp_path / "h")]
+    assert_one_error_line(exit_code(args), capsys.readouterr().err, "stopped where the model would load")
+    assert asked == [("minilm", "bfloat16", "auto")]
+
+
+@contextmanager
+def listener(answer: bytes | None) -> Iterator[int]:
+    """A server on a free local port that answers each connection with ``answer`` (None: never answers)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    connections = []
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            connections.append(connection)
+            if answer is not None:
+                connection.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+        for connection in connections:
+            connection.close()
+
+
+@pytest.mark.parametrize(("answer", "expect"), [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "an HTTP server answered (HTTP/1.1 400 Bad Request)"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "something else answered ('SSH-2.0-OpenSSH_9.6')"),
+    (None, "something accepts connections there but did not answer"),
+])
+def test_something_other_than_ray_at_the_address_is_named_at_once(answer, expect, monkeypatch, tmp_path, capsys):
+    """Ray itself retried for minutes, silently, when something other than its GCS listened at --address."""
+    pytest.importorskip("ray")
+    from attnscope.corpus import ray_engine
+
+    monkeypatch.setattr(ray_engine, "HANDSHAKE_SECONDS", 0.5, raising=False)
+    must_not_run(monkeypatch, "ray.init")
+    with listener(answer) as port:
+        code = exit_code(["sinks", "brown", "--engine", "ray", "--address", f"127.0.0.1:{port}", "-o",
+                          str(tmp_path / "sinks")])
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert not (tmp_path / "sinks").exists()
+
+
+# the first bytes Ray 2.60's GCS answered the probe with (`ray start --head`): HTTP/2 SETTINGS, 24 bytes of settings
+RAY_GCS_ANSWER = bytes.fromhex("000018040000000000") + bytes(24)
+
+
+def test_a_ray_gcs_passes_the_probe():
+    from attnscope.corpus.ray_engine import _check_reachable
+
+    with listener(RAY_GCS_ANSWER) as port:
+        _check_reachable(f"127.0.0.1:{port}")  # no error
+
+
+@pytest.mark.parametrize(("runtime_env", "expect"), [
+    ('{"unknown_plugin": {"a": 1}}', "--runtime-env: Ray would ignore 'unknown_plugin'"),
+    ('{"env_vars": {"HF_HOME": 1}}', '--runtime-env: "env_vars" value of HF_HOME must be a string (in quotes), got 1'),
+])
+def test_a_runtime_environment_ray_would_ignore_or_reject_is_one_clear_line(runtime_env, expect, tmp_path,
+                                                                              monkeypatch, capsys):
+    pytest.importorskip("ray")
+    must_not_run(monkeypatch, "ray.init")
+    code = exit_code(["heads", "brown", "--engine", "ray", "--runtime-env", runtime_env, "-o", str(tmp_path / "h")])
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_long_runtime_environment_is_json_not_a_file_name():
+    from attnscope.corpus.ray_engine import runtime_env_argument
+
+    text = json.dumps({"env_vars": {f"VARIABLE_{i}": "x" * 16 for i in range(20)}})
+    assert len(text) > 600 and runtime_env_argument(text) == json.loads(text)
+
+
+# (arguments, a refusal that comes once the model has loaded); memory: as if the machine had 1 KiB free
+LEFT_BEHIND = {
+    "extract --heads": (["--heads", "99"], "head 99 does not exist"),
+    "extract --stream --heads": (["--heads", "99", "--stats", "--stream"], "head 99 does not exist"),
+    "extract --queries": (["--queries", "99"], "query position 99 is outside"),
+    "extract over the memory": (["--memory"], "of memory"),
+    "extract --stream over the memory": (["--memory", "--stats", "--stream"], "of memory"),
+}
+
+
+@pytest.mark.parametrize("name", list(LEFT_BEHIND))
+def test_a_refused_extract_leaves_nothing_it_created(name, files, tmp_path, monkeypatch, capsys):
+    options, expect = LEFT_BEHIND[name]
+    if "--memory" in options:
+        monkeypatch.setattr("attnscope.capture.plan.available_memory", lambda: 1024)
+        options = [option for option in options if option != "--memory"]
+    made, kept = tmp_path / "new" / "records", tmp_path / "kept"
+    kept.mkdir()  # a folder the user made stays, and stays empty
+    for out in (made, kept):
+        code = exit_code(["extract", "The cat sat on the mat.", "-m", str(files["tiny_bert"]), "-o", str(out),
+                          *options])
+        assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert sorted(tmp_path.iterdir()) == [kept] and not any(kept.iterdir())

@@ -33,7 +33,8 @@ def test_the_environment_variable_is_the_default_and_the_option_wins(capsys, mon
     assert torch.get_num_threads() == 2
 
 
-@pytest.mark.parametrize("value", ["0", "two", "-1"])
+# "²" passes str.isdigit; 2**66 overflows torch's thread count (issue 36): both refused like any bad count
+@pytest.mark.parametrize("value", ["0", "two", "-1", "\u00b2", "99999999999999999999", "1025"])
 def test_a_bad_thread_count_is_one_line(capsys, monkeypatch, value):
     monkeypatch.setenv("ATTNSCOPE_THREADS", value)
     assert main(["report", "The cat sat on the mat."]) == 2

@@ -30,6 +30,29 @@ def non_negative_int(value: str) -> int:
     return number
 
 
+# more than any machine's cores: past it OpenMP is asked for absurd thread counts (and past 2**63, torch overflows)
+MAX_THREADS = 1024
+
+
+def thread_count(value: str) -> int:
+    """``--threads`` and ``$ATTNSCOPE_THREADS``: torch's CPU threads, 1 to :data:`MAX_THREADS`."""
+    number = positive_int(value)
+    if number > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {value}")
+    return number
+
+
+MAX_SEED = 2**32 - 1  # numpy's classic bound; a training seed times 1000 plus the epoch still fits torch's 64 bits
+
+
+def seed(value: str) -> int:
+    """A random seed, 0 to :data:`MAX_SEED` (torch's ``manual_seed`` overflows on larger numbers)."""
+    number = non_negative_int(value)
+    if number > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed of at most {MAX_SEED}, got {value}")
+    return number
+
+
 def finite_float(value: str) -> float:
     """A float that is not nan or infinite."""
     try:

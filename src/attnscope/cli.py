@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .arguments import positive_int
+from .arguments import MAX_THREADS, thread_count
 from .errors import AttnscopeError
 from .models.registry import ALIASES, DEFAULT_MODEL
 from .version import __version__
@@ -75,9 +76,10 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="where the model runs: cpu (default), cuda, cuda:1, mps, or auto (the layers spread "
                         "over every GPU, then the CPU, for a model larger than one device)")
-    parser.add_argument("--threads", type=positive_int, metavar="N",
-                        help=f"torch's CPU threads (default: ${THREADS_VARIABLE} if set, else torch's choice, one per "
-                        f"core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or fewer). While another process keeps a core busy (a second attnscope, the explorer "
+    parser.add_argument("--threads", type=thread_count, metavar="N",
+                        help=f"torch's CPU threads, 1 to {MAX_THREADS} (default: ${THREADS_VARIABLE} if set, else "
+                        f"torch's choice, one per core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or "
+                        "fewer). While another process keeps a core busy (a second attnscope, the explorer "
                         "answering, a build), one thread can be several times faster than two that wait on each "
                         "other; benchmarks/threads.py measures it on your machine")
 
@@ -94,10 +96,10 @@ def apply_threads(threads: int | None, one_stream: bool = False) -> None:
     ``one_stream`` command (generation) on a machine of :data:`ONE_STREAM_MAX_CORES` cores or fewer, else torch's
     default."""
     if threads is None and os.environ.get(THREADS_VARIABLE, "").strip():
-        value = os.environ[THREADS_VARIABLE].strip()
-        if not value.isdigit() or int(value) < 1:
-            raise AttnscopeError(f"${THREADS_VARIABLE} must be a whole number of threads, at least 1; got {value!r}")
-        threads = int(value)
+        try:
+            threads = thread_count(os.environ[THREADS_VARIABLE].strip())
+        except argparse.ArgumentTypeError as error:
+            raise AttnscopeError(f"${THREADS_VARIABLE}: {error}") from None
     if threads is None and one_stream and (os.cpu_count() or 1) <= ONE_STREAM_MAX_CORES:
         threads = 1
     if threads is not None:
@@ -153,7 +155,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[no-untyped-def]
         self.print_usage(sys.stderr)
         command = self.prog.removeprefix("attnscope").strip()  # "report", "probe deps", or "" at the top
-        self.exit(EXIT_USER_ERROR, f"attnscope: error: {command + ': ' if command else ''}{message}\n")
+        self.exit(EXIT_USER_ERROR, f"attnscope: error: {command + ': ' if command else ''}{error_line(message)}\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -226,8 +228,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"attnscope: error: {message}", file=sys.stderr)
+    print(f"attnscope: error: {error_line(message)}", file=sys.stderr)
     return EXIT_USER_ERROR
+
+
+# characters: a line past LONG_LINE has echoed an argument back (a 100,000-character text): its words past
+# LONG_WORD are cut; past LONGEST_LINE, far beyond any message of ours, the line's middle goes too
+LONG_LINE, LONG_WORD, LONGEST_LINE = 300, 80, 1000
+
+
+def error_line(message: str) -> str:
+    """``message`` as it is printed: a huge argument echoed back in it is cut (see :data:`LONG_LINE`)."""
+    if len(message) <= LONG_LINE:
+        return message
+    cut = re.sub(rf"\S{{{LONG_WORD + 1},}}", lambda word: _shortened(word.group(), LONG_WORD), message)
+    return cut if len(cut) <= LONGEST_LINE else _shortened(cut, LONGEST_LINE)
+
+
+def _shortened(text: str, size: int) -> str:
+    """``text`` in ``size`` characters: its start and its last few (a closing quote, a file's extension)
+    around an ellipsis."""
+    tail = size // 4
+    return f"{text[:size - tail - 3]}...{text[-tail:]}"
 
 
 if __name__ == "__main__":

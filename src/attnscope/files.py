@@ -15,12 +15,14 @@ temporary file is copied into it with writes that raise on failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from .errors import AttnscopeError
 
@@ -76,10 +78,11 @@ def cannot_read(path: str | Path, error: Exception, what: str = "text") -> Attns
     """One line, in words, for a ``what`` file (text, record, ...) that could not be read:
     ``no such file: X``, ``X is a folder, not a record file``, or ``cannot read X: <reason>``."""
     path = Path(path)
-    if path.is_dir():
-        return AttnscopeError(f"{path} is a folder, not a {what} file")
-    if not path.exists() and not path.is_symlink():
-        return AttnscopeError(f"no such file: {path}")
+    with suppress(OSError):  # a name the system cannot even look up (too long): the error itself says so
+        if path.is_dir():
+            return AttnscopeError(f"{path} is a folder, not a {what} file")
+        if not path.exists() and not path.is_symlink():
+            return AttnscopeError(f"no such file: {path}")
     if isinstance(error, UnicodeDecodeError):
         return AttnscopeError(f"cannot read {path}: it is not UTF-8 text (byte {error.start} is not UTF-8)")
     return AttnscopeError(f"cannot read {what} {path}: {getattr(error, 'strerror', None) or error}")
@@ -91,3 +94,13 @@ def read_text(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise cannot_read(path, error) from None
+
+
+def parse_json(text: str, **options: Any) -> Any:
+    """``json.loads(text, **options)``, where a value nested too deeply for Python's parser (``[[[...]]]``,
+    thousands of levels) is bad JSON like any other: :class:`json.JSONDecodeError`, not a RecursionError."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        start = len(text) - len(text.lstrip())  # where the value that nests too deeply begins
+        raise json.JSONDecodeError("nested too deeply", text, start) from None

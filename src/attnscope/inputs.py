@@ -131,8 +131,10 @@ class _Malformed(Exception):
 
 
 def _jsonl_fields(line: str) -> tuple[str, str | None]:
+    from .files import parse_json
+
     try:
-        row = json.loads(line)
+        row = parse_json(line)
     except json.JSONDecodeError as error:
         raise _Malformed(f"not valid JSON ({error.msg})") from None
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):

@@ -4,7 +4,7 @@ A command that fills a folder runs inside :func:`output_folder`. A new or empty 
 is. A non-empty one is refused, unless ``overwrite`` is set *and* every file in it is listed in the
 manifest (``attnscope-manifest.json``) that an earlier attnscope run wrote there: only then are
 those files removed. So ``-o .`` or ``-o ~`` can never delete a user's own files. When the command
-ends (even by an error) the manifest lists what it wrote.
+ends (even interrupted) the manifest lists what it wrote; a run refused on the way leaves nothing.
 
 >>> with output_folder(Path("out"), overwrite=False, command="ablate") as folder:   # doctest: +SKIP
 ...     (folder / "table.csv").write_text("...")
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import AttnscopeError
+from .files import parse_json
 
 if TYPE_CHECKING:
     from .inputs import InputLine
@@ -34,17 +35,22 @@ INDEX = "index.jsonl"
 def output_folder(path: Path, *, overwrite: bool, command: str) -> Iterator[Path]:
     """Prepare ``path`` (see the module's docstring), yield it, then write its manifest.
 
-    Call it before the slow work, so a folder that cannot be used fails in a second, not after it.
+    Call it before the slow work, so a folder that cannot be used fails in a second, not after it. A run
+    refused on the way (:class:`AttnscopeError`) leaves nothing it created: its files go, and so do the
+    folder and its parents if it made them.
     """
-    created = not path.exists()
+    made = _missing_folders(path)
     prepare_output_folder(path, overwrite=overwrite)
     try:
         yield path
+    except AttnscopeError:
+        _remove_files(path, written_files(path))  # the folder was empty before: every file is this run's
+        raise
     finally:
         if written_files(path):
             write_manifest(path, command)
-        elif created:
-            path.rmdir()  # nothing was written: leave no empty folder behind
+        else:
+            _remove_empty_folders(made)  # nothing was written: leave no empty folder behind
 
 
 def prepare_output_folder(path: Path, *, overwrite: bool) -> None:
@@ -93,19 +99,40 @@ def _clear_earlier_run(folder: Path) -> None:
     if foreign:
         raise AttnscopeError(f"--overwrite removes only files attnscope wrote, and {folder} also holds "
                              f"{len(foreign)} other file(s) (e.g. {foreign[0]}): move them, or choose a new folder")
-    for name in sorted(present):
-        (folder / name).unlink()
+    _remove_files(folder, [folder / name for name in present])
+    (folder / MANIFEST).unlink()
+
+
+def _remove_files(folder: Path, files: Iterable[Path]) -> None:
+    """Remove ``files`` (in ``folder``), then every folder inside ``folder`` that this leaves empty."""
+    for path in files:
+        path.unlink()
     for root, dirs, _ in sorted(os.walk(folder), key=lambda entry: len(Path(entry[0]).parts), reverse=True):
         for name in dirs:
             with suppress(OSError):
                 (Path(root) / name).rmdir()  # a folder the run made, now empty; a user's own folder stays
-    (folder / MANIFEST).unlink()
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, innermost first (what ``mkdir(parents=True)``
+    makes)."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty_folders(folders: Iterable[Path]) -> None:
+    for folder in folders:  # innermost first, so each is empty once the one inside it is gone
+        with suppress(OSError):
+            folder.rmdir()
 
 
 def _manifest_files(folder: Path) -> set[str]:
     manifest = folder / MANIFEST
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        files = parse_json(manifest.read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         raise AttnscopeError(f"--overwrite removes only files attnscope wrote, and {folder} has no readable "
                              f"{MANIFEST} listing them: choose a new folder") from None

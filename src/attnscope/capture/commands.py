@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..arguments import add_output_folder, index_list, non_negative_int, positive_int, temperature, top_p
+from ..arguments import add_output_folder, index_list, positive_int, seed, temperature, top_p
 from ..cli import Command, add_compute_arguments, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 from .options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
@@ -129,7 +129,7 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--temperature", type=temperature, default=1.0, help="more than 0 (default: 1)")
     sampling.add_argument("--top-p", type=top_p, help="nucleus sampling: keep the tokens within this mass (0 to 1)")
     sampling.add_argument("--sample-top-k", type=positive_int, help="sample among the K most likely tokens")
-    sampling.add_argument("--seed", type=non_negative_int, default=0)
+    sampling.add_argument("--seed", type=seed, default=0)
     changes = parser.add_argument_group(
         "interventions (0-indexed)", "with any of these, the text is generated intact and changed, side by side")
     changes.add_argument("--ablate", action="append", type=_layer_heads, metavar="LAYER[:HEADS]",

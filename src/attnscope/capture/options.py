@@ -12,18 +12,32 @@ PLAN_HELP = """what to keep (long inputs: the full matrix grows with tokens squa
   (add --rows to keep the selected rows as well); nothing given keeps everything."""
 
 
+MAX_INDEX = 65_535  # above any model's layers and heads: a range beyond it (0-9999999999) is refused, not built
+
+
 def number_list(value: str) -> tuple[int, ...]:
-    """``"0,3,5"`` or ``"0-5"`` (inclusive) or a mix -> sorted unique numbers."""
-    numbers: set[int] = set()
+    """``"0,3,5"`` or ``"0-5"`` (inclusive) or a mix -> sorted unique 0-indexed layers or heads (at most
+    :data:`MAX_INDEX`; the model's own count is checked once it is loaded)."""
+    return bounded_numbers(value, highest=MAX_INDEX, what="layers and heads")
+
+
+def bounded_numbers(value: str, *, highest: int, what: str, most: int | None = None) -> tuple[int, ...]:
+    """:func:`number_list`'s parse of ``value``, refusing a number above ``highest`` and more than ``most``
+    numbers (default ``highest + 1``) before any range is built; ``what`` names them in the refusal."""
     try:
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            first, dash, last = part.partition("-")
-            numbers.update(range(int(first), int(last) + 1) if dash else [int(first)])
+        spans = [range(int(first), int(last if dash else first) + 1)
+                 for first, dash, last in (part.strip().partition("-") for part in value.split(",") if part.strip())]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 0,3,5 or 0-5, got {value!r}") from None
-    if not numbers:
+    spans = [span for span in spans if span]
+    if not spans:
         raise argparse.ArgumentTypeError(f"expected at least one number, got {value!r}")
-    return tuple(sorted(numbers))
+    largest, count, most = max(span[-1] for span in spans), sum(map(len, spans)), most or highest + 1
+    if largest > highest:
+        raise argparse.ArgumentTypeError(f"{what} go up to {highest}, got {largest}")
+    if count > most:
+        raise argparse.ArgumentTypeError(f"at most {most:,} {what}, got {count:,} in {value!r}")
+    return tuple(sorted(set().union(*spans)))
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

@@ -156,6 +156,11 @@ class CapturePlan:
             if limit is not None:
                 check_indices(chosen, limit, name)
 
+    def top_k_slots(self, n_keys: int) -> int:
+        """The top-k keys kept per row of an input of ``n_keys`` keys: ``top_k``, never more than there are keys
+        (``--top-k 50000`` on five tokens keeps five)."""
+        return min(self.top_k, n_keys)
+
     def layer_numbers(self, n_layers: int) -> tuple[int, ...]:
         return tuple(range(n_layers)) if self.layers is None else tuple(sorted(set(self.layers)))
 
@@ -193,15 +198,16 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
 
     A rough upper bound from the shapes alone (float32 everywhere, as capture computes): the
     model's own weights and activations are not included. ``streamed``: attention rows, norms and
-    top-k keys go to a file as they are computed, so memory keeps none of them.
+    top-k keys go to a file as they are computed, so memory keeps none of them (but picks each chunk's top k).
     """
     plan = plan or FULL_PLAN
     layers = len(plan.layer_numbers(n_layers))
     heads = len(plan.head_numbers(n_heads))
     rows = min(length, _selected_rows(plan.queries, length))
+    slots = plan.top_k_slots(length)
     per_row = 32 if plan.statistics else 0
     if not streamed:
-        per_row += plan.top_k * 8 + (length * (4 + (4 if norms else 0)) if plan.attention else 0)
+        per_row += slots * 8 + (length * (4 + (4 if norms else 0)) if plan.attention else 0)
     # x2: the per-layer captures are stacked into one array, then cut per input (a copy each time)
     kept = 2 * batch * layers * heads * rows * per_row
     if qkv:
@@ -213,7 +219,11 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
     # scores, probabilities and one temporary of the same size for one layer's chunk; the additive
     # mask of a full capture is [batch, 1, q, k]
     working = 3 * batch * n_heads * query_rows * length * 4 + (0 if chunked else batch * length * length * 4)
+    working += batch * heads * min(rows, query_rows) * slots * TOP_K_PICKING_BYTES
     return MemoryEstimate(kept=kept, working=working)
+
+
+TOP_K_PICKING_BYTES = 4 + 3 * 8  # per slot of a chunk's rows: the weights, their int64 indices and two shifted copies
 
 
 def _selected_rows(queries: QuerySelection, length: int) -> int:

@@ -68,9 +68,10 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
             arrays[f"{kind}.stat_{name}"] = stacked(lambda c, n=name: c.statistics[n], lambda a: a[:, own_rows])
         bins = len(distance_bin_edges(length))
         arrays[f"{kind}.distance_histogram"] = stacked(lambda c: c.distance_histogram, lambda a: a[:, :bins])
-    if plan.top_k:
-        arrays[f"{kind}.topk_indices"] = stacked(lambda c: c.topk_indices, lambda a: a[:, own_rows])
-        arrays[f"{kind}.topk_weights"] = stacked(lambda c: c.topk_weights, lambda a: a[:, own_rows])
+    if plan.top_k:  # the batch's slots, cut to the item's own keys
+        slots = plan.top_k_slots(length)
+        arrays[f"{kind}.topk_indices"] = stacked(lambda c: c.topk_indices, lambda a: a[:, own_rows, :slots])
+        arrays[f"{kind}.topk_weights"] = stacked(lambda c: c.topk_weights, lambda a: a[:, own_rows, :slots])
     if plan.overview:
         blocks = -(-length // plan.overview)
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
@@ -113,8 +114,8 @@ class StreamingSink:
             layout[f"{kind}.distance_histogram"] = ("float32", (*lead, len(distance_bin_edges(length))))
         if plan.top_k:
             index_dtype = "int16" if length < 2**15 else "int32"  # -1 marks an empty slot
-            layout[f"{kind}.topk_indices"] = (index_dtype, (*lead, rows, plan.top_k))
-            layout[f"{kind}.topk_weights"] = (self.float_dtype, (*lead, rows, plan.top_k))
+            layout[f"{kind}.topk_indices"] = (index_dtype, (*lead, rows, plan.top_k_slots(length)))
+            layout[f"{kind}.topk_weights"] = (self.float_dtype, (*lead, rows, plan.top_k_slots(length)))
         if plan.overview:
             blocks = -(-length // plan.overview)
             layout[f"{kind}.overview"] = ("float32", (*lead, blocks, blocks))

@@ -184,8 +184,9 @@ class RowCollector:
         self.membership = facts.membership(device)  # [batch, row]
         self.sink_mass: torch.Tensor | None = None  # [batch, head, row], from the first chunk with learned sinks
         if plan.top_k:
-            self.topk_indices = allocate("topk_indices", (*shape, plan.top_k), torch.int32, -1)
-            self.topk_weights = allocate("topk_weights", (*shape, plan.top_k), torch.float32, 0.0)
+            slots = plan.top_k_slots(n_keys)
+            self.topk_indices = allocate("topk_indices", (*shape, slots), torch.int32, -1)
+            self.topk_weights = allocate("topk_weights", (*shape, slots), torch.float32, 0.0)
         if plan.overview:
             blocks = -(-n_keys // plan.overview)
             self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks), device=device)

@@ -90,10 +90,11 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     start = time.perf_counter()
     engine = engine_from_args(args)
-    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, engine=engine.name,
-                           batch_size=args.batch_size, limit=args.limit, skip_bad=args.on_bad_line == "skip",
-                           num_actors=engine.num_actors, address=engine.address, stall_s=engine.stall_s,
-                           verbose=engine.verbose, runtime_env=engine.runtime_env)
+    report = analyze_heads(args.corpus, args.out, model=args.model, dtype=args.dtype, device=args.device,
+                           engine=engine.name, batch_size=args.batch_size, limit=args.limit,
+                           skip_bad=args.on_bad_line == "skip", num_actors=engine.num_actors,
+                           address=engine.address, stall_s=engine.stall_s, verbose=engine.verbose,
+                           runtime_env=engine.runtime_env)
     for bad in report.skipped:
         print(f"attnscope: skipped {bad.message}", file=sys.stderr)
     skipped = f", skipped {len(report.skipped)} malformed line(s)" if report.skipped else ""

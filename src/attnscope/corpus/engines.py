@@ -46,20 +46,34 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
-    return Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose,
-                  args.runtime_env)
+    engine = Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose,
+                    args.runtime_env)
+    check_engine_device(engine.name, args.device)
+    return engine
+
+
+def check_engine_device(engine: str, device: str) -> None:
+    """Refuse, before any work, a device this machine lacks (or a misspelt one), and on Ray any but the CPU:
+    its actors ask Ray for CPUs only, so a GPU there would be asked for and never given."""
+    from ..models.loading import check_device
+
+    check_device(device)
+    if engine == "ray" and device != "cpu":
+        raise AttnscopeError(f"--device {device}: the Ray engine's actors run on CPUs; leave out --device, or run "
+                             "the local engine (--engine local)")
 
 
 def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: str = "minilm",
-                  dtype: str = "float32", engine: str = "local", batch_size: int = 32, limit: int | None = None,
-                  skip_bad: bool = False, num_actors: int | None = None, address: str | None = None,
-                  progress: bool = True, stall_s: float = STALL_SECONDS, verbose: bool = False,
-                  runtime_env: dict[str, Any] | None = None) -> CorpusReport:
+                  dtype: str = "float32", device: str = "cpu", engine: str = "local", batch_size: int = 32,
+                  limit: int | None = None, skip_bad: bool = False, num_actors: int | None = None,
+                  address: str | None = None, progress: bool = True, stall_s: float = STALL_SECONDS,
+                  verbose: bool = False, runtime_env: dict[str, Any] | None = None) -> CorpusReport:
     """The corpus report (statistics, patterns, figures, ``heads.duckdb``) of every head over ``corpus``.
 
     ``corpus``: ``"brown"``, ``"brown-pairs"``, or files and folders of text lines, ``.jsonl`` or
     ``.parquet``. ``skip_bad``: leave malformed lines out (listed in the report's ``skipped``) instead
-    of failing. ``engine="ray"`` runs the model in a pool of ``num_actors`` Ray actors (default: one
+    of failing. ``device``: where the local engine runs the model (the Ray engine's actors: the CPU).
+    ``engine="ray"`` runs the model in a pool of ``num_actors`` Ray actors (default: one
     per CPU of the cluster) on the cluster at ``address`` (``"auto"``: the one ``ray start`` made;
     None: an already initialised Ray, else a local one); ``model`` must then be an alias or a folder
     every node can read. ``stall_s``: a Ray job with no finished batch for this long fails (a lost node
@@ -67,6 +81,7 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
     runtime environment of the workers (see :class:`~attnscope.corpus.ray_engine.Engine`).
     """
     where = Engine(engine, address, num_actors, stall_s, verbose, runtime_env)
+    check_engine_device(where.name, device)
     if batch_size < 1:
         raise AttnscopeError("the batch size must be at least 1")
     if where.name == "ray":
@@ -74,18 +89,18 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
 
         return analyze_on_ray(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
                               skip_bad=skip_bad, engine=where, progress=progress)
-    return _analyze_locally(corpus, out_dir, model=model, dtype=dtype, batch_size=batch_size, limit=limit,
-                            skip_bad=skip_bad, progress=progress)
+    return _analyze_locally(corpus, out_dir, model=model, dtype=dtype, device=device, batch_size=batch_size,
+                            limit=limit, skip_bad=skip_bad, progress=progress)
 
 
-def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
-                     limit: int | None, skip_bad: bool, progress: bool) -> CorpusReport:
+def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, device: str,
+                     batch_size: int, limit: int | None, skip_bad: bool, progress: bool) -> CorpusReport:
     from ..capture.extract import extract_corpus
     from ..capture.loading import load_model
 
     read = read_corpus(corpus, limit, skip_bad=skip_bad)
-    records = extract_corpus(load_model(model, dtype=dtype), read.items, batch_size=batch_size, norms=True,
-                             progress=False)
+    records = extract_corpus(load_model(model, dtype=dtype, device=device), read.items, batch_size=batch_size,
+                             norms=True, progress=False)
     report = analyze_corpus(records, out_dir, total=len(read.inputs), progress=progress, inputs=read.inputs,
                             batch_size=batch_size)
     return replace(report, skipped=read.skipped)

@@ -23,6 +23,7 @@ machine starve Ray Data's tasks and the job hangs).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -133,28 +134,99 @@ def _configure_data(ray: Any, verbose: bool) -> None:
 
 
 def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
-    """A HOST:PORT address where nothing listens fails now, in one line (Ray itself retries for minutes)."""
+    """A HOST:PORT address where nothing listens, or something other than Ray's GCS answers, fails now, in one
+    line (Ray itself retries for minutes, silently)."""
     import socket
 
     host, _, port = (address or "").rpartition(":")
     if not host or not port.isdigit() or "://" in address:  # None, "auto", "local", ray:// ...: Ray decides
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as connection:
+            answer = _http2_answer(connection)
     except OSError as error:
         reason = "connection refused" if isinstance(error, ConnectionRefusedError) else error.strerror or str(error)
         raise AttnscopeError(f"cannot connect to the Ray cluster at {address}: {reason} (is 'ray start --head' "
                              "running there, and is the port its --port?)") from None
+    if answer is not None and not _is_http2_settings(answer):
+        raise AttnscopeError(f"cannot connect to the Ray cluster at {address}: {_what_answered(answer)}, not Ray's "
+                             "GCS (is the port the one 'ray start --head' printed?)")
+
+
+# Ray's GCS is a gRPC server, so HTTP/2: to a client's preface (RFC 9113, 3.4) it answers with a SETTINGS frame
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+HANDSHAKE_SECONDS = 5.0
+
+
+def _http2_answer(connection: Any) -> bytes | None:
+    """The first bytes the server at ``connection`` answers an HTTP/2 preface with (b"": it closed; None: a cluster
+    that speaks TLS, which this probe does not)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    connection.sendall(HTTP2_PREFACE)
+    connection.settimeout(HANDSHAKE_SECONDS)
+    answer = b""
+    try:
+        while len(answer) < 9 and (received := connection.recv(256)):
+            answer += received
+    except (TimeoutError, ConnectionResetError):
+        pass  # silent, or gone: what came is the answer
+    return answer
+
+
+def _is_http2_settings(answer: bytes) -> bool:
+    """Whether ``answer`` starts with an HTTP/2 frame header of a SETTINGS frame (type 4) on stream 0."""
+    return len(answer) >= 9 and answer[3] == 4 and answer[5:9] == bytes(4)
+
+
+def _what_answered(answer: bytes) -> str:
+    if not answer:
+        return "something accepts connections there but did not answer"
+    first = answer.split(b"\n")[0].strip().decode("ascii", "replace")
+    if first.startswith("HTTP/"):
+        return f"an HTTP server answered ({first})"
+    return f"something else answered ({first!r})" if first.isprintable() else "something else answered"
 
 
 def _check_runtime_env(ray: Any, runtime_env: dict[str, Any] | None) -> None:
     """A runtime environment Ray would reject fails now, in one line (Ray's own check, before ``ray.init``)."""
     if runtime_env is None:
         return
+    _check_env_vars(runtime_env.get("env_vars"))
     try:
         ray.runtime_env.RuntimeEnv(**runtime_env)
     except (TypeError, ValueError) as error:
         raise AttnscopeError(f"--runtime-env: {_message_line(error)}") from None
+    known = _runtime_env_fields(ray)
+    unknown = sorted(set(runtime_env) - known)
+    if unknown:  # Ray passes them on to plugins, and without one of that name the job runs as if they were not there
+        public = sorted(name for name in known if not name.startswith("_"))
+        raise AttnscopeError(f"--runtime-env: Ray would ignore {', '.join(map(repr, unknown))} (no such field); "
+                             f"its fields are {', '.join(public)}")
+
+
+def _runtime_env_fields(ray: Any) -> set[str]:
+    """The fields Ray's runtime environment acts on: its own, and those of the plugins whose schemas it loaded
+    (while checking one: call it after ``RuntimeEnv(...)``)."""
+    fields = set(ray.runtime_env.RuntimeEnv.known_fields)
+    with contextlib.suppress(ImportError):  # where Ray keeps the plugins' schemas (a private module)
+        from ray._private.runtime_env.plugin_schema_manager import RuntimeEnvPluginSchemaManager
+
+        fields |= set(RuntimeEnvPluginSchemaManager.schemas)
+    return fields
+
+
+def _check_env_vars(env_vars: Any) -> None:
+    """Ray's ``env_vars`` is an object of strings; say which value is not one (Ray names a Python type)."""
+    if env_vars is None:
+        return
+    if not isinstance(env_vars, dict):
+        raise AttnscopeError('--runtime-env: "env_vars" must be an object of names and strings, e.g. '
+                             '{"env_vars": {"HF_HOME": "/shared/hf"}}')
+    for name, value in env_vars.items():
+        if not isinstance(value, str):
+            raise AttnscopeError(f'--runtime-env: "env_vars" value of {name} must be a string (in quotes), got '
+                                 f"{json.dumps(value)}")
 
 
 def _message_line(error: BaseException, *, last: bool = False) -> str:
@@ -165,17 +237,20 @@ def _message_line(error: BaseException, *, last: bool = False) -> str:
 
 
 def runtime_env_argument(value: str) -> dict[str, Any]:
-    """``--runtime-env``: a JSON object, or the path of a ``.json`` file holding one (argparse type)."""
+    """``--runtime-env``: a JSON object, or the path of a ``.json`` file holding one (argparse type). A value
+    that starts as JSON does (``{`` or ``[``) is JSON, never a file name."""
     import argparse
-    import json
+
+    from ..files import parse_json, read_text
 
     text, where = value, "the JSON"
-    if Path(value).is_file():
-        text, where = Path(value).read_text(encoding="utf-8", errors="replace"), value
-    elif not value.lstrip().startswith(("{", "[")):
-        raise argparse.ArgumentTypeError(f"neither a JSON object nor a file: {value}")
+    if not value.lstrip().startswith(("{", "[")):
+        try:
+            text, where = read_text(value), value
+        except AttnscopeError as error:
+            raise argparse.ArgumentTypeError(f"neither a JSON object nor a file that can be read ({error})") from None
     try:
-        parsed = json.loads(text)
+        parsed = parse_json(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"{where} is not valid JSON: {error.msg} at line {error.lineno}, "
                                          f"column {error.colno}") from None

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int
+from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int, seed
 from ..cli import Command, add_model_arguments, load_from_args
 from ..corpus.engines import add_engine_arguments, engine_from_args
 from ..errors import AttnscopeError
@@ -71,7 +71,7 @@ def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=index_list, help="comma-separated 0-indexed layers (default: all)")
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the bootstrap (default: 0)")
     parser.add_argument("--naive", action="store_true",
                         help="one full forward pass per variant instead of reusing the layers below (slower, same numbers)")
     parser.add_argument("--format", choices=TABLE_FORMATS, default="csv", help="table format (default: csv)")
@@ -230,7 +230,7 @@ def _mixing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="minilm,smollm2",
                         help="comma-separated models to evaluate (default: minilm,smollm2)")
     parser.add_argument("--sentences", type=positive_int, default=200, help="sentences to evaluate on (default: 200)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap and the random baseline")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the bootstrap and the random baseline")
     parser.add_argument("--plot", type=Path, help="with --evaluate: also draw the table as a bar chart (PNG)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_engine_arguments(parser)  # --engine ray: the evaluation's sentences scored in a Ray actor pool
@@ -277,7 +277,8 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
         raise AttnscopeError("--models needs at least one model")
     if args.plot and not args.plot.parent.is_dir():
         raise AttnscopeError(f"--plot: folder {args.plot.parent} does not exist")
-    engine = engine_from_args(args)
+    engine = engine_from_args(args)  # a device this machine lacks is refused here
+    _check_evaluation_model(args)
     start = time.perf_counter()
     say = lambda line: print(line, file=sys.stderr)
     if engine.name == "ray":
@@ -301,6 +302,18 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_evaluation_model(args: argparse.Namespace) -> None:
+    """The evaluation loads each of ``--models`` in float32 on the CPU (where its measures read the weights and
+    its gradients run): refuse ``--model``, ``--dtype`` and ``--device`` rather than ignore them."""
+    from ..models.registry import DEFAULT_MODEL
+
+    if args.model != DEFAULT_MODEL:
+        raise AttnscopeError(f"--evaluate evaluates the models of --models; give --models {args.model} instead of "
+                             "--model")
+    if args.dtype != "float32" or args.device != "cpu":
+        raise AttnscopeError("--evaluate runs the models in float32 on the CPU; leave out --dtype and --device")
+
+
 # ---- patch ---------------------------------------------------------------------------------------------
 def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clean", help="the clean prompt (its answer is --target)")
@@ -320,7 +333,7 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
                         "allows it); batched: whole forward passes, batched; naive: one forward pass per patch")
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals over pairs (default: 1000)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the bootstrap (default: 0)")
     check = parser.add_argument_group(
         "is direct logit attribution faithful? (--evaluate, no pairs needed)",
         "on built-in tasks (Brown sentences' next words, indirect-object prompts from templates), per prompt: "
@@ -364,7 +377,7 @@ def _read_pairs(args: argparse.Namespace) -> list[dict[str, str | None]]:
 
 
 def _pairs_file(path: Path) -> list[dict[str, str | None]]:
-    from ..files import cannot_read
+    from ..files import cannot_read, parse_json
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -375,7 +388,7 @@ def _pairs_file(path: Path) -> list[dict[str, str | None]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except json.JSONDecodeError as error:
             raise AttnscopeError(f"{path} line {number}: not valid JSON ({error.msg})") from None
         fields = ("clean", "corrupt", "target")

@@ -6,18 +6,25 @@ import argparse
 import json
 from pathlib import Path
 
-from ..arguments import add_output_folder, non_negative_int, positive_int
-from ..capture.options import number_list
+from ..arguments import MAX_SEED, add_output_folder, positive_int, seed
+from ..capture.options import bounded_numbers
 from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
 
 DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "the children drink milk")
+MAX_SEEDS = 100  # toy evaluate --seeds: each seed trains a translator first (about 20 s), so 100 take half an hour
+
+
+def seed_list(value: str) -> tuple[int, ...]:
+    """``--seeds``: numbers like ``0-4`` or ``1,7``, each a seed (at most :data:`MAX_SEED`), at most
+    :data:`MAX_SEEDS` of them."""
+    return bounded_numbers(value, highest=MAX_SEED, most=MAX_SEEDS, what="seeds")
 
 
 def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser("train", help="train (or retrain) the toy translator and cache it")
-    train.add_argument("--seed", type=non_negative_int, default=0)
+    train.add_argument("--seed", type=seed, default=0, help=f"0 to {MAX_SEED} (default: 0)")
     translate = actions.add_parser("translate", help="translate, showing every decoding step")
     translate.add_argument("sentence")
     translate.add_argument("--beams", type=positive_int, default=1, help="beam width (1 = greedy)")
@@ -31,10 +38,10 @@ def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     corrupt.add_argument("--mode", default="all", help="an experiment name, or 'all' (default)")
     evaluate = actions.add_parser("evaluate", help="exact match on the held-out split, intact and corrupted")
     evaluate.add_argument("--json", action="store_true", help="print the figures as one JSON object (last line)")
-    evaluate.add_argument("--seeds", type=number_list, metavar="SEEDS",
-                          help="evaluate a translator trained with each of these seeds (e.g. 0-4; each trained once "
-                               "and cached, about 20 s) and report the mean and range over them: one training run is "
-                               "one draw, and floating point differs between CPUs")
+    evaluate.add_argument("--seeds", type=seed_list, metavar="SEEDS",
+                          help=f"evaluate a translator trained with each of these seeds (e.g. 0-4, at most "
+                               f"{MAX_SEEDS}; each trained once and cached, about 20 s) and report the mean and range "
+                               "over them: one training run is one draw, and floating point differs between CPUs")
 
 
 def _run_toy(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ AGREEMENT = ("Number", "Person", "Gender")
 BASELINES = ("nearest", "headword", "rule")
 OUTSIDE = "every earlier mention of its chain lies before the window"
 UNALIGNED = "head word or antecedents without word pieces"
+MIN_WINDOW = 2  # tokens of text a window holds at least
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ def plan_windows(token_counts: Sequence[int], budget: int) -> list[Window]:
     [Window(start=0, end=4, own=0), Window(start=2, end=6, own=4), Window(start=4, end=8, own=6), \
 Window(start=6, end=10, own=8)]
     """
-    if budget < 2:
-        raise AttnscopeError(f"a window must hold at least 2 tokens, got {budget}")
+    if budget < MIN_WINDOW:
+        raise AttnscopeError(f"a window must hold at least {MIN_WINDOW} tokens, got {budget}")
     windows, start, own, n = [], 0, 0, len(token_counts)
     while own < n:
         end, used = start, 0

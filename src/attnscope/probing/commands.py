@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..arguments import add_output_folder, finite_float, non_negative_int, positive_int
+from ..arguments import add_output_folder, finite_float, positive_int, seed
 from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
 
@@ -76,7 +76,7 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     edges.add_argument("--no-reinit", action="store_true",
                        help="skip the re-initialised-weights baseline (saves a second pass over the corpus)")
     edges.add_argument("--test-share", type=finite_float, default=0.2, help="share of sentences held out (default: 0.2)")
-    edges.add_argument("--seed", type=non_negative_int, default=0,
+    edges.add_argument("--seed", type=seed, default=0,
                        help="seed of the split, pair sampling and re-init (default: 0)")
     _common(edges, "edges")
 
@@ -171,7 +171,7 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_items(path: Path) -> list[Any]:
-    from ..files import read_text
+    from ..files import parse_json, read_text
     from .coref import CorefItem
 
     lines = read_text(path).splitlines()
@@ -180,7 +180,7 @@ def _read_items(path: Path) -> list[Any]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
             items.append(CorefItem(str(row["sentence"]), str(row["pronoun"]), str(row["antecedent"]),
                                    None if row.get("wrong") is None else str(row["wrong"]), int(row.get("id", number))))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):

@@ -12,7 +12,7 @@ from typing import Any
 from ..capture.extract import as_loaded
 from ..errors import AttnscopeError
 from .alignment import MismatchTally, attend_words, word_token_counts
-from .chains import ChainsResult, plan_documents, score_chains
+from .chains import MIN_WINDOW, ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyResult, count_dependency_heads
 from .documents import documents_of, require_entities
@@ -39,7 +39,11 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     tally = MismatchTally()
     counts = count_dependency_heads(attend_words(loaded, treebank.sentences, batch_size=batch_size,
                                                  progress=progress, tally=tally), causal=loaded.causal)
-    if not sum(int(n.sum()) for n in counts.arcs.values()):  # nothing to tabulate: say why, not empty tables
+    if not counts.sentences and counts.too_long:  # nothing to tabulate: say why, not empty tables
+        raise AttnscopeError(f"no dependency arc could be scored: all {counts.too_long} sentence(s) are longer than "
+                             f"{loaded.name}'s limit of {loaded.max_length} tokens; give shorter sentences, or a "
+                             "model with a longer limit")
+    if not sum(int(n.sum()) for n in counts.arcs.values()):
         raise AttnscopeError(f"no dependency arc could be scored: all {counts.dropped_arcs} arc(s) have a word that "
                              f"{loaded.name}'s tokenizer gives no word piece (e.g. only invisible or control "
                              "characters); give sentences with words")
@@ -74,6 +78,10 @@ def probe_chains(model: Any, treebank: Treebank, *, window: int = WINDOW_TOKENS,
     specials = len(tokenizer("a")["input_ids"]) - len(tokenizer("a", add_special_tokens=False)["input_ids"])
     tokens = min(window, loaded.max_length)
     budget = tokens - specials - WINDOW_MARGIN
+    if budget < MIN_WINDOW:
+        raise AttnscopeError(f"--window {window} is too small: a window of {loaded.name} needs at least "
+                             f"{specials + WINDOW_MARGIN + MIN_WINDOW} tokens ({specials} special, a margin of "
+                             f"{WINDOW_MARGIN} and {MIN_WINDOW} of text)")
     documents = documents_of(treebank)
     counts = [word_token_counts(tokenizer, document.text, document.spans) for document in documents]
     texts, left_out = plan_documents(documents, counts, budget, singletons)

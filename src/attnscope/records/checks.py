@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..files import parse_json
 from .format import ROW_STATISTICS, distance_bin_edges
 
 TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
@@ -74,7 +75,7 @@ def _json_object(header: str | None) -> dict[str, Any]:
     if header is None:
         raise _Damaged("a safetensors file without attnscope metadata")
     try:
-        meta = json.loads(header, parse_constant=_refuse_constant)
+        meta = parse_json(header, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise _Damaged(f"its metadata is not JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(meta, dict):
