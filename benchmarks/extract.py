@@ -433,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     if max(contention.values()) > CONTENTION_LIMIT:
         log(f"warning: other processes used more than {CONTENTION_LIMIT:.0%} of the cpus during a counted run; the figures are "
             "unreliable (see other_cpu_share_counted_runs); rerun on a quiet machine")
-    emit("extract", result, keep=not (args.quick or args.smoke) and args.sentences is None, device=args.device)
+    # a GPU's figures are kept apart from the CPU's (docs/bench/extract_cuda.json): they never share a table
+    emit("extract" if on_cpu else f"extract_{device.type}", result,
+         keep=not (args.quick or args.smoke) and args.sentences is None, device=args.device)
     return 0
 
 

