@@ -85,7 +85,8 @@ def emit(name: str, figures: dict[str, Any], keep: bool = True, device: str = "c
         if "--record" in arguments:  # asked to record, and nothing was: say so rather than succeed silently
             sys.exit(f"{name}: --record: not recorded, only a full-size run (no --smoke, --quick or other sizes) is")
         return
-    command = " ".join(["python", f"benchmarks/{name}.py", *(a for a in arguments if a != "--record")])
+    script = Path(sys.argv[0]).name  # the file that ran (extract.py keeps a GPU's figures as extract_cuda)
+    command = " ".join(["python", f"benchmarks/{script}", *(a for a in arguments if a != "--record")])
     kept = json.dumps({"command": command, "date": date.today().isoformat(), "cpu": cpu_name(), "figures": figures},
                       indent=1) + "\n"
     for folder in [RUNS, *([DOCS_BENCH] if "--record" in arguments else [])]:
