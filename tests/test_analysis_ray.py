@@ -26,11 +26,14 @@ ray = pytest.importorskip("ray")
 
 N_SENTENCES = 300
 ACTOR_TITLE = "HeadsWorker"  # Ray names an actor's process ray::MapWorker(MapBatches(HeadsWorker))
+MARKER = f"ATTNSCOPE_TEST_RAY={os.getpid()}"  # in the environment of this Ray's processes: no other's actor is killed
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(*MARKER.split("="))  # the processes ray.init starts inherit it
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -101,13 +104,14 @@ def test_a_malformed_line_fails_the_job_naming_file_and_line(local_ray, tmp_path
 
 
 def actor_pids() -> list[int]:
-    """Processes whose title (Ray sets it in /proc/PID/cmdline) names the engine's actor."""
+    """This test's Ray processes whose title (Ray sets it in /proc/PID/cmdline) names the engine's actor."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if ACTOR_TITLE in cmdline.read_bytes().decode(errors="replace"):
+            if (ACTOR_TITLE in cmdline.read_bytes().decode(errors="replace")
+                    and MARKER.encode() in cmdline.with_name("environ").read_bytes().split(b"\0")):
                 pids.append(int(cmdline.parent.name))
-        except OSError:  # the process ended meanwhile
+        except OSError:  # the process ended meanwhile, or is not ours to read
             continue
     return pids
 

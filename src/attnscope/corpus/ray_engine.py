@@ -268,8 +268,8 @@ def plan_corpus(ray: Any, sources: list[Source], limit: int | None, *, skip_bad:
     its file and line unless ``skip_bad``; an empty corpus fails."""
     if limit is not None and limit < 1:
         raise AttnscopeError("--limit must be at least 1")
-    counted = sorted(_source_items(ray, sources, None).map(_count_source, num_cpus=READ_CPUS).take_all(),
-                     key=lambda row: row["index"])
+    count = ray.remote(num_cpus=READ_CPUS)(_count_source)  # plain tasks: a first Ray Data job costs seconds
+    counted = ray.get([count.remote(row) for row in _source_rows(sources, None)])
     offsets, skipped, total = [], [], 0
     for row in counted:
         if limit is not None and total >= limit:
@@ -289,11 +289,15 @@ def plan_corpus(ray: Any, sources: list[Source], limit: int | None, *, skip_bad:
     return CorpusPlan(sources[:len(offsets)], offsets, n_inputs, skipped)
 
 
+def _source_rows(sources: list[Source], offsets: list[int] | None) -> list[dict[str, Any]]:
+    """One row per source: its index, name, path and first id."""
+    return [{"index": i, "name": s.name, "path": s.path or "", "offset": offsets[i] if offsets else 0}
+            for i, s in enumerate(sources)]
+
+
 def _source_items(ray: Any, sources: list[Source], offsets: list[int] | None) -> Any:
-    """One row (and one block, so one task) per source: its index, name, path and first id."""
-    items = [{"index": i, "name": s.name, "path": s.path or "", "offset": offsets[i] if offsets else 0}
-             for i, s in enumerate(sources)]
-    return ray.data.from_items(items, override_num_blocks=len(items))
+    """A Ray dataset of :func:`_source_rows`, one block (so one task) per source."""
+    return ray.data.from_items(_source_rows(sources, offsets), override_num_blocks=len(sources))
 
 
 def _source_of(row: dict[str, Any]) -> Source:
