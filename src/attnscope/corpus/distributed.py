@@ -39,6 +39,7 @@ from .ray_engine import (
     PartialWorker,
     corpus_dataset,
     corpus_sources_of,
+    data_starting,
     fold_on_ray,
     items_dataset,
     plan_corpus,
@@ -120,7 +121,8 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
     ray = ray_module()
     with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=skip_bad)
-        loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        with data_starting(ray):
+            loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         folded = fold_on_ray(ray, corpus_dataset(ray, plan, corpus_window(batch_size)), HeadsWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size,
                               "out_dir": str(rows_dir.resolve())},
@@ -204,7 +206,8 @@ def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_s
     ray = ray_module()
     with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=False)
-        load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        with data_starting(ray):
+            load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
         folded = fold_on_ray(ray, corpus_dataset(ray, plan, batch_size * SINKS_WINDOW_BATCHES), SinksWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size, "factor": factor},
                              n_inputs=plan.n_inputs, num_actors=engine.num_actors, desc="sinks (ray)",

@@ -129,6 +129,24 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
         yield progress_stream
 
 
+@contextlib.contextmanager
+def data_starting(ray: Any) -> Iterator[None]:
+    """Ray Data's actors of the cluster (its statistics, actor locations and autoscaling coordinator, which a
+    cluster's first dataset starts: seconds of process start-up) starting on a thread while the block runs, e.g.
+    while the driver loads its model; joined at the end, so that the job's dataset finds them ready."""
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # the job's own dataset starts them then
+            ray.data.range(1).materialize()
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
 def _configure_data(ray: Any, verbose: bool) -> None:
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the driver shows one bar, over inputs
