@@ -186,10 +186,11 @@ def corpus_records(loaded: LoadedModel, items: Sequence[Item], batch_size: int, 
                    packed: PackedWeights | None = None, parallel_batches: int | None = None) -> Iterator[AttentionRecord]:
     """The records corpus analysis turns into head rows, computed alike by every engine so that their rows are
     equal bit for bit. An input's attention depends, in its last bits, on how long its batch is padded
-    (vectorised sums over the keys) and on the GEMM library, not on its companions or the thread count; so
+    (vectorised sums over the keys) and on the GEMM library; with MKL also on the batch's size (seen on an
+    Intel Xeon with AMX); not on the thread count (1 to 16 on that Xeon and on an AMD EPYC with AVX-512). So
     the inputs are sorted and batched within windows of :func:`corpus_window` from the first item (the Ray
     engine gives each actor whole windows) and the linear layers always run on oneDNN (the local default
-    leaves a one-batch corpus on MKL, whose sums run in another order)."""
+    leaves a one-batch corpus on MKL)."""
     from ..capture.extract import extract_corpus
 
     return extract_corpus(loaded, items, batch_size=batch_size, norms=True, progress=False, onednn=True,
