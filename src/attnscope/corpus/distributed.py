@@ -16,9 +16,9 @@ only). It then writes the same report as the local engine; ``heads.duckdb`` hold
 ``head_labels`` and views of the Parquet tables (paths relative to the report folder). The few inputs
 whose maps the report shows are re-run on the driver.
 
-``attnscope sinks`` goes the same way with :class:`SinksWorker`: each batch's sums of the sink measures
+``attnscope sinks`` goes the same way with :class:`SinksWorker`: each window's sums of the sink measures
 (:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means; and ``attnscope mixing
---evaluate`` with :class:`MixingWorker`: each batch of sentences' rank correlations, merged into the table.
+--evaluate`` with :class:`MixingWorker`: each window of sentences' rank correlations, merged into the table.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class SentenceCorrelations:
 
 
 class MixingWorker(PartialWorker):
-    """Scores a batch of evaluation sentences (:func:`~attnscope.experiments.faithfulness.correlations_by_sentence`)."""
+    """Scores a window of evaluation sentences (:func:`~attnscope.experiments.faithfulness.correlations_by_sentence`)."""
 
     def __init__(self, model: str, dtype: str, threads: int, seed: int, progress: Any = None) -> None:
         super().__init__(model, dtype, threads, progress)
