@@ -17,14 +17,13 @@ bigger file, e.g. the full derived Brown corpus of ``scripts/derive_brown_corpus
            ``driver_peak_mb_small`` and ``_large``; ``driver_growth`` is their ratio (at most 1.2: the
            driver holds per-head aggregates, not rows).
 
-``rows_equal`` and ``report_equal`` allow 1e-6 for the statistics, relative for values above 1, and
-1e-5 for what the classifier derives from them (its evidence, ratios of statistics, and its
-confidence, a margin divided by a width of 0.1), which amplify float32's last-bit differences.
+Both engines run the same batches (the Ray engine's actors get the local engine's sort windows whole) and
+sum exactly, so ``rows_equal`` and ``report_equal`` ask for equality bit for bit, with no tolerance.
 Timing is wall clock of the engine's call (model loads and actor start included); starting Ray itself
 (``ray.init``, a cluster's one-time cost) is printed but not counted. ``rows_equal``: same (input,
-layer, head) keys, every statistic within 1e-6, same labels (``rows_max_gap`` and ``_column``: the
-statistics' largest gap and where; ``rows_max_gap_derived`` and ``_column``: the classifier's);
-``report_equal``: the report's per-head figures within 1e-6, the same labels, stable heads and findings. The projection to 1M and 100M
+layer, head) keys, every statistic, label and classifier figure the same (``rows_max_gap`` and ``_column``: the
+statistics' largest gap and where; ``rows_max_gap_derived`` and ``_column``: the classifier's, its evidence
+and confidence); ``report_equal``: the report's per-head figures, labels, stable heads and findings the same. The projection to 1M and 100M
 sentences uses the large run's actor-seconds per sentence and Parquet bytes per sentence. The CPU is
 printed first; the last line is one JSON object of figures.
 """
@@ -47,10 +46,6 @@ import pandas as pd
 from bench_json import add_record_flag, cpu_name, emit
 
 BATCH_SIZE = 32
-TOLERANCE = 1e-6
-# the classifier's evidence (ev_*: ratios of statistics, such as a diagonal's contrast) and confidence
-# (0.5 + 0.5 tanh of a margin divided by a width of 0.1) amplify the statistics' last-bit differences
-DERIVED_TOLERANCE = 1e-5
 PROJECTED = (1_000_000, 100_000_000)
 NODE_ACTORS = 16  # one-thread actors per node in the projection (a 16-core node)
 NODE_HOURS = 24  # the projection's nodes finish in this many hours
@@ -108,25 +103,23 @@ def head_stats(path: Path) -> pd.DataFrame:
 
 
 def frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> tuple[bool, dict[str, tuple[float, str]]]:
-    """Same columns and length, every statistic within TOLERANCE and every derived column (the classifier's
-    evidence and confidence) within DERIVED_TOLERANCE (relative for values above 1: float32 sums on
-    different thread counts differ in their last bits; NaN where NaN), the rest equal. Also
-    ``{"statistics" | "derived": (largest gap, its column)}``."""
+    """Same columns, length and values, bit for bit (NaN where NaN). Also ``{"statistics" | "derived": (largest
+    gap, its column)}``, relative for values above 1 (distances), absolute below; "derived": the classifier's
+    evidence and confidence."""
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         return False, {}
     floats = [c for c in a.columns if a[c].dtype.kind == "f"]
-    others = [c for c in a.columns if c not in floats]
     x, y = a[floats].to_numpy(float), b[floats].to_numpy(float)
-    gap = np.nan_to_num(np.abs(x - y) / np.maximum(1.0, np.abs(y)))  # relative above 1 (distances), absolute below
+    gap = np.nan_to_num(np.abs(x - y) / np.maximum(1.0, np.abs(y)))
     by_column = dict(zip(floats, gap.max(axis=0) if len(gap) else np.zeros(len(floats))))
     largest = {}
-    for kind, tolerance in (("statistics", TOLERANCE), ("derived", DERIVED_TOLERANCE)):
+    for kind in ("statistics", "derived"):
         columns = [c for c in floats if (c.startswith("ev_") or c == "confidence") == (kind == "derived")]
         column = max(columns, key=by_column.get, default="")
-        largest[kind] = (float(by_column.get(column, 0.0)), column, tolerance)
-    within = all(gap <= tolerance for gap, _, tolerance in largest.values())
-    same = within and (np.isnan(x) == np.isnan(y)).all() and (a[others].to_numpy() == b[others].to_numpy()).all()
-    return bool(same), {kind: (gap, column) for kind, (gap, column, _) in largest.items()}
+        largest[kind] = (float(by_column.get(column, 0.0)), column)
+    others = [c for c in a.columns if c not in floats]
+    same = np.array_equal(x, y, equal_nan=True) and (a[others].to_numpy() == b[others].to_numpy()).all()
+    return bool(same), largest
 
 
 def folder_mb(folder: Path) -> float:

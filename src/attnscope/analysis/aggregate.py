@@ -4,7 +4,9 @@ A worker turns its batch of head rows (:func:`attnscope.corpus.report.head_rows`
 :class:`HeadsPartial`: per head (0-indexed layer and head), the sum and the count of measured values of
 every statistic, the count of inputs per pattern label, and per finding pattern the clearest input (its
 score and id). Partials merge by adding (and keeping the clearer example), in any order and any tree, so
-the driver holds ``O(layers x heads)`` numbers whatever the corpus size. :class:`Coverage` says which
+the driver holds ``O(layers x heads)`` numbers whatever the corpus size. The sums are exact
+(:class:`ExactSum`), so the merged figures are the same bits however the inputs were split and in
+whatever order their partials arrived: the Ray engine's report equals the local engine's. :class:`Coverage` says which
 input ids a partial counted, as runs, so that merging proves every input was counted exactly once.
 
 >>> partial = HeadsPartial.from_rows(rows, "minilm")          # doctest: +SKIP
@@ -24,6 +26,8 @@ from ..errors import AttnscopeError
 from .patterns import PATTERNS, CorpusPatterns, _label_codes
 
 KEYS = ("input_id", "layer", "head")
+FRACTION_BITS = 60  # ExactSum counts a value's fraction in units of 2^-60 (rounded to the nearest)
+LIMB_BITS = 20  # ... in three limbs of 20 bits: int64 sums of them cannot overflow before 2^43 values
 NOT_AVERAGED = ("input_id", "n_tokens", "label", "kovaleva")  # columns the report's summary leaves out
 
 
@@ -90,6 +94,64 @@ def _gaps(runs: list[tuple[int, int]], n: int) -> str:
     return ", ".join(gaps[:5]) + (" ..." if len(gaps) > 5 else "")
 
 
+@dataclass(frozen=True)
+class ExactSum:
+    """Sums of float64 values per cell, kept as integers so that adding partial sums is exact and the same in any
+    order (float additions round differently for each order and grouping).
+
+    ``parts`` ``[6, *cells]`` int64: the counts of +inf and -inf, then the sum of the values' signed integer parts
+    and of their fractions' three signed 20-bit limbs (units of 2^-:data:`FRACTION_BITS`). A value is held
+    exactly down to 2^-60 (8.7e-19), and rounded to the nearest multiple of it below.
+    """
+
+    parts: np.ndarray
+
+    @classmethod
+    def of(cls, values: np.ndarray, cell: np.ndarray, n_cells: int) -> ExactSum:
+        """The sums of ``values`` (NaN: left out) per ``cell`` (``[value]`` indices below ``n_cells``)."""
+        finite = np.isfinite(values)
+        magnitude = np.where(finite, np.abs(values), 0.0)
+        if (magnitude >= 2.0**62).any():
+            raise AttnscopeError(f"a value of {magnitude.max():g} is too large to sum exactly")
+        whole = np.floor(magnitude)
+        fraction = np.rint((magnitude - whole) * 2.0**FRACTION_BITS).astype(np.int64)  # exact: |v| - floor(|v|)
+        mask = (1 << LIMB_BITS) - 1
+        limbs = [whole.astype(np.int64), fraction >> 2 * LIMB_BITS, (fraction >> LIMB_BITS) & mask, fraction & mask]
+        parts = np.stack([values == np.inf, values == -np.inf, *(np.sign(values, where=finite, out=np.zeros_like(values))
+                                                                  .astype(np.int64) * limb for limb in limbs)])
+        sums = np.zeros((len(parts), n_cells), dtype=np.int64)
+        np.add.at(sums.T, cell, parts.T.astype(np.int64))
+        return cls(sums)
+
+    def __add__(self, other: ExactSum) -> ExactSum:
+        return ExactSum(self.parts + other.parts)
+
+    def reshape(self, shape: tuple[int, ...]) -> ExactSum:
+        return ExactSum(self.parts.reshape(len(self.parts), *shape))
+
+    def divided_by(self, counts: np.ndarray) -> np.ndarray:
+        """Each cell's sum divided by its count (1: the sum itself), the exact quotient rounded once to float64;
+        NaN where the count is 0 or the sum holds both infinities, +-inf where it holds one."""
+        positive, negative, whole, *limbs = (part.ravel().tolist() for part in self.parts)
+        counts = np.broadcast_to(counts, self.parts.shape[1:]).ravel().tolist()
+        quotients = [_quotient(positive[i], negative[i], _units(whole[i], [limb[i] for limb in limbs]), counts[i])
+                     for i in range(len(counts))]
+        return np.array(quotients, dtype=float).reshape(self.parts.shape[1:])
+
+
+def _units(whole: int, limbs: list[int]) -> int:
+    """An :class:`ExactSum` cell's finite sum as one integer, in units of 2^-FRACTION_BITS."""
+    for limb in limbs:
+        whole = (whole << LIMB_BITS) + limb
+    return whole
+
+
+def _quotient(positive: int, negative: int, units: int, count: int) -> float:
+    if positive or negative:
+        return float("nan") if positive and negative else float("inf") if positive else float("-inf")
+    return units / (count << FRACTION_BITS) if count else float("nan")  # int / int: rounded once
+
+
 @dataclass
 class HeadsPartial:
     """Per-head aggregates of some inputs' head rows (see the module docstring); arrays are ``[layer, head]``
@@ -101,7 +163,7 @@ class HeadsPartial:
 
     model: str
     columns: list[str]
-    sums: dict[str, np.ndarray]
+    sums: dict[str, ExactSum]
     seen: dict[str, np.ndarray]
     counts: np.ndarray
     best: dict[str, tuple[np.ndarray, np.ndarray]]
@@ -123,7 +185,7 @@ class HeadsPartial:
         sums, seen = {}, {}
         for column in columns:
             values = rows[column].to_numpy(dtype=float)
-            sums[column] = np.bincount(cell, np.nan_to_num(values), minlength=shape[0] * shape[1]).reshape(shape)
+            sums[column] = ExactSum.of(values, cell, shape[0] * shape[1]).reshape(shape)
             seen[column] = np.bincount(cell, ~np.isnan(values), minlength=shape[0] * shape[1]).reshape(shape)
         codes = _label_codes(rows["label"].to_numpy())
         counts = np.bincount(cell * len(PATTERNS) + codes, minlength=shape[0] * shape[1] * len(PATTERNS))
@@ -153,12 +215,11 @@ class HeadsPartial:
 
     def means(self, column: str) -> np.ndarray:
         """``[layer, head]``: the mean of ``column`` over the inputs where it was measured (NaN: never)."""
-        total, seen = self.sums[column], self.seen[column]
-        return np.divide(total, seen, out=np.full(self.shape, np.nan), where=seen > 0)
+        return self.sums[column].divided_by(self.seen[column].astype(np.int64))
 
     def summary(self) -> Any:
         """One row per head (``layer``, ``head``, then the mean of every statistic), as pandas' ``groupby``
-        mean of the rows gives it."""
+        mean of the rows gives it (to float64's rounding: here the exact mean, rounded once)."""
         import pandas as pd
 
         layers, heads = np.indices(self.shape)
@@ -169,7 +230,8 @@ class HeadsPartial:
         """The labels' counts and the mean evidence per head, as :meth:`CorpusPatterns.from_rows` counts them."""
         evidence = [c for c in self.columns if c.startswith("ev_")]
         return CorpusPatterns(self.counts, {c[3:]: self.means(c) for c in evidence}, self.model,
-                              {c[3:]: self.sums[c] for c in evidence}, {c[3:]: self.seen[c] for c in evidence})
+                              {c[3:]: self.sums[c].divided_by(np.ones(self.shape, dtype=np.int64)) for c in evidence},
+                              {c[3:]: self.seen[c] for c in evidence})
 
     def clearest(self, pattern: str, layer: int, head: int) -> tuple[float, int] | None:
         """(score, input id) of the clearest input of ``pattern`` at a head, or None where it never applied."""

@@ -2,8 +2,10 @@
 computed and aggregated on the workers.
 
 The corpus is read and parsed by Ray tasks and the model runs in an actor pool
-(:mod:`attnscope.corpus.ray_engine`). Each actor turns a window of inputs (``batch_size`` x the local
-engine's sort window) into :func:`~attnscope.corpus.report.head_rows`, writes them, and its inputs, as
+(:mod:`attnscope.corpus.ray_engine`). Each actor turns a window of inputs (one of the local engine's sort
+windows, :func:`~attnscope.corpus.report.corpus_window`) into the records of
+:func:`~attnscope.corpus.report.corpus_records`, as the local engine computes them, and those into
+:func:`~attnscope.corpus.report.head_rows`, writes them, and its inputs, as
 Parquet part files named by the window's first input id (``OUT/parquet/head_stats/`` and
 ``OUT/parquet/inputs/``; a retried window replaces its own files, written whole or not at all), and returns
 only their :class:`~attnscope.analysis.aggregate.HeadsPartial`. The driver merges the partials, so its
@@ -14,9 +16,9 @@ only). It then writes the same report as the local engine; ``heads.duckdb`` hold
 ``head_labels`` and views of the Parquet tables (paths relative to the report folder). The few inputs
 whose maps the report shows are re-run on the driver.
 
-``attnscope sinks`` goes the same way with :class:`SinksWorker`: each batch's sums of the sink measures
+``attnscope sinks`` goes the same way with :class:`SinksWorker`: each window's sums of the sink measures
 (:class:`~attnscope.analysis.sinks.SinkTotals`) are merged into the report's means; and ``attnscope mixing
---evaluate`` with :class:`MixingWorker`: each batch of sentences' rank correlations, merged into the table.
+--evaluate`` with :class:`MixingWorker`: each window of sentences' rank correlations, merged into the table.
 """
 
 from __future__ import annotations
@@ -37,16 +39,27 @@ from .ray_engine import (
     PartialWorker,
     corpus_dataset,
     corpus_sources_of,
+    data_starting,
     fold_on_ray,
     items_dataset,
     plan_corpus,
     ray_module,
     ray_session,
 )
-from .report import CorpusReport, examples_of, finding_inputs, head_rows, heads_partial, write_report
+from .report import (
+    CorpusReport,
+    corpus_records,
+    corpus_window,
+    examples_of,
+    finding_inputs,
+    head_rows,
+    heads_partial,
+    write_report,
+)
 
 ROWS_FOLDER = "parquet"
-MIXING_BATCH = 8  # evaluation sentences a batch: a few seconds of work each, spread over every actor
+MIXING_BATCH = 8  # evaluation sentences a window: a few seconds of work each, spread over every actor
+SINKS_WINDOW_BATCHES = 4  # batches a window of attnscope sinks
 PARTS = ("head_stats", "inputs")
 INPUT_COLUMNS = (("input_id", "int64"), ("text", "string"), ("pair", "string"), ("n_tokens", "int64"),
                  ("source", "string"), ("line", "int64"))
@@ -64,23 +77,20 @@ class HeadsWorker(PartialWorker):
         self.batch_size = batch_size
         self.folder = Path(out_dir)
 
-    def partial(self, batch: Any) -> HeadsPartial:
-        from ..capture.extract import extract_corpus
-
-        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
+    def partial(self, inputs: Any) -> HeadsPartial:
+        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(inputs["text"], inputs["pair"])]
         records = []
-        for record in extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False,
-                                     onednn=True, packed=self.packed, parallel_batches=1):
+        for record in corpus_records(self.loaded, items, self.batch_size, packed=self.packed, parallel_batches=1):
             records.append(record)
             if len(records) % self.batch_size == 0:
                 self.done(self.batch_size)
         self.done(len(records) % self.batch_size)
-        ids = [int(i) for i in batch["input_id"]]
+        ids = [int(i) for i in inputs["input_id"]]
         rows = head_rows(ids, records)
         name = f"part-{min(ids):012d}.parquet"
-        inputs = batch[["input_id", "text", "pair", "source", "line"]].assign(n_tokens=[len(r.tokens) for r in records])
+        table = inputs.assign(n_tokens=[len(r.tokens) for r in records])
         write_part(self.folder / "head_stats" / name, rows)
-        write_part(self.folder / "inputs" / name, inputs[[name for name, _ in INPUT_COLUMNS]], INPUT_COLUMNS)
+        write_part(self.folder / "inputs" / name, table[[name for name, _ in INPUT_COLUMNS]], INPUT_COLUMNS)
         return heads_partial(rows, self.loaded.name)
 
 
@@ -101,7 +111,6 @@ def write_part(path: Path, frame: Any, schema: Sequence[tuple[str, str]] | None 
 def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, batch_size: int,
                    limit: int | None, skip_bad: bool, engine: Engine, progress: bool) -> CorpusReport:
     """:func:`attnscope.corpus.engines.analyze_heads` with ``engine="ray"`` (see the module docstring)."""
-    from ..capture.extract import SORT_WINDOW_BATCHES
     from ..capture.loading import load_model
 
     sources = corpus_sources_of(corpus)  # a corpus that does not exist fails now, before Ray starts
@@ -112,19 +121,19 @@ def analyze_on_ray(corpus: str | Sequence[str], out_dir: str | Path, *, model: s
     ray = ray_module()
     with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=skip_bad)
-        loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
-        folded = fold_on_ray(ray, corpus_dataset(ray, plan), HeadsWorker,
+        with data_starting(ray):
+            loaded = load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        folded = fold_on_ray(ray, corpus_dataset(ray, plan, corpus_window(batch_size)), HeadsWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size,
                               "out_dir": str(rows_dir.resolve())},
-                             n_inputs=plan.n_inputs, batch_size=batch_size * SORT_WINDOW_BATCHES,
-                             num_actors=engine.num_actors, desc="analysing heads (ray)", progress=progress and stderr,
-                             stall_s=engine.stall_s)
-        check_parts(rows_dir, folded.value, plan.n_inputs, folded.batches)
+                             n_inputs=plan.n_inputs, num_actors=engine.num_actors, desc="analysing heads (ray)",
+                             progress=progress and stderr, stall_s=engine.stall_s)
+        check_parts(rows_dir, folded.value, plan.n_inputs, folded.windows)
         report = _report(Path(out_dir), folded.value, loaded)
     return replace(report, skipped=plan.skipped, engine="ray")
 
 
-def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, batches: int) -> None:
+def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, windows: int) -> None:
     """The Parquet folder holds exactly what the merged windows counted: one file per window and table,
     ``aggregate.rows`` head rows and ``n_inputs`` inputs with ids ``0 .. n_inputs - 1`` (DuckDB over the
     files' metadata and id columns; nothing is read into the driver but the counts)."""
@@ -137,8 +146,8 @@ def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, batches:
         found = duckdb.connect().execute(
             "SELECT count(*), min(input_id), max(input_id) FROM read_parquet(?)", [str(folder / "*.parquet")]
         ).fetchone() if files else (0, None, None)
-        if files != batches or tuple(found) != (rows, 0, n_inputs - 1):
-            raise AttnscopeError(f"{folder} holds {found[0]} rows in {files} files, expected {rows} in {batches} "
+        if files != windows or tuple(found) != (rows, 0, n_inputs - 1):
+            raise AttnscopeError(f"{folder} holds {found[0]} rows in {files} files, expected {rows} in {windows} "
                                  "(a window's files are missing or were written twice); nothing reported")
     for leftover in [entry for part in PARTS for entry in (rows_dir / part).glob(".*.tmp")]:
         leftover.unlink(missing_ok=True)  # a killed actor's unfinished file, never renamed into the table
@@ -169,7 +178,7 @@ def _report(out: Path, aggregate: HeadsPartial, loaded: Any) -> CorpusReport:
 
 # ---- attnscope sinks ------------------------------------------------------------------------------
 class SinksWorker(PartialWorker):
-    """Turns a batch of inputs into the sums of their sink measures (:class:`~attnscope.analysis.sinks.SinkTotals`)."""
+    """Turns a window of inputs into the sums of their sink measures (:class:`~attnscope.analysis.sinks.SinkTotals`)."""
 
     def __init__(self, model: str, dtype: str, threads: int, batch_size: int, factor: float,
                  progress: Any = None) -> None:
@@ -177,10 +186,10 @@ class SinksWorker(PartialWorker):
         self.batch_size = batch_size
         self.factor = factor
 
-    def partial(self, batch: Any) -> SinkTotals:
+    def partial(self, inputs: Any) -> SinkTotals:
         from ..capture.extract import extract_corpus
 
-        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(batch["text"], batch["pair"])]
+        items = [(text, pair if isinstance(pair, str) else None) for text, pair in zip(inputs["text"], inputs["pair"])]
         records = extract_corpus(self.loaded, items, batch_size=self.batch_size, norms=True, progress=False)
         totals = SinkTotals.of(records, self.factor)
         self.done(len(items))
@@ -190,18 +199,19 @@ class SinksWorker(PartialWorker):
 def sinks_on_ray(corpus: str | Sequence[str], *, model: str, dtype: str, batch_size: int, limit: int | None,
                  factor: float, engine: Engine, progress: bool = True) -> SinkReport:
     """:func:`~attnscope.analysis.sinks.sink_report` of a corpus, computed by an actor pool and merged from
-    each batch's sums (exactly once: the batches' input ids tile the corpus)."""
+    each window's sums (exactly once: the windows' input ids tile the corpus)."""
     from ..capture.loading import load_model
 
     sources = corpus_sources_of(corpus)
     ray = ray_module()
     with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         plan = plan_corpus(ray, sources, limit, skip_bad=False)
-        load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
-        folded = fold_on_ray(ray, corpus_dataset(ray, plan), SinksWorker,
+        with data_starting(ray):
+            load_model(model, dtype=dtype)  # a model the driver cannot load fails here, before any actor starts
+        folded = fold_on_ray(ray, corpus_dataset(ray, plan, batch_size * SINKS_WINDOW_BATCHES), SinksWorker,
                              {"model": model, "dtype": dtype, "batch_size": batch_size, "factor": factor},
-                             n_inputs=plan.n_inputs, batch_size=batch_size * 4, num_actors=engine.num_actors,
-                             desc="sinks (ray)", progress=progress and stderr, stall_s=engine.stall_s)
+                             n_inputs=plan.n_inputs, num_actors=engine.num_actors, desc="sinks (ray)",
+                             progress=progress and stderr, stall_s=engine.stall_s)
     return folded.value.report()
 
 
@@ -219,16 +229,16 @@ class SentenceCorrelations:
 
 
 class MixingWorker(PartialWorker):
-    """Scores a batch of evaluation sentences (:func:`~attnscope.experiments.faithfulness.correlations_by_sentence`)."""
+    """Scores a window of evaluation sentences (:func:`~attnscope.experiments.faithfulness.correlations_by_sentence`)."""
 
     def __init__(self, model: str, dtype: str, threads: int, seed: int, progress: Any = None) -> None:
         super().__init__(model, dtype, threads, progress)
         self.seed = seed
 
-    def partial(self, batch: Any) -> SentenceCorrelations:
+    def partial(self, inputs: Any) -> SentenceCorrelations:
         from ..experiments.faithfulness import correlations_by_sentence
 
-        numbered = list(zip(batch["input_id"].tolist(), batch["text"].tolist()))
+        numbered = list(zip(inputs["input_id"].tolist(), inputs["text"].tolist()))
         rows = correlations_by_sentence(self.loaded, numbered, seed=self.seed)
         self.done(len(numbered))
         return SentenceCorrelations(rows)
@@ -251,9 +261,9 @@ def evaluate_mixing_on_ray(models: Sequence[str], n_sentences: int, *, seed: int
     with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
         for name in models:
             start = time.perf_counter()
-            folded = fold_on_ray(ray, items_dataset(ray, sentences), MixingWorker,
+            folded = fold_on_ray(ray, items_dataset(ray, sentences, MIXING_BATCH), MixingWorker,
                                  {"model": name, "dtype": "float32", "seed": seed}, n_inputs=len(sentences),
-                                 batch_size=MIXING_BATCH, num_actors=engine.num_actors,
+                                 num_actors=engine.num_actors,
                                  desc=f"mixing faithfulness ({name}, ray)", progress=progress and stderr,
                                  stall_s=engine.stall_s)
             results[name] = summarise_sentences(folded.value.rows, seed)

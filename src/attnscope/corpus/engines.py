@@ -22,7 +22,7 @@ from typing import Any
 from ..arguments import positive_int
 from ..errors import AttnscopeError
 from .ray_engine import ENGINES, STALL_SECONDS, Engine, runtime_env_argument
-from .report import CorpusReport, analyze_corpus, read_corpus
+from .report import CorpusReport, analyze_corpus, corpus_records, read_corpus
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,12 +95,10 @@ def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: st
 
 def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model: str, dtype: str, device: str,
                      batch_size: int, limit: int | None, skip_bad: bool, progress: bool) -> CorpusReport:
-    from ..capture.extract import extract_corpus
     from ..capture.loading import load_model
 
     read = read_corpus(corpus, limit, skip_bad=skip_bad)
-    records = extract_corpus(load_model(model, dtype=dtype, device=device), read.items, batch_size=batch_size,
-                             norms=True, progress=False)
+    records = corpus_records(load_model(model, dtype=dtype, device=device), read.items, batch_size)
     report = analyze_corpus(records, out_dir, total=len(read.inputs), progress=progress, inputs=read.inputs,
                             batch_size=batch_size)
     return replace(report, skipped=read.skipped)

@@ -7,12 +7,16 @@ runs the same three steps, and the driver never holds a row per input:
    return only its count of inputs and its malformed lines (file and line); the driver turns the counts
    into each source's first input id (inputs are numbered in corpus order: sources in order, then lines).
 2. :func:`corpus_dataset`: the same tasks parse the sources again, this time emitting their inputs with
-   their ids, straight into the actor pool.
-3. :func:`fold_on_ray`: each actor (:class:`PartialWorker`: the model loaded once) turns a batch into a
+   their ids, straight into the actor pool, in whole *windows* of ids ``[k * window, (k + 1) * window)``,
+   one row each (a window that runs past the end of its source is completed by the task of the source
+   it starts in). ``attnscope heads`` cuts them where the local engine's
+   :func:`~attnscope.corpus.report.corpus_records` cuts its sort windows, so that both engines sort,
+   batch and pad every input alike and their rows are equal bit for bit.
+3. :func:`fold_on_ray`: each actor (:class:`PartialWorker`: the model loaded once) turns a window into a
    mergeable partial and returns it pickled with the :class:`~attnscope.analysis.aggregate.Coverage` of
    its input ids; the driver merges the partials as they stream in, so its memory is that of one
    partial. Merging the coverages proves each input was counted exactly once. A dead actor is restarted
-   and its batch retried; a job that stops progressing (a lost node whose work cannot be placed again)
+   and its window retried; a job that stops progressing (a lost node whose work cannot be placed again)
    fails after ``stall_s`` seconds with one line naming what was lost, never with partial results.
 
 Actors ask Ray for half a CPU less than the torch threads they run (at least half a CPU) and the parsing
@@ -41,9 +45,9 @@ from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
 
 ENGINES = ("local", "ray")
-ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the batch it held
+ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the window it held
 READ_CPUS = 0.25  # what a parsing task asks Ray for
-BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size (~200 inputs)
+BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size: a window each
 STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
 
@@ -126,10 +130,28 @@ def ray_session(ray: Any, address: str | None, *, verbose: bool = False,
         yield progress_stream
 
 
+@contextlib.contextmanager
+def data_starting(ray: Any) -> Iterator[None]:
+    """Ray Data's actors of the cluster (its statistics, actor locations and autoscaling coordinator, which a
+    cluster's first dataset starts: seconds of process start-up) starting on a thread while the block runs, e.g.
+    while the driver loads its model; joined at the end, so that the job's dataset finds them ready."""
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # the job's own dataset starts them then
+            ray.data.range(1).materialize()
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
 def _configure_data(ray: Any, verbose: bool) -> None:
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the driver shows one bar, over inputs
-    context.target_max_block_size = BLOCK_BYTES  # a big file's inputs reach every actor, not one
+    context.target_max_block_size = BLOCK_BYTES  # a big file's windows reach every actor, not one
     context.print_on_execution_start = verbose
 
 
@@ -339,8 +361,8 @@ def plan_corpus(ray: Any, sources: list[Source], limit: int | None, *, skip_bad:
     its file and line unless ``skip_bad``; an empty corpus fails."""
     if limit is not None and limit < 1:
         raise AttnscopeError("--limit must be at least 1")
-    counted = sorted(_source_items(ray, sources, None).map(_count_source, num_cpus=READ_CPUS).take_all(),
-                     key=lambda row: row["index"])
+    count = ray.remote(num_cpus=READ_CPUS)(_count_source)  # plain tasks: a first Ray Data job costs seconds
+    counted = ray.get([count.remote(row) for row in _source_rows(sources, None)])
     offsets, skipped, total = [], [], 0
     for row in counted:
         if limit is not None and total >= limit:
@@ -360,11 +382,15 @@ def plan_corpus(ray: Any, sources: list[Source], limit: int | None, *, skip_bad:
     return CorpusPlan(sources[:len(offsets)], offsets, n_inputs, skipped)
 
 
+def _source_rows(sources: list[Source], offsets: list[int] | None) -> list[dict[str, Any]]:
+    """One row per source: its index, name, path and first id."""
+    return [{"index": i, "name": s.name, "path": s.path or "", "offset": offsets[i] if offsets else 0}
+            for i, s in enumerate(sources)]
+
+
 def _source_items(ray: Any, sources: list[Source], offsets: list[int] | None) -> Any:
-    """One row (and one block, so one task) per source: its index, name, path and first id."""
-    items = [{"index": i, "name": s.name, "path": s.path or "", "offset": offsets[i] if offsets else 0}
-             for i, s in enumerate(sources)]
-    return ray.data.from_items(items, override_num_blocks=len(items))
+    """A Ray dataset of :func:`_source_rows`, one block (so one task) per source."""
+    return ray.data.from_items(_source_rows(sources, offsets), override_num_blocks=len(sources))
 
 
 def _source_of(row: dict[str, Any]) -> Source:
@@ -381,23 +407,50 @@ def _count_source(row: dict[str, Any]) -> dict[str, Any]:
             "bad_reasons": [b.reason for b in bad], "error": ""}
 
 
-def corpus_dataset(ray: Any, plan: CorpusPlan) -> Any:
-    """A Ray dataset of the plan's inputs, parsed on the workers: ``input_id``, ``text``, ``pair``,
-    ``source``, ``line`` (ids ``0 .. n_inputs - 1`` in corpus order)."""
-    n_inputs = plan.n_inputs
+def corpus_dataset(ray: Any, plan: CorpusPlan, window: int) -> Any:
+    """A Ray dataset of the plan's inputs, parsed on the workers, one row per window of ``window`` inputs (see
+    the module docstring; :func:`window_rows`)."""
 
-    def inputs_of(row: dict[str, Any]) -> list[dict[str, Any]]:
-        inputs, _ = _source_of(row).parse()
-        first = row["offset"]
-        return [{"input_id": first + i, "text": entry.text, "pair": entry.pair, "source": entry.source,
-                 "line": entry.line} for i, entry in enumerate(inputs[:max(0, n_inputs - first)])]
+    def windows_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+        return window_rows(plan, row["index"], window)
 
-    return _source_items(ray, plan.sources, plan.offsets).flat_map(inputs_of, num_cpus=READ_CPUS)
+    return _source_items(ray, plan.sources, plan.offsets).flat_map(windows_of, num_cpus=READ_CPUS)
 
 
-def items_dataset(ray: Any, texts: Sequence[str]) -> Any:
-    """A small Ray dataset of ``input_id``, ``text`` (e.g. a fixed evaluation set the driver holds)."""
-    return ray.data.from_items([{"input_id": i, "text": text} for i, text in enumerate(texts)])
+def window_rows(plan: CorpusPlan, source: int, window: int) -> list[dict[str, Any]]:
+    """The windows that start in source ``source``: ids ``[k * window, (k + 1) * window)`` cut at ``n_inputs``,
+    each one row of lists ``input_id``, ``text``, ``pair``, ``source``, ``line`` (ids in corpus order); the
+    last one takes its tail from the following sources."""
+    stop = plan.offsets[source + 1] if source + 1 < len(plan.offsets) else plan.n_inputs
+    starts = range(-(-plan.offsets[source] // window) * window, min(stop, plan.n_inputs), window)
+    if not starts:
+        return []
+    inputs = _inputs_between(plan, source, starts[0], min(starts[-1] + window, plan.n_inputs))
+    return [{name: [entry[name] for entry in inputs[first - starts[0]:first - starts[0] + window]]
+             for name in WINDOW_FIELDS} for first in starts]
+
+
+WINDOW_FIELDS = ("input_id", "text", "pair", "source", "line")
+
+
+def _inputs_between(plan: CorpusPlan, source: int, first: int, stop: int) -> list[dict[str, Any]]:
+    """Inputs ``first .. stop - 1`` (ids), read from source ``source`` on (where ``first`` lies) as far as needed."""
+    inputs: list[dict[str, Any]] = []
+    for index in range(source, len(plan.sources)):
+        offset = plan.offsets[index]
+        if offset >= stop:
+            break
+        parsed, _ = plan.sources[index].parse()
+        inputs.extend({"input_id": offset + i, "text": entry.text, "pair": entry.pair, "source": entry.source,
+                       "line": entry.line} for i, entry in enumerate(parsed) if first <= offset + i < stop)
+    return inputs
+
+
+def items_dataset(ray: Any, texts: Sequence[str], window: int) -> Any:
+    """A small Ray dataset of ``input_id``, ``text`` (e.g. a fixed evaluation set the driver holds), one row per
+    window of ``window`` texts."""
+    return ray.data.from_items([{"input_id": list(range(first, min(first + window, len(texts)))),
+                                 "text": list(texts[first:first + window])} for first in range(0, len(texts), window)])
 
 
 # ---- 3. the actor pool and the merge --------------------------------------------------------------
@@ -415,9 +468,10 @@ def actor_resources(cluster_cpus: float, num_actors: int | None) -> tuple[int, i
 
 
 class PartialWorker:
-    """A Ray actor's state: the model, loaded once with torch on ``threads`` threads. Called on a batch
-    (pandas, with ``input_id``), it returns one row: the pickled ``(Coverage, partial)`` of
-    :meth:`partial`, which subclasses define."""
+    """A Ray actor's state: the model, loaded once with torch on ``threads`` threads. Called on window rows
+    (pandas, each cell a list; see :func:`corpus_dataset`), it returns one row per window: the pickled
+    ``(Coverage, partial)`` of :meth:`partial` of the window's inputs (pandas, one row each, with
+    ``input_id``), which subclasses define."""
 
     def __init__(self, model: str, dtype: str, threads: int, progress: Any = None) -> None:
         import torch
@@ -428,7 +482,7 @@ class PartialWorker:
         self.loaded = load_model(model, dtype=dtype)
         self.progress = progress
 
-    def partial(self, batch: Any) -> Any:
+    def partial(self, inputs: Any) -> Any:
         raise NotImplementedError
 
     def done(self, n: int) -> None:
@@ -436,15 +490,19 @@ class PartialWorker:
         if self.progress is not None:
             self.progress.add.remote(n)
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, windows: Any) -> Any:
         import pandas as pd
 
-        coverage = Coverage.of(batch["input_id"].to_numpy())
-        return pd.DataFrame({"partial": [pickle.dumps((coverage, self.partial(batch)))]})
+        partials = []
+        for _, window in windows.iterrows():
+            inputs = pd.DataFrame({name: list(values) for name, values in window.items()})
+            coverage = Coverage.of(inputs["input_id"].to_numpy())
+            partials.append(pickle.dumps((coverage, self.partial(inputs))))
+        return pd.DataFrame({"partial": partials})
 
 
 class _Progress:
-    """Inputs done so far, counted by the actors (a retried batch may count twice: the bar caps it)."""
+    """Inputs done so far, counted by the actors (a retried window may count twice: the bar caps it)."""
 
     def __init__(self) -> None:
         self.done = 0
@@ -458,16 +516,15 @@ class _Progress:
 
 @dataclass
 class Folded:
-    """What :func:`fold_on_ray` returns: the merged partial and how many batches it came from."""
+    """What :func:`fold_on_ray` returns: the merged partial and how many windows it came from."""
 
     value: Any
-    batches: int
+    windows: int
 
 
 def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dict[str, Any], *, n_inputs: int,
-                batch_size: int, num_actors: int | None, desc: str, progress: bool | TextIO,
-                stall_s: float = STALL_SECONDS) -> Folded:
-    """Run ``worker`` over ``dataset`` in an actor pool (batches of ``batch_size`` inputs) and merge the
+                num_actors: int | None, desc: str, progress: bool | TextIO, stall_s: float = STALL_SECONDS) -> Folded:
+    """Run ``worker`` over ``dataset`` (window rows) in an actor pool, one window a call, and merge the
     partials as they arrive (``partial.merge(other)``); checks every input id ``0 .. n_inputs - 1`` was
     counted exactly once. ``kwargs``: the worker's arguments besides ``threads`` and ``progress``.
     ``progress``: a stream for the progress bar (True: stderr; False: none)."""
@@ -476,21 +533,21 @@ def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dic
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         partials = dataset.map_batches(
-            worker, batch_size=batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=actors),
+            worker, batch_size=1, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus, fn_constructor_kwargs={**kwargs, "threads": threads, "progress": counter},
             max_restarts=ACTOR_RETRIES, max_task_retries=ACTOR_RETRIES, scheduling_strategy="SPREAD")
-    merged: dict[str, Any] = {"coverage": Coverage(), "value": None, "batches": 0}
+    merged: dict[str, Any] = {"coverage": Coverage(), "value": None, "windows": 0}
 
     def merge_all() -> None:
         for row in partials.iter_rows():
             coverage, value = pickle.loads(row["partial"])
             merged["coverage"] = merged["coverage"].merge(coverage)
             merged["value"] = value if merged["value"] is None else merged["value"].merge(value)
-            merged["batches"] += 1
+            merged["windows"] += 1
 
     _run_watched(ray, merge_all, counter, n_inputs, desc, progress, stall_s)
     merged["coverage"].check_complete(n_inputs)
-    return Folded(merged["value"], merged["batches"])
+    return Folded(merged["value"], merged["windows"])
 
 
 def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, desc: str,

@@ -16,11 +16,11 @@ head's clearest input, compressed, without the norm toggle's data, to keep the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,11 @@ from ..data import brown_pairs
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, corpus_files, parse_input_file
 from ..records.attention import AttentionRecord
+
+if TYPE_CHECKING:
+    from ..capture.linear import PackedWeights
+    from ..capture.tokens import Item
+    from ..models.loading import LoadedModel
 
 NAMED_CORPORA = ("brown", "brown-pairs")
 
@@ -168,6 +173,28 @@ class CorpusReport:
     def _repr_html_(self) -> str:
         caption = f"{self.model}: heads over {self.n_inputs} inputs (0-indexed); full report: {self.html}"
         return str(self.summary.style.set_caption(caption).format(precision=3).hide(axis="index").to_html())
+
+
+def corpus_window(batch_size: int) -> int:
+    """Inputs per sort window of :func:`corpus_records`: the Ray engine hands its actors whole windows."""
+    from ..capture.extract import SORT_WINDOW_BATCHES
+
+    return batch_size * SORT_WINDOW_BATCHES
+
+
+def corpus_records(loaded: LoadedModel, items: Sequence[Item], batch_size: int, *,
+                   packed: PackedWeights | None = None, parallel_batches: int | None = None) -> Iterator[AttentionRecord]:
+    """The records corpus analysis turns into head rows, computed alike by every engine so that their rows are
+    equal bit for bit. An input's attention depends, in its last bits, on how long its batch is padded
+    (vectorised sums over the keys) and on the GEMM library; with MKL also on the batch's size (seen on an
+    Intel Xeon with AMX); not on the thread count (1 to 16 on that Xeon and on an AMD EPYC with AVX-512). So
+    the inputs are sorted and batched within windows of :func:`corpus_window` from the first item (the Ray
+    engine gives each actor whole windows) and the linear layers always run on oneDNN (the local default
+    leaves a one-batch corpus on MKL)."""
+    from ..capture.extract import extract_corpus
+
+    return extract_corpus(loaded, items, batch_size=batch_size, norms=True, progress=False, onednn=True,
+                          packed=packed, parallel_batches=parallel_batches)
 
 
 def head_rows(input_ids: Sequence[int], records: Sequence[AttentionRecord]) -> Any:
