@@ -14,10 +14,10 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .arguments import MAX_THREADS, thread_count
-from .errors import AttnscopeError
-from .models.registry import ALIASES, DEFAULT_MODEL
-from .version import __version__
+from ..arguments import MAX_THREADS, thread_count
+from ..errors import AttnscopeError
+from ..models.registry import ALIASES, DEFAULT_MODEL
+from ..version import __version__
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
@@ -110,7 +110,7 @@ def apply_threads(threads: int | None, one_stream: bool = False) -> None:
 
 def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The model named by ``--model``/``--dtype``/``--device``."""
-    from .capture.loading import load_model
+    from ..capture.loading import load_model
 
     return load_model(args.model, dtype=args.dtype, device=args.device)
 
@@ -126,7 +126,7 @@ COMMANDS = (
 # its code (this module's own: ``models``); listed here in the order ``--help`` shows them.
 COMMAND_MODULES = (
     "attnscope.capture.commands",
-    "attnscope.cli",
+    "attnscope.cli.main",
     "attnscope.present.commands",
     "attnscope.analysis.commands",
     "attnscope.corpus.commands",
