@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -491,3 +491,21 @@ def evaluate_stability(deciding: CorpusPatterns, held_out: CorpusPatterns) -> di
         "heldout_modal_share_all": mean(held_out.share),
         "unstable_heldout_share": mean(carried[~stable]),
     }
+
+
+# ---- the whole evaluation -------------------------------------------------------------------------
+def evaluate_classifier(records_of: Callable[[list[tuple[str, str | None]]], Iterable[AttentionRecord]]
+                        ) -> dict[str, Any]:
+    """Everything ``attnscope patterns --evaluate`` reports: :func:`evaluation_summary` of the labelled real
+    maps and, under ``stability``, :func:`evaluate_stability` on the two parts of :func:`stability_texts`.
+
+    ``records_of`` gives the records of ``(text, pair)`` inputs, in order, on the default model (the labels
+    are of its maps); analysis runs no model, so it is handed one, e.g.
+    ``lambda items: attnscope.extract_corpus(model, items)``.
+    """
+    maps = real_labels()
+    summary = evaluation_summary(list(records_of([(m.text, m.pair) for m in maps])), maps)
+    deciding, held_out = (count_patterns(records_of([(text, None) for text in texts]))
+                          for texts in stability_texts(maps))
+    summary["stability"] = evaluate_stability(deciding, held_out)
+    return summary

@@ -46,19 +46,14 @@ def _run_patterns(args: argparse.Namespace) -> int:
 
 
 def _run_evaluation(args: argparse.Namespace) -> int:
-    from ..analysis.evaluate import count_patterns, evaluate_stability, evaluation_summary, real_labels, stability_texts
+    from ..analysis.evaluate import evaluate_classifier
     from ..capture.extract import extract_corpus
     from ..models.registry import DEFAULT_MODEL
 
     if args.model != DEFAULT_MODEL:
         raise AttnscopeError(f"the labelled real maps are of the default model; drop --model (got {args.model!r})")
-    maps = real_labels()
     loaded = load_from_args(args)
-    records = list(extract_corpus(loaded, [(m.text, m.pair) for m in maps], progress=False))
-    summary = evaluation_summary(records, maps)
-    deciding, held_out = (count_patterns(extract_corpus(loaded, [(text, None) for text in texts], progress=False))
-                          for texts in stability_texts(maps))
-    summary["stability"] = evaluate_stability(deciding, held_out)
+    summary = evaluate_classifier(lambda items: extract_corpus(loaded, items, progress=False))
     if args.json:
         print(json.dumps(summary))
         return 0

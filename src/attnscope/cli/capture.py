@@ -16,6 +16,7 @@ from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
 from ..errors import AttnscopeError
 from .command import Command
 from .model_options import add_compute_arguments, add_model_arguments, load_from_args
+from .plan_options import add_plan_arguments, plan_from_args
 
 if TYPE_CHECKING:
     from ..records.attention import AttentionRecord
@@ -65,14 +66,11 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write each record layer by layer as it is computed (one input at a time; memory holds "
                         "one layer's chunk); open it lazily with attnscope.AttentionRecord.open")
     add_model_arguments(parser)
-    from ..capture.options import add_plan_arguments
-
     add_plan_arguments(parser)
 
 
 def _run_extract(args: argparse.Namespace) -> int:
     from ..capture.extract import extract_corpus
-    from ..capture.options import plan_from_args
     from ..capture.tokens import split_item
     from ..inputs import InputLine, read_document, read_input_lines
     from .outputs import output_folder, record_name, save_records

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int, seed
-from ..corpus.engines import add_engine_arguments, engine_from_args
 from ..errors import AttnscopeError
 from .command import Command
+from .engine_options import add_engine_arguments, engine_from_args
 from .model_options import add_model_arguments, load_from_args
 
 # The registries behind the choices (metrics, ablation modes, sweeps) live beside torch code, so they
@@ -145,13 +145,6 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
     _data_arguments(parser, "pruning", "the pruning curve, importance.csv, pruned_model/ and summary.html")
 
 
-def _prune_default_metric(loaded: Any) -> str:
-    """Importance needs a loss with a gradient: sentiment for encoders (cosine's is zero)."""
-    from ..experiments.metrics import default_metric
-
-    return "sentiment" if not loaded.causal and not loaded.is_encoder_decoder else default_metric(loaded)
-
-
 def _run_prune(args: argparse.Namespace) -> int:
     from .outputs import output_folder
 
@@ -163,9 +156,10 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 def _prune(args: argparse.Namespace, items: list[tuple[str, str | None]] | None, wanted: int | None) -> int:
     from ..experiments.importance import head_importance, physical_pruning_support, pruning_curve
+    from ..experiments.metrics import default_importance_metric
     from ..experiments.report import write_summary, write_table
 
-    loaded, task = _prepare(args, items, _prune_default_metric)
+    loaded, task = _prepare(args, items, default_importance_metric)
     initial = head_importance(loaded, task, progress=True)
     curve = pruning_curve(loaded, task, args.step, args.max_percent)
     step = int(curve.step_within(args.tolerance)) if wanted is None else wanted
@@ -190,11 +184,10 @@ def _prune(args: argparse.Namespace, items: list[tuple[str, str | None]] | None,
 
 
 def _save_and_time(loaded: Any, task: Any, removed: dict[str, dict[int, list[int]]], out: Path) -> dict[str, str]:
-    """Save the pruned model folder and time the full and the physically pruned model."""
-    from ..experiments.importance import prune_heads, save_pruned, time_forwards
+    """The summary's lines of the saved pruned model folder and of the full and the pruned model's timings."""
+    from ..experiments.importance import save_and_time_pruned
 
-    folder = save_pruned(loaded, removed, out / "pruned_model")
-    full_s, pruned_s = time_forwards([loaded, prune_heads(loaded, removed)], task)
+    folder, full_s, pruned_s = save_and_time_pruned(loaded, task, removed, out / "pruned_model")
     return {"pruned model folder": f"{folder} (pruned heads' weights zeroed; attnscope.experiments.load_pruned "
                                    "slices them out)",
             "forward pass over the data, full model (s)": f"{full_s:.3f}",

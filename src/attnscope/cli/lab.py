@@ -101,7 +101,7 @@ def _corrupt(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from ..lab.experiments import evaluate_experiments, evaluate_seed, summarise_seeds
+    from ..lab.experiments import evaluate_experiments, evaluate_seeds
 
     if args.seeds is None:
         figures = evaluate_experiments(_load_toy())
@@ -110,8 +110,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             for mode, score in figures["corrupted"].items():
                 print(f"  {mode:30s} {score:.3f}")
     else:
-        per_seed = [evaluate_seed(seed, progress=not args.json) for seed in args.seeds]
-        figures = {"seeds": args.seeds, "per_seed": per_seed, "over_seeds": summarise_seeds(per_seed)}
+        figures = evaluate_seeds(args.seeds, progress=not args.json)
         if not args.json:
             _print_over_seeds(figures["over_seeds"], len(args.seeds))
     print(json.dumps(figures))

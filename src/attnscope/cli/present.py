@@ -22,7 +22,6 @@ from .model_options import add_model_arguments, load_from_args
 if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
     from ..models.loading import LoadedModel
-    from ..present.html import AttentionView
 
 
 def _input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +136,7 @@ def _run_view(args: argparse.Namespace) -> int:
     mixing = _mixing_for(args, record, measures, loaded)
     if record.is_partial:
         return _write_long_view(record, args.output, notes)
-    page = with_notes(view(record, args.kind, norms=not args.no_norms, mixing=mixing), notes)
+    page = view(record, args.kind, norms=not args.no_norms, mixing=mixing).with_notes(notes)
     with writing(args.output):
         path = page.save(args.output)
     size = path.stat().st_size / 1024
@@ -164,17 +163,10 @@ def truncation_notes() -> Iterator[list[str]]:
         warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def with_notes(page: AttentionView, notes: list[str]) -> AttentionView:
-    """``page`` with ``notes`` first among the lines it shows above the views."""
-    from ..present.html import AttentionView
-
-    return AttentionView({**page.payload, "notes": [*notes, *page.payload["notes"]]})  # type: ignore[arg-type]
-
-
 def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) -> int:
     from ..present.longview import long_view_of
 
-    page = with_notes(long_view_of(record, progress=True), notes)
+    page = long_view_of(record, progress=True).with_notes(notes)
     path = page.save(output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
           f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")

@@ -120,6 +120,10 @@ class AttentionView:
         """Write the self-contained HTML file and return its path."""
         return write_page(path, self.to_html())
 
+    def with_notes(self, notes: Sequence[str]) -> AttentionView:
+        """The same views with ``notes`` first among the lines the page shows above them."""
+        return AttentionView({**self.payload, "notes": [*notes, *self.payload["notes"]]})  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         return f"AttentionView(views={self.views}, title={self.payload['title']!r})"
 
