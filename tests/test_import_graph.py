@@ -12,12 +12,13 @@ From the bottom:
 5. ``analysis``: measures on records (never a model);
 6. ``experiments``: interventions and measures that run a model;
 7. ``probing``: what heads encode (dependencies, coreference, probes);
-8. ``present``: views, functions of plain data;
+8. ``present``: views, functions of records and measures (no model);
 9. ``corpus``: corpus jobs (engines, Ray, the report with its views);
 10. ``lab``: the teaching lab (primer, toy translator);
 11. ``serve``: the explorer;
 12. ``cli``: the command line (the ``cli`` package: every command, the output folders they write, and
-    ``__main__``) and the package's public face (``attnscope/__init__``).
+    ``__main__``) and the package's public face (``attnscope/__init__``, and ``text_view``: a text to its
+    views in one call, the one public function that runs a model to draw).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("corpus", ("corpus",)),
     ("lab", ("lab",)),
     ("serve", ("serve",)),
-    ("cli", ("cli", "__main__")),
+    ("cli", ("cli", "__main__", "text_view")),
 ]
 
 # Imports that go up a floor on purpose, each with a comment saying why. None today: keep it so.
