@@ -247,18 +247,6 @@ def _head_label(record: AttentionRecord, labelled: LabelledMap) -> str:
     return str(decide(item.evidence, item.is_pair, record.model.causal)[0][0, 0])
 
 
-def evaluate_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap], first_pass: bool = False,
-                  coarse: bool = False) -> Scores:
-    """Scores on labelled real maps; ``records[i]`` is the extraction of ``maps[i]``'s input.
-
-    ``first_pass=True`` scores against the labels of the first labelling pass instead of the final
-    ones; ``coarse=True`` scores Kovaleva types instead of labels.
-    """
-    predicted = predict_real(records, maps)
-    gold = [m.first_pass if first_pass else m.label for m in maps]
-    return (kovaleva_score if coarse else score)(gold, predicted)
-
-
 def predict_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> list[str]:
     """The classifier's label of each labelled map (``records[i]`` is the extraction of ``maps[i]``'s
     input), from the evidence of that one head: the label :func:`classify_heads` gives it, without
