@@ -95,7 +95,7 @@ def view_figures(model, text: str, length: int, folder: Path) -> dict[str, float
     from render import fresh_loads
 
     from attnscope.browser import launch
-    from attnscope.present.commands import long_view_plan
+    from attnscope.capture.plan import long_view_plan
     from attnscope.present.longview import long_view_of
 
     start = time.perf_counter()

@@ -69,6 +69,7 @@ class FactoryDevices(TorchFunctionMode):
         super().__init__()
         self.expected = expected
         self.factories = 0
+        self.checked = 0  # calls from attnscope's code the checker looked at (factories and the rest)
         self.wrong: list[str] = []
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
@@ -79,6 +80,7 @@ class FactoryDevices(TorchFunctionMode):
         if caller is None:
             return result
         name = getattr(func, "__name__", str(func))
+        self.checked += 1
         if func in FACTORIES:
             self.factories += 1
             device = kwargs.get("device")
@@ -184,13 +186,17 @@ def test_every_ablation_mode_and_head_gates_follow_the_device(models, kind):
     items = [(text, SENTENCES[0]) for text in SENTENCES[:2]]
     encoded = encode_window(loaded, list(enumerate(items)), loaded.max_length)
     inputs = {name: value for name, value in model_inputs(loaded, encoded).items() if name != "use_cache"}
-    with watched(loaded.input_device):
+    with watched(loaded.input_device) as checker:
         means = head_output_means(loaded, [inputs])
+    seen = [checker]
     gates = {kind: torch.rand(shape, device=loaded.input_device) for kind, shape in n_heads_per_kind(loaded).items()}
     changes = [HeadAblation(mode, heads=[0, 1], means=means) for mode in ablation_modes()] + [HeadGates(gates)]
     for change in changes:
-        forward(loaded, changes=intervene(change))
-    forward(loaded, PLAN if kind != "bart" else None, changes=intervene(changes[2]))  # planned under a change
+        seen.append(forward(loaded, changes=intervene(change))[1])
+    seen.append(forward(loaded, PLAN if kind != "bart" else None, changes=intervene(changes[2]))[1])  # planned
+    # every block ran attnscope's code under the checker, and none of it made a tensor off the device
+    assert len(seen) == len(ablation_modes()) + 3 and all(checker.checked > 0 for checker in seen)
+    assert [checker.wrong for checker in seen] == [[] for _ in seen]
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])

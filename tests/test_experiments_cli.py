@@ -12,14 +12,6 @@ from attnscope.experiments import load_pruned
 
 from .conftest import SENTENCES
 
-MODULE = "attnscope.experiments.commands"
-
-
-@pytest.fixture(autouse=True)
-def experiments_commands(monkeypatch):
-    if MODULE not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, MODULE))
-
 
 @pytest.fixture
 def texts(tmp_path):

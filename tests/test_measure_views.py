@@ -14,8 +14,8 @@ from attnscope.analysis.mixing import REFERENCES
 from attnscope.capture.tokens import TruncationWarning
 from attnscope.experiments.mixing import mixing_measures
 from attnscope.present import build_payload, payload_schema
-from attnscope.present.html import view_text
 from attnscope.present.payload import unpack
+from attnscope.text_view import view_text
 
 jsonschema = pytest.importorskip("jsonschema")
 

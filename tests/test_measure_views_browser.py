@@ -198,8 +198,7 @@ def test_explorer_says_why_when_the_server_refuses_a_measure(browser, server):
 
 
 def test_encoder_decoder_offers_the_measures_on_its_encoder_only(tiny_model_dir, open_page):
-    from attnscope import load_model
-    from attnscope.present import view_text
+    from attnscope import load_model, view_text
 
     bart = load_model(str(tiny_model_dir("bart")))
     path = view_text(bart, TEXT, "ein Ziel", measures=("alti",)).save(ARTIFACTS / "views_mixing_bart.html")

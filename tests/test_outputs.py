@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnscope import AttentionRecord
+from attnscope.cli.outputs import MANIFEST, output_folder
 from attnscope.errors import AttnscopeError
-from attnscope.outputs import MANIFEST, output_folder
 
 from .test_experiments_cli import one_error_line, run
 

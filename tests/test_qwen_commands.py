@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope import cli
 from attnscope.capture import loading as capture_loading
 from attnscope.models.registry import ALIASES
 
@@ -22,7 +21,6 @@ from .test_analysis_cli import run
 
 ALIAS = ALIASES["qwen0.5b"]
 TEXT = "def add(a, b):\n    return a + b"
-MODULES = ("attnscope.experiments.commands", "attnscope.analysis.commands", "attnscope.present.commands")
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +40,6 @@ def shared(qwen, monkeypatch):
                                                                                       device=device)
 
     monkeypatch.setattr(capture_loading, "load_model", load_model)
-    missing = tuple(module for module in MODULES if module not in cli.COMMAND_MODULES)
-    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, *missing))
     return qwen
 
 

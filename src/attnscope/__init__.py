@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL
     from .present.html import AttentionView as AttentionView
     from .present.html import view as view
-    from .present.html import view_text as view_text
     from .present.longview import long_view as long_view
     from .present.steps import steps_view as steps_view
     from .present.widget import AttentionWidget as AttentionWidget
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
     from .records import ModelInfo as ModelInfo
     from .report import TopAttention as TopAttention
     from .report import top_attention as top_attention
+    from .text_view import view_text as view_text
 
 # the widget needs the notebook extra, and `from attnscope import *` must work without it
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__, not_starred={"AttentionWidget", "widget"},

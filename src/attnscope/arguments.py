@@ -123,7 +123,7 @@ def _int(value: str) -> int:
 
 
 def add_output_folder(parser: argparse.ArgumentParser, default: str, holds: str) -> None:
-    """``--out/-o FOLDER`` and ``--overwrite``, for commands that fill a folder (see :mod:`attnscope.outputs`)."""
+    """``--out/-o FOLDER`` and ``--overwrite``, for commands that fill a folder (see :mod:`attnscope.cli.outputs`)."""
     parser.add_argument("--out", "-o", type=Path, default=Path(default),
                         help=f"folder for {holds} (default: ./{default}); it must be new or empty")
     parser.add_argument("--overwrite", action="store_true",

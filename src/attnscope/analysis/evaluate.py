@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -245,18 +245,6 @@ def _head_label(record: AttentionRecord, labelled: LabelledMap) -> str:
     """What :func:`classify_heads` says of the labelled head (causal or not), from that head's evidence alone."""
     item = map_evidence([record], [labelled])[0]
     return str(decide(item.evidence, item.is_pair, record.model.causal)[0][0, 0])
-
-
-def evaluate_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap], first_pass: bool = False,
-                  coarse: bool = False) -> Scores:
-    """Scores on labelled real maps; ``records[i]`` is the extraction of ``maps[i]``'s input.
-
-    ``first_pass=True`` scores against the labels of the first labelling pass instead of the final
-    ones; ``coarse=True`` scores Kovaleva types instead of labels.
-    """
-    predicted = predict_real(records, maps)
-    gold = [m.first_pass if first_pass else m.label for m in maps]
-    return (kovaleva_score if coarse else score)(gold, predicted)
 
 
 def predict_real(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]) -> list[str]:
@@ -491,3 +479,21 @@ def evaluate_stability(deciding: CorpusPatterns, held_out: CorpusPatterns) -> di
         "heldout_modal_share_all": mean(held_out.share),
         "unstable_heldout_share": mean(carried[~stable]),
     }
+
+
+# ---- the whole evaluation -------------------------------------------------------------------------
+def evaluate_classifier(records_of: Callable[[list[tuple[str, str | None]]], Iterable[AttentionRecord]]
+                        ) -> dict[str, Any]:
+    """Everything ``attnscope patterns --evaluate`` reports: :func:`evaluation_summary` of the labelled real
+    maps and, under ``stability``, :func:`evaluate_stability` on the two parts of :func:`stability_texts`.
+
+    ``records_of`` gives the records of ``(text, pair)`` inputs, in order, on the default model (the labels
+    are of its maps); analysis runs no model, so it is handed one, e.g.
+    ``lambda items: attnscope.extract_corpus(model, items)``.
+    """
+    maps = real_labels()
+    summary = evaluation_summary(list(records_of([(m.text, m.pair) for m in maps])), maps)
+    deciding, held_out = (count_patterns(records_of([(text, None) for text in texts]))
+                          for texts in stability_texts(maps))
+    summary["stability"] = evaluate_stability(deciding, held_out)
+    return summary

@@ -30,10 +30,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 DEFAULT_CHUNK = 256
 QUERY_SPECS = "all | last | last:N | every:K | span:A:B | 3,17,42"
@@ -176,6 +180,26 @@ class CapturePlan:
 
 
 FULL_PLAN = CapturePlan()
+
+
+# ---- the long view's plan: what a view of a long input needs, never the whole matrix -------------
+LONG_VIEW_TOKENS = 512  # longer inputs get the long view: the line views are unreadable past this
+
+
+def long_view_plan(loaded: LoadedModel, text: str, pair: str | None, max_tokens: int | None,
+                   *, force: bool = False, top_k: int = 32, overview_cells: int = 256,
+                   layers: tuple[int, ...] | None = None, heads: tuple[int, ...] | None = None
+                   ) -> CapturePlan | None:
+    """The capture plan of the long view (top-k keys of every query and an overview of about
+    ``overview_cells`` blocks a side, for ``layers`` and ``heads``: all by default), or None when
+    the input is short enough for the line views and no selection asks for the long view."""
+    limit = min(max_tokens or loaded.max_length, loaded.max_length)
+    tokens = min(len(loaded.tokenizer(text, pair)["input_ids"]), limit)
+    wanted = force or layers is not None or heads is not None
+    if not wanted and (tokens <= LONG_VIEW_TOKENS or loaded.is_encoder_decoder):
+        return None
+    return CapturePlan(layers=layers, heads=heads, attention=False, top_k=top_k,
+                       overview=max(1, -(-tokens // overview_cells)))
 
 
 # ---- memory: estimate before running, refuse before exhausting ---------------------------------

@@ -13,43 +13,18 @@ Ray is imported only then.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..arguments import positive_int
+from ..analysis.sinks import SINK_FACTOR
 from ..errors import AttnscopeError
-from .ray_engine import ENGINES, STALL_SECONDS, Engine, runtime_env_argument
-from .report import CorpusReport, analyze_corpus, corpus_records, read_corpus
+from .ray_engine import STALL_SECONDS, Engine
+from .report import CorpusReport, analyze_corpus, corpus_items, corpus_records, read_corpus
 
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--runtime-env``, ``--verbose``
-    (every corpus command)."""
-    parser.add_argument("--engine", choices=list(ENGINES), default="local",
-                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
-                        "(pip install 'attnscope[ray]')")
-    parser.add_argument("--address", help="--engine ray: the cluster to join, HOST:PORT of its head ('auto': the one "
-                        "'ray start' made on this node; default: a Ray started here)")
-    parser.add_argument("--num-actors", type=positive_int,
-                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
-    parser.add_argument("--stall-timeout", type=positive_int, default=int(STALL_SECONDS), metavar="SECONDS",
-                        help="--engine ray: fail when no batch finishes for this long, e.g. after losing a node "
-                        f"whose work cannot be placed again (default: {STALL_SECONDS:.0f})")
-    parser.add_argument("--runtime-env", type=runtime_env_argument, metavar="JSON",
-                        help="--engine ray: Ray's runtime environment for the workers, a JSON object or a .json file, "
-                        "e.g. '{\"env_vars\": {\"HF_HOME\": \"/shared/hf\"}}' so every node finds the model; "
-                        "attnscope itself must already be installed on every node")
-    parser.add_argument("--verbose", action="store_true", help="--engine ray: also show Ray's own log lines")
-
-
-def engine_from_args(args: argparse.Namespace) -> Engine:
-    engine = Engine(args.engine, args.address, args.num_actors, float(args.stall_timeout), args.verbose,
-                    args.runtime_env)
-    check_engine_device(engine.name, args.device)
-    return engine
+if TYPE_CHECKING:
+    from ..analysis.sinks import SinkReport
 
 
 def check_engine_device(engine: str, device: str) -> None:
@@ -102,3 +77,29 @@ def _analyze_locally(corpus: str | Sequence[str], out_dir: str | Path, *, model:
     report = analyze_corpus(records, out_dir, total=len(read.inputs), progress=progress, inputs=read.inputs,
                             batch_size=batch_size)
     return replace(report, skipped=read.skipped)
+
+
+def corpus_sinks(corpus: str | Sequence[str], *, model: str = "minilm", dtype: str = "float32", device: str = "cpu",
+                 batch_size: int = 16, limit: int | None = None, factor: float = SINK_FACTOR,
+                 engine: Engine | None = None) -> SinkReport:
+    """:func:`~attnscope.analysis.sinks.sink_report` of every input of ``corpus`` (as :func:`analyze_heads`
+    names it: ``"brown"``, ``"brown-pairs"``, a text file or ``.jsonl``), on the first ``limit``: here, or in
+    the actor pool of a Ray ``engine`` (then on the CPU)."""
+    if engine is not None and engine.name == "ray":
+        from .distributed import sinks_on_ray
+
+        return sinks_on_ray(corpus, model=model, dtype=dtype, batch_size=batch_size, limit=limit, factor=factor,
+                            engine=engine)
+    from tqdm.auto import tqdm
+
+    from ..analysis.sinks import sink_report
+    from ..capture.extract import extract_corpus
+    from ..capture.loading import load_model
+    from ..capture.tokens import split_item
+
+    items = corpus_items(corpus, limit)
+    for index, item in enumerate(items):
+        split_item(item, index)  # reject bad input before the model loads
+    records = extract_corpus(load_model(model, dtype=dtype, device=device), items, batch_size=batch_size, norms=True,
+                             progress=False)
+    return sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=factor)

@@ -339,6 +339,16 @@ def load_pruned(folder: str | Path, dtype: str = "float32", device: str = "cpu")
     return prune_heads(load_model(str(folder), dtype=dtype, device=device), removed, inplace=True)
 
 
+def save_and_time_pruned(loaded: LoadedModel, task: Task, removed: Mapping[str, Mapping[int, Sequence[int]]],
+                         folder: str | Path) -> tuple[Path, float, float]:
+    """Save ``loaded`` with the ``removed`` heads pruned into ``folder`` (:func:`save_pruned`), then time a pass
+    over the task's data with the full and the physically pruned model (:func:`time_forwards`): the folder, the
+    full model's seconds and the pruned model's."""
+    saved = save_pruned(loaded, removed, folder)
+    full_s, pruned_s = time_forwards([loaded, prune_heads(loaded, removed)], task)
+    return saved, full_s, pruned_s
+
+
 def time_forwards(models: Sequence[LoadedModel], task: Task, repeats: int = 3) -> list[float]:
     """Best-of-``repeats`` seconds per model for one pass over all the task's batches (fused attention).
 

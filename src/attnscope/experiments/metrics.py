@@ -472,6 +472,12 @@ def default_metric(loaded: LoadedModel) -> str:
     return "loss" if loaded.causal else "cosine"
 
 
+def default_importance_metric(loaded: LoadedModel) -> str:
+    """The default metric of head importance, which needs a loss with a gradient: ``sentiment`` for encoders
+    (cosine's gradient is zero), else :func:`default_metric`."""
+    return "sentiment" if not loaded.causal and not loaded.is_encoder_decoder else default_metric(loaded)
+
+
 def prepare_metric(metric: str | Task, loaded: LoadedModel, items: Sequence[Item] | None = None, *,
                    n: int | None = None, batch_size: int = 32, **options: Any) -> Task:
     """The named metric prepared on ``loaded`` and ``items`` (default: the first ``n`` (256) shipped

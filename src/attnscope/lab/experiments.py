@@ -20,7 +20,7 @@ factory in ``EXPERIMENTS`` (name-keyed, so the CLI's choices come from it):
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +169,13 @@ def evaluate_seed(seed: int, progress: bool = True) -> dict[str, Any]:
     """:func:`evaluate_experiments` for the toy translator trained with ``seed``, on that seed's own held-out
     split (another seed's test pairs may be its training pairs): ``{seed, exact_match, test_pairs, corrupted}``."""
     return {"seed": seed, **evaluate_experiments(load_toy_seed(seed, progress), seed)}
+
+
+def evaluate_seeds(seeds: Sequence[int], progress: bool = True) -> dict[str, Any]:
+    """:func:`evaluate_seed` for each of ``seeds`` and :func:`summarise_seeds` over them:
+    ``{seeds, per_seed, over_seeds}``."""
+    per_seed = [evaluate_seed(seed, progress) for seed in seeds]
+    return {"seeds": seeds, "per_seed": per_seed, "over_seeds": summarise_seeds(per_seed)}
 
 
 def summarise_seeds(per_seed: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -463,10 +463,6 @@ def adapter_for(model_type: str, is_encoder_decoder: bool = False) -> Adapter:
     return GENERIC_ENCODER_DECODER if is_encoder_decoder else GENERIC_DECODER
 
 
-def supported_model_types() -> list[str]:
-    return sorted(t for adapter in ADAPTERS for t in adapter.model_types)
-
-
 def resolve_relative(model: nn.Module, module_name: str, relative: str) -> nn.Module | None:
     """The module at ``relative`` from ``module_name`` (``../`` climbs), or None if absent."""
     parts = module_name.split(".")

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .html import model_view as model_view
     from .html import neuron_view as neuron_view
     from .html import view as view
-    from .html import view_text as view_text
     from .longview import LONG_VIEWS as LONG_VIEWS
     from .longview import build_long_payload as build_long_payload
     from .longview import downsample_attention as downsample_attention

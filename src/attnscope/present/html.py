@@ -20,7 +20,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..records.attention import AttentionRecord
 from .payload import LongPayload, Payload, build_payload, to_json
@@ -120,6 +120,10 @@ class AttentionView:
         """Write the self-contained HTML file and return its path."""
         return write_page(path, self.to_html())
 
+    def with_notes(self, notes: Sequence[str]) -> AttentionView:
+        """The same views with ``notes`` first among the lines the page shows above them."""
+        return AttentionView({**self.payload, "notes": [*notes, *self.payload["notes"]]})  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         return f"AttentionView(views={self.views}, title={self.payload['title']!r})"
 
@@ -147,42 +151,13 @@ def view(record: AttentionRecord, views: str | list[str] | tuple[str, ...] = "al
     As BertViz's arguments: ``layer`` and ``heads`` choose what the page opens on, ``include_layers``
     ships only those layers (a smaller page); all 0-indexed. ``mixing``: context-mixing measures of
     the same text (``attnscope.mixing``), offered by the page's measure control beside α and
-    ‖αf(x)‖ (:func:`view_text` computes them for you).
+    ‖αf(x)‖ (:func:`attnscope.view_text` computes them for you).
 
     >>> view(rec, layer=2, heads=[0, 5], include_layers=[0, 1, 2])   # doctest: +SKIP
     >>> view(rec, mixing=[attnscope.mixing(model, text, method="alti")])   # doctest: +SKIP
     """
     return AttentionView(build_payload(record, views, norms=norms, compress=compress, title=title, layer=layer,
                                        heads=heads, include_layers=include_layers, mixing=mixing))
-
-
-def view_text(model: Any, text: str, pair: str | None = None, *, measures: Sequence[str] = (),
-              views: str | list[str] | tuple[str, ...] = "all", norms: bool = True, title: str | None = None,
-              layer: int | None = None, heads: Sequence[int] | None = None,
-              include_layers: Sequence[int] | None = None) -> AttentionView:
-    """The views of ``text`` on ``model`` (a loaded model or a name), with the context-mixing
-    ``measures`` (``attention``, ``norm``, ``norm_residual``/``globenc``, ``alti``,
-    ``value_zeroing``; see ``attnscope.analysis.mixing``) in the page's measure control.
-
-    The measures take one text (the input side: an encoder, a decoder, or an encoder-decoder's
-    encoder), so ``pair`` goes only with encoder-decoders (their target text). Other arguments as
-    :func:`view`.
-
-    >>> view_text("minilm", "The cat sat on the mat.", measures=("alti", "value_zeroing")).save("v.html")  # doctest: +SKIP
-    """
-    from ..analysis.mixing import method_names
-    from ..capture.extract import extract
-    from ..experiments.mixing import as_model, check_one_text, mixing_measures
-
-    names = method_names(measures)
-    loaded = as_model(model)
-    if names:
-        check_one_text(loaded, pair)
-    wanted = [views] if isinstance(views, str) else list(views)
-    record = extract(loaded, text, pair, qkv=bool({"all", "neuron"} & set(wanted)), norms=norms)
-    mixing = mixing_measures(loaded, text, names) if names else None
-    return view(record, views, norms=norms, title=title, layer=layer, heads=heads, include_layers=include_layers,
-                mixing=mixing)
 
 
 def head_view(record: AttentionRecord, *, norms: bool = True, title: str | None = None, layer: int | None = None,

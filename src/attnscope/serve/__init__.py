@@ -2,5 +2,5 @@
 classification, statistics and interventions together on one page, plus the JSON API it uses.
 
 ``service`` computes (plain functions of a loaded model), ``pool`` keeps models warm, ``app``
-is the FastAPI app, ``commands`` the CLI.
+is the FastAPI app; the ``attnscope serve`` command is :mod:`attnscope.cli.serve`.
 """

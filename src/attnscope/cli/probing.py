@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..arguments import add_output_folder, finite_float, positive_int, seed
-from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
+from .command import Command
+from .model_options import add_model_arguments, load_from_args
 
 
 def _common(parser: argparse.ArgumentParser, action: str) -> None:
@@ -82,7 +83,7 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from ..outputs import output_folder
+    from .outputs import output_folder
 
     run = {"deps": _deps, "coref": _coref, "edges": _edges}[args.action]
     with output_folder(args.out, overwrite=args.overwrite, command=f"probe {args.action}"):
@@ -93,13 +94,13 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 
 def _treebank(args: argparse.Namespace) -> Any:
-    from .treebank import load_treebank
+    from ..probing.treebank import load_treebank
 
     return load_treebank(args.conllu, args.text, args.sentences)
 
 
 def _deps(args: argparse.Namespace) -> dict[str, Any]:
-    from .run import probe_dependencies
+    from ..probing.run import probe_dependencies
 
     treebank = _treebank(args)  # bad files fail before the model loads
     result = probe_dependencies(load_from_args(args), treebank, batch_size=args.batch_size or 16,
@@ -118,9 +119,9 @@ def _deps(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _chains(args: argparse.Namespace) -> dict[str, Any]:
-    from .documents import first_documents, require_entities
-    from .run import probe_chains
-    from .treebank import read_conllu
+    from ..probing.documents import first_documents, require_entities
+    from ..probing.run import probe_chains
+    from ..probing.treebank import read_conllu
 
     treebank = require_entities(first_documents(read_conllu(args.conllu), args.documents))  # before the model loads
     result = probe_chains(load_from_args(args), treebank, window=args.window, singletons=args.singletons,
@@ -138,7 +139,7 @@ def _chains(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _coref(args: argparse.Namespace) -> dict[str, Any]:
-    from .run import probe_coref
+    from ..probing.run import probe_coref
 
     if args.conllu:
         return _chains(args)
@@ -156,7 +157,7 @@ def _coref(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _edges(args: argparse.Namespace) -> dict[str, Any]:
-    from .run import probe_edges
+    from ..probing.run import probe_edges
 
     if not 0 < args.test_share < 1:
         raise AttnscopeError("--test-share must be between 0 and 1")
@@ -172,7 +173,7 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
 
 def _read_items(path: Path) -> list[Any]:
     from ..files import parse_json, read_text
-    from .coref import CorefItem
+    from ..probing.coref import CorefItem
 
     lines = read_text(path).splitlines()
     items = []

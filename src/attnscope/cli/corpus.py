@@ -12,9 +12,10 @@ from ..analysis.patterns import EVIDENCE, STABLE_SHARE
 from ..analysis.sinks import DEFINITION, SINK_FACTOR
 from ..analysis.stats import describe_statistics, statistic_names
 from ..arguments import add_output_folder, finite_float, positive_int
-from ..cli import Command, add_model_arguments, load_from_args
 from ..errors import AttnscopeError
-from .engines import add_engine_arguments, engine_from_args
+from .command import Command
+from .engine_options import add_engine_arguments, engine_from_args
+from .model_options import add_model_arguments
 
 DEFAULT_OUT = Path("report")
 RANKABLE = [*statistic_names(norms=True), "confidence", *(f"ev_{name}" for name in EVIDENCE)]
@@ -62,7 +63,7 @@ def _heads_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_heads(args: argparse.Namespace) -> int:
     from ..analysis.store import DEFAULT_DB, HeadStore
-    from ..outputs import output_folder
+    from .outputs import output_folder
 
     if not args.corpus and not (args.top or args.sql or args.parquet):
         raise AttnscopeError("give a CORPUS to analyse, or --top/--sql/--parquet to query a database")
@@ -86,7 +87,7 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     import sys
     import time
 
-    from .engines import analyze_heads
+    from ..corpus.engines import analyze_heads
 
     start = time.perf_counter()
     engine = engine_from_args(args)
@@ -139,28 +140,13 @@ def _above_one(value: str) -> float:
 
 
 def _run_sinks(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
-    from ..analysis.sinks import sink_report
-    from ..capture.extract import extract_corpus
-    from ..capture.tokens import split_item
-    from ..outputs import output_folder
-    from .report import corpus_items
+    from ..corpus.engines import corpus_sinks
+    from .outputs import output_folder
 
     engine = engine_from_args(args)
     with output_folder(args.out, overwrite=args.overwrite, command="sinks"):
-        if engine.name == "ray":
-            from .distributed import sinks_on_ray
-
-            report = sinks_on_ray(args.corpus, model=args.model, dtype=args.dtype, batch_size=args.batch_size,
-                                  limit=args.limit, factor=args.factor, engine=engine)
-        else:
-            items = corpus_items(args.corpus, args.limit)
-            for index, item in enumerate(items):
-                split_item(item, index)  # reject bad input before the model loads
-            records = extract_corpus(load_from_args(args), items, batch_size=args.batch_size, norms=True,
-                                     progress=False)
-            report = sink_report(tqdm(records, total=len(items), desc="sinks", unit="input"), factor=args.factor)
+        report = corpus_sinks(args.corpus, model=args.model, dtype=args.dtype, device=args.device,
+                              batch_size=args.batch_size, limit=args.limit, factor=args.factor, engine=engine)
         json_path = report.save(args.out / "sinks.json")
         figure_path = args.out / "sinks.png"
         report.plot(figure_path)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
+from .command import Command
+from .model_options import add_compute_arguments
 
 if TYPE_CHECKING:
-    from .guard import AllowedHosts
+    from ..serve.guard import AllowedHosts
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +43,7 @@ def _check_can_listen(host: str, port: int) -> None:
 
 
 def _allowed_hosts(host: str, extra: list[str]) -> AllowedHosts:
-    from .guard import AllowedHosts, split_host
+    from ..serve.guard import AllowedHosts, split_host
 
     for name in extra:
         try:
@@ -62,7 +63,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_can_listen(args.host, args.port)  # before the model loads, and without uvicorn's own log line
     import uvicorn
 
-    from .app import create_app
+    from ..serve.app import create_app
 
     print("attnscope: loading the first model...", flush=True)
     app = create_app(args.model, dtype=args.dtype, device=args.device, max_tokens=args.max_tokens, hosts=hosts)

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING
 from ..analysis.mixing import measure_choices, measures_help
 from ..arguments import non_negative_int
 from ..capture.options import number_list
-from ..cli import Command, add_model_arguments, load_from_args
+from ..capture.plan import LONG_VIEW_TOKENS, long_view_plan
 from ..errors import AttnscopeError
+from ..present.payload import VIEWS
 from ..records.attention import ATTENTION_KINDS, AttentionRecord
-from .payload import VIEWS
+from .command import Command
+from .model_options import add_model_arguments, load_from_args
 
 if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
     from ..models.loading import LoadedModel
-    from .html import AttentionView
 
 
 def _input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,26 +58,6 @@ def _record_from_args(args: argparse.Namespace, qkv: bool, norms: bool, long: bo
     if plan is not None:
         return extract(loaded, text, args.pair, plan=plan, max_length=args.max_tokens, progress=True)
     return extract(loaded, text, args.pair, qkv=qkv, norms=norms, max_length=args.max_tokens, progress=True)
-
-
-LONG_VIEW_TOKENS = 512  # longer inputs get the long view: the line views are unreadable past this
-
-
-def long_view_plan(loaded, text: str, pair: str | None, max_tokens: int | None,  # type: ignore[no-untyped-def]
-                   *, force: bool = False, top_k: int = 32, overview_cells: int = 256,
-                   layers: tuple[int, ...] | None = None, heads: tuple[int, ...] | None = None):
-    """The capture plan of the long view (top-k keys of every query and an overview of about
-    ``overview_cells`` blocks a side, for ``layers`` and ``heads``: all by default), or None when
-    the input is short enough for the line views and no selection asks for the long view."""
-    from ..capture.plan import CapturePlan
-
-    limit = min(max_tokens or loaded.max_length, loaded.max_length)
-    tokens = min(len(loaded.tokenizer(text, pair)["input_ids"]), limit)
-    wanted = force or layers is not None or heads is not None
-    if not wanted and (tokens <= LONG_VIEW_TOKENS or loaded.is_encoder_decoder):
-        return None
-    return CapturePlan(layers=layers, heads=heads, attention=False, top_k=top_k,
-                       overview=max(1, -(-tokens // overview_cells)))
 
 
 # ---- view ------------------------------------------------------------------------------------
@@ -141,8 +122,8 @@ def _mixing_for(args: argparse.Namespace, record: AttentionRecord, names: list[s
 
 
 def _run_view(args: argparse.Namespace) -> int:
-    from ..outputs import check_output_file, writing
-    from .html import view
+    from ..present.html import view
+    from .outputs import check_output_file, writing
 
     check_output_file(args.output)  # before the model loads
     measures = _check_measures(args)
@@ -155,7 +136,7 @@ def _run_view(args: argparse.Namespace) -> int:
     mixing = _mixing_for(args, record, measures, loaded)
     if record.is_partial:
         return _write_long_view(record, args.output, notes)
-    page = with_notes(view(record, args.kind, norms=not args.no_norms, mixing=mixing), notes)
+    page = view(record, args.kind, norms=not args.no_norms, mixing=mixing).with_notes(notes)
     with writing(args.output):
         path = page.save(args.output)
     size = path.stat().st_size / 1024
@@ -182,17 +163,10 @@ def truncation_notes() -> Iterator[list[str]]:
         warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def with_notes(page: AttentionView, notes: list[str]) -> AttentionView:
-    """``page`` with ``notes`` first among the lines it shows above the views."""
-    from .html import AttentionView
-
-    return AttentionView({**page.payload, "notes": [*notes, *page.payload["notes"]]})  # type: ignore[arg-type]
-
-
 def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) -> int:
-    from .longview import long_view_of
+    from ..present.longview import long_view_of
 
-    page = with_notes(long_view_of(record, progress=True), notes)
+    page = long_view_of(record, progress=True).with_notes(notes)
     path = page.save(output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB; long view: heatmap, model view, window; "
           f"{len(record.tokens):,} tokens; layers and heads 0-indexed): open it in any browser, it works offline")
@@ -203,7 +177,7 @@ def _write_long_view(record: AttentionRecord, output: Path, notes: list[str]) ->
 
 # ---- plot ------------------------------------------------------------------------------------
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:
-    from .figures import FIGURES
+    from ..present.figures import FIGURES
 
     _input_arguments(parser)
     parser.add_argument("--figure", "-f", choices=list(FIGURES), default="head",
@@ -221,8 +195,8 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from ..outputs import check_output_file, writing
-    from .figures import plot, save_figure
+    from ..present.figures import plot, save_figure
+    from .outputs import check_output_file, writing
 
     if args.output.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise AttnscopeError(f"cannot tell the format of {args.output}: use a .png, .svg or .pdf file name")

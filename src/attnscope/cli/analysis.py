@@ -1,14 +1,15 @@
 """``attnscope patterns``: a thin wrapper around the pattern classifier (the corpus commands ``heads`` and
-``sinks`` are in :mod:`attnscope.corpus.commands`)."""
+``sinks`` are in :mod:`attnscope.cli.corpus`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..cli import Command, add_model_arguments, load_from_args
+from ..analysis.patterns import PATTERNS
 from ..errors import AttnscopeError
-from .patterns import PATTERNS
+from .command import Command
+from .model_options import add_model_arguments, load_from_args
 
 
 # ---- patterns -------------------------------------------------------------------------------
@@ -27,9 +28,9 @@ def _run_patterns(args: argparse.Namespace) -> int:
         return _run_evaluation(args)
     if args.text is None:
         raise AttnscopeError("give a TEXT to classify, or --evaluate")
+    from ..analysis.patterns import classify_heads
     from ..capture.extract import extract
     from ..capture.tokens import split_item
-    from .patterns import classify_heads
 
     split_item((args.text, args.pair), 0)  # reject bad input before the model loads
     record = extract(load_from_args(args), args.text, args.pair)
@@ -45,19 +46,14 @@ def _run_patterns(args: argparse.Namespace) -> int:
 
 
 def _run_evaluation(args: argparse.Namespace) -> int:
+    from ..analysis.evaluate import evaluate_classifier
     from ..capture.extract import extract_corpus
     from ..models.registry import DEFAULT_MODEL
-    from .evaluate import count_patterns, evaluate_stability, evaluation_summary, real_labels, stability_texts
 
     if args.model != DEFAULT_MODEL:
         raise AttnscopeError(f"the labelled real maps are of the default model; drop --model (got {args.model!r})")
-    maps = real_labels()
     loaded = load_from_args(args)
-    records = list(extract_corpus(loaded, [(m.text, m.pair) for m in maps], progress=False))
-    summary = evaluation_summary(records, maps)
-    deciding, held_out = (count_patterns(extract_corpus(loaded, [(text, None) for text in texts], progress=False))
-                          for texts in stability_texts(maps))
-    summary["stability"] = evaluate_stability(deciding, held_out)
+    summary = evaluate_classifier(lambda items: extract_corpus(loaded, items, progress=False))
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -20,12 +20,12 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import AttnscopeError
-from .files import parse_json
+from ..errors import AttnscopeError
+from ..files import parse_json
 
 if TYPE_CHECKING:
-    from .inputs import InputLine
-    from .records.attention import AttentionRecord
+    from ..inputs import InputLine
+    from ..records.attention import AttentionRecord
 
 MANIFEST = "attnscope-manifest.json"
 INDEX = "index.jsonl"
@@ -82,7 +82,7 @@ def written_files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path, command: str) -> Path:
     """List every file now in ``folder`` as written by ``command`` (what a later ``--overwrite`` may remove)."""
-    from .version import __version__
+    from ..version import __version__
 
     files = [p.relative_to(folder).as_posix() for p in written_files(folder)]
     manifest = folder / MANIFEST

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from ..arguments import MAX_SEED, add_output_folder, positive_int, seed
 from ..capture.options import bounded_numbers
-from ..cli import Command, add_compute_arguments
 from ..errors import AttnscopeError
+from .command import Command
+from .model_options import add_compute_arguments
 
 DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "the children drink milk")
 MAX_SEEDS = 100  # toy evaluate --seeds: each seed trains a translator first (about 20 s), so 100 take half an hour
@@ -49,7 +50,7 @@ def _run_toy(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .translator import TrainingSettings, cached_folder, train
+    from ..lab.translator import TrainingSettings, cached_folder, train
 
     folder = cached_folder(args.seed)
     figures = train(folder, TrainingSettings(seed=args.seed))
@@ -65,8 +66,8 @@ def _load_toy(name: str = "toy-translator", dtype: str = "float32", device: str 
 
 def _translate(args: argparse.Namespace) -> int:
     from ..capture.decode import decode_steps
-    from ..outputs import check_output_file, writing
     from ..present.steps import print_decoding, steps_view
+    from .outputs import check_output_file, writing
 
     if args.html:
         check_output_file(args.html)  # before the model loads
@@ -82,7 +83,7 @@ def _corrupt(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .experiments import EXPERIMENTS, translate_with
+    from ..lab.experiments import EXPERIMENTS, translate_with
 
     modes = list(EXPERIMENTS) if args.mode == "all" else [args.mode]
     if any(mode not in EXPERIMENTS for mode in modes):
@@ -100,7 +101,7 @@ def _corrupt(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .experiments import evaluate_experiments, evaluate_seed, summarise_seeds
+    from ..lab.experiments import evaluate_experiments, evaluate_seeds
 
     if args.seeds is None:
         figures = evaluate_experiments(_load_toy())
@@ -109,8 +110,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             for mode, score in figures["corrupted"].items():
                 print(f"  {mode:30s} {score:.3f}")
     else:
-        per_seed = [evaluate_seed(seed, progress=not args.json) for seed in args.seeds]
-        figures = {"seeds": args.seeds, "per_seed": per_seed, "over_seeds": summarise_seeds(per_seed)}
+        figures = evaluate_seeds(args.seeds, progress=not args.json)
         if not args.json:
             _print_over_seeds(figures["over_seeds"], len(args.seeds))
     print(json.dumps(figures))
@@ -130,8 +130,8 @@ def _primer_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_primer(args: argparse.Namespace) -> int:
-    from ..outputs import output_folder
-    from .figures import write_primer_figures
+    from ..lab.figures import write_primer_figures
+    from .outputs import output_folder
 
     with output_folder(args.out, overwrite=args.overwrite, command="primer"):
         for path in write_primer_figures(args.out, tuple(args.format or ["png"])):

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..arguments import add_output_folder, index_list, positive_int, seed, temperature, top_p
-from ..cli import Command, add_compute_arguments, add_model_arguments, load_from_args
+from ..capture.options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
 from ..errors import AttnscopeError
-from .options import PROMPT_ROWS, PROMPT_ROWS_HELP, number_list
+from .command import Command
+from .model_options import add_compute_arguments, add_model_arguments, load_from_args
+from .plan_options import add_plan_arguments, plan_from_args
 
 if TYPE_CHECKING:
     from ..records.attention import AttentionRecord
@@ -29,10 +31,10 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    from ..capture.extract import extract
+    from ..capture.tokens import split_item
     from ..experiments.interventions import check_layers_and_heads
     from ..report import top_attention
-    from .extract import extract
-    from .tokens import split_item
 
     split_item((args.text, args.pair), 0)  # reject bad input before the model loads
     loaded = load_from_args(args)
@@ -64,17 +66,14 @@ def _extract_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write each record layer by layer as it is computed (one input at a time; memory holds "
                         "one layer's chunk); open it lazily with attnscope.AttentionRecord.open")
     add_model_arguments(parser)
-    from .options import add_plan_arguments
-
     add_plan_arguments(parser)
 
 
 def _run_extract(args: argparse.Namespace) -> int:
+    from ..capture.extract import extract_corpus
+    from ..capture.tokens import split_item
     from ..inputs import InputLine, read_document, read_input_lines
-    from ..outputs import output_folder, record_name, save_records
-    from .extract import extract_corpus
-    from .options import plan_from_args
-    from .tokens import split_item
+    from .outputs import output_folder, record_name, save_records
 
     if args.file:
         inputs = read_input_lines(args.file)
@@ -90,7 +89,7 @@ def _run_extract(args: argparse.Namespace) -> int:
         loaded = load_from_args(args)
         records: Iterable[AttentionRecord]
         if args.stream:
-            from .extract import extract_to_file
+            from ..capture.extract import extract_to_file
 
             records = (extract_to_file(loaded, *entry.item, path=out / record_name(index), plan=plan, norms=args.norms,
                                        float16=args.float16, max_length=args.max_length)
@@ -182,8 +181,8 @@ def _prompt_from_args(args: argparse.Namespace) -> str:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ..outputs import check_output_file, writing
-    from .loading import load_model
+    from ..capture.loading import load_model
+    from .outputs import check_output_file, writing
 
     prompt = _prompt_from_args(args)
     changes = _generation_changes(args)
@@ -196,7 +195,7 @@ def _run_generate(args: argparse.Namespace) -> int:
                "top_k": args.sample_top_k, "seed": args.seed, "progress": True,
                "prompt_rows": PROMPT_ROWS[args.prompt_rows], "attribute": args.attribute}
     if changes.empty:
-        from .generate import generate
+        from ..capture.generate import generate
 
         record = generate(loaded, prompt, **options)
         result = _print_generation(record, args.json)

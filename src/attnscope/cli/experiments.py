@@ -10,16 +10,17 @@ from typing import Any
 import numpy as np
 
 from ..arguments import add_output_folder, finite_float, index_list, non_negative_int, positive_int, seed
-from ..cli import Command, add_model_arguments, load_from_args
-from ..corpus.engines import add_engine_arguments, engine_from_args
 from ..errors import AttnscopeError
+from .command import Command
+from .engine_options import add_engine_arguments, engine_from_args
+from .model_options import add_model_arguments, load_from_args
 
 # The registries behind the choices (metrics, ablation modes, sweeps) live beside torch code, so they
 # are imported inside the functions: listing the commands (``attnscope --help``) then needs no torch.
 
 
 def _data_arguments(parser: argparse.ArgumentParser, default_out: str, holds: str) -> None:
-    from .metrics import DEFAULT_EXAMPLES, METRICS
+    from ..experiments.metrics import DEFAULT_EXAMPLES, METRICS
 
     add_model_arguments(parser)
     parser.add_argument("--metric", choices=list(METRICS),
@@ -44,8 +45,8 @@ def _read_data(args: argparse.Namespace) -> list[tuple[str, str | None]] | None:
 def _prepare(args: argparse.Namespace, items: list[tuple[str, str | None]] | None,
              default: Any = None) -> tuple[Any, Any]:
     """The model and the prepared metric task named by the arguments."""
-    from .interventions import check_layers_and_heads
-    from .metrics import default_metric, prepare_metric
+    from ..experiments.interventions import check_layers_and_heads
+    from ..experiments.metrics import default_metric, prepare_metric
 
     loaded = load_from_args(args)
     check_layers_and_heads(loaded, getattr(args, "layers", None), kind=getattr(args, "kind", None))
@@ -56,9 +57,9 @@ def _prepare(args: argparse.Namespace, items: list[tuple[str, str | None]] | Non
 
 # ---- ablate ------------------------------------------------------------------------------------------
 def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
-    from .interventions import ablation_modes
-    from .report import TABLE_FORMATS
-    from .sweeps import SWEEPS
+    from ..experiments.interventions import ablation_modes
+    from ..experiments.report import TABLE_FORMATS
+    from ..experiments.sweeps import SWEEPS
 
     parser.add_argument("--sweep", choices=SWEEPS, default="heads",
                         help="heads: each head alone; layers: all heads of each layer; keep-one: all heads of a "
@@ -79,7 +80,7 @@ def _ablate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_ablate(args: argparse.Namespace) -> int:
-    from ..outputs import output_folder
+    from .outputs import output_folder
 
     items = _read_data(args)
     with output_folder(args.out, overwrite=args.overwrite, command="ablate"):
@@ -87,8 +88,8 @@ def _run_ablate(args: argparse.Namespace) -> int:
 
 
 def _ablate(args: argparse.Namespace, items: list[tuple[str, str | None]] | None) -> int:
-    from .report import write_summary
-    from .sweeps import run_sweep
+    from ..experiments.report import write_summary
+    from ..experiments.sweeps import run_sweep
 
     loaded, task = _prepare(args, items)
     result = run_sweep(loaded, task, args.sweep, mode=args.mode, kind=args.kind, layers=args.layers,
@@ -144,15 +145,8 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
     _data_arguments(parser, "pruning", "the pruning curve, importance.csv, pruned_model/ and summary.html")
 
 
-def _prune_default_metric(loaded: Any) -> str:
-    """Importance needs a loss with a gradient: sentiment for encoders (cosine's is zero)."""
-    from .metrics import default_metric
-
-    return "sentiment" if not loaded.causal and not loaded.is_encoder_decoder else default_metric(loaded)
-
-
 def _run_prune(args: argparse.Namespace) -> int:
-    from ..outputs import output_folder
+    from .outputs import output_folder
 
     wanted = _wanted_step(args)  # bad --percent, files or folders fail before the long work
     items = _read_data(args)
@@ -161,10 +155,11 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace, items: list[tuple[str, str | None]] | None, wanted: int | None) -> int:
-    from .importance import head_importance, physical_pruning_support, pruning_curve
-    from .report import write_summary, write_table
+    from ..experiments.importance import head_importance, physical_pruning_support, pruning_curve
+    from ..experiments.metrics import default_importance_metric
+    from ..experiments.report import write_summary, write_table
 
-    loaded, task = _prepare(args, items, _prune_default_metric)
+    loaded, task = _prepare(args, items, default_importance_metric)
     initial = head_importance(loaded, task, progress=True)
     curve = pruning_curve(loaded, task, args.step, args.max_percent)
     step = int(curve.step_within(args.tolerance)) if wanted is None else wanted
@@ -189,11 +184,10 @@ def _prune(args: argparse.Namespace, items: list[tuple[str, str | None]] | None,
 
 
 def _save_and_time(loaded: Any, task: Any, removed: dict[str, dict[int, list[int]]], out: Path) -> dict[str, str]:
-    """Save the pruned model folder and time the full and the physically pruned model."""
-    from .importance import prune_heads, save_pruned, time_forwards
+    """The summary's lines of the saved pruned model folder and of the full and the pruned model's timings."""
+    from ..experiments.importance import save_and_time_pruned
 
-    folder = save_pruned(loaded, removed, out / "pruned_model")
-    full_s, pruned_s = time_forwards([loaded, prune_heads(loaded, removed)], task)
+    folder, full_s, pruned_s = save_and_time_pruned(loaded, task, removed, out / "pruned_model")
     return {"pruned model folder": f"{folder} (pruned heads' weights zeroed; attnscope.experiments.load_pruned "
                                    "slices them out)",
             "forward pass over the data, full model (s)": f"{full_s:.3f}",
@@ -247,7 +241,7 @@ def _run_mixing(args: argparse.Namespace) -> int:
         raise AttnscopeError("--engine ray runs the evaluation (--evaluate); one sentence is measured here")
     if not args.text:
         raise AttnscopeError("give a sentence to measure (or --evaluate)")
-    from .mixing import mixing
+    from ..experiments.mixing import mixing
 
     mix = mixing(load_from_args(args), args.text, method=args.method, progress=True)
     shares = mix.output_shares()
@@ -268,7 +262,7 @@ def _run_mixing_evaluation(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from .faithfulness import evaluate_mixing, plot_faithfulness
+    from ..experiments.faithfulness import evaluate_mixing, plot_faithfulness
 
     if args.text:
         raise AttnscopeError("--evaluate uses the held-out Brown sentences; leave out the text")
@@ -403,7 +397,7 @@ def _pairs_file(path: Path) -> list[dict[str, str | None]]:
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    from ..outputs import output_folder
+    from .outputs import output_folder
 
     if args.evaluate:
         given = [name for name in ("clean", "corrupt", "target", "other", "file") if getattr(args, name) is not None]
@@ -417,8 +411,8 @@ def _run_patch(args: argparse.Namespace) -> int:
 
 
 def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
+    from ..experiments.patching import PromptPair, activation_patching, prepare_pairs
     from ..present.figures import plot_patching, save_figure
-    from .patching import PromptPair, activation_patching, prepare_pairs
 
     loaded = load_from_args(args)
     pairs = [PromptPair(str(row["clean"]), str(row["corrupt"]), str(row["target"]), row["other"]) for row in rows]
@@ -442,8 +436,15 @@ def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
 
 
 def _check_attribution(args: argparse.Namespace) -> int:
+    from ..experiments.attribution_check import (
+        DEFAULT_PROMPTS,
+        KS,
+        QUICK_PROMPTS,
+        RANDOM_DRAWS,
+        TASKS,
+        check_attribution,
+    )
     from ..present.figures import plot_attribution_check, save_figure
-    from .attribution_check import DEFAULT_PROMPTS, KS, QUICK_PROMPTS, RANDOM_DRAWS, TASKS, check_attribution
 
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     unknown = [task for task in tasks if task not in TASKS]
