@@ -95,7 +95,7 @@ bench-views: install-test
 	$(BIN)/python benchmarks/render.py $(RECORD_FLAG)
 
 # every figure README.md quotes, re-run (several minutes) into docs/figures.json, then the README's
-# generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench*)
+# generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench-NAME RECORD=1)
 docs-figures: install-test
 	$(BIN)/python scripts/docs_figures.py
 
