@@ -268,3 +268,19 @@ def test_the_returned_cache_is_found_under_both_names_transformers_5_has_used():
     cache, sequences = object(), torch.zeros(1, 2, dtype=torch.long)
     assert returned_cache(GenerateDecoderOnlyOutput(sequences=sequences, cache=cache)) == ("cache", cache)
     assert returned_cache(OlderOutput(sequences, cache)) == ("past_key_values", cache)
+
+
+def test_a_generation_stops_reading_output_gates_once_every_layer_showed_none(tiny_llama, monkeypatch):
+    """Whether a layer gates its heads' output is in its weights: the prompt's pass reads each layer's gate, the
+    first step's first layer, heard a second time, ends the listening, and the later steps read none (each
+    reading costs a division and a comparison of the whole output per layer and step). The norms, which a gate
+    would rule out, are kept."""
+    from attnscope.capture import gates
+
+    readings = []
+    original = gates.read_output_gate
+    monkeypatch.setattr(gates, "read_output_gate", lambda *args: readings.append(1) or original(*args))
+    n_layers = len(tiny_llama.sites)
+    record = attnscope.generate(tiny_llama, "I went to the store.", max_new_tokens=6)
+    assert record.n_steps == 6 and len(readings) == n_layers + 1
+    assert record.has_norms

@@ -201,3 +201,22 @@ def test_the_attention_function_never_asks_which_recorder_it_has():
     named |= {(f.name, n.attr) for f in functions for n in ast.walk(f)
               if isinstance(n, ast.Attribute) and n.attr in {"plan", "sink", "step_sink", "qkv", "norms", "captured"}}
     assert named == set(), "the computation names a kind of recorder or its options"
+
+
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(9, 3), (4, 1), (6, 6)])
+def test_grouped_products_equal_products_with_the_heads_expanded(n_heads, n_kv_heads):
+    """What the attention function computes without copying the cache per query head equals the product with
+    keys and values expanded (query head h reads kv head h // group), and AttentionCall expands the same way."""
+    from attnscope.capture.attention import grouped_matmul
+    from attnscope.capture.recorders import expand_kv_heads
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, n_heads, 3, 8, generator=generator)  # [batch, head, q_pos, d_head]
+    key = torch.randn(2, n_kv_heads, 5, 8, generator=generator)  # [batch, kv_head, k_pos, d_head]
+    group = n_heads // n_kv_heads
+    by_head = torch.stack([query[:, h] @ key[:, h // group].transpose(1, 2) for h in range(n_heads)], dim=1)
+    torch.testing.assert_close(grouped_matmul(query, key.transpose(2, 3)), by_head, rtol=1e-6, atol=1e-6)
+    probs = torch.softmax(by_head, dim=-1)
+    call = AttentionCall(query, key, key, probs, 1.0)
+    assert torch.equal(call.keys, expand_kv_heads(key, n_heads)) and call.n_kv_heads == n_kv_heads
+    assert torch.equal(call.last_values(2), call.values[:, :, -2:])
