@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/steps_page.py
-    .venv/bin/python benchmarks/steps_page.py --record gen.safetensors   # also a real saved generation
+    .venv/bin/python benchmarks/steps_page.py --generation gen.safetensors   # also a real saved generation
 
 Input: a synthetic :class:`attnscope.GenerationRecord` after a 64-token prompt (generating 500 real
 tokens takes many minutes on a CPU): every row is a softmax over its keys of random logits
@@ -13,7 +13,7 @@ row quantized to one byte (present/steps.py), raw and norm-weighted, deflated.
 
 * ``page_mb_64`` / ``page_mb_500``: size of the written HTML file (MB = 10^6 bytes); target < 20 at 500.
 * ``build_s_64`` / ``build_s_500``: seconds to build the payload and write the page.
-* with ``--record``: ``real_tokens`` generated and ``real_page_mb`` of that record's page.
+* with ``--generation``: ``real_tokens`` generated and ``real_page_mb`` of that record's page.
 
 The last line printed is one JSON object.
 """
@@ -70,7 +70,7 @@ def page_size(record: GenerationRecord, folder: Path) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--record", type=Path, help="a saved GenerationRecord to measure as well")
+    parser.add_argument("--generation", type=Path, help="a saved GenerationRecord to measure as well")
     add_smoke_flag(parser)
     args = parser.parse_args()
     figures: dict[str, float | int] = {}
@@ -79,8 +79,8 @@ def main() -> None:
             size, seconds = page_size(synthetic_generation(new_tokens), Path(folder))
             figures[f"page_mb_{new_tokens}"], figures[f"build_s_{new_tokens}"] = round(size, 2), round(seconds, 1)
             print(f"{new_tokens} new tokens: {size:.2f} MB in {seconds:.1f} s", file=sys.stderr)
-        if args.record:
-            real = GenerationRecord.load(args.record)
+        if args.generation:
+            real = GenerationRecord.load(args.generation)
             size, _ = page_size(real, Path(folder))
             figures.update(real_tokens=real.n_steps, real_page_mb=round(size, 2))
     emit("steps_page", figures)
