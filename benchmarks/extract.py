@@ -93,7 +93,8 @@ from bench_json import add_smoke_flag, emit
 import attnscope
 from attnscope.capture.linear import OneDNNLinear, PackedWeights
 from attnscope.data import brown_sentences
-from attnscope.models.loading import resolve_source
+from attnscope.errors import AttnscopeError
+from attnscope.models.loading import check_device, resolve_source
 
 try:
     from attnscope.capture.extract import SORT_WINDOW_BATCHES
@@ -269,16 +270,15 @@ def gemm_throughput(hidden: int, intermediate: int, rows: int = 800, calls: int 
 
 
 def checked_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
-    """``--device`` as torch reads it, refused in one line where it is not a device this machine has."""
+    """``--device`` as torch reads it, refused in one line (the library's own check) where it is not a device this
+    machine has, or is one this benchmark does not measure (only cpu and cuda)."""
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        parser.error(f"--device: {name[:40]!r} is not a device (cpu, cuda, cuda:1)")
-    if device.type not in ("cpu", "cuda"):
-        parser.error(f"--device: {device.type} is not measured here (cpu or cuda)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU is available to torch on this machine")
-    return device
+        check_device(name)
+    except AttnscopeError as error:
+        parser.error(f"--device: {error}")
+    if name.partition(":")[0] not in ("cpu", "cuda"):
+        parser.error(f"--device {name}: not measured here (cpu or cuda)")
+    return torch.device(name)
 
 
 def cpu_figures(per_s: dict[str, float], gemm: dict[str, float]) -> dict[str, float]:
