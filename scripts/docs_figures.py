@@ -213,6 +213,16 @@ def pattern_evaluation(work: Path) -> dict[str, Any]:
     return {key: summary[key] for key in wanted if key in summary}
 
 
+STABILITY_MODELS = ("minilm", "smollm2", "gemma3", "qwen0.5b")
+
+
+def label_stability(work: Path) -> dict[str, Any]:
+    """``attnscope patterns --stability --model M --json``: how often each model's heads keep their label on
+    held-out Brown sentences, and which label pairs flip."""
+    return {model: last_json(attnscope("patterns", "--stability", "--model", model, "--json"))
+            for model in STABILITY_MODELS}
+
+
 SINK_MODEL_INPUTS = 200
 
 
@@ -495,6 +505,8 @@ GROUPS: dict[str, Group] = {
     "toy": Group(f'attnscope toy evaluate --seeds 0-{TOY_SEEDS[-1]} --json; attnscope toy corrupt "{TOY_EXAMPLE}" '
                  '(each seed)', toy_translator, ("train_seconds",)),
     "patterns": Group("attnscope patterns --evaluate --json", pattern_evaluation),
+    "stability": Group(f"attnscope patterns --stability --model M --json (M: {', '.join(STABILITY_MODELS)})",
+                       label_stability),
     "sinks": Group(f"attnscope sinks brown --model smollm2 --limit {SINK_MODEL_INPUTS} -o out/ --json; "
                    "sink_agreement on labels/smollm2_sinks.tsv", sink_report),
     "sinks_models": Group(f"attnscope sinks brown --model M --limit {SINK_MODEL_INPUTS} -o out/ --json "

@@ -72,6 +72,18 @@ def test_evaluate_json_reports_both_labelled_sets(capsys):
     assert stability["heldout_modal_share_all"] < stability["stable_heldout_share"]
 
 
+def test_stability_counts_every_head_on_held_out_sentences(capsys):
+    code, out, err = run(capsys, "patterns", "--stability", "--inputs", "20", "--json")
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert (summary["model"], summary["inputs"], summary["heads"]) == ("minilm", 20, 72)
+    assert 0 <= summary["stable_share"] <= summary["stable_or_mixed_share"] <= 1
+    assert summary["stable_or_mixed_share"] == pytest.approx(summary["stable_share"] + summary["mixed_share"], abs=2e-4)
+    assert all(flip["heads"] >= 1 and set(flip["column_mass"]) == set(flip["pair"]) for flip in summary["flips"])
+    code, out, _ = run(capsys, "patterns", "--stability", "--inputs", "20")
+    assert code == 0 and "stable heads" in out and "<->" in out
+
+
 def test_heads_writes_a_report_and_prints_top_heads(capsys, tmp_path):
     out_dir = tmp_path / "report"
     code, out, err = run(capsys, "heads", "brown", "--limit", "6", "-o", str(out_dir), "--top", "sep",
@@ -95,6 +107,8 @@ def test_heads_writes_a_report_and_prints_top_heads(capsys, tmp_path):
     (("heads", "brown", "--num-actors", "2"), "options of --engine ray"),
     (("patterns",), "give a TEXT"),
     (("patterns", "  "), "text is empty"),
+    (("patterns", "--stability", "--inputs", "5"), "--inputs must be between 20 and"),
+    (("patterns", "--stability", "--inputs", "100000"), "--inputs must be between 20 and"),
 ])
 def test_bad_input_gives_one_clear_line(capsys, args, fragment):
     assert_clear_error(run(capsys, *args), fragment)

@@ -12,6 +12,7 @@ from attnscope.analysis.evaluate import (
     cohen_kappa,
     evaluate_stability,
     evaluate_synthetic,
+    label_stability,
     predict_real,
     real_labels,
     score,
@@ -397,3 +398,47 @@ def test_one_palette_for_pattern_labels_in_figures_report_and_explorer():
     drawn = [to_hex(c) for c in figure.axes[0].images[0].cmap.colors]  # the report's head map
     assert drawn == colours
     assert pattern_colour("a class registered later") in ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
+
+
+def test_runner_up_and_mixed_heads_from_hand_counts():
+    counts = np.zeros((1, 4, len(PATTERNS)), dtype=np.int64)
+    code = {name: i for i, name in enumerate(PATTERNS)}
+    counts[0, 0, code["previous_word"]] = 20  # one label on every input: stable, no runner-up
+    counts[0, 1, [code["previous_word"], code["bag_of_words"], code["diagonal"]]] = (10, 8, 2)  # 50% + 40%: mixed
+    counts[0, 2, [code["previous_word"], code["bag_of_words"], code["diagonal"]]] = (10, 6, 4)  # 50% + 30%: neither
+    counts[0, 3, [code["previous_word"], code["bag_of_words"]]] = (17, 3)  # 85%: stable, so not mixed
+    corpus = CorpusPatterns(counts)
+    assert corpus.runner_up[0].tolist() == ["", "bag_of_words", "bag_of_words", "bag_of_words"]
+    assert corpus.runner_up_share[0].tolist() == pytest.approx([0.0, 0.4, 0.3, 0.15])
+    assert corpus.stable[0].tolist() == [True, False, False, True]
+    assert corpus.mixed[0].tolist() == [False, True, False, False]
+    frame = corpus.to_frame()
+    assert frame["mixed"].tolist() == [False, True, False, False] and frame["runner_up"].iloc[1] == "bag_of_words"
+    assert not CorpusPatterns(counts // 2).mixed.any()  # 10 inputs are too few to call a head anything
+
+
+def test_label_stability_counts_flips_and_column_strength():
+    """20 inputs of a 3-head model: head 0 always the previous word; head 1 the previous word on 12 inputs and
+    even attention on 8 (mixed); head 2 the previous word on 10, even on 5 and a [CLS] column on 5 (neither)."""
+    maps = [line(-1), line(-1), line(-1)]
+    inputs = ([np.stack(maps)] * 10 + [np.stack([line(-1), line(-1), uniform()])] * 2
+              + [np.stack([line(-1), uniform(), uniform()])] * 3 + [np.stack([line(-1), uniform(), columns(0)])] * 5)
+    records = [make_record(heads) for heads in inputs]
+    labels = np.stack([classify_heads(record).labels[0] for record in records])  # [input, head]
+    assert (labels[:, 1] == "previous_word").sum() == 12 and (labels[:, 2] == "previous_word").sum() == 10
+    assert set(labels[:, 1]) == {"previous_word", "bag_of_words"}
+    summary = label_stability(records)
+    assert (summary["inputs"], summary["heads"]) == (20, 3)
+    assert summary["stable_share"] == pytest.approx(1 / 3, abs=1e-4)
+    assert summary["mixed_share"] == pytest.approx(1 / 3, abs=1e-4)
+    assert summary["stable_or_mixed_share"] == pytest.approx(2 / 3, abs=1e-4)
+    assert summary["mean_modal_share"] == pytest.approx((1 + 0.6 + 0.5) / 3, abs=1e-4)
+    assert set(labels[:, 2]) == {"previous_word", "bag_of_words", "delimiter"}
+    # head 2's runner-up is a tie (5 and 5), broken by class order: delimiter comes before bag_of_words
+    assert [(flip["pair"], flip["heads"]) for flip in summary["flips"]] == [
+        (["bag_of_words", "previous_word"], 1), (["delimiter", "previous_word"], 1)]
+    first = summary["flips"][0]
+    # the strongest column of a line is 1/N of the mass over the rows (each key once, the first key twice)
+    line_mass = line(-1).mean(axis=0).max()
+    assert first["column_mass"]["previous_word"] == pytest.approx(line_mass, abs=1e-4)
+    assert first["column_mass"]["bag_of_words"] == pytest.approx(1 / N, abs=1e-4)

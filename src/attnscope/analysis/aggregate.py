@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnscopeError
-from .patterns import PATTERNS, CorpusPatterns, _label_codes
+from .patterns import PATTERNS, CorpusPatterns, label_codes
 
 KEYS = ("input_id", "layer", "head")
 FRACTION_BITS = 60  # ExactSum counts a value's fraction in units of 2^-60 (rounded to the nearest)
@@ -187,7 +187,7 @@ class HeadsPartial:
             values = rows[column].to_numpy(dtype=float)
             sums[column] = ExactSum.of(values, cell, shape[0] * shape[1]).reshape(shape)
             seen[column] = np.bincount(cell, ~np.isnan(values), minlength=shape[0] * shape[1]).reshape(shape)
-        codes = _label_codes(rows["label"].to_numpy())
+        codes = label_codes(rows["label"].to_numpy())
         counts = np.bincount(cell * len(PATTERNS) + codes, minlength=shape[0] * shape[1] * len(PATTERNS))
         best = {pattern: _clearest(rows, cell, shape, f"ev_{score}") for pattern, score in scores.items()}
         return cls(model, columns, sums, seen, counts.reshape(*shape, len(PATTERNS)), best, len(rows))

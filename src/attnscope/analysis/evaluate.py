@@ -37,6 +37,7 @@ from .patterns import (
     CorpusPatterns,
     classify_heads,
     decide,
+    label_codes,
     pattern_evidence,
     thresholds_for,
 )
@@ -479,6 +480,74 @@ def evaluate_stability(deciding: CorpusPatterns, held_out: CorpusPatterns) -> di
         "heldout_modal_share_all": mean(held_out.share),
         "unstable_heldout_share": mean(carried[~stable]),
     }
+
+
+# ---- how stable one model's labels are, on unseen inputs ------------------------------------------
+STABILITY_INPUTS = 200  # held-out Brown sentences per model (issue: 200 sentences never used to build the labels)
+FLIP_PAIRS_SHOWN = 3
+STABLE_RULE_TEXT = f"modal label on >= {STABLE_SHARE:.0%} of the inputs"
+
+
+def stability_heldout_texts(n: int = STABILITY_INPUTS) -> list[str]:
+    """The first ``n`` held-out sentences of :func:`stability_texts` (after the deciding part, without the
+    labelled maps' sentences): inputs no rule or threshold was developed on, for any model."""
+    return stability_texts(real_labels())[1][:n]
+
+
+def strongest_column(record: AttentionRecord) -> np.ndarray:
+    """``[layer, head]``: the mass of each head's strongest column, the key with the largest mean weight over
+    the queries (rows renormalised where the record has a learned sink's missing mass)."""
+    row_mass = record.row_mass()
+    attention = record.attention if row_mass is None else record.attention / np.maximum(row_mass, 1e-12)[..., None]
+    return attention.mean(axis=-2).max(axis=-1)
+
+
+def label_stability(records: Iterable[AttentionRecord]) -> dict[str, Any]:
+    """How often each head keeps its most common (modal) label over ``records`` (one model's inputs).
+
+    ``stable_share``: the share of heads whose modal label holds on at least :data:`STABLE_SHARE` of the
+    inputs (the corpus report's *stable*); ``mixed_share``: the share of heads that are not stable but whose
+    two most common labels carry that much (:attr:`CorpusPatterns.mixed`); ``kovaleva_stable_share``: the
+    stable share with labels merged into Kovaleva et al.'s five types. ``flips``: the label pairs the unstable
+    heads flip between (modal and runner-up, unordered), most heads first, each with ``heads`` and the mean
+    mass of the head's strongest column (:func:`strongest_column`) on the inputs labelled with either side,
+    which says whether the two labels are one behaviour at two strengths.
+    """
+    labels, columns = [], []
+    for record in records:
+        labels.append(label_codes(classify_heads(record).labels))
+        columns.append(strongest_column(record))
+    per_input, column = np.stack(labels), np.stack(columns)  # [input, layer, head]
+    patterns = CorpusPatterns(np.stack([(per_input == code).sum(axis=0) for code in range(len(PATTERNS))], axis=-1))
+    types = np.array([KOVALEVA_TYPES.index(p.kovaleva) for p in PATTERNS.values()])[per_input]
+    type_share = np.max([(types == code).mean(axis=0) for code in range(len(KOVALEVA_TYPES))], axis=0)
+    return {"inputs": patterns.n_inputs, "heads": int(patterns.share.size), "stable_rule": STABLE_RULE_TEXT,
+            "stable_share": _round(patterns.stable.mean()), "mixed_share": _round(patterns.mixed.mean()),
+            "stable_or_mixed_share": _round((patterns.stable | patterns.mixed).mean()),
+            "kovaleva_stable_share": _round((type_share >= STABLE_SHARE).mean()),
+            "mean_modal_share": _round(patterns.share.mean()),
+            "flips": _flips(patterns, per_input, column)}
+
+
+def _round(value: Any) -> float:
+    return round(float(value), 4)
+
+
+def _flips(patterns: CorpusPatterns, per_input: np.ndarray, column: np.ndarray) -> list[dict[str, Any]]:
+    """The label pairs unstable heads flip between; ``per_input`` and ``column`` are ``[input, layer, head]``."""
+    unstable = ~patterns.stable & (patterns.runner_up != "")
+    heads_of: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for layer, head in zip(*np.nonzero(unstable)):
+        pair = tuple(sorted((patterns.labels[layer, head], patterns.runner_up[layer, head])))
+        heads_of.setdefault(pair, []).append((int(layer), int(head)))
+    ranked = sorted(heads_of.items(), key=lambda item: (-len(item[1]), item[0]))[:FLIP_PAIRS_SHOWN]
+    flips = []
+    for pair, heads in ranked:
+        layers, head_indices = np.array(heads).T
+        labels, masses = per_input[:, layers, head_indices], column[:, layers, head_indices]  # [input, pair head]
+        flips.append({"pair": list(pair), "heads": len(heads),
+                      "column_mass": {name: _round(masses[labels == list(PATTERNS).index(name)].mean()) for name in pair}})
+    return flips
 
 
 # ---- the whole evaluation -------------------------------------------------------------------------

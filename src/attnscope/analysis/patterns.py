@@ -597,7 +597,7 @@ def classify_heads(record: AttentionRecord, context: TokenContext | None = None,
     return HeadPatterns(labels, confidence, evidence, model=record.model.name, tokens=ctx.tokens, causal=ctx.causal)
 
 
-def _label_codes(labels: np.ndarray) -> np.ndarray:
+def label_codes(labels: np.ndarray) -> np.ndarray:
     """``[layer, head]`` label names -> their indices in :data:`PATTERNS`."""
     index = {name: i for i, name in enumerate(PATTERNS)}
     return np.vectorize(index.__getitem__, otypes=[np.int64])(labels)
@@ -648,10 +648,32 @@ class CorpusPatterns:
         fewer than :data:`STABLE_MIN_INPUTS` inputs, where a share says little)."""
         return (self.share >= STABLE_SHARE) & (self.n_inputs >= STABLE_MIN_INPUTS)
 
+    @property
+    def runner_up(self) -> np.ndarray:
+        """``[layer, head]``: each head's second most common label (``""`` where one label carried every input)."""
+        second = np.argsort(-self.counts, axis=-1, kind="stable")[..., 1]
+        names = np.array(list(PATTERNS), dtype=object)[second]
+        return np.where(np.take_along_axis(self.counts, second[..., None], axis=-1)[..., 0] > 0, names, "")
+
+    @property
+    def runner_up_share(self) -> np.ndarray:
+        """``[layer, head]``: the share of inputs that carried the runner-up label."""
+        return np.sort(self.counts, axis=-1)[..., -2] / np.maximum(self.counts.sum(axis=-1), 1)
+
+    @property
+    def mixed(self) -> np.ndarray:
+        """``[layer, head]`` bool: a head that is not stable, but whose two most common labels together carry
+        at least :data:`STABLE_SHARE` of the inputs (over at least :data:`STABLE_MIN_INPUTS`): one behaviour
+        whose strength sits near the threshold between two labels on different inputs (e.g. a [CLS] column
+        that is ``delimiter`` on some inputs and too faint for it, ``heterogeneous``, on others), reported as
+        ``label/runner_up`` rather than as one label it keeps on too few inputs."""
+        both = self.share + self.runner_up_share
+        return ~self.stable & (both >= STABLE_SHARE) & (self.n_inputs >= STABLE_MIN_INPUTS)
+
     def share_of(self, labels: np.ndarray) -> np.ndarray:
         """``[layer, head]``: the share of inputs on which each head got ``labels[layer, head]``
         (e.g. the labels another corpus gave the heads)."""
-        carried = np.take_along_axis(self.counts, _label_codes(labels)[..., None], axis=-1)[..., 0]
+        carried = np.take_along_axis(self.counts, label_codes(labels)[..., None], axis=-1)[..., 0]
         return carried / np.maximum(self.counts.sum(axis=-1), 1)
 
     def shares(self) -> dict[str, float]:
@@ -660,13 +682,16 @@ class CorpusPatterns:
         return {name: float(v) for name, v in zip(PATTERNS, totals / max(totals.sum(), 1))}
 
     def to_frame(self) -> Any:
-        """One row per head: ``layer``, ``head`` (0-indexed), modal ``label``, its ``share``, ``stable``,
-        ``inputs`` and the share of every class (``share_<label>``)."""
+        """One row per head: ``layer``, ``head`` (0-indexed), modal ``label``, its ``share``, ``stable``, the
+        ``runner_up`` label and its ``runner_up_share``, ``mixed`` (see :attr:`mixed`), ``inputs`` and the share
+        of every class (``share_<label>``)."""
         import pandas as pd
 
         layers, heads = np.indices(self.counts.shape[:2])
         columns: dict[str, Any] = {"layer": layers.ravel(), "head": heads.ravel(), "label": self.labels.ravel(),
                                    "share": self.share.ravel(), "stable": self.stable.ravel(),
+                                   "runner_up": self.runner_up.ravel(), "runner_up_share": self.runner_up_share.ravel(),
+                                   "mixed": self.mixed.ravel(),
                                    "inputs": np.full(layers.size, self.n_inputs)}
         shares = self.counts / np.maximum(self.counts.sum(axis=-1, keepdims=True), 1)
         columns.update({f"share_{name}": shares[..., i].ravel() for i, name in enumerate(PATTERNS)})
@@ -679,7 +704,7 @@ class CorpusPatterns:
     @classmethod
     def add(cls, so_far: CorpusPatterns | None, item: HeadPatterns) -> CorpusPatterns:
         """``so_far`` with one more input's patterns counted (``None``: start from nothing)."""
-        one_hot = np.eye(len(PATTERNS), dtype=np.int64)[_label_codes(item.labels)]  # [layer, head, class]
+        one_hot = np.eye(len(PATTERNS), dtype=np.int64)[label_codes(item.labels)]  # [layer, head, class]
         sums = dict(so_far._evidence_sums) if so_far else {}
         seen = dict(so_far._evidence_counts) if so_far else {}
         for name, value in item.evidence.items():
@@ -698,7 +723,7 @@ class CorpusPatterns:
             raise AttnscopeError("no inputs to aggregate")
         shape = (int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1)
         cell = rows["layer"].to_numpy(dtype=np.int64) * shape[1] + rows["head"].to_numpy(dtype=np.int64)  # [row]
-        codes = _label_codes(rows["label"].to_numpy())
+        codes = label_codes(rows["label"].to_numpy())
         counts = np.bincount(cell * len(PATTERNS) + codes, minlength=shape[0] * shape[1] * len(PATTERNS))
         sums, seen = {}, {}
         for column in [name for name in rows.columns if name.startswith("ev_")]:

@@ -7,7 +7,8 @@ Tables (layers and heads 0-indexed):
   :mod:`attnscope.analysis.stats` (``norm_*`` when norms were captured), the pattern ``label``,
   its ``kovaleva`` type and ``confidence``, and the pattern evidence (``ev_*``);
 * ``head_labels``: one row per (``layer``, ``head``): the head's most common (modal) ``label`` over the
-  inputs, the ``share`` of inputs that carried it, ``stable`` (see ``meta``'s ``stable_rule``),
+  inputs, the ``share`` of inputs that carried it, ``stable`` (see ``meta``'s ``stable_rule``), the
+  ``runner_up`` label, its ``runner_up_share`` and ``mixed`` (two labels carry the stable share together),
   ``inputs`` and the share of every label (``share_<label>``);
 * ``meta``: ``key``, ``value`` (model name, attnscope version, the stability rule, ...).
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..analysis.patterns import PATTERNS
+from ..analysis.evaluate import STABILITY_INPUTS
+from ..analysis.patterns import PATTERNS, STABLE_MIN_INPUTS, STABLE_SHARE
 from ..errors import AttnscopeError
 from .command import Command
 from .model_options import add_model_arguments, load_from_args
@@ -20,14 +21,21 @@ def _patterns_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluate", action="store_true",
                         help="score the classifier on the synthetic and the labelled real maps (needs the default "
                         "model) instead of classifying TEXT")
+    parser.add_argument("--stability", action="store_true",
+                        help="how often each head of --model keeps its most common label over held-out Brown "
+                        "sentences (none of them used to build the labels), and which label pairs flip")
+    parser.add_argument("--inputs", type=int, default=STABILITY_INPUTS,
+                        help=f"sentences for --stability (default {STABILITY_INPUTS})")
     add_model_arguments(parser)
 
 
 def _run_patterns(args: argparse.Namespace) -> int:
     if args.evaluate:
         return _run_evaluation(args)
+    if args.stability:
+        return _run_stability(args)
     if args.text is None:
-        raise AttnscopeError("give a TEXT to classify, or --evaluate")
+        raise AttnscopeError("give a TEXT to classify, --evaluate or --stability")
     from ..analysis.patterns import classify_heads
     from ..capture.extract import extract
     from ..capture.tokens import split_item
@@ -84,6 +92,32 @@ def _run_evaluation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_stability(args: argparse.Namespace) -> int:
+    from ..analysis.evaluate import label_stability, stability_heldout_texts
+    from ..capture.extract import extract_corpus
+
+    available = len(stability_heldout_texts(10**9))
+    if not STABLE_MIN_INPUTS <= args.inputs <= available:
+        raise AttnscopeError(f"--inputs must be between {STABLE_MIN_INPUTS} and {available} (the held-out Brown "
+                             f"sentences), got {args.inputs}")
+    texts = stability_heldout_texts(args.inputs)
+    loaded = load_from_args(args)
+    summary = {"model": args.model, **label_stability(extract_corpus(loaded, [(t, None) for t in texts]))}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{args.model}: {summary['heads']} heads over {summary['inputs']} held-out Brown sentences "
+          f"(stable: {summary['stable_rule']})")
+    print(f"stable heads {_share(summary['stable_share'])}; mixed (two labels carry >= {STABLE_SHARE:.0%}) "
+          f"{_share(summary['mixed_share'])}; stable at Kovaleva's five types {_share(summary['kovaleva_stable_share'])}")
+    for flip in summary["flips"]:
+        first, second = flip["pair"]
+        mass = flip["column_mass"]
+        print(f"  {first} <-> {second}: {flip['heads']} heads; strongest column's mass {mass[first]:.2f} when "
+              f"{first}, {mass[second]:.2f} when {second}")
+    return 0
+
+
 def _share(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -96,6 +130,7 @@ examples:
   attnscope patterns "I went to the store." --pair "At the store, I bought fresh strawberries."
   attnscope patterns "The cat sat on the mat." --model smollm2      # causal templates
   attnscope patterns "The cat sat." --json
-  attnscope patterns --evaluate --json        # precision/recall/F1 on the synthetic and labelled real maps""",
+  attnscope patterns --evaluate --json        # precision/recall/F1 on the synthetic and labelled real maps
+  attnscope patterns --stability --model smollm2   # how often each head keeps its label on unseen sentences""",
             _patterns_arguments, _run_patterns),
 )

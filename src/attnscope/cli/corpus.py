@@ -103,7 +103,8 @@ def _write_report(args: argparse.Namespace):  # type: ignore[no-untyped-def]
           f"({report.engine} engine{skipped}; layers and heads 0-indexed)")
     print(f"report:   {report.html}\ndatabase: {report.database}")
     stable = report.patterns.stable
-    print(f"stable heads (most common label on >= {STABLE_SHARE:.0%} of inputs): {int(stable.sum())} of {stable.size}")
+    print(f"stable heads (most common label on >= {STABLE_SHARE:.0%} of inputs): {int(stable.sum())} of {stable.size}; "
+          f"mixed (two labels carry that share): {int(report.patterns.mixed.sum())}")
     for finding in report.findings:
         heads = ", ".join(f"{h['layer']}-{h['head']}" for h in finding.heads) or "not measurable here"
         print(f"  {finding.pattern:26s} clearest heads (layer-head): {heads}")

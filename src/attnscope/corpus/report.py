@@ -463,14 +463,22 @@ def _write_html(report: CorpusReport, views: dict[str, str]) -> None:
                "sink", "punct", "prev", "next", "self", "mean_distance"]
     columns += [c for c in ("norm_cls", "norm_sep", "norm_punct") if c in report.summary]
     columns = [c for c in columns if c in ("pattern", "stable") or report.summary[c].notna().any()]  # measured here
-    rows = report.summary[columns].assign(stable=report.summary["stable"].map({True: "yes", False: "no"}))
+    rows = report.summary[columns].assign(stable=_stable_cells(report.patterns))
     rows = rows.to_dict(orient="records")
     shares = report.patterns.shares()
     report.html.write_text(template.render(
         model=report.model, n_inputs=report.n_inputs, figures={k: v.name for k, v in report.figures.items()},
         findings=report.findings, columns=columns, rows=rows, database=report.database.name,
         stable_rule=STABLE_RULE, n_stable=int(report.patterns.stable.sum()), n_heads=report.patterns.stable.size,
+        n_mixed=int(report.patterns.mixed.sum()),
         views={pattern: Markup(fragment) for pattern, fragment in views.items()},
         pattern_rows=[{"name": n, "kovaleva": p.kovaleva, "source": p.source, "description": p.description,
                        "share": shares[n], "colour": pattern_colour(n)} for n, p in PATTERNS.items()],
     ), encoding="utf-8")
+
+
+def _stable_cells(patterns: CorpusPatterns) -> list[str]:
+    """The ``stable`` column per head (layer-major): ``yes``, ``mixed with <runner-up>`` (see
+    :attr:`CorpusPatterns.mixed`) or ``no``."""
+    cells = np.where(patterns.stable, "yes", np.where(patterns.mixed, "mixed with " + patterns.runner_up.astype(str), "no"))
+    return cells.ravel().tolist()
