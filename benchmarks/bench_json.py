@@ -1,7 +1,7 @@
 """Where a benchmark's figures go: its last stdout line, ``benchmarks/runs/NAME.json`` (this run's, never
-committed), and, only when asked with ``--record``, ``docs/bench/NAME.json`` for the README.
+committed), and, only when asked with ``--record``, ``docs/bench/NAME.json`` for the pages (README.md, docs/*.md).
 
-Both files hold ``{command, date, cpu, figures}``. ``docs/bench/`` is the record the README is rendered
+Both files hold ``{command, date, cpu, figures}``. ``docs/bench/`` is the record the pages are rendered
 from (``make docs-figures``, naming the CPU) and ``tests/test_docs_figures.py`` checks against: a plain
 run leaves it alone, so benchmarking and then testing never turns the tests red. To refresh the record,
 re-run the benchmark at its full size with ``--record`` (or ``make bench-NAME RECORD=1``), then
@@ -24,7 +24,7 @@ from typing import Any
 
 DOCS_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench"
 RUNS = Path(__file__).resolve().parent / "runs"  # a run's own figures (git ignores it)
-RECORD_HELP = ("also write the figures to docs/bench/NAME.json, the record the README is rendered from (only a "
+RECORD_HELP = ("also write the figures to docs/bench/NAME.json, the record the pages are rendered from (only a "
                "full-size run: --quick, --smoke and other sizes are never recorded); without it they go to "
                "benchmarks/runs/NAME.json")
 
@@ -63,7 +63,7 @@ SMOKE_HELP = ("smallest sizes, seconds: only checks that the benchmark still run
 
 
 def add_record_flag(parser: argparse.ArgumentParser) -> None:
-    """``--record``: a full-size run's figures also become the README's record in docs/bench/."""
+    """``--record``: a full-size run's figures also become the pages' record in docs/bench/."""
     parser.add_argument("--record", action="store_true", help=RECORD_HELP)
 
 

@@ -1,19 +1,19 @@
-"""Regenerate every figure README.md quotes (``make docs-figures``), so none can go stale.
+"""Regenerate every figure the README and the documentation pages quote (``make docs-figures``), so none can go stale.
 
 Each *group* runs the attnscope command that produces its figures and keeps them in
 ``docs/figures.json``: per group the figures, the command, the date, the CPU and the wall time.
-README.md's generated regions, marked ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->``, are
-then rendered from the Jinja2 template ``docs/templates/NAME.md`` with those figures and the
-benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when run with ``--record``). Never
-edit a generated region by hand: ``tests/test_docs_figures.py`` checks that each equals its
+The generated regions of README.md and of the pages ``docs/*.md``, marked ``<!-- figures:NAME -->`` ...
+``<!-- /figures:NAME -->``, are then rendered from the Jinja2 template ``docs/templates/NAME.md`` with those
+figures and the benchmark figures in ``docs/bench/*.json`` (written by ``benchmarks/*.py`` when run with
+``--record``). Never edit a generated region by hand: ``tests/test_docs_figures.py`` checks that each equals its
 rendering, and re-runs the cheap producers (toy translator, view sizes, the Python example) to
 check they still give the recorded figures. The expensive ones (corpus report, classifier
-evaluation, ablation, probes) are re-run only here. Figures PNGs the README shows are copied into
+evaluation, ablation, probes) are re-run only here. Figures PNGs the pages show are copied into
 ``docs/img`` from the same runs.
 
-    python scripts/docs_figures.py                 # every group, then render the README
+    python scripts/docs_figures.py                 # every group, then render the README and the pages
     python scripts/docs_figures.py toy views       # only these groups (the others keep their figures)
-    python scripts/docs_figures.py --render        # only render the README from the stored figures
+    python scripts/docs_figures.py --render        # only render the README and the pages from the stored figures
     python scripts/docs_figures.py --list          # the groups and their commands
 
 Run from the repository root with the project's virtualenv (``make docs-figures`` does).
@@ -38,7 +38,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-FIGURES = ROOT / "docs" / "figures.json"
+DOCS = ROOT / "docs"
+FIGURES = DOCS / "figures.json"
 TEMPLATES = ROOT / "docs" / "templates"
 BENCH = ROOT / "docs" / "bench"
 IMAGES = ROOT / "docs" / "img"
@@ -47,7 +48,7 @@ from bench_json import cpu_name
 
 REGION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.DOTALL)
 
-# the README's examples: one pair, and the long input of the view-size figures (benchmarks/render.py's)
+# the examples of the README and the pages: one pair, and the long input of the view-size figures (benchmarks/render.py's)
 EXAMPLE_TEXT = "I went to the store."
 EXAMPLE_PAIR = "At the store, I bought fresh strawberries."
 LONG_INPUT_SENTENCES = 80
@@ -102,7 +103,7 @@ def copy_image(source: Path, name: str) -> None:
 
 # ---- producers: each returns {figure: value}; `work` is a fresh temporary folder --------------------
 def example_shape(work: Path) -> dict[str, Any]:
-    """The README's first Python example: the shape of a pair's attention on the default model."""
+    """The README's Python example: the shape of a pair's attention on the default model."""
     import attnscope
 
     record = attnscope.extract(attnscope.load_model("minilm"), EXAMPLE_TEXT, EXAMPLE_PAIR, norms=True)
@@ -131,7 +132,7 @@ def view_sizes(work: Path) -> dict[str, Any]:
 
 
 TOY_SEEDS = (0, 1, 2, 3, 4)
-# what the README's toy table says of each experiment, as predicates on one training run's figures: the producer
+# what the toy table (docs/lab.md) says of each experiment, as predicates on one training run's figures: the producer
 # records whether each holds for every seed, and the tests check a fresh run on any CPU
 TOY_CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "intact_translates": lambda run: run["exact_match"] >= 0.95,
@@ -151,7 +152,7 @@ TOY_CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
 
 def toy_seed_figures(seed: int) -> dict[str, Any]:
     """One training run of the toy translator (``seed``): ``attnscope toy evaluate --seeds SEED --json``'s figures,
-    the README sentence under every experiment, and how many distinct outputs no cross-attention gives."""
+    the example sentence under every experiment, and how many distinct outputs no cross-attention gives."""
     from attnscope.lab import corpus as toy_corpus
     from attnscope.lab.experiments import EXPERIMENTS, load_toy_seed, translate_with
 
@@ -180,8 +181,8 @@ def toy_outside_band(over_seeds: dict[str, dict[str, float]], run: dict[str, Any
 
 
 def toy_translator(work: Path) -> dict[str, Any]:
-    """``attnscope toy evaluate --seeds 0-4 --json`` with the README sentence under every experiment: each figure as
-    its mean and range over seeds (one training run is one draw), the README's claims checked on every seed."""
+    """``attnscope toy evaluate --seeds 0-4 --json`` with the example sentence under every experiment: each figure as
+    its mean and range over seeds (one training run is one draw), the lab page's claims checked on every seed."""
     from attnscope.lab import corpus as toy_corpus
     from attnscope.lab.experiments import BEGINNING_TOKENS, summarise_seeds
     from attnscope.lab.translator import TrainingSettings
@@ -433,7 +434,7 @@ def mixing_summary(table: dict[str, Any]) -> dict[str, Any]:
 
 # per built-in model: (first N EWT test sentences, first N GUM test documents); None = the whole split.
 # The decoders run on a share so that `make docs-figures` stays within minutes on 2 shared cores
-# (benchmarks/gold.py runs every model on the full splits); the README says how many each one saw.
+# (benchmarks/gold.py runs every model on the full splits); docs/probing.md says how many each one saw.
 GOLD_MODELS: dict[str, tuple[int | None, int | None]] = {"minilm": (None, None), "smollm2": (300, 4),
                                                          "gemma3": (300, 4)}
 GOLD_RELATIONS = ("det", "dobj", "pobj", "poss")
@@ -600,20 +601,38 @@ def render_region(name: str, figures: dict[str, Any], bench: dict[str, Any]) -> 
     return text if text.endswith("\n") else text + "\n"
 
 
-def render_readme(readme: str, figures: dict[str, Any], bench: dict[str, Any]) -> str:
-    """``readme`` with every generated region replaced by its rendering."""
-    return REGION.sub(lambda m: m.group(1) + render_region(m.group("name"), figures, bench) + m.group(4), readme)
+def pages() -> list[Path]:
+    """The Markdown files that may hold generated regions: README.md and the site's pages ``docs/*.md``."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 
-def region_names(readme: str) -> list[str]:
-    return [match.group("name") for match in REGION.finditer(readme)]
+def render_page(text: str, figures: dict[str, Any], bench: dict[str, Any]) -> str:
+    """``text`` (a page's Markdown) with every generated region replaced by its rendering."""
+    return REGION.sub(lambda m: m.group(1) + render_region(m.group("name"), figures, bench) + m.group(4), text)
+
+
+def region_names(text: str) -> list[str]:
+    return [match.group("name") for match in REGION.finditer(text)]
+
+
+def render_pages(figures: dict[str, Any], bench: dict[str, Any]) -> list[str]:
+    """Render the regions of every page in place: the regions' names."""
+    names = []
+    for path in pages():
+        text = path.read_text(encoding="utf-8")
+        rendered = render_page(text, figures, bench)
+        if rendered != text:
+            path.write_text(rendered, encoding="utf-8")
+        names += region_names(rendered)
+    return names
 
 
 # ---- command line -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"groups to re-run (default: all): {', '.join(GROUPS)}")
-    parser.add_argument("--render", action="store_true", help="only render the README from docs/figures.json")
+    parser.add_argument("--render", action="store_true",
+                        help="only render the README and the pages docs/*.md from docs/figures.json")
     parser.add_argument("--list", action="store_true", help="list the groups and their commands")
     args = parser.parse_args(argv)
     unknown = set(args.groups) - set(GROUPS)
@@ -637,10 +656,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  {figures[name]['seconds']} s", flush=True)
         FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")  # keep what is done so far
-    README.write_text(render_readme(README.read_text(), figures, load_bench()))
-    print(f"rendered {', '.join(region_names(README.read_text()))} into {README.relative_to(ROOT)}")
+    names = render_pages(figures, load_bench())
+    print(f"rendered {', '.join(names)} into README.md and docs/*.md")
     if failed:
-        print(f"failed: {', '.join(failed)} (the README quotes their previous figures)")
+        print(f"failed: {', '.join(failed)} (the pages quote their previous figures)")
     return 1 if failed else 0
 
 

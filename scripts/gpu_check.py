@@ -1,4 +1,4 @@
-"""Summarise a ``pytest -m gpu --junitxml`` run as ``docs/bench/gpu_tests.json`` (the README's GPU section is
+"""Summarise a ``pytest -m gpu --junitxml`` run as ``docs/bench/gpu_tests.json`` (docs/gpu.md's GPU section is
 rendered from it): how many of the GPU tests passed, failed and were skipped, the failures by name, and the
 machine (GPU, torch, transformers). Run by ``scripts/gpu_check.sh run`` on the GPU machine.
 

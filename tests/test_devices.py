@@ -6,7 +6,7 @@ runs, :class:`FactoryDevices` (a ``TorchFunctionMode``) sees every tensor factor
 without ``device=`` makes its tensor on torch's default device, the CPU, whatever the model runs
 on: on a GPU that tensor would meet the model's and fail, or copy every call. So each factory must
 name the input's device, and every tensor attnscope's code produces must be on it. On a machine
-with CUDA, ``pytest -m gpu`` runs the same checks on ``cuda`` (see the README's "GPU" section).
+with CUDA, ``pytest -m gpu`` runs the same checks on ``cuda`` (see docs/gpu.md).
 """
 
 from __future__ import annotations

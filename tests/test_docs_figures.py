@@ -1,5 +1,6 @@
-"""The README's figures cannot go stale: each sits in a generated region rendered from
-docs/figures.json (or docs/bench/*.json), and the cheap producers still give the recorded figures.
+"""The figures of the README and of the documentation pages (docs/*.md) cannot go stale: each sits in a
+generated region rendered from docs/figures.json (or docs/bench/*.json), and the cheap producers still give the
+recorded figures.
 
 The expensive producers (corpus report, classifier evaluation, ablation, probes) are re-run by
 ``make docs-figures`` only; see scripts/docs_figures.py.
@@ -29,32 +30,41 @@ def _load_script():  # type: ignore[no-untyped-def]
 
 
 docs = _load_script()
-README = docs.README.read_text(encoding="utf-8")
+PAGES = {path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8") for path in docs.pages()}
+# the design page holds no figures: its numbers are names and settings (Llama 4, a 16-token input), edited with
+# the code it describes; its regions, if it ever has any, are checked like every page's
+NO_FIGURES = {"docs/ARCHITECTURE.md"}
 
 
-def _difference(expected: str, actual: str) -> str:
-    lines = difflib.unified_diff(actual.splitlines(), expected.splitlines(), "README.md", "rendered", lineterm="", n=1)
+def _difference(page: str, expected: str, actual: str) -> str:
+    lines = difflib.unified_diff(actual.splitlines(), expected.splitlines(), page, "rendered", lineterm="", n=1)
     return "\n".join(list(lines)[:40])
 
 
-def test_readme_generated_regions_equal_their_rendering_from_the_stored_figures():
-    rendered = docs.render_readme(README, docs.load_figures(), docs.load_bench())
-    assert rendered == README, ("a generated region of README.md differs from its rendering: edit the template in "
-                                "docs/templates/ and run `make docs-figures`, never the region\n"
-                                + _difference(rendered, README))
+def test_the_pages_are_the_readme_and_the_site_pages():
+    assert "README.md" in PAGES and "docs/long-inputs.md" in PAGES and len(PAGES) > 10
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_generated_regions_equal_their_rendering_from_the_stored_figures(page):
+    rendered = docs.render_page(PAGES[page], docs.load_figures(), docs.load_bench())
+    assert rendered == PAGES[page], (f"a generated region of {page} differs from its rendering: edit the template in "
+                                     "docs/templates/ and run `make docs-figures`, never the region\n"
+                                     + _difference(page, rendered, PAGES[page]))
 
 
 def test_a_figure_edited_by_hand_inside_a_region_is_caught():
     mean = docs.load_figures()["toy"]["figures"]["over_seeds"]["uniform"]["mean"]
     quoted = f"| {mean:.3f} ("
-    assert quoted in README
-    edited = README.replace(quoted, "| 0.042 (", 1)
-    assert docs.render_readme(edited, docs.load_figures(), docs.load_bench()) != edited
+    lab = PAGES["docs/lab.md"]
+    assert quoted in lab
+    edited = lab.replace(quoted, "| 0.042 (", 1)
+    assert docs.render_page(edited, docs.load_figures(), docs.load_bench()) != edited
 
 
 def test_every_template_has_exactly_one_region_and_every_region_a_template():
-    names = docs.region_names(README)
-    assert len(names) == len(set(names)), f"a region appears twice: {names}"
+    names = [name for text in PAGES.values() for name in docs.region_names(text)]
+    assert len(names) == len(set(names)), f"a region appears twice: {sorted(names)}"
     assert sorted(names) == sorted(path.stem for path in docs.TEMPLATES.glob("*.md"))
 
 
@@ -72,30 +82,30 @@ def test_benchmark_figures_name_the_cpu_they_were_measured_on():
     for path in kept:
         figures = json.loads(path.read_text())
         assert figures["cpu"] and figures["date"] and figures["figures"], path.name
-        assert figures["cpu"] in README, f"the README does not name the CPU of {path.name}"
+        assert any(figures["cpu"] in text for text in PAGES.values()), f"no page names the CPU of {path.name}"
 
 
 @pytest.mark.parametrize("group", ["example", "views"])
 def test_cheap_producers_still_give_the_recorded_figures(group, tmp_path):
-    """Re-run the command behind a group: its figures must equal those the README was rendered from (these
+    """Re-run the command behind a group: its figures must equal those the pages were rendered from (these
     depend on no training run, so they are the same on every CPU)."""
     recorded = docs.load_figures()[group]["figures"]
     produced = docs.GROUPS[group].produce(tmp_path)
     assert docs.compared(group, produced) == docs.compared(group, recorded), (
-        f"the figures of '{group}' changed: run `python scripts/docs_figures.py {group}` and read the README's text "
+        f"the figures of '{group}' changed: run `python scripts/docs_figures.py {group}` and read the pages' text "
         "around them")
 
 
-def test_the_readme_states_of_the_toy_translator_only_what_held_for_every_seed():
+def test_the_lab_page_states_of_the_toy_translator_only_what_held_for_every_seed():
     claims = docs.load_figures()["toy"]["figures"]["claims"]
     assert set(claims) == set(docs.TOY_CLAIMS) and all(claims.values()), (
         f"a claim of the toy table failed for some seed: {[n for n, held in claims.items() if not held]}; "
-        "change the README's text in docs/templates/toy.md, not the claim")
+        "change the text in docs/templates/toy.md, not the claim")
 
 
 def test_a_fresh_toy_translator_falls_inside_the_recorded_range_over_seeds():
     """A translator trained here (seed 0, on whatever CPU this is: the training run differs between CPUs) gives
-    figures inside the band of the recorded seeds, and the README's claims hold for it.
+    figures inside the band of the recorded seeds, and the lab page's claims hold for it.
 
     (the toy translator trains on first use, ~20 s, then its evaluation takes ~15 s)"""
     recorded = docs.load_figures()["toy"]["figures"]
@@ -104,7 +114,7 @@ def test_a_fresh_toy_translator_falls_inside_the_recorded_range_over_seeds():
         f"exact match outside the recorded range over seeds {recorded['seeds']}: "
         f"{docs.toy_outside_band(recorded['over_seeds'], fresh)}; run `python scripts/docs_figures.py toy`")
     failed = [name for name, claim in docs.TOY_CLAIMS.items() if not claim(fresh)]
-    assert not failed, f"a fresh toy translator breaks the README's claims {failed}: {fresh}"
+    assert not failed, f"a fresh toy translator breaks the lab page's claims {failed}: {fresh}"
 
 
 def test_the_toy_band_catches_a_broken_translator():
@@ -114,7 +124,7 @@ def test_the_toy_band_catches_a_broken_translator():
     assert docs.toy_outside_band(recorded, broken) == {"intact": 0.4}
 
 
-# Numbers the README may state outside generated regions: facts that no run of attnscope measures.
+# Numbers a page may state outside generated regions: facts that no run of attnscope measures.
 NOT_MEASURED = (
     (r"(?:et al\.|Zuidema) \(?\d{4}\)?", "a citation's year"),
     (r"\b[01]-indexed", "indexing convention"),
@@ -130,21 +140,23 @@ NOT_MEASURED = (
 )
 
 
-def _prose_outside_regions(readme: str) -> str:
-    """The README without generated regions, code (blocks, indented, spans) and link targets."""
-    text = docs.REGION.sub("", readme)
+def _prose_outside_regions(page: str) -> str:
+    """A page without generated regions, HTML comments, code (blocks, indented, spans) and link targets."""
+    text = docs.REGION.sub("", page)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.DOTALL)
     text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     text = "\n".join(line for line in text.splitlines() if not line.startswith("    "))
     text = re.sub(r"`[^`]*`", "", text)
     return re.sub(r"\]\([^)]*\)", "]", text)
 
 
-def test_every_number_in_the_readme_prose_is_generated_or_not_a_measurement():
-    prose = _prose_outside_regions(README)
+@pytest.mark.parametrize("page", sorted(set(PAGES) - NO_FIGURES))
+def test_every_number_in_the_prose_is_generated_or_not_a_measurement(page):
+    prose = _prose_outside_regions(PAGES[page])
     for pattern, _reason in NOT_MEASURED:
         prose = re.sub(pattern, "", prose)
     stray = [line.strip() for line in prose.splitlines() if re.search(r"(?<![A-Za-z_])\d", line)]  # not uint8
-    assert not stray, ("numbers outside README's generated regions (a figure must be rendered from "
+    assert not stray, (f"numbers outside the generated regions of {page} (a figure must be rendered from "
                        "docs/figures.json by a template in docs/templates/; a fact that is no measurement goes in "
                        f"NOT_MEASURED): {stray}")
 
@@ -162,5 +174,5 @@ def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path
     assert kept["figures"] == on_cpu and kept["command"] == "python benchmarks/render.py --loads 3"
     assert kept["cpu"] == bench_json.cpu_name() and kept["cpu"].endswith("cores")
     monkeypatch.setattr(sys, "argv", ["extract.py", "--quick"])
-    bench_json.emit("extract", {"sentences": 200}, keep=False)  # a --quick run leaves the README's figures alone
+    bench_json.emit("extract", {"sentences": 200}, keep=False)  # a --quick run leaves the pages' figures alone
     assert not (tmp_path / "extract.json").exists()

@@ -1,7 +1,7 @@
 """docs/widget.ipynb executed by nbclient on a real kernel (ipykernel): every cell runs, the widget
 is displayed as a widget with a one-line fallback, the selection reads back, ``from_attentions``
 works on a plain transformers call, the saved notebook stays small, and its migration table is the
-README's. ``ATTNSCOPE_WRITE_NOTEBOOK=1`` writes the executed notebook back to docs/."""
+documentation's (docs/notebooks.md). ``ATTNSCOPE_WRITE_NOTEBOOK=1`` writes the executed notebook back to docs/."""
 
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ def test_saved_notebook_is_small(executed):
     assert len(text.encode()) < 1_000_000
 
 
-def test_migration_table_is_the_readmes():
+def test_migration_table_is_the_notebooks_pages():
     notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     cells = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"]
     ours = next(cell for cell in cells if "| you wrote |" in cell)
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    page = (REPO / "docs" / "notebooks.md").read_text(encoding="utf-8")
     rows = lambda text: re.findall(r"^\|.*\|$", text[text.index("| you wrote |"):].split("\n\n")[0], re.MULTILINE)
-    assert rows(ours) == rows(readme) and len(rows(ours)) > 10
+    assert rows(ours) == rows(page) and len(rows(ours)) > 10

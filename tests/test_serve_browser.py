@@ -4,7 +4,7 @@ head view, clicks the pattern map, ablates a head and sees the figures change; t
 make no console errors and no request outside the server.
 
 The flow test writes tests/artifacts/explorer.png; with ATTNSCOPE_SCREENSHOTS=1 it also writes
-the README's docs/img/explorer.png.
+docs/img/explorer.png, the picture of docs/explorer.md.
 """
 
 from __future__ import annotations

@@ -30,9 +30,10 @@ def probe_dependencies(model: Any, treebank: Treebank | None = None, *, batch_si
     ``model``: a loaded model or a name for :func:`attnscope.load_model`; ``treebank``: default
     the shipped silver sample. Relations with fewer than ``min_arcs`` arcs stay out of the headline.
 
-    >>> result = probe_dependencies("minilm")          # doctest: +SKIP
-    >>> result.headline()["best_head_acc"]["det"]      # doctest: +SKIP
-    {'head': '2-8', 'acc': 0.7716, 'baseline': 0.5772, 'direction': 'dependent->head', 'arcs': 2067}
+    Examples:
+        >>> result = probe_dependencies("minilm")          # doctest: +SKIP
+        >>> result.headline()["best_head_acc"]["det"]      # doctest: +SKIP
+        {'head': '2-8', 'acc': 0.7716, 'baseline': 0.5772, 'direction': 'dependent->head', 'arcs': 2067}
     """
     loaded = as_loaded(model)
     treebank = treebank or shipped_treebank()
