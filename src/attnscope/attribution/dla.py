@@ -4,7 +4,7 @@ and the logit lens, for decoder-only language models (Llama family, SmolLM2, Gem
 :func:`direct_logit_attribution` splits one logit (or the difference of two) at one position into
 the embeddings, every head (and, per head, every source token it read), every MLP and the biases,
 from one forward pass with capture; the terms sum to the logit (the final norm's scale is the
-run's; see :mod:`attnscope.capture.attribution`). :func:`logit_lens` unembeds the residual stream
+run's; see :mod:`attnscope.attribution.terms`). :func:`logit_lens` unembeds the residual stream
 after each layer through the final norm and the LM head.
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
-from ..capture.attribution import (
+from ..capture.extract import as_loaded
+from ..capture.generate import prompt_ids
+from ..capture.tokens import readable_tokens
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+from ..records.generation import GenerationRecord
+from .terms import (
     PositionRows,
     decompose,
     lens_top,
@@ -35,12 +41,6 @@ from ..capture.attribution import (
     residual_parts,
     unembedding,
 )
-from ..capture.extract import as_loaded
-from ..capture.generate import prompt_ids
-from ..capture.tokens import readable_tokens
-from ..errors import AttnscopeError
-from ..models.loading import LoadedModel
-from ..records.generation import GenerationRecord
 
 RUNNER_UP = "runner-up"  # contrast: the model's best next token other than the target
 
