@@ -225,3 +225,22 @@ def test_the_generate_command_prints_each_steps_top_heads(tiny_model_dir, capsys
                      "--json"]) == 0
     steps = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]
     assert len(steps) == 2 and all(len(step["top_heads"]) == 3 for step in steps)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral-window"])
+@pytest.mark.parametrize("prompt_rows", [True, False])
+def test_each_steps_terms_from_the_generation_equal_attribution_run_alone(tiny, kind, prompt_rows):
+    """From the generation's own cached passes (sliding windows of 4 keys: the cache lets earlier keys go) each
+    step's head terms and their split over sources equal direct logit attribution of the final text at the step's
+    position, run alone, whether the prompt's rows ran fused or eagerly."""
+    loaded = tiny(kind)
+    record = attnscope.generate(loaded, SENTENCES[2], max_new_tokens=4, prompt_rows=prompt_rows,
+                                recorders=[StepAttribution(top_heads=3)])
+    ids = record.token_ids.tolist()
+    for step in range(record.n_steps):
+        position = record.prompt_length - 1 + step
+        alone = direct_logit_attribution(loaded, ids, target=ids[position + 1], position=position)
+        np.testing.assert_allclose(record.arrays["attribution_heads"][step], alone.heads, atol=1e-5)
+        for rank, (layer, head) in enumerate(record.arrays["attribution_top"][step]):
+            np.testing.assert_allclose(record.arrays["attribution_sources"][step, rank, : position + 1],
+                                       alone.head_sources[layer, head], atol=1e-5)
