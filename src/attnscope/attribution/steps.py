@@ -24,14 +24,7 @@ from ..capture.recorders import AttentionCall, expand_kv_heads
 from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
-from ..records.attribution import (
-    ATTRIBUTION_HEADS,
-    ATTRIBUTION_LOGITS,
-    ATTRIBUTION_SOURCES,
-    ATTRIBUTION_TOP,
-    LENS_IDS,
-    LENS_PROBS,
-)
+from ..records import attribution as names
 from .terms import PositionRows, ResidualParts, decompose, lens_top, logit_direction, residual_parts
 
 ATTRIBUTION_TOP_HEADS = 10  # heads per step whose terms are kept split over the source tokens
@@ -120,10 +113,10 @@ class StepAttribution(GenerationRecorder):
             sources.append(split)
         blocks = {layer: kept[: len(positions)] for layer, kept in self.parts.blocks.items()}
         lens_ids, lens_probs = lens_top(loaded, blocks, self.lens_top)
-        arrays = {ATTRIBUTION_HEADS: np.stack(heads).astype(np.float32),
-                  ATTRIBUTION_LOGITS: np.array(logits, dtype=np.float32),
-                  ATTRIBUTION_TOP: np.stack(tops).astype(np.int64), ATTRIBUTION_SOURCES: np.stack(sources),
-                  LENS_IDS: lens_ids, LENS_PROBS: lens_probs}
+        arrays = {names.ATTRIBUTION_HEADS: np.stack(heads).astype(np.float32),
+                  names.ATTRIBUTION_LOGITS: np.array(logits, dtype=np.float32),
+                  names.ATTRIBUTION_TOP: np.stack(tops).astype(np.int64),
+                  names.ATTRIBUTION_SOURCES: np.stack(sources), names.LENS_IDS: lens_ids, names.LENS_PROBS: lens_probs}
         lens_tokens = tuple(tuple(readable_tokens(loaded.tokenizer, layer.tolist()) for layer in step)
                             for step in lens_ids)
         return RecordAdditions(arrays, lens_tokens)
