@@ -305,7 +305,8 @@ class GenerationRecorder(Recorder):
 
     The passes: the prompt's (its last position chose the first generated token), one per generated token but the
     last (its last position chose the next token), then one of the last token alone (its own row). Besides the
-    :class:`~attnscope.capture.recorders.Recorder` protocol (it sees every call it wants of those passes):
+    :class:`~attnscope.capture.recorders.Recorder` protocol (it sees every call it wants of those passes), it has
+    :meth:`recording` and :meth:`finish`.
     """
 
     @contextmanager
