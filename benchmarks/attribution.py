@@ -14,8 +14,8 @@ Figures (the last line printed is one JSON object):
   rows alone (``PositionRows``, no hooks, no decomposition); best of ``--repeats`` runs each,
   interleaved. Target <= 1.5. ``dla_over_full_capture``: over attnscope's full capture of every
   row (``capture(sites)``), for scale. ``generate_attribute_over_capture``: a greedy ``--tokens``-token
-  generation with ``attribute=True`` (each step's DLA, one more teacher-forced pass) over the same
-  generation with capture only.
+  generation with each step's attribution (``StepAttribution``: DLA and the lens of every step, from the
+  generation's own passes) over the same generation with capture only.
 * ``patch_speedup_vs_naive``: activation patching of every head on ``--pairs`` IOI-style prompt
   pairs: ``method="cached"`` (one clean and one corrupted forward per pair, then the patches of each
   layer side by side from that layer's cached input, LM head on the last position only) over
@@ -43,10 +43,11 @@ from bench_json import add_smoke_flag, cpu_name, emit
 from extract import CpuWatch
 
 import attnscope
+from attnscope.attribution.dla import RUNNER_UP, direct_logit_attribution
+from attnscope.attribution.steps import StepAttribution
+from attnscope.attribution.terms import PositionRows
 from attnscope.capture.attention import capture
-from attnscope.capture.attribution import PositionRows
 from attnscope.data import brown_sentences
-from attnscope.experiments.attribution import RUNNER_UP, direct_logit_attribution
 from attnscope.experiments.patching import activation_patching
 from attnscope.experiments.tasks import ioi_pairs
 
@@ -112,11 +113,12 @@ def dla_timings(loaded: Any, text: str, repeats: int) -> dict[str, float]:
 
 
 def generation_timings(loaded: Any, n_tokens: int, repeats: int) -> dict[str, float]:
-    """Best seconds of a greedy ``n_tokens``-token generation with capture, without and with ``attribute``."""
+    """Best seconds of a greedy ``n_tokens``-token generation with capture, without and with each step's attribution
+    (:class:`StepAttribution`, ``--attribute``)."""
     prompt = "The history of the city begins"
     return best_times({"capture": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens),
                        "attribute": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens,
-                                                               attribute=True)}, repeats)
+                                                               recorders=[StepAttribution()])}, repeats)
 
 
 def main(argv: list[str] | None = None) -> int:

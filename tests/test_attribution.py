@@ -13,10 +13,10 @@ import torch
 
 import attnscope
 from attnscope import AttnscopeError
-from attnscope.capture.attribution import freeze_norm, lm_head, named_module
-from attnscope.capture.recorders import per_head_out_proj
-from attnscope.experiments.attribution import RUNNER_UP, direct_logit_attribution, generation_lens, logit_lens
-from attnscope.experiments.patching import HeadOutputs
+from attnscope.attribution import StepAttribution
+from attnscope.attribution.dla import RUNNER_UP, direct_logit_attribution, generation_lens, logit_lens
+from attnscope.attribution.terms import freeze_norm, lm_head, named_module
+from attnscope.capture.recorders import HeadOutputs, per_head_out_proj
 from attnscope.models.registry import ALIASES
 
 from .conftest import SENTENCES, VOCAB, build_tiny_model
@@ -120,14 +120,14 @@ def test_each_heads_term_is_its_actual_output_through_the_frozen_final_norm(tiny
 
     handle = norm.register_forward_pre_hook(keep)
     try:
-        with torch.inference_mode(), attnscope.intervene(outputs):
+        with torch.inference_mode(), attnscope.capture_attention(loaded.sites, recorder=outputs):
             loaded.model(**loaded.tokenizer(PROMPT, return_tensors="pt"), use_cache=False)
     finally:
         handle.remove()
     frozen = freeze_norm(norm, final_in["x"])
     w = frozen.pull_back(lm_head(loaded).weight[dla.target_id].detach().double())
     sites = {site.layer: site for site in loaded.sites.values()}
-    for layer, output in outputs.outputs.items():
+    for layer, output in outputs.of_kind("self").items():
         per_head = per_head_out_proj(sites[layer], output.shape[2]).double()  # [head, d_head, d_model]
         terms = torch.einsum("hd,hdm,m->h", output[0, -1].double(), per_head, w)
         np.testing.assert_allclose(dla.heads[layer], terms.numpy(), atol=1e-6)
@@ -194,7 +194,7 @@ def test_gemma3_terms_sum_to_its_logit():
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_generate_with_attribute_keeps_each_steps_heads_and_logit(tiny, kind, tmp_path):
     loaded = tiny(kind)
-    record = attnscope.generate(loaded, SENTENCES[2], max_new_tokens=5, attribute=True)
+    record = attnscope.generate(loaded, SENTENCES[2], max_new_tokens=5, recorders=[StepAttribution()])
     heads, logits = record.arrays["attribution_heads"], record.arrays["attribution_logits"]
     assert heads.shape == (5, record.n_layers, record.n_heads) and logits.shape == (5,)
     with torch.inference_mode():
@@ -212,7 +212,7 @@ def test_generate_with_attribute_keeps_each_steps_heads_and_logit(tiny, kind, tm
 def test_generate_without_attribute_keeps_no_attribution(tiny):
     record = attnscope.generate(tiny("llama"), SENTENCES[0], max_new_tokens=2)
     assert "attribution_heads" not in record.arrays
-    with pytest.raises(ValueError, match="attribute=True"):
+    with pytest.raises(ValueError, match="--attribute"):
         record.top_heads(0)
 
 
@@ -225,3 +225,22 @@ def test_the_generate_command_prints_each_steps_top_heads(tiny_model_dir, capsys
                      "--json"]) == 0
     steps = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]
     assert len(steps) == 2 and all(len(step["top_heads"]) == 3 for step in steps)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral-window"])
+@pytest.mark.parametrize("prompt_rows", [True, False])
+def test_each_steps_terms_from_the_generation_equal_attribution_run_alone(tiny, kind, prompt_rows):
+    """From the generation's own cached passes (sliding windows of 4 keys: the cache lets earlier keys go) each
+    step's head terms and their split over sources equal direct logit attribution of the final text at the step's
+    position, run alone, whether the prompt's rows ran fused or eagerly."""
+    loaded = tiny(kind)
+    record = attnscope.generate(loaded, SENTENCES[2], max_new_tokens=4, prompt_rows=prompt_rows,
+                                recorders=[StepAttribution(top_heads=3)])
+    ids = record.token_ids.tolist()
+    for step in range(record.n_steps):
+        position = record.prompt_length - 1 + step
+        alone = direct_logit_attribution(loaded, ids, target=ids[position + 1], position=position)
+        np.testing.assert_allclose(record.arrays["attribution_heads"][step], alone.heads, atol=1e-5)
+        for rank, (layer, head) in enumerate(record.arrays["attribution_top"][step]):
+            np.testing.assert_allclose(record.arrays["attribution_sources"][step, rank, : position + 1],
+                                       alone.head_sources[layer, head], atol=1e-5)

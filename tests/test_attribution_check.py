@@ -13,7 +13,7 @@ import torch
 
 import attnscope
 from attnscope import AttnscopeError
-from attnscope.experiments.attribution import direct_logit_attribution
+from attnscope.attribution.dla import direct_logit_attribution
 from attnscope.experiments.attribution_check import check_attribution, prompt_effects, task_means
 from attnscope.experiments.tasks import brown_next_tokens, ioi_next_tokens, ioi_pairs
 from attnscope.models.registry import ALIASES

@@ -10,13 +10,15 @@ From the bottom:
 3. ``models``: what a model is (aliases, adapters that find attention sites, offline loading);
 4. ``capture``: the one attention function, its recorders and interventions, extract and generate;
 5. ``analysis``: measures on records (never a model);
-6. ``experiments``: interventions and measures that run a model;
-7. ``probing``: what heads encode (dependencies, coreference, probes);
-8. ``present``: views, functions of records and measures (no model);
-9. ``corpus``: corpus jobs (engines, Ray, the report with its views);
-10. ``lab``: the teaching lab (primer, toy translator);
-11. ``serve``: the explorer;
-12. ``cli``: the command line (the ``cli`` package: every command, the output folders they write, and
+6. ``attribution``: direct logit attribution and the logit lens, of a prompt and of a generation's steps
+   (analyses over what one capture pass recorded);
+7. ``experiments``: interventions and measures that run a model;
+8. ``probing``: what heads encode (dependencies, coreference, probes);
+9. ``present``: views, functions of records and measures (no model);
+10. ``corpus``: corpus jobs (engines, Ray, the report with its views);
+11. ``lab``: the teaching lab (primer, toy translator);
+12. ``serve``: the explorer;
+13. ``cli``: the command line (the ``cli`` package: every command, the output folders they write, and
     ``__main__``) and the package's public face (``attnscope/__init__``, and ``text_view``: a text to its
     views in one call, the one public function that runs a model to draw).
 """
@@ -39,6 +41,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("models",)),
     ("capture", ("capture",)),
     ("analysis", ("analysis", "report")),
+    ("attribution", ("attribution",)),
     ("experiments", ("experiments",)),
     ("probing", ("probing",)),
     ("present", ("present",)),

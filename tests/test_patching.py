@@ -13,8 +13,9 @@ import torch
 
 import attnscope
 from attnscope import AttnscopeError
-from attnscope.capture.attention import Intervention, intervene
-from attnscope.experiments.patching import HeadOutputs, PromptPair, activation_patching, mean_interval
+from attnscope.capture.attention import Intervention, capture, intervene
+from attnscope.capture.recorders import HeadOutputs
+from attnscope.experiments.patching import PromptPair, activation_patching, mean_interval
 
 from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
 
@@ -51,11 +52,11 @@ def test_a_patched_head_equals_a_rerun_with_its_output_replaced_by_hand(tiny_lla
     result = activation_patching(tiny_llama, PAIR, n_resamples=0)
     assert result.method == "cached" and result.metric == "logit_diff"
     recorder = HeadOutputs()
-    with torch.inference_mode(), intervene(recorder):
+    with torch.inference_mode(), capture(tiny_llama.sites, recorder=recorder):
         last_logits(tiny_llama, CLEAN)
     target, other = (tiny_llama.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "cat"))
     for layer, head in [(0, 0), (1, 4), (2, 5)]:
-        with intervene(ReplaceHead(layer, head, recorder.outputs[layer])):
+        with intervene(ReplaceHead(layer, head, recorder.of_kind("self")[layer])):
             logits = last_logits(tiny_llama, CORRUPT)
         expected = float(logits[target] - logits[other])
         assert result.heads_metric[0, layer, head] == pytest.approx(expected, abs=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from attnscope import load_model
 from attnscope.capture import attention
 from attnscope.capture.attention import capture
 from attnscope.capture.decode import _source_ids, step_forward
-from attnscope.capture.recorders import AttentionCall, CaptureComplete, Recorder
+from attnscope.capture.recorders import AttentionCall, CaptureComplete, HeadOutputs, Recorder, RecorderGroup
 from attnscope.models.adapters import AttentionSite
 
 from .conftest import SENTENCES
@@ -220,3 +221,114 @@ def test_grouped_products_equal_products_with_the_heads_expanded(n_heads, n_kv_h
     call = AttentionCall(query, key, key, probs, 1.0)
     assert torch.equal(call.keys, expand_kv_heads(key, n_heads)) and call.n_kv_heads == n_kv_heads
     assert torch.equal(call.last_values(2), call.values[:, :, -2:])
+
+
+# ---- head outputs --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def perturbed_llama(tiny_model_dir, tmp_path_factory):
+    """The tiny Llama (grouped key/value heads) with seeded N(0, 0.1) added to every weight: attention far from
+    uniform, so a wrong head or position cannot hide."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("perturbed-llama")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    model.save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(tiny_model_dir("llama")).save_pretrained(folder)
+    return folder
+
+
+def eager_head_outputs(folder: Path, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """By hand, from transformers' own eager implementation: ``output_attentions=True``'s weights times each head's
+    values (``v_proj``'s output, split by key/value head): ``{layer: [batch, q_pos, head, d_head]}``."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    config = model.config
+    n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+    values: dict[int, torch.Tensor] = {}
+    handles = [layer.self_attn.v_proj.register_forward_hook(
+        lambda module, args, output, index=index: values.__setitem__(index, output))
+        for index, layer in enumerate(model.model.layers)]
+    try:
+        with torch.inference_mode():
+            weights = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    finally:
+        for handle in handles:
+            handle.remove()
+    outputs = {}
+    for layer, probs in enumerate(weights):  # probs: [batch, head, q_pos, k_pos]
+        batch, n_keys, _ = values[layer].shape
+        v = values[layer].view(batch, n_keys, n_kv_heads, -1).transpose(1, 2)  # [batch, kv_head, k_pos, d_head]
+        v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)  # query head h reads kv head h // group
+        outputs[layer] = torch.matmul(probs, v).transpose(1, 2)  # [batch, q_pos, head, d_head]
+    return outputs
+
+
+class RowsAndOutputs(Recorder):
+    """Rows from ``first`` on, and (``wants_head_outputs``) the head outputs it is handed."""
+
+    def __init__(self, first: int, outputs: bool) -> None:
+        self.first, self.wants_head_outputs = first, outputs
+        self.kept: list[int] = []
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        return self.first
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        self.kept.append(call.first_query)
+
+    def keep_output(self, site: AttentionSite, output: torch.Tensor) -> None:
+        self.outputs[site.layer] = output.clone()
+
+
+def test_head_outputs_run_fused_and_equal_eager_weights_times_values(perturbed_llama, monkeypatch):
+    """HeadOutputs asks for no row, so no call is computed eagerly (``attention_scores`` would refuse); what it
+    gets equals transformers' eager weights times the values, per head."""
+    loaded = load_model(str(perturbed_llama))
+    ids = torch.tensor([loaded.tokenizer(SENTENCES[2])["input_ids"]])
+    expected = eager_head_outputs(perturbed_llama, ids)
+
+    def no_eager(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a recorder of head outputs made a call eager")
+
+    monkeypatch.setattr(attention, "attention_scores", no_eager)
+    heads = HeadOutputs()
+    with torch.inference_mode(), capture(loaded.sites, recorder=heads):
+        loaded.model(input_ids=ids, use_cache=False)
+    got = heads.of_kind("self")
+    assert sorted(got) == sorted(expected) == list(range(loaded.config.num_hidden_layers))
+    for layer, output in got.items():
+        assert output.shape == (1, ids.shape[1], loaded.config.num_attention_heads, 8)
+        np.testing.assert_allclose(output.numpy(), expected[layer].numpy(), atol=1e-5)
+
+
+def test_a_group_gives_its_members_rows_and_head_outputs_from_one_pass(perturbed_llama):
+    """The last rows (fused with the last rows) and the head outputs in one pass: the outputs equal eager's."""
+    loaded = load_model(str(perturbed_llama))
+    ids = torch.tensor([loaded.tokenizer(SENTENCES[2])["input_ids"]])
+    expected = eager_head_outputs(perturbed_llama, ids)
+    rows, heads = RowsAndOutputs(ids.shape[1] - 1, outputs=False), HeadOutputs()
+    with torch.inference_mode(), capture(loaded.sites, recorder=RecorderGroup(rows, heads)):
+        loaded.model(input_ids=ids, use_cache=False)
+    assert rows.kept == [ids.shape[1] - 1] * loaded.config.num_hidden_layers and rows.outputs == {}
+    for layer, output in heads.of_kind("self").items():
+        np.testing.assert_allclose(output.numpy(), expected[layer].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["eager", "fused with the last rows", "under an intervention"])
+def test_a_recorder_not_asking_for_head_outputs_receives_none(perturbed_llama, path):
+    loaded = load_model(str(perturbed_llama))
+    ids = torch.tensor([loaded.tokenizer(SENTENCES[2])["input_ids"]])
+    first = ids.shape[1] - 1 if path == "fused with the last rows" else 0
+    silent, asking = RowsAndOutputs(first, outputs=False), RowsAndOutputs(first, outputs=True)
+    for recorder in (silent, asking):  # an intervention that changes nothing still makes every call eager
+        changes = attention.intervene(attention.Intervention()) if path == "under an intervention" else nullcontext()
+        with torch.inference_mode(), changes, capture(loaded.sites, recorder=recorder):
+            loaded.model(input_ids=ids, use_cache=False)
+    assert silent.kept == asking.kept and len(silent.kept) == loaded.config.num_hidden_layers
+    assert silent.outputs == {} and sorted(asking.outputs) == list(range(loaded.config.num_hidden_layers))

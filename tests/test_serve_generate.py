@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnscope import generate, load_model
+from attnscope.attribution import StepAttribution
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import generation_payload, steps_schema
 
@@ -56,7 +57,7 @@ def test_generate_with_attribution_returns_the_attribution_of_what_generate_writ
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
     with app.state.pool.use("smollm2") as smollm2:
-        record = generate(smollm2, PROMPT, max_new_tokens=2, attribute=True)
+        record = generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepAttribution()])
     want = generation_payload(record)["attribution"]
     assert payload["attribution"]["heads"] == want["heads"]
     assert payload["attribution"]["lens"]["tokens"] == want["lens"]["tokens"]

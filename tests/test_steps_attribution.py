@@ -1,4 +1,4 @@
-"""Attribution in the step view: what ``generate(..., attribute=True)`` keeps per step (the heads' terms,
+"""Attribution in the step view: what ``generate(..., recorders=[StepAttribution()])`` keeps per step (the heads' terms,
 the top heads' terms split over source tokens, the logit lens) against direct logit attribution and the
 logit lens run on their own at each step's position; the payload that carries it; the page
 ``attnscope generate --attribute --html`` writes, in Debian's Chromium."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from attnscope import GenerationRecord, generate, load_model
+from attnscope.attribution.dla import direct_logit_attribution, logit_lens
+from attnscope.attribution.steps import ATTRIBUTION_TOP_HEADS, LENS_TOP, StepAttribution
 from attnscope.capture import generate as generate_module
-from attnscope.capture.generate import ATTRIBUTION_TOP_HEADS, LENS_TOP
 from attnscope.errors import AttnscopeError
-from attnscope.experiments.attribution import direct_logit_attribution, logit_lens
 from attnscope.models.registry import ALIASES
 from attnscope.present.payload import unpack
 from attnscope.present.steps import generation_payload, steps_schema
@@ -34,7 +34,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def attributed(smollm2):
-    return generate(smollm2, PROMPT, max_new_tokens=4, attribute=True)
+    return generate(smollm2, PROMPT, max_new_tokens=4, recorders=[StepAttribution()])
 
 
 def step_position(gen: GenerationRecord, step: int) -> int:
@@ -92,9 +92,9 @@ def test_the_payload_carries_the_records_attribution_and_follows_the_schema(attr
 
 def test_without_attribute_nothing_more_runs_or_is_kept(smollm2, monkeypatch):
     def refuse(*args, **kwargs):
-        raise AssertionError("step_attribution ran without attribute=True")
+        raise AssertionError("a recorder beside the rows' ran without one asked for")
 
-    monkeypatch.setattr(generate_module, "step_attribution", refuse)
+    monkeypatch.setattr(generate_module, "RecorderGroup", refuse)
     plain = generate(smollm2, PROMPT, max_new_tokens=2)
     assert not any(name.startswith(("attribution", "lens")) for name in plain.arrays) and plain.lens_tokens == ()
     assert generation_payload(plain)["attribution"] is None

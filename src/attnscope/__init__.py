@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from .analysis.rollout import attention_flow as attention_flow
     from .analysis.rollout import attention_rollout as attention_rollout
     from .analysis.stats import head_statistics as head_statistics
+    from .attribution.dla import direct_logit_attribution as direct_logit_attribution
+    from .attribution.dla import logit_lens as logit_lens
     from .capture.attention import Intervention as Intervention
     from .capture.attention import capture_attention as capture_attention
     from .capture.attention import intervene as intervene
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
-    from .experiments.attribution import direct_logit_attribution as direct_logit_attribution
-    from .experiments.attribution import logit_lens as logit_lens
     from .experiments.mixing import mixing as mixing
     from .experiments.patching import activation_patching as activation_patching
     from .models.loading import LoadedModel as LoadedModel

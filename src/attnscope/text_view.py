@@ -31,12 +31,12 @@ def view_text(model: LoadedModel | str, text: str, pair: str | None = None, *, m
     >>> view_text("minilm", "The cat sat on the mat.", measures=("alti", "value_zeroing")).save("v.html")  # doctest: +SKIP
     """
     from .analysis.mixing import method_names
-    from .capture.extract import extract
-    from .experiments.mixing import as_model, check_one_text, mixing_measures
+    from .capture.extract import as_loaded, extract
+    from .experiments.mixing import check_one_text, mixing_measures
     from .present.html import view
 
     names = method_names(measures)
-    loaded = as_model(model)
+    loaded = as_loaded(model)
     if names:
         check_one_text(loaded, pair)
     wanted = [views] if isinstance(views, str) else list(views)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.sinks import sink_positions
+from ..records.attribution import ATTRIBUTION_HEADS
 from ..records.generation import GenerationRecord
 
 RUNNERS_UP = 3
@@ -54,7 +55,7 @@ def step_rows(record: GenerationRecord) -> list[dict[str, Any]]:
                      "most_attended": None if focus is None else {"position": focus[0],
                                                                    "token": record.tokens[focus[0]],
                                                                    "weight": round(focus[1], 4)}})
-        if "attribution_heads" in record.arrays:  # generated with attribute=True: signed DLA terms
+        if ATTRIBUTION_HEADS in record.arrays:  # generated with --attribute (StepAttribution): signed DLA terms
             rows[-1]["top_heads"] = [[layer, head, round(term, 4)] for layer, head, term in record.top_heads(step, 3)]
     return rows
 
@@ -65,7 +66,7 @@ def steps_table(record: GenerationRecord) -> Any:
 
     table = Table(title=f"{record.model.name}: {record.n_steps} generated tokens"
                   + (f" ({record.changes})" if record.changes else ""))
-    attributed = "attribution_heads" in record.arrays
+    attributed = ATTRIBUTION_HEADS in record.arrays
     for column in ("step", "token", "p", "runners-up", "attended most (mean over heads, each head's sinks left out)"):
         table.add_column(column)
     if attributed:

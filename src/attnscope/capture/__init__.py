@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from .plan import CapturePlan as CapturePlan
     from .plan import QuerySelection as QuerySelection
     from .recorders import AttentionCall as AttentionCall
+    from .recorders import HeadOutputs as HeadOutputs
     from .recorders import Recorder as Recorder
+    from .recorders import RecorderGroup as RecorderGroup
     from .recorders import SiteCapture as SiteCapture
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

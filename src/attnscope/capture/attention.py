@@ -39,7 +39,16 @@ from ..models.adapters import (
 )
 from .gates import gates_heard, returned
 from .plan import CapturePlan
-from .recorders import AttentionCall, ChunkCollector, PerSite, Recorder, Sink, built_in_recorder, expand_kv_heads
+from .recorders import (
+    AttentionCall,
+    ChunkCollector,
+    PerSite,
+    Recorder,
+    Sink,
+    built_in_recorder,
+    expand_kv_heads,
+    hand_output,
+)
 from .rows import BatchFacts
 
 ATTN_IMPLEMENTATION = "attnscope"
@@ -247,13 +256,13 @@ def attnscope_attention(
     only = None if interventions else recorder
     if site is not None and attention_mask is None and call_causal(site, kwargs) is None and query.shape[2] > 1:
         raise unknown_causality(module)  # no mask and a module that does not say: which keys are seen is unknown
-    unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, query.shape[2]),
-                                                          query.shape[2] - 1)
+    n_queries = query.shape[2]
+    unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, n_queries), n_queries)
     if unwanted and sdpa_exact:
         assert only is not None and site is not None
         output, _ = _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted,
                                           kwargs)
-        return returned(site, output), None
+        return delivered(only, site, output), None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads, n_keys = query.shape[1], key.shape[2]
     causal = call_causal(site, kwargs)
@@ -265,7 +274,7 @@ def attnscope_attention(
                                    expand_kv_heads(value, n_heads), attention_mask, scaling, kwargs)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
-        return returned(site, output), None
+        return delivered(only, site, output), None
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], n_keys, 0, query.device)
     scores = attention_scores(query, key, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
@@ -277,7 +286,7 @@ def attnscope_attention(
             probs = intervention.modify_probs(site, probs, allowed)
         if sink_mass is not None:  # a new pattern leaves to the sink what its rows do not spend
             sink_mass = (1.0 - probs.sum(-1)).clamp_min(0.0)
-    if recorder is not None:
+    if recorder is not None and unwanted < n_queries:
         assert site is not None
         recorder.keep(site, AttentionCall(query, key, value, probs, scaling, sink_mass=sink_mass))
     mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
@@ -286,7 +295,16 @@ def attnscope_attention(
         assert site is not None  # interventions only ever apply to a known site
         output = intervention.modify_output(site, output)
     output = output.contiguous()
-    return returned(site if recorder is not None else None, output), probs.to(query.dtype)
+    return delivered(recorder, site, output), probs.to(query.dtype)
+
+
+def delivered(recorder: Recorder | None, site: AttentionSite | None, output: torch.Tensor) -> torch.Tensor:
+    """``output`` (``[batch, q_pos, head, d_head]``) of a call ``recorder`` recorded: handed to it where it wants
+    head outputs (:func:`~attnscope.capture.recorders.hand_output`), noted for the output gate's reading
+    (:func:`~attnscope.capture.gates.returned`)."""
+    if recorder is None or site is None:
+        return output
+    return returned(site, hand_output(recorder, site, output))
 
 
 def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: AttentionSite, query: torch.Tensor,
@@ -294,11 +312,13 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
                           scaling: float | None, unwanted: int, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, None]:
     """A call whose first ``unwanted`` query rows the recorder does not want (a long prompt in
     generation): the output by PyTorch's fused SDPA, as without capture, and the probabilities of
-    the other rows only, computed as the eager path computes them. Memory: one
-    ``[head, q - unwanted, k]`` block, not ``[head, q, k]``."""
+    the other rows only, computed as the eager path computes them (none when ``unwanted`` is every row:
+    a recorder of head outputs). Memory: one ``[head, q - unwanted, k]`` block, not ``[head, q, k]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if unwanted == query.shape[2]:  # no row at all: the recorder wants the output only
+        return output, None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_queries = query.shape[2]
     mask = rows_mask(attention_mask, call_causal(site, kwargs), n_queries, key.shape[2], unwanted, query.device)

@@ -10,7 +10,8 @@ around the call apply at every step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +25,9 @@ from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
-from .attribution import PositionRows, decompose, lens_top, logit_direction, residual_parts
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .plan import MemoryEstimate, check_memory
-from .recorders import AttentionCall, Recorder, SiteCapture, per_head_out_proj, value_norms
+from .recorders import AttentionCall, Recorder, RecorderGroup, SiteCapture, per_head_out_proj, value_norms
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -40,8 +40,6 @@ DROP_PROMPT_ROWS_ADVICE = "keep only the steps' rows (prompt_rows=False, --promp
 # per-step table never read them (only each step's own row), and `attnscope view`/`extract` capture a
 # long prompt's attention on their own, in row chunks.
 PROMPT_ROWS_BUDGET = 512 * 2**20
-ATTRIBUTION_TOP_HEADS = 10  # heads per step whose terms are kept split over the source tokens (attribute=True)
-LENS_TOP = 3  # tokens per layer and step of the logit lens kept (attribute=True)
 
 
 @dataclass
@@ -239,7 +237,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, candidates: int = DEFAULT_CANDIDATES, norms: bool = True,
              changes: str = "", progress: bool = False, prompt_rows: bool | None = None,
-             attribute: bool = False) -> GenerationRecord:
+             recorders: Sequence[GenerationRecorder] = ()) -> GenerationRecord:
     """Generate up to ``max_new_tokens`` after ``prompt`` and keep what every token attended to.
 
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
@@ -250,9 +248,13 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     ``prompt_rows``: True keeps every prompt position's row (a full ``[layer, head, T, T]`` record
     can be made), False only the rows from the prompt's last position on (each step's row: what the
     step view and the per-step table show; memory grows with the text, not its square); None (the
-    default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`. ``attribute``: also keep
-    each step's direct logit attribution of the chosen token (:func:`step_attribution`: one more,
-    teacher-forced, forward pass of the final text); without it nothing costs more.
+    default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`. ``recorders``: more of what to keep,
+    from the same forward passes, each adding arrays to the record (:class:`GenerationRecorder`), e.g.
+    ``recorders=[attnscope.attribution.StepAttribution()]``, each step's direct logit attribution and logit lens
+    (``attnscope generate --attribute``); without any nothing costs more. A sequence joined to the record's
+    own recorder rather than one ``recorder=`` replacing it: the record always needs its rows (:class:`StepRows`),
+    and a capture asks one recorder, so generate hands each call to both
+    (:class:`~attnscope.capture.recorders.RecorderGroup`), the protocol unchanged.
 
     >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
     >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
@@ -269,8 +271,11 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     rows = StepRows(first_row=first_row, with_norms=norms)
-    with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
-          torch.random.fork_rng(devices=[]), _quiet_transformers()):
+    recorder = RecorderGroup(rows, *recorders) if recorders else rows
+    with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),
+          torch.random.fork_rng(devices=[]), _quiet_transformers(), ExitStack() as recording):
+        for extra in recorders:
+            recording.enter_context(extra.recording(loaded))
         torch.manual_seed(seed)
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
         output = _run_generate(loaded, ids, settings, _Progress(bar))
@@ -278,70 +283,41 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         _complete_last_row(loaded, sequence, output)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    extra = step_attribution(loaded, sequence.tolist(), len(ids)) if attribute else None
+    with torch.inference_mode():
+        additions = [extra.finish(loaded, sequence.tolist(), len(ids)) for extra in recorders]
     return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes,
-                   extra)
+                   additions)
 
 
 @dataclass(frozen=True)
-class StepAttribution:
-    """What ``generate(..., attribute=True)`` adds to a record: ``arrays`` (see :func:`step_attribution`) and
-    ``lens_tokens[step][layer][k]``, the logit lens's top tokens as text."""
+class RecordAdditions:
+    """What a :class:`GenerationRecorder` adds to the record: ``arrays`` (names the record's checks know, see
+    :class:`~attnscope.records.GenerationRecord`) and ``lens_tokens[step][layer][k]`` (the logit lens's tokens)."""
 
     arrays: dict[str, np.ndarray]
-    lens_tokens: tuple[tuple[tuple[str, ...], ...], ...]
+    lens_tokens: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
 
-def step_attribution(loaded: LoadedModel, sequence: list[int], n_prompt: int) -> StepAttribution:
-    """Direct logit attribution and the logit lens of every step's chosen token, from one teacher-forced
-    forward pass of ``sequence`` (interventions active around the call apply, as they did while generating).
+class GenerationRecorder(Recorder):
+    """A recorder that :func:`generate` runs beside the record's own rows (:class:`StepRows`) over the same forward
+    passes, and that adds arrays to the record (:class:`attnscope.attribution.StepAttribution`: each step's direct
+    logit attribution and logit lens).
 
-    Step s chose ``sequence[n_prompt + s]`` at position ``n_prompt - 1 + s``. Arrays:
-
-    * ``attribution_heads`` float32 ``[step, layer, head]``: each head's signed term of the chosen token's
-      logit; ``attribution_logits`` float32 ``[step]``: that logit (the sum of every term: heads, MLPs,
-      embeddings and biases; see :mod:`attnscope.capture.attribution`);
-    * ``attribution_top`` int64 ``[step, rank, 2]``: (layer, head) of the :data:`ATTRIBUTION_TOP_HEADS`
-      heads with the largest ``|term|``, largest first, and ``attribution_sources`` float32
-      ``[step, rank, source_pos]``: their terms split over the source tokens they read (sources
-      ``0..len(sequence) - 2``; 0 past the step's position). Only the top heads: every head's split
-      would be ``[step, layer, head, source]``, which grows with the text squared (SmolLM2, 256 tokens
-      after a 1,000-token prompt: 270 heads x 1,256 sources x 256 steps, 347 MB) while a view shows a
-      few heads per step (10 heads: 13 MB);
-    * ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]``: the logit lens at the step's
-      position (the top :data:`LENS_TOP` tokens of each layer's residual stream through the final norm
-      and the LM head; the last layer's is the model's own next-token distribution).
+    The passes: the prompt's (its last position chose the first generated token), one per generated token but the
+    last (its last position chose the next token), then one of the last token alone (its own row). Besides the
+    :class:`~attnscope.capture.recorders.Recorder` protocol (it sees every call it wants of those passes), it has
+    :meth:`recording` and :meth:`finish`.
     """
-    positions = tuple(range(n_prompt - 1, len(sequence) - 1))
-    rows = PositionRows(positions)
-    input_ids = torch.tensor([sequence], device=loaded.input_device)
-    with (torch.inference_mode(), capture(loaded.sites, recorder=rows),
-          residual_parts(loaded, positions, blocks=True) as parts, _quiet_transformers()):
-        loaded.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-    n_sources = len(sequence) - 1
-    with torch.inference_mode():  # outside the hooks: the decomposition runs the norms again
-        heads, logits, tops, sources = [], [], [], []
-        cache: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
-        for index, position in enumerate(positions):
-            token = sequence[position + 1]
-            terms = decompose(loaded, rows, parts, *logit_direction(loaded, token), index, cache)
-            step_heads = terms.heads.float().cpu().numpy()  # [layer, head]
-            top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")
-                                            [:ATTRIBUTION_TOP_HEADS], step_heads.shape), axis=-1)  # [rank, 2]
-            split = np.zeros((len(top), n_sources), dtype=np.float32)
-            layers, heads_of = torch.as_tensor(top[:, 0]), torch.as_tensor(top[:, 1])
-            split[:, : position + 1] = terms.head_sources[layers, heads_of].float().cpu().numpy()
-            heads.append(step_heads)
-            logits.append(terms.total())
-            tops.append(top)
-            sources.append(split)
-        lens_ids, lens_probs = lens_top(loaded, parts.blocks, LENS_TOP)
-    arrays = {"attribution_heads": np.stack(heads).astype(np.float32),
-              "attribution_logits": np.array(logits, dtype=np.float32),
-              "attribution_top": np.stack(tops).astype(np.int64), "attribution_sources": np.stack(sources),
-              "lens_ids": lens_ids, "lens_probs": lens_probs}
-    lens_tokens = tuple(tuple(readable_tokens(loaded.tokenizer, layer.tolist()) for layer in step) for step in lens_ids)
-    return StepAttribution(arrays, lens_tokens)
+
+    @contextmanager
+    def recording(self, loaded: LoadedModel) -> Iterator[None]:
+        """Active around the passes of one generation: starts afresh (a recorder may serve several generations,
+        one after the other) and holds whatever else it needs (forward hooks on the sublayers)."""
+        yield
+
+    def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
+        """What it adds to the record of ``sequence`` (prompt, then generated ids; ``n_prompt`` prompt tokens)."""
+        raise NotImplementedError
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
@@ -373,7 +349,7 @@ def returned_cache(output: Any) -> tuple[str, Any]:
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
             rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
-            extra: StepAttribution | None) -> GenerationRecord:
+            additions: Sequence[RecordAdditions]) -> GenerationRecord:
     assert rows.first is not None
     tokenizer = loaded.tokenizer
     tokens = readable_tokens(tokenizer, sequence)
@@ -395,10 +371,10 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
         if values is not None:
             arrays[name] = values
-    if extra is not None:
-        arrays.update(extra.arrays)
+    for added in additions:
+        arrays.update(added.arrays)
     candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
                             changes=changes, first_row=rows.first_row,
-                            lens_tokens=() if extra is None else extra.lens_tokens)
+                            lens_tokens=next((a.lens_tokens for a in additions if a.lens_tokens), ()))

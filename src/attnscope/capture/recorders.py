@@ -13,7 +13,10 @@ of recorder it talks to. A recorder says
 * whether the mask builder should give SDPA's lazy mask (``lazy_mask``: None where only causality
   masks, so a long input builds no ``[q_pos, k_pos]`` mask; chunked computation masks causally itself);
 * what to keep of an eager call (:meth:`~Recorder.keep`, given the call's tensors as an
-  :class:`AttentionCall`).
+  :class:`AttentionCall`);
+* whether it wants each call's per-head output (``wants_head_outputs``: then :meth:`~Recorder.keep_output`
+  gets ``[batch, q_pos, head, d_head]``, on every path, fused included; a recorder that does not ask costs
+  nothing more).
 
 A recorder raises :class:`CaptureComplete` itself once it has everything it wants.
 
@@ -21,8 +24,10 @@ The recorders: :class:`FullRecord` (everything, a :class:`SiteCapture` per ``(ki
 :class:`PlannedRecord` (what a :class:`~attnscope.capture.plan.CapturePlan` asks for, a
 :class:`~attnscope.capture.rows.RowCapture` per layer of the input side), which
 :func:`~attnscope.capture.attention.capture` builds from its options;
-:class:`~attnscope.capture.generate.StepRows` (generation, every call's rows as they come) and
-``capture.decode``'s newest cross-attention rows, passed as ``capture(sites, recorder=...)``.
+:class:`~attnscope.capture.generate.StepRows` (generation, every call's rows as they come),
+``capture.decode``'s newest cross-attention rows and :class:`HeadOutputs` (each site's per-head output, no
+rows: activation patching's clean run, mean ablation's references), passed as ``capture(sites, recorder=...)``;
+:class:`RecorderGroup` hands every call to several recorders (a generation's rows and its attribution).
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ class Recorder(Protocol):
 
     lazy_mask: bool = False  # True: the mask builder gives SDPA's lazy mask (for chunked calls)
     hears_gates: bool = False  # True: :meth:`output_gate` hears each wanted call's output gate (or None)
+    wants_head_outputs: bool = False  # True: :meth:`keep_output` gets each wanted call's per-head output
 
     def wants(self, site: AttentionSite) -> bool:
         """Whether to record ``site``; the attention function runs the others fused (without interventions)."""
@@ -128,7 +134,8 @@ class Recorder(Protocol):
 
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
         """How many of a call's first queries need no row: they run fused, the others' rows are
-        computed (asked without interventions only; at most ``n_queries - 1`` is honoured)."""
+        computed (asked without interventions only). ``n_queries`` (or more): no row at all, the whole call
+        runs fused and :meth:`keep` is not called (a recorder of head outputs only)."""
         return 0
 
     def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int,
@@ -145,10 +152,25 @@ class Recorder(Protocol):
         """Keep what the collector of a chunked call finished with."""
         raise TypeError(f"{type(self).__name__} gives a row collector, so it must keep its rows (keep_rows)")
 
+    def keep_output(self, site: AttentionSite, output: torch.Tensor) -> None:
+        """The call's per-head output ``[batch, q_pos, head, d_head]``: what the model hands its output projection
+        (before it: ``W_O`` and any output gate not applied), after any intervention, on whichever path the call ran
+        (asked when :attr:`wants_head_outputs`, after :meth:`keep` or :meth:`keep_rows`). Before the projection
+        because that is what its consumers read (a head's output patched or mean-ablated is replaced there; a
+        head's direct logit term is it times ``W_O^h``), and it is ``head`` times smaller than its ``[head, d_model]`` image."""
+
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
         """The gate ``[batch, head, q_pos, d_head]`` by which the model multiplied the output of ``site``'s call
         just kept before its output projection (Qwen3-Next), or None (asked when :attr:`hears_gates`, once the
         projection ran; see :func:`read_output_gate`)."""
+
+
+def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
+    """Give ``recorder`` a wanted call's per-head output ``[batch, q_pos, head, d_head]`` where it asks for head
+    outputs (:attr:`Recorder.wants_head_outputs`; a recorder written before them has no such flag); returns it."""
+    if getattr(recorder, "wants_head_outputs", False):
+        recorder.keep_output(site, output)
+    return output
 
 
 @dataclass
@@ -401,3 +423,81 @@ def built_in_recorder(sites: Mapping[nn.Module, AttentionSite], *, record: bool 
         return PlannedRecord(sites, plan, facts, record=record, norms=norms, sink=sink,
                              stop_when_complete=stop_when_complete)
     return FullRecord(sites, record=record, qkv=qkv, norms=norms, stop_when_complete=stop_when_complete)
+
+
+class HeadOutputs(Recorder):
+    """Every ``kinds`` site's per-head output of the forward passes run inside the capture, the last call's per
+    ``(kind, layer)``: ``outputs[(kind, layer)]`` ``[batch, q_pos, head, d_head]``, before the output projection
+    (activation patching's clean run, mean ablation's references). It wants no row, so every call runs fused
+    (unless an intervention is active: then the output is the one the intervention left).
+
+    >>> heads = HeadOutputs()
+    >>> with capture(loaded.sites, recorder=heads):   # doctest: +SKIP
+    ...     loaded.model(**inputs)
+    >>> heads.of_kind("self")[0].shape                # [batch, q_pos, head, d_head]  # doctest: +SKIP
+    """
+
+    wants_head_outputs = True
+
+    def __init__(self, kinds: Iterable[str] = ("self",)) -> None:
+        self.kinds = frozenset(kinds)
+        self.outputs: dict[tuple[str, int], torch.Tensor] = {}
+
+    def wants(self, site: AttentionSite) -> bool:
+        return site.kind in self.kinds
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        return n_queries
+
+    def keep_output(self, site: AttentionSite, output: torch.Tensor) -> None:
+        self.outputs[(site.kind, site.layer)] = output.detach()
+
+    def of_kind(self, kind: str = "self") -> dict[int, torch.Tensor]:
+        """``{layer: [batch, q_pos, head, d_head]}`` of attention ``kind``."""
+        return {layer: output for (k, layer), output in self.outputs.items() if k == kind}
+
+
+class RecorderGroup(Recorder):
+    """Several recorders over one capture: each call goes to every member that wants its site.
+
+    A call is computed for the most any member needs: the fewest unwanted rows (a member gets rows from
+    ``first_query`` on and keeps those it wants, as it does under an intervention, where every row is computed),
+    eagerly (no member's row collector is asked: a member that collects rows in chunks keeps an eager call
+    whole) and with the eager mask unless every member asks for the lazy one. Gates and head outputs go to the
+    members that ask for them.
+    """
+
+    def __init__(self, *members: Recorder) -> None:
+        self.members = members
+        self.lazy_mask = all(getattr(m, "lazy_mask", False) for m in members)
+
+    def _wanting(self, site: AttentionSite) -> list[Recorder]:
+        return [member for member in self.members if member.wants(site)]
+
+    @property  # type: ignore[override]
+    def hears_gates(self) -> bool:  # read at each projection: a member may stop listening part way (StepRows)
+        return any(getattr(m, "hears_gates", False) for m in self.members)
+
+    @property  # type: ignore[override]
+    def wants_head_outputs(self) -> bool:
+        return any(getattr(m, "wants_head_outputs", False) for m in self.members)
+
+    def wants(self, site: AttentionSite) -> bool:
+        return bool(self._wanting(site))
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        return min(member.rows_not_wanted(site, n_queries) for member in self._wanting(site))
+
+    def keep(self, site: AttentionSite, call: AttentionCall) -> None:
+        for member in self._wanting(site):
+            member.keep(site, call)
+
+    def keep_output(self, site: AttentionSite, output: torch.Tensor) -> None:
+        for member in self._wanting(site):
+            if getattr(member, "wants_head_outputs", False):
+                member.keep_output(site, output)
+
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        for member in self._wanting(site):
+            if getattr(member, "hears_gates", False):
+                member.output_gate(site, gate)

@@ -1,6 +1,7 @@
 """Interventions on attention and what they cost: ablation, corruption, sublayer skipping, sweeps,
-head importance and pruning; what heads do to the prediction: direct logit attribution, the logit
-lens and activation patching. Everything acts through attnscope's one attention function.
+head importance and pruning; what heads do to the prediction: activation patching and whether direct
+logit attribution (``attnscope.attribution``, the floor below) is faithful. Everything acts through attnscope's
+one attention function.
 
 >>> from attnscope.experiments import prepare_metric, run_sweep             # doctest: +SKIP
 >>> model = attnscope.load_model("minilm")                                  # doctest: +SKIP
@@ -21,12 +22,6 @@ from .._lazy import lazy_exports
 
 
 if TYPE_CHECKING:
-    from .attribution import RUNNER_UP as RUNNER_UP
-    from .attribution import Attribution as Attribution
-    from .attribution import LogitLens as LogitLens
-    from .attribution import direct_logit_attribution as direct_logit_attribution
-    from .attribution import generation_lens as generation_lens
-    from .attribution import logit_lens as logit_lens
     from .importance import HeadImportance as HeadImportance
     from .importance import PruningCurve as PruningCurve
     from .importance import head_importance as head_importance

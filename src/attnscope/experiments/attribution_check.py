@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..attribution.dla import direct_logit_attribution
+from ..attribution.terms import blocks_by_layer, unembedding
 from ..capture.attention import intervene
-from ..capture.attribution import blocks_by_layer, unembedding
 from ..capture.extract import as_loaded
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
-from .attribution import direct_logit_attribution
 from .interventions import attention_shape, head_output_means
 from .patching import EncodedPair, PatchHeads, PatchRunner, mean_interval, patch_each_head
 from .sweeps import block_inputs, final_modules

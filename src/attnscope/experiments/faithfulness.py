@@ -38,9 +38,10 @@ from ..analysis.mixing import METHODS
 from ..analysis.rollout import attention_rollout
 from ..capture.attention import Intervention, intervene
 from ..capture.concurrency import concurrent_map, default_workers
+from ..capture.extract import as_loaded
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
-from .mixing import as_model, encode_text, input_side, mixing_measures
+from .mixing import encode_text, input_side, mixing_measures
 
 BASELINES = ("random", "uniform")
 EVALUATION_MODELS = ("minilm", "smollm2")
@@ -226,7 +227,7 @@ def evaluate_model(model: LoadedModel | str, sentences: Sequence[str], *, seed: 
     """The faithfulness table of one model over ``sentences`` (see the module docstring)."""
     # two sentences at a time, one intra-op thread each: on 2 cores a single pass with two threads
     # stalls at every parallel region whenever another process holds a core (capture.concurrency)
-    rows = correlations_by_sentence(as_model(model), list(enumerate(sentences)), seed=seed, methods=methods,
+    rows = correlations_by_sentence(as_loaded(model), list(enumerate(sentences)), seed=seed, methods=methods,
                                     workers=default_workers(None, len(sentences) > 1), progress=progress)
     return summarise_sentences(rows, seed)
 

@@ -21,8 +21,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..capture.attention import Intervention, intervene
+from ..capture.attention import Intervention, capture, intervene
 from ..capture.hooks import local_hooks
+from ..capture.recorders import HeadOutputs
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
@@ -335,21 +336,6 @@ def attention_head_count(loaded: LoadedModel, module: nn.Module) -> int:
     raise AttnscopeError(f"cannot tell how many heads {loaded.sites[module].name} has")
 
 
-class _OutputRecorder(Intervention):
-    """Keeps every site's per-head output ``[batch, q_pos, head, d_head]`` of one forward pass."""
-
-    def __init__(self, kinds: frozenset[str]) -> None:
-        self.kinds = kinds
-        self.outputs: dict[tuple[str, int], torch.Tensor] = {}
-
-    def applies_to(self, site: AttentionSite) -> bool:
-        return site.kind in self.kinds
-
-    def modify_output(self, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
-        self.outputs[(site.kind, site.layer)] = output.detach()
-        return output
-
-
 def head_output_means(loaded: LoadedModel, batches: Iterable[Mapping[str, torch.Tensor]],
                       kinds: Iterable[str] | None = None) -> dict[tuple[str, int], torch.Tensor]:
     """Each head's mean output over the real (non-padding) query positions of ``batches``.
@@ -363,8 +349,8 @@ def head_output_means(loaded: LoadedModel, batches: Iterable[Mapping[str, torch.
     counts: dict[tuple[str, int], torch.Tensor] = {}
     with torch.inference_mode():
         for inputs in batches:
-            recorder = _OutputRecorder(wanted)
-            with intervene(recorder):
+            recorder = HeadOutputs(wanted)
+            with capture(loaded.sites, recorder=recorder):
                 loaded.model(**inputs)
             for key, output in recorder.outputs.items():
                 real = _query_mask(inputs, key[0], output.shape[:2], output.device).to(output.dtype)  # [batch, q_pos]

@@ -35,8 +35,8 @@ from ..analysis.mixing import (
     mixing_from_tensors,
 )
 from ..capture.attention import capture, intervene
+from ..capture.extract import as_loaded
 from ..capture.hooks import local_hooks
-from ..capture.loading import load_model
 from ..capture.recorders import SiteCapture, main_kind, per_head_out_proj, transformed_values
 from ..capture.tokens import Side, encode_side
 from ..errors import AttnscopeError
@@ -225,15 +225,11 @@ def check_one_text(loaded: LoadedModel, pair: str | None) -> None:
         raise AttnscopeError("the context-mixing measures take one text: leave out the second sentence")
 
 
-def as_model(model: LoadedModel | str) -> LoadedModel:
-    return model if isinstance(model, LoadedModel) else load_model(model)
-
-
 def mixing_measures(model: LoadedModel | str, text: str, methods: Sequence[str] = METHODS,
                     progress: bool = False, max_length: int | None = None) -> dict[str, Mixing]:
     """Several measures of one input from one capture pass: ``{method: Mixing}`` (``progress``: a bar
     over value zeroing's block runs; ``max_length``: cut the text to that many tokens)."""
-    loaded = as_model(model)
+    loaded = as_loaded(model)
     names = [method_name(m) for m in methods]
     captured = capture_layers(loaded, text, max_length)
     intervening = any(get_measure(name).intervention for name in names)  # today: value zeroing

@@ -38,16 +38,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture.attention import Intervention, intervene
-from ..capture.attribution import blocks_by_layer, unembedding
+from ..attribution.dla import last_logits_only, token_id
+from ..attribution.terms import blocks_by_layer, unembedding
+from ..capture.attention import Intervention, capture, intervene
 from ..capture.extract import as_loaded
 from ..capture.generate import prompt_ids
 from ..capture.hooks import local_hooks
+from ..capture.recorders import HeadOutputs
 from ..capture.tokens import readable_tokens
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
-from .attribution import last_logits_only, token_id
 from .interventions import attention_shape
 from .sweeps import TOKEN_BUDGET, block_inputs, final_modules, run_blocks_from
 
@@ -124,21 +125,6 @@ class PatchHeads(Intervention):
     def modify_output(self, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
         mask = self.masks[site.layer].to(output.device)[:, None, :, None]  # [batch, 1, head, 1]
         return torch.where(mask, self.clean[site.layer].to(output.device, output.dtype), output)
-
-
-class HeadOutputs(Intervention):
-    """Keeps every ``kind`` site's per-head output ``[batch, q_pos, head, d_head]`` of a forward pass, unchanged."""
-
-    def __init__(self, kind: str = "self") -> None:
-        self.kind = kind
-        self.outputs: dict[int, torch.Tensor] = {}
-
-    def applies_to(self, site: AttentionSite) -> bool:
-        return site.kind == self.kind
-
-    def modify_output(self, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
-        self.outputs[site.layer] = output.detach()
-        return output
 
 
 def _replace_rows(layer_of: Mapping[nn.Module, int], table: Mapping[int, torch.Tensor],
@@ -304,18 +290,18 @@ def _patch_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, method: str
     ffn = {layer: module for (k, layer), module in find_modules(loaded.model, loaded.adapter.ffn).items() if k == kind}
     runner = PatchRunner(loaded, pair, metric, cached=method == "cached", blocks=blocks,
                      finals=final_modules(loaded) if method == "cached" else [])
-    clean_heads = HeadOutputs(kind)
+    clean_heads = HeadOutputs((kind,))
     clean_ffn: dict[int, torch.Tensor] = {}
     clean_blocks: dict[int, torch.Tensor] = {}
     with torch.inference_mode():
-        with intervene(clean_heads), _keeping(ffn if mlps else {}, clean_ffn), \
+        with capture(loaded.sites, recorder=clean_heads), _keeping(ffn if mlps else {}, clean_ffn), \
                 _keeping(dict(enumerate(blocks)) if residual else {}, clean_blocks):
             clean = float(runner.whole(pair.clean)[0])
         with block_inputs(blocks) if runner.cached else nullcontext() as kept:
             corrupt = float(runner.whole(pair.corrupt)[0])
         runner.kept = kept
         out: dict[str, Any] = {"clean": clean, "corrupt": corrupt}
-        out["heads"] = patch_each_head(runner, clean_heads.outputs, n_layers, n_heads, method)
+        out["heads"] = patch_each_head(runner, clean_heads.of_kind(kind), n_layers, n_heads, method)
         if mlps:
             out["mlps"] = _patch_modules(runner, ffn, clean_ffn, n_layers, each_position=False)
         if residual:

@@ -29,7 +29,7 @@ rather than shipping a second copy of every head's rows. 500 generated tokens of
 layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are mostly near zero,
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
-A generation made with ``attribute=True`` also ships ``attribution``: per step, the heads with the
+A generation made with its steps' attribution (``--attribute``) also ships ``attribution``: per step, the heads with the
 largest direct-logit-attribution terms of the chosen token (signed), their terms split over the
 source tokens (float16 ``[step, rank, source_pos]``) and the logit lens (each layer's top tokens);
 the page draws them as ranked signed bars, the text shaded by the clicked head's shares, and a
@@ -55,6 +55,13 @@ from typing import Any, Literal, NotRequired, TypedDict
 import numpy as np
 
 from ..errors import AttnscopeError
+from ..records.attribution import (
+    ATTRIBUTION_HEADS,
+    ATTRIBUTION_LOGITS,
+    ATTRIBUTION_SOURCES,
+    ATTRIBUTION_TOP,
+    LENS_PROBS,
+)
 from ..records.decoding import DecodeTrace, Step
 from ..records.generation import Candidate, GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
@@ -118,7 +125,7 @@ class LensStrip(TypedDict):
 
 
 class StepAttribution(TypedDict):
-    """Direct logit attribution of each step's chosen token (a generation made with ``attribute=True``).
+    """Direct logit attribution of each step's chosen token (a generation made with ``--attribute``).
 
     ``logits[step]``: the chosen token's logit (the sum of every term); ``heads[step][rank]``:
     ``[layer, head, term]`` of the heads with the largest ``|term|``, largest first; ``sources``
@@ -327,18 +334,18 @@ def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
 
 
 def generation_attribution(gen: GenerationRecord, compress: bool = True) -> StepAttribution | None:
-    """The step view's attribution of a generation made with ``attribute=True`` (None without: records
+    """The step view's attribution of a generation made with ``--attribute`` (None without: records
     of the first version, which kept no per-source terms, too)."""
     arrays = gen.arrays
-    if "attribution_sources" not in arrays:
+    if ATTRIBUTION_SOURCES not in arrays:
         return None
-    terms, top = arrays["attribution_heads"], arrays["attribution_top"]  # [step, layer, head], [step, rank, 2]
+    terms, top = arrays[ATTRIBUTION_HEADS], arrays[ATTRIBUTION_TOP]  # [step, layer, head], [step, rank, 2]
     heads = [[[int(layer), int(head), round(float(terms[step, layer, head]), 5)] for layer, head in top[step]]
              for step in range(gen.n_steps)]
     lens = LensStrip(tokens=[[list(layer) for layer in step] for step in gen.lens_tokens],
-                     probs=pack_float16(arrays["lens_probs"], compress))
-    return StepAttribution(logits=[round(float(v), 5) for v in arrays["attribution_logits"]], heads=heads,
-                           sources=pack_float16(arrays["attribution_sources"], compress), lens=lens)
+                     probs=pack_float16(arrays[LENS_PROBS], compress))
+    return StepAttribution(logits=[round(float(v), 5) for v in arrays[ATTRIBUTION_LOGITS]], heads=heads,
+                           sources=pack_float16(arrays[ATTRIBUTION_SOURCES], compress), lens=lens)
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:

@@ -29,6 +29,15 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from ..files import parse_json
+from .attribution import (
+    ATTRIBUTION_ARRAYS,
+    ATTRIBUTION_HEADS,
+    ATTRIBUTION_LOGITS,
+    ATTRIBUTION_SOURCES,
+    ATTRIBUTION_TOP,
+    LENS_IDS,
+    LENS_PROBS,
+)
 from .format import ROW_STATISTICS, distance_bin_edges
 
 TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
@@ -333,9 +342,9 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          # generation records
          "rows": ("layers", "heads", "packed keys"), "value_norms": ("layers", "heads", "positions"),
          "candidate_ids": ("steps", "candidates"), "candidate_probs": ("steps", "candidates"), "chosen_probs": ("steps",),
-         "attribution_heads": ("steps", "layers", "heads"), "attribution_logits": ("steps",),
-         "attribution_top": ("steps", "ranks", "(layer, head)"), "attribution_sources": ("steps", "ranks", "sources"),
-         "lens_ids": ("steps", "layers", "lens tokens"), "lens_probs": ("steps", "layers", "lens tokens")}
+         ATTRIBUTION_HEADS: ("steps", "layers", "heads"), ATTRIBUTION_LOGITS: ("steps",),
+         ATTRIBUTION_TOP: ("steps", "ranks", "(layer, head)"), ATTRIBUTION_SOURCES: ("steps", "ranks", "sources"),
+         LENS_IDS: ("steps", "layers", "lens tokens"), LENS_PROBS: ("steps", "layers", "lens tokens")}
 _DTYPE_KINDS = {"f": "floating point", "i": "integer", "b": "boolean"}
 
 
@@ -421,8 +430,6 @@ def generation_schema() -> dict[str, Any]:
                            "lens_tokens": {"type": "array", "items": {"type": "array", "items": strings}}}}
 
 
-ATTRIBUTION_ARRAYS = ("attribution_heads", "attribution_logits", "attribution_top", "attribution_sources", "lens_ids",
-                      "lens_probs")  # generate(..., attribute=True); files of its first version hold the first two
 OPTIONAL_GENERATION_ARRAYS = ("value_norms", "sink_mass", *ATTRIBUTION_ARRAYS)  # older files lack them
 
 
@@ -474,9 +481,9 @@ def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) ->
         "sink_mass": ("f", (model["n_layers"], model["n_heads"], n - first_row)),  # learned sinks, per kept row
         **{name: (kind, (n,)) for name, kind in (("token_ids", "i"), ("special_mask", "b"), ("word_ids", "i"))},
         "candidate_ids": ("i", (steps, k)), "candidate_probs": ("f", (steps, k)), "chosen_probs": ("f", (steps,)),
-        "attribution_heads": ("f", (steps, model["n_layers"], model["n_heads"])), "attribution_logits": ("f", (steps,)),
-        "attribution_top": ("i", (steps, "ranks", 2)), "attribution_sources": ("f", (steps, "ranks", n - 1)),
-        "lens_ids": ("i", (steps, model["n_layers"], "lens_k")), "lens_probs": ("f", (steps, model["n_layers"], "lens_k")),
+        ATTRIBUTION_HEADS: ("f", (steps, model["n_layers"], model["n_heads"])), ATTRIBUTION_LOGITS: ("f", (steps,)),
+        ATTRIBUTION_TOP: ("i", (steps, "ranks", 2)), ATTRIBUTION_SOURCES: ("f", (steps, "ranks", n - 1)),
+        LENS_IDS: ("i", (steps, model["n_layers"], "lens_k")), LENS_PROBS: ("f", (steps, model["n_layers"], "lens_k")),
     }
     unknown = sorted(set(arrays) - set(shapes))
     if unknown:
@@ -491,7 +498,7 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
         values = np.asarray(arrays[name])
         if not (np.isfinite(values).all() and (values >= 0).all() and (values <= 1).all()):
             raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
-    for name in ("attribution_heads", "attribution_logits", "attribution_sources", "lens_probs"):
+    for name in (ATTRIBUTION_HEADS, ATTRIBUTION_LOGITS, ATTRIBUTION_SOURCES, LENS_PROBS):
         if name in arrays and not np.isfinite(np.asarray(arrays[name])).all():
             raise _Damaged(f"{name} holds NaN or infinite values")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)

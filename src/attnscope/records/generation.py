@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .attention import AttentionRecord, ModelInfo
+from .attribution import ATTRIBUTION_HEADS
 from .checks import GENERATION_FORMAT, check_generation_parts
 from .format import read_attnscope_file, write_attnscope_file
 
@@ -75,7 +76,8 @@ class GenerationRecord:
     * ``candidate_ids`` int64 and ``candidate_probs`` float32 ``[step, k]``, best first;
     * ``chosen_probs`` float32 ``[step]``: the probability the model gave the token that was chosen;
     * ``attribution_heads`` float32 ``[step, layer, head]`` and ``attribution_logits`` float32 ``[step]``
-      (optional, ``generate(..., attribute=True)``): each head's signed direct-logit-attribution term of
+      (optional: ``generate(..., recorders=[StepAttribution()])``, ``--attribute``; names in
+      :mod:`attnscope.records.attribution`): each head's signed direct-logit-attribution term of
       the chosen token's logit, and that logit (the sum of every term: heads, MLPs, embeddings, biases);
       with them ``attribution_top`` int64 ``[step, rank, 2]`` (layer, head) of each step's heads with the
       largest ``|term|``, largest first, and ``attribution_sources`` float32 ``[step, rank, source_pos]``
@@ -121,10 +123,12 @@ class GenerationRecord:
     # ---- what it holds --------------------------------------------------------------------
     def top_heads(self, step: int, k: int = 5) -> list[tuple[int, int, float]]:
         """The ``k`` heads that pushed step ``step``'s chosen token up or down most (direct logit
-        attribution, signed): ``[(layer, head, term), ...]``, 0-indexed; needs ``attribute=True``."""
-        if "attribution_heads" not in self.arrays:
-            raise ValueError("this record has no attribution: generate with attribute=True (--attribute)")
-        heads = self.arrays["attribution_heads"][step]  # [layer, head]
+        attribution, signed): ``[(layer, head, term), ...]``, 0-indexed; needs a generation with
+        :class:`~attnscope.attribution.StepAttribution`."""
+        if ATTRIBUTION_HEADS not in self.arrays:
+            raise ValueError("this record has no attribution: generate with recorders=[StepAttribution()] "
+                             "(--attribute)")
+        heads = self.arrays[ATTRIBUTION_HEADS][step]  # [layer, head]
         order = np.argsort(-np.abs(heads), axis=None)[:k]
         return [(int(layer), int(head), float(heads[layer, head]))
                 for layer, head in zip(*np.unravel_index(order, heads.shape))]

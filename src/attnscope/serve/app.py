@@ -170,8 +170,8 @@ class GenerateRequest(StrictRequest):
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     prompt_rows: Literal[tuple(PROMPT_ROWS)] = Field("auto", description=PROMPT_ROWS_HELP)  # type: ignore[valid-type]
     attribute: bool = Field(False, description="also each step's direct logit attribution (the heads that pushed the "
-                            "chosen token up or down, the tokens they pushed through) and the logit lens: one more "
-                            "forward pass")
+                            "chosen token up or down, the tokens they pushed through) and the logit lens, from the "
+                            "generation's own forward passes")
 
     _check_prompt = field_validator("prompt")(_utf8)
 
@@ -340,11 +340,13 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     @app.post("/api/generate", summary="a decoder generates after a prompt: the step view's payload",
               responses=ERRORS)
     def generate(request: GenerateRequest) -> JSONResponse:
+        from ..attribution.steps import StepAttribution
         from ..capture.generate import generate
 
+        recorders = [StepAttribution()] if request.attribute else []
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
-                              prompt_rows=PROMPT_ROWS[request.prompt_rows], attribute=request.attribute)
+                              prompt_rows=PROMPT_ROWS[request.prompt_rows], recorders=recorders)
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
 

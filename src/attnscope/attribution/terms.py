@@ -12,7 +12,8 @@ source tokens j.
 One forward pass gives every term: :class:`PositionRows` (a
 :class:`~attnscope.capture.recorders.Recorder`) keeps each layer's probability row of query t and
 the values, and :func:`residual_parts` (thread-local forward hooks) keeps the embeddings, every
-sublayer's output, every block's output and the final norm's input at the chosen positions.
+sublayer's output, every block's output and the final norm's input at the chosen positions (or at
+each pass's last position: a generation's steps, :mod:`attnscope.attribution.steps`).
 :func:`decompose` turns them into the terms for any direction ``u`` (a target token's row, or the
 difference of two rows for a contrast). Layers and heads are 0-indexed.
 """
@@ -20,6 +21,7 @@ difference of two rows for a contrast). Layers and heads are 0-indexed.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -29,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..capture.hooks import local_hooks
+from ..capture.recorders import AttentionCall, Recorder, per_head_out_proj
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, ModuleRule, Unembedding, find_modules
 from ..models.loading import LoadedModel
-from .hooks import local_hooks
-from .recorders import AttentionCall, Recorder, per_head_out_proj
 
 # The reconstructed last residual stream must equal the model's to this share of its largest value,
 # else the architecture is not the one the adapter describes (a sublayer the sum misses).
@@ -71,17 +73,25 @@ class PositionRows(Recorder):
 
 @dataclass
 class ResidualParts:
-    """Residual-stream pieces of one forward pass (batch row 0) at ``positions``, each ``[position, d_model]``:
-    ``embeddings`` (the first block's input), ``attention[layer]`` (the output projection's output),
-    ``ffn[layer]`` (the feed-forward module's output), ``blocks[layer]`` (each block's output) and
-    ``final`` (the final norm's input)."""
+    """Residual-stream pieces (batch row 0), each ``[position, d_model]`` float32: ``embeddings`` (the first block's
+    input), ``attention[layer]`` (the output projection's output), ``ffn[layer]`` (the feed-forward module's
+    output), ``blocks[layer]`` (each block's output) and ``final`` (the final norm's input). ``positions``: the
+    positions kept of one forward pass, or None: the last position of each pass, one row per pass in the order
+    they ran (a generation's prompt, then its steps). Filled when :func:`residual_parts` exits."""
 
-    positions: torch.Tensor
+    positions: torch.Tensor | None
     embeddings: torch.Tensor | None = None
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     ffn: dict[int, torch.Tensor] = field(default_factory=dict)
     blocks: dict[int, torch.Tensor] = field(default_factory=dict)
     final: torch.Tensor | None = None
+
+    def fill(self, pieces: dict[tuple[str, int], list[torch.Tensor]]) -> None:
+        """Join what the hooks kept (``(part, layer)`` -> one ``[position, d_model]`` piece per pass)."""
+        joined = {key: torch.cat(rows) for key, rows in pieces.items()}
+        self.embeddings, self.final = joined.get(("embeddings", 0)), joined.get(("final", 0))
+        for name in ("attention", "ffn", "blocks"):
+            getattr(self, name).update({layer: rows for (part, layer), rows in joined.items() if part == name})
 
 
 def unembedding(loaded: LoadedModel) -> Unembedding:
@@ -131,31 +141,34 @@ def _first(value: Any) -> torch.Tensor:
 
 
 @contextmanager
-def residual_parts(loaded: LoadedModel, positions: Sequence[int], *, sublayers: bool = True,
+def residual_parts(loaded: LoadedModel, positions: Sequence[int] | None, *, sublayers: bool = True,
                    blocks: bool = False) -> Iterator[ResidualParts]:
-    """Keep the residual-stream pieces of the forward passes inside the block at ``positions`` (thread-local hooks).
+    """Keep the residual-stream pieces of the forward passes inside the block (thread-local hooks): at ``positions``
+    of one pass, or (None) at the last position of every pass (see :class:`ResidualParts`, filled on exit).
 
     ``sublayers``: the embeddings, attention and feed-forward outputs and the final norm's input
     (what :func:`decompose` needs); ``blocks``: each block's output (what the logit lens needs).
     """
     facts = unembedding(loaded)
-    index = torch.as_tensor(list(positions), dtype=torch.long)
+    index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
     parts = ResidualParts(index)
+    pieces: dict[tuple[str, int], list[torch.Tensor]] = defaultdict(list)
     layer_blocks = blocks_by_layer(loaded)
 
-    def at(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor[0, index.to(tensor.device)].detach().float()
+    def keep(key: tuple[str, int], tensor: torch.Tensor) -> None:
+        rows = tensor[0, -1:] if index is None else tensor[0, index.to(tensor.device)]
+        pieces[key].append(rows.detach().float())
 
-    def keeper(table: dict[int, torch.Tensor], layer: int) -> Any:
+    def keeper(part: str, layer: int) -> Any:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            table[layer] = at(_first(output))
+            keep((part, layer), _first(output))
         return hook
 
     def first_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        parts.embeddings = at(args[0] if args else kwargs["hidden_states"])
+        keep(("embeddings", 0), args[0] if args else kwargs["hidden_states"])
 
     def final_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        parts.final = at(args[0] if args else next(iter(kwargs.values())))
+        keep(("final", 0), args[0] if args else next(iter(kwargs.values())))
 
     with ExitStack() as stack:
         if sublayers:
@@ -163,14 +176,15 @@ def residual_parts(loaded: LoadedModel, positions: Sequence[int], *, sublayers: 
             stack.enter_context(local_hooks([named_module(loaded, facts.final_norm)], final_input, pre=True))
             for site in loaded.sites.values():
                 if site.kind == "self" and site.out_proj is not None:
-                    stack.enter_context(local_hooks([site.out_proj], keeper(parts.attention, site.layer)))
+                    stack.enter_context(local_hooks([site.out_proj], keeper("attention", site.layer)))
             for (kind, layer), module in find_modules(loaded.model, loaded.adapter.ffn).items():
                 if kind == "self":
-                    stack.enter_context(local_hooks([module], keeper(parts.ffn, layer)))
+                    stack.enter_context(local_hooks([module], keeper("ffn", layer)))
         if blocks:
             for layer, block in enumerate(layer_blocks):
-                stack.enter_context(local_hooks([block], keeper(parts.blocks, layer)))
+                stack.enter_context(local_hooks([block], keeper("blocks", layer)))
         yield parts
+    parts.fill(pieces)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ and the logit lens, for decoder-only language models (Llama family, SmolLM2, Gem
 :func:`direct_logit_attribution` splits one logit (or the difference of two) at one position into
 the embeddings, every head (and, per head, every source token it read), every MLP and the biases,
 from one forward pass with capture; the terms sum to the logit (the final norm's scale is the
-run's; see :mod:`attnscope.capture.attribution`). :func:`logit_lens` unembeds the residual stream
+run's; see :mod:`attnscope.attribution.terms`). :func:`logit_lens` unembeds the residual stream
 after each layer through the final norm and the LM head.
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from ..capture.attention import capture
-from ..capture.attribution import (
+from ..capture.extract import as_loaded
+from ..capture.generate import prompt_ids
+from ..capture.tokens import readable_tokens
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+from ..records.generation import GenerationRecord
+from .terms import (
     PositionRows,
     decompose,
     lens_top,
@@ -35,12 +41,6 @@ from ..capture.attribution import (
     residual_parts,
     unembedding,
 )
-from ..capture.extract import as_loaded
-from ..capture.generate import prompt_ids
-from ..capture.tokens import readable_tokens
-from ..errors import AttnscopeError
-from ..models.loading import LoadedModel
-from ..records.generation import GenerationRecord
 
 RUNNER_UP = "runner-up"  # contrast: the model's best next token other than the target
 
@@ -244,7 +244,9 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
 
 
 def generation_lens(model: LoadedModel | str, record: GenerationRecord, k: int = 5) -> LogitLens:
-    """The logit lens of every step of a generation: one teacher-forced pass of the record's text,
-    read at each position that chose a generated token (``positions[step] = prompt_length - 1 + step``)."""
+    """The logit lens of every step of a saved generation: one teacher-forced pass of the record's text,
+    read at each position that chose a generated token (``positions[step] = prompt_length - 1 + step``), with
+    any ``k``. A generation made with :class:`~attnscope.attribution.StepAttribution` holds its top
+    ``lens_top`` already (``lens_ids``/``lens_probs``), from its own passes."""
     steps = range(record.prompt_length - 1, len(record.tokens) - 1)
     return logit_lens(model, record.token_ids.tolist(), list(steps), k)
