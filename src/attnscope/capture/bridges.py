@@ -25,8 +25,8 @@ def install_bridges(model: nn.Module) -> int:
         replacement = bridge(module, attnscope_attention)
         if getattr(replacement, "config", None) is None:  # its refusals name the model type
             replacement.config = model.config
-        if hasattr(replacement, "configure"):  # a fact of the model the module does not keep (XLM's causal)
-            replacement.configure(model.config)
+        if (configure := getattr(replacement, "configure", None)) is not None:
+            configure(model.config)  # a fact of the model the module does not keep (XLM's causal)
         setattr(parent, child, replacement)
     return len(targets)
 

@@ -16,7 +16,7 @@ from ..adapters import PRE_LN, Adapter, LayerNorms, ModuleRule, SiteRule
 from .bridging import Attend, Bridge, attend, cached, eager_scores, heads, inner_replaced, refused
 
 BART_POST_LN = LayerNorms((ModuleRule("encoder", r"encoder\.layers\.(\d+)\.self_attn_layer_norm$"),),
-                           (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.final_layer_norm$"),))
+                          (ModuleRule("encoder", r"encoder\.layers\.(\d+)\.final_layer_norm$"),))
 BART_LIKE = (
     SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn$", "out_proj"),
     SiteRule("decoder", r"decoder\.layers\.(\d+)\.self_attn$", "out_proj", causal=True),

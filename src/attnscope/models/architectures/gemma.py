@@ -11,7 +11,7 @@ from .bridging import Bridge
 from .llama import LLAMA_BLOCKS, LLAMA_FFN, LLAMA_LIKE, llama_row
 
 POST_NORM_UNEMBEDDING = Unembedding(r"^(?:model\.)?norm$", r"layers\.(\d+)\.post_attention_layernorm$",
-                                     r"layers\.(\d+)\.post_feedforward_layernorm$")
+                                    r"layers\.(\d+)\.post_feedforward_layernorm$")
 
 
 ADAPTERS: tuple[Adapter, ...] = (

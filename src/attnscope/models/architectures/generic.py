@@ -12,7 +12,7 @@ from .bart import BART_BLOCKS
 from .llama import LLAMA_BLOCKS, LLAMA_FFN, LLAMA_UNEMBEDDING
 
 NOTE = ("model type not in the table: its attention modules and their causality are read from the model; "
-                 "running from a middle layer onwards and the whole-layer measures are off")
+        "running from a middle layer onwards and the whole-layer measures are off")
 GENERIC_DECODER = Adapter(
     "generic (read from the model)", (),
     (SiteRule("self", r"layers\.(\d+)\.(?:self_attn|self_attention|attn|attention)$", "o_proj|out_proj|dense",

@@ -32,7 +32,7 @@ def llama_row(name: str, model_types: tuple[str, ...], unembedding: Unembedding)
 
 ADAPTERS: tuple[Adapter, ...] = (
     llama_row("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "granite", "phi3", "smollm3"),
-               LLAMA_UNEMBEDDING),
+              LLAMA_UNEMBEDDING),
     # no out_proj: the heads' outputs are combined in pairs (out_h - λ out_h+heads/2) and normalised before o_proj,
     # so no per-head vector reaches the residual stream (the measures that need one are unavailable)
     Adapter("diffllama", ("diffllama",), (SiteRule("self", r"layers\.(\d+)\.self_attn$", "", causal=True),),
