@@ -11,7 +11,8 @@ import pytest
 
 from attnscope import extract, load_model
 from attnscope.errors import AttnscopeError
-from attnscope.models.adapters import GENERIC_DECODER, find_sites
+from attnscope.models.adapters import find_sites
+from attnscope.models.architectures.generic import GENERIC_DECODER
 
 from .tiny_architectures import (
     NOT_WINDOWS,

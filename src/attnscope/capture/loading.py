@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..models.architectures import LOADED_EAGER
 from ..models.loading import LoadedModel, load_weights, with_sites
 from ..models.registry import DEFAULT_MODEL
 from .attention import ATTN_IMPLEMENTATION, register_attention_function
-from .bridges import LOADED_EAGER, install_bridges
+from .bridges import install_bridges
 
 
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:

@@ -23,7 +23,8 @@ from torch import nn
 
 from ..errors import AttnscopeError
 from ..progress import say_slow_step
-from .adapters import HOW_TO_ADD, Adapter, AttentionSite, adapter_for, find_sites
+from .adapters import HOW_TO_ADD, Adapter, AttentionSite, find_sites
+from .architectures import adapter_for
 from .registry import ALIASES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

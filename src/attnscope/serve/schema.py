@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..models.adapters import adapter_for
+from ..models.architectures import adapter_for
 from ..models.loading import LoadedModel
 
 
