@@ -151,3 +151,19 @@ def test_probe_coref_select_on_chooses_on_dev_documents(capsys, tmp_path, tiny_m
     h = last_json(out)
     assert h["selected_on"] == "dev" and h["selection_source"] == "dev.conllu" and h["selection_mentions"] > 5
     assert h["best_head_acc"] <= h["oracle_head_acc"] and "chosen on dev.conllu" in out and "oracle" in out
+
+
+def test_probe_edges_over_seeds_reports_mean_and_range(capsys, tmp_path, small_conllu, tiny_model_dir):
+    code, out, err = run_cli(capsys, "probe", "edges", "--conllu", str(small_conllu), "--model",
+                             str(tiny_model_dir("bert")), "-o", str(tmp_path), "--seeds", "0-2", "--no-reinit", "--json")
+    assert code == 0, err
+    headline = last_json(out)
+    assert headline["seeds"] == [0, 1, 2] and "seeds 0, 1, 2: one split each" in out
+    for key, spread in headline["over_seeds"].items():
+        assert spread["min"] <= spread["mean"] <= spread["max"] and spread["mean"] == pytest.approx(headline[key],
+                                                                                                   abs=1e-4), key
+    assert {"min", "max"} <= set((tmp_path / "probes.csv").read_text().splitlines()[0].split(","))
+    with pytest.raises(SystemExit) as stopped:  # argparse: usage, then one error line
+        main(["probe", "edges", "--seeds", "4-x", "-o", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.strip().splitlines()[-1].endswith("got '4-x'") and "Traceback" not in err

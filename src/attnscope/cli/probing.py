@@ -11,6 +11,7 @@ from typing import Any
 from ..arguments import add_output_folder, finite_float, positive_int, seed
 from ..errors import AttnscopeError
 from .command import Command
+from .lab import seed_list
 from .model_options import add_model_arguments, load_from_args
 
 
@@ -89,6 +90,9 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     edges.add_argument("--test-share", type=finite_float, default=0.2, help="share of sentences held out (default: 0.2)")
     edges.add_argument("--seed", type=seed, default=0,
                        help="seed of the split, pair sampling and re-init (default: 0)")
+    edges.add_argument("--seeds", type=seed_list, metavar="SEEDS",
+                       help="one split and pair sample per seed (e.g. 0-4), each figure reported as its mean and range "
+                       "over them; the model runs once, the re-initialised one with the first seed (default: --seed)")
     _common(edges, "edges")
 
 
@@ -183,9 +187,12 @@ def _edges(args: argparse.Namespace) -> dict[str, Any]:
         raise AttnscopeError("--test-share must be between 0 and 1")
     treebank = _treebank(args)
     result = probe_edges(load_from_args(args), treebank, batch_size=args.batch_size or 16, reinit=not args.no_reinit,
-                         test_share=args.test_share, seed=args.seed)
+                         test_share=args.test_share, seed=args.seed, seeds=args.seeds)
     page = result.save(args.out)
     print(f"heads: {result.annotation}")
+    if len(result.seeds) > 1:
+        print(f"seeds {', '.join(map(str, result.seeds))}: one split each; test_accuracy is the mean, min and max the "
+              "range over them")
     print(result.to_frame().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"summary: {page}")
     return result.headline()
@@ -240,6 +247,7 @@ examples:
   attnscope probe coref -o out/coref --json
   attnscope probe coref --conllu en_gum-ud-test.conllu --select-on en_gum-ud-dev.conllu --model smollm2 -o out/gum
   attnscope probe edges -o out/edges -n 300 --no-reinit
+  attnscope probe edges -o out/edges --seeds 0-4         # mean and range over 5 splits
 Each writes CSV tables, one .duckdb database, PNG charts and index.html. Layers and heads are 0-indexed.""",
             _probe_arguments, _run_probe),
 )

@@ -100,7 +100,8 @@ def plot_head_grid(accuracy: np.ndarray, title: str, path: Path, label: str = "a
 # ---- coreference -------------------------------------------------------------------------------------
 # ---- attention-only probes ------------------------------------------------------------------------
 def plot_probes(frame: Any, title: str, path: Path) -> Path:
-    """Grouped bars: each probe's test accuracy with attention features next to its baselines."""
+    """Grouped bars: each probe's test accuracy with attention features next to its baselines; where the frame has
+    ``min`` and ``max`` (several seeds), the bar is the mean and a whisker spans the range."""
     plt = pyplot()
     probes = list(dict.fromkeys(frame.probe))
     figure, axes = plt.subplots(figsize=(7.5, 4.0))
@@ -111,7 +112,9 @@ def plot_probes(frame: Any, title: str, path: Path) -> Path:
         width = 0.8 / len(rows)
         for k, row in rows.iterrows():
             x = n - 0.4 + width * (k + 0.5)
-            axes.bar(x, row.test_accuracy, width, color=colours.get(row.features, "#777777"), label=row.features)
+            spread = None if "min" not in rows else [[row.test_accuracy - row["min"]], [row["max"] - row.test_accuracy]]
+            axes.bar(x, row.test_accuracy, width, color=colours.get(row.features, "#777777"), label=row.features,
+                     yerr=spread, capsize=2, error_kw={"elinewidth": 0.8})
             axes.text(x, row.test_accuracy + 0.01, f"{row.test_accuracy:.2f}", ha="center", fontsize=6)
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # one legend entry per kind of features

@@ -7,6 +7,7 @@ scoring in :mod:`.dependencies`, :mod:`.coref` and :mod:`.probes` works on word-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..capture.extract import as_loaded
@@ -16,7 +17,7 @@ from .chains import MIN_WINDOW, ChainsResult, plan_documents, score_chains
 from .coref import CorefItem, CorefResult, locate_items, score_coref, winowhy_items
 from .dependencies import DependencyCounts, DependencyResult, count_dependency_heads
 from .documents import documents_of, require_entities
-from .probes import ProbeResult, collect, evaluate_probes, held_out_sentences, reinitialised_model
+from .probes import ProbeResult, evaluate_over_seeds, reinitialised_model
 from .treebank import Treebank, shipped_treebank
 
 WINDOW_TOKENS = 512
@@ -120,19 +121,21 @@ def probe_chains(model: Any, treebank: Treebank, *, window: int = WINDOW_TOKENS,
 
 
 def probe_edges(model: Any, treebank: Treebank | None = None, *, batch_size: int = 16, progress: bool = True,
-                reinit: bool = True, test_share: float = 0.2, seed: int = 0) -> ProbeResult:
+                reinit: bool = True, test_share: float = 0.2, seed: int = 0,
+                seeds: Sequence[int] | None = None) -> ProbeResult:
     """The edge, relation and parser probes with their baselines (see :mod:`attnscope.probing.probes`).
 
-    ``reinit=False`` skips the re-initialised-weights baseline (it runs the corpus a second time).
+    ``reinit=False`` skips the re-initialised-weights baseline (it runs the corpus a second time; its
+    weights come from the first seed). ``seeds``: one split and pair sample per seed, each figure
+    reported as its mean and range over them (default: ``seed`` alone). The model runs once.
     """
+    seeds = tuple(seeds) if seeds else (seed,)
     loaded = as_loaded(model)
     treebank = treebank or shipped_treebank()
-    is_test = held_out_sentences(len(treebank), test_share, seed)
-    data = collect(attend_words(loaded, treebank.sentences, batch_size=batch_size, progress=progress), is_test, seed)
+    sentences = list(attend_words(loaded, treebank.sentences, batch_size=batch_size, progress=progress))
     baseline = None
     if reinit:
-        random_model = reinitialised_model(loaded, seed)
-        baseline = collect(attend_words(random_model, treebank.sentences, batch_size=batch_size, progress=progress),
-                           is_test, seed)
-    figures, sizes = evaluate_probes(data, baseline, seed)
-    return ProbeResult(figures, sizes, loaded.name, treebank.annotation, treebank.silver)
+        random_model = reinitialised_model(loaded, seeds[0])
+        baseline = list(attend_words(random_model, treebank.sentences, batch_size=batch_size, progress=progress))
+    per_seed, sizes = evaluate_over_seeds(sentences, baseline, seeds, test_share)
+    return ProbeResult.over_seeds(per_seed, sizes, loaded.name, treebank.annotation, treebank.silver, seeds)
