@@ -397,3 +397,19 @@ def test_one_palette_for_pattern_labels_in_figures_report_and_explorer():
     drawn = [to_hex(c) for c in figure.axes[0].images[0].cmap.colors]  # the report's head map
     assert drawn == colours
     assert pattern_colour("a class registered later") in ("#59a14f", "#8cd17d", "#a0cbe8", "#86bcb6", "#bab0ac")
+
+
+def test_maps_decided_together_get_the_labels_each_gets_alone():
+    from attnscope.analysis.evaluate import REAL_CALIBRATION_GRID, MapEvidence, _predict
+
+    prepared = []
+    for item in synthetic_set(0)[::3]:  # singles and pairs, every class
+        context = token_context(item.record)
+        for head, label in enumerate(item.labels):
+            evidence = pattern_evidence(item.record.attention[:1, head:head + 1], context)
+            prepared.append(MapEvidence(evidence, context.is_pair, label))
+    assert {item.is_pair for item in prepared} == {False, True}
+    for values in [(3.0, 0.0, 0.5), (4.5, 0.2, 0.65), (float("inf"), 0.35, 0.7)]:
+        thresholds = {**THRESHOLDS, **dict(zip(REAL_CALIBRATION_GRID, values))}
+        alone = [str(decide(item.evidence, item.is_pair, thresholds=thresholds)[0][0, 0]) for item in prepared]
+        assert _predict(prepared, thresholds) == alone

@@ -203,3 +203,22 @@ def test_the_gold_tables_without_a_recorded_benchmark_say_their_heads_were_chose
     if not table["dev"]:  # figures from before --select-on: the tables must not claim a dev choice
         text = docs.render_region("gold", figures, {})
         assert "chosen on the dev" not in text and "picking the best of all heads makes" in text
+
+
+def test_probe_and_classifier_figures_over_seeds_render_with_their_range():
+    import copy
+
+    figures = copy.deepcopy(docs.load_figures())
+    edges = figures["edges"]["figures"]
+    edges["seeds"] = [0, 1, 2, 3, 4]
+    edges["over_seeds"] = {key: {"mean": edges[key], "min": 0.5, "max": 0.875} for key in ("uas", "edge_probe_acc",
+                                                                                            "relation_probe_acc")}
+    probing = docs.render_region("probing", figures, docs.load_bench())
+    assert "(50.0%–87.5% over 5 splits)" in probing and "(50.0–87.5 over 5 splits)" in probing
+    assert "edges: mean over seeds 0, 1, 2, 3, 4" in probing
+    patterns = figures["patterns"]["figures"]
+    patterns["real_macro_f1_cv_over_splits"] = {"mean": 0.688, "min": 0.676, "max": 0.699, "seeds": [0, 1, 2, 3, 4]}
+    patterns["synthetic_macro_f1_over_seeds"] = {"mean": 0.893, "min": 0.876, "max": 0.904, "seeds": [0, 2, 3, 4, 5]}
+    text = docs.render_region("patterns", figures, docs.load_bench())
+    assert "(mean 0.69, range 0.68–0.70 over 5 random deals of the maps into folds)" in text
+    assert "macro-F1 is 0.89 on average, 0.88–0.90." in text
