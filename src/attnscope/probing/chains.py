@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
-from .dependencies import HeadChoice, ScoredHeads, choose_head, head_name
+from .dependencies import HeadChoice, ScoredHeads, choose_head, head_name, selection_note
 from .documents import Document, Mention, feature
 
 AGREEMENT = ("Number", "Person", "Gender")
@@ -259,14 +259,6 @@ class ChainsResult(ScoredHeads):
                               **{f"{name}_right": right for name, right in s.baselines.items()}}
                              for s in self.scored])
 
-    def selection_note(self) -> str:
-        """One sentence for reports: where the head was chosen, and what the oracle is."""
-        if self.selection is None:
-            return ("head chosen on the mentions it is scored on (the best of all heads there, so optimistic; "
-                    "choose it on other documents with a dev file)")
-        return (f"head chosen on {self.selection_source} ({self.selection_mentions} mentions), scored here; the "
-                "oracle head is the best head here, an upper bound")
-
     def headline(self) -> dict[str, Any]:
         """JSON figures: ``best_head`` (the chosen head) with ``best_head_acc`` and its 95% interval ``ci`` here,
         ``selected_on``, the ``oracle_head`` and its accuracy, the baselines, what was left out, the settings."""
@@ -278,7 +270,9 @@ class ChainsResult(ScoredHeads):
         return {"model": self.model, "source": self.source, "heads_indexing": "layer-head, both 0-indexed",
                 "documents": self.documents, "mentions": len(self.scored), "best_head": choice.name,
                 "best_head_acc": round(choice.accuracy, 4), "ci": [round(low, 4), round(high, 4)],
-                "selected_on": choice.selected_on, "selection": self.selection_note(), **selection,
+                "selected_on": choice.selected_on, **selection,
+                "selection": selection_note(None if self.selection is None else self.selection_source,
+                                            f"{self.selection_mentions} mentions"),
                 "oracle_head": choice.oracle_name, "oracle_head_acc": round(choice.oracle_accuracy, 4),
                 **{f"{name}_acc": round(self.baseline(name), 4) for name in BASELINES},
                 "mean_candidates": round(float(np.mean([s.candidates for s in self.scored])), 2),

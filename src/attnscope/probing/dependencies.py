@@ -120,6 +120,15 @@ class HeadChoice:
         return wilson_interval(self.hits, self.n)
 
 
+def selection_note(source: str | None, amount: str) -> str:
+    """One sentence for reports: where the heads were chosen (on ``source``, which holds ``amount``; None: on the
+    data they are scored on), and what the oracle is."""
+    if source is None:
+        return ("heads chosen on the data they are scored on (the best of all heads there, so optimistic; "
+                "choose them on other data with a dev file)")
+    return f"heads chosen on {source} ({amount}), scored here; the oracle head is the best head here, an upper bound"
+
+
 def _argmax(values: np.ndarray) -> tuple[int, int]:
     """``(layer, head)`` of the largest value of ``[layer, head]`` (the first one on ties)."""
     layer, head = np.unravel_index(int(np.argmax(values)), values.shape)
@@ -248,11 +257,8 @@ class DependencyResult:
 
     def selection_note(self) -> str:
         """One sentence for reports: where the heads were chosen, and what the oracle is."""
-        if self.selection is None:
-            return ("heads chosen on the data they are scored on (the best of all heads there, so optimistic; "
-                    "choose them on other data with a dev file)")
-        return (f"heads chosen on {self.selection_source} ({self.selection.sentences} sentences), scored here; the "
-                "oracle head is the best head here, an upper bound")
+        return selection_note(None if self.selection is None else self.selection_source,
+                              f"{self.selection.sentences} sentences" if self.selection is not None else "")
 
     def choice(self, relation: str, direction: int) -> HeadChoice:
         """The head reported for ``relation`` in ``direction`` (an index of :data:`DIRECTIONS`)."""
