@@ -81,7 +81,7 @@ bench-long: install-test
 bench-widget: install-test
 	$(BIN)/python benchmarks/widget.py $(RECORD_FLAG)
 
-# dependency heads on UD EWT test, coreference heads on UD GUM test, per built-in model (gold data in
+# dependency heads on UD EWT, coreference heads on UD GUM (chosen on dev, scored on test), per built-in model (gold data in
 # ../shared/data/ud or $ATTNSCOPE_UD_DIR; skipped with a message where absent)
 bench-gold: install-test
 	$(BIN)/python benchmarks/gold.py $(RECORD_FLAG)

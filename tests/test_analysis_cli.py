@@ -61,6 +61,12 @@ def test_evaluate_json_reports_both_labelled_sets(capsys):
     assert summary["n_real_heldout"] == 46 and summary["real_macro_f1_heldout"] >= 0.58
     assert summary["n_real_development"] + summary["n_real_heldout"] == summary["n_real"]
     assert 0.0 < summary["real_macro_f1_cv"] <= 1.0
+    # issue 37.3: one synthetic set and one deal into folds are one draw each; over five of each, the bands
+    # hold on any CPU (measured: synthetic 0.876-0.904, cross-validation 0.676-0.699 on 5 random deals)
+    synthetic, cv = summary["synthetic_macro_f1_over_seeds"], summary["real_macro_f1_cv_over_splits"]
+    assert synthetic["seeds"] == [0, 2, 3, 4, 5] and len(cv["seeds"]) == 5  # never the calibration seed 1
+    assert synthetic["min"] >= 0.85 and synthetic["min"] <= synthetic["mean"] <= synthetic["max"]
+    assert cv["min"] >= 0.62 and cv["min"] <= cv["mean"] <= cv["max"] < 0.8
     assert set(summary["real_per_class"]["delimiter"]) == {"precision", "recall", "f1", "support"}
     agreement = summary["real_labeller_agreement"]  # two labellers on the same maps
     assert agreement["n"] == summary["n_real"] and -1.0 <= agreement["kappa"] <= 1.0

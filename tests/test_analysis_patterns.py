@@ -442,3 +442,19 @@ def test_label_stability_counts_flips_and_column_strength():
     line_mass = line(-1).mean(axis=0).max()
     assert first["column_mass"]["previous_word"] == pytest.approx(line_mass, abs=1e-4)
     assert first["column_mass"]["bag_of_words"] == pytest.approx(1 / N, abs=1e-4)
+
+
+def test_maps_decided_together_get_the_labels_each_gets_alone():
+    from attnscope.analysis.evaluate import REAL_CALIBRATION_GRID, MapEvidence, _predict
+
+    prepared = []
+    for item in synthetic_set(0)[::3]:  # singles and pairs, every class
+        context = token_context(item.record)
+        for head, label in enumerate(item.labels):
+            evidence = pattern_evidence(item.record.attention[:1, head:head + 1], context)
+            prepared.append(MapEvidence(evidence, context.is_pair, label))
+    assert {item.is_pair for item in prepared} == {False, True}
+    for values in [(3.0, 0.0, 0.5), (4.5, 0.2, 0.65), (float("inf"), 0.35, 0.7)]:
+        thresholds = {**THRESHOLDS, **dict(zip(REAL_CALIBRATION_GRID, values))}
+        alone = [str(decide(item.evidence, item.is_pair, thresholds=thresholds)[0][0, 0]) for item in prepared]
+        assert _predict(prepared, thresholds) == alone

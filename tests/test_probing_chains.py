@@ -87,9 +87,9 @@ def synthetic_document_conllu(n_sentences: int, seed: int = 0, doc: str = "d1") 
     return "\n".join(lines) + "\n"
 
 
-def planted_window(item: WindowText, rng) -> AlignedSentence:
+def planted_window(item: WindowText, rng, planted: tuple[int, int] = PLANTED) -> AlignedSentence:
     """Piece-level attention of one window ([CLS] pieces [SEP], long words in two pieces), random but
-    for ``PLANTED``, where each scored mention's head word gives 0.7 to its nearest antecedent."""
+    for ``planted`` (layer, head), where each scored mention's head word gives 0.7 to its nearest antecedent."""
     offsets = [(0, 0)]
     for start, end in dict.fromkeys(item.spans):
         offsets += [(start, start + 3), (start + 3, end)] if end - start > 4 else [(start, end)]
@@ -101,7 +101,7 @@ def planted_window(item: WindowText, rng) -> AlignedSentence:
     for task in item.tasks:
         target = alignment.groups[max(task.antecedents) - item.window.start]
         for q in alignment.groups[task.mention.head - item.window.start]:
-            row = attention[PLANTED][q]
+            row = attention[planted][q]
             row *= 0.3 / row.sum()
             row[list(target)] += 0.7 / len(target)
     return AlignedSentence(item, word_attention(attention, alignment, item.rows()), alignment.aligned)
@@ -138,3 +138,23 @@ def test_a_window_that_starts_after_a_chains_mentions_counts_them_as_outside():
     tasks = window_tasks(document, late, False, counts)
     assert all(min(t.candidates) >= late.start for t in tasks)
     assert sum(counts.values()) + len(tasks) >= 1
+
+
+def planted_result(seed: int, planted: tuple[int, int], n_sentences: int = 40):
+    treebank = parse_conllu(synthetic_document_conllu(n_sentences, seed, f"d{seed}"), f"synthetic-{seed}")
+    documents = documents_of(treebank)
+    windows, left_out = plan_documents(documents, [[1] * len(d.words) for d in documents], budget=60)
+    rng = np.random.default_rng(seed)
+    return score_chains([planted_window(w, rng, planted) for w in windows], left_out, "planted", treebank.source,
+                        1, {})
+
+
+def test_a_coreference_head_chosen_on_dev_is_scored_on_test_beside_the_oracle():
+    dev, test = planted_result(1, (0, 2)), planted_result(2, PLANTED)
+    assert dev.headline()["best_head"] == "0-2" and dev.headline()["selected_on"] == "scored data"
+    h = test.with_selection(dev).headline()
+    correct = np.stack([s.correct for s in test.scored])  # [mention, layer, head], as scored
+    assert h["best_head"] == "0-2" and h["selected_on"] == "dev" and h["selection_source"] == "synthetic-1"
+    assert h["best_head_acc"] == round(correct[:, 0, 2].mean(), 4) < 0.7
+    assert h["oracle_head"] == "1-0" and h["oracle_head_acc"] == 1.0 and h["selection_acc"] == 1.0
+    assert h["ci"][0] < h["best_head_acc"] < h["ci"][1] and "chosen on synthetic-1" in h["selection"]

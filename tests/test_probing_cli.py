@@ -8,7 +8,9 @@ import duckdb
 import pytest
 
 from attnscope.cli import main
-from attnscope.probing.treebank import shipped_treebank, to_conllu
+from attnscope.probing.treebank import Treebank, shipped_treebank, to_conllu
+
+from .test_probing_chains import synthetic_document_conllu
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,74 @@ def test_probes_run_on_decoders_and_encoder_decoders(kind, tiny_model_dir):
     layers, heads = {"llama": (3, 6), "bart": (2, 4)}[kind]  # bart: the encoder's self-attention
     assert result.accuracy("det").shape == (2, layers, heads)
     assert result.headline()["mismatches"]["sentences"] == 5
+
+
+def test_probe_deps_select_on_chooses_on_dev_and_says_where(capsys, tmp_path, small_conllu, tiny_model_dir):
+    dev = tmp_path / "dev.conllu"
+    dev.write_text(to_conllu(Treebank(shipped_treebank(80).sentences[40:], "dev", True, "silver")))
+    model = str(tiny_model_dir("bert"))
+    code, out, err = run_cli(capsys, "probe", "deps", "--conllu", str(small_conllu), "--model", model, "-o",
+                             str(tmp_path / "plain"), "--min-arcs", "20", "--json")
+    assert code == 0, err
+    plain = last_json(out)
+    assert plain["selected_on"] == "scored data" and "chosen on the data they are scored on" in out
+    assert plain["best_head_acc"]["det"]["acc"] == plain["best_head_acc"]["det"]["oracle_head_acc"]
+    code, out, err = run_cli(capsys, "probe", "deps", "--conllu", str(small_conllu), "--select-on", str(dev),
+                             "--model", model, "-o", str(tmp_path / "dev"), "--min-arcs", "20", "--json")
+    assert code == 0, err
+    chosen = last_json(out)
+    assert chosen["selected_on"] == "dev" and "chosen on dev.conllu" in out and "oracle_head" in out
+    det = chosen["best_head_acc"]["det"]
+    assert det["selected_on"] == "dev" and det["acc"] <= det["oracle_head_acc"] == plain["best_head_acc"]["det"]["acc"]
+    assert chosen["sentences"] == plain["sentences"]  # the scored data is the same; only the choice moved
+
+
+@pytest.mark.parametrize("action", ["deps", "coref"])
+def test_a_bad_select_on_file_is_one_line_before_the_model_loads(capsys, tmp_path, small_conllu, action):
+    not_conllu, empty, scored = tmp_path / "notes.conllu", tmp_path / "empty.conllu", tmp_path / "scored.conllu"
+    not_conllu.write_text("just some words\nand more\n")
+    empty.write_text("")
+    scored.write_text(synthetic_document_conllu(10))  # gold chains, as coref --conllu needs
+    bad = [(tmp_path / "missing.conllu", "no such file"), (not_conllu, "not valid CoNLL-U"),
+           (empty, "no dependency trees")]
+    if action == "coref":
+        bad.append((small_conllu, "no coreference annotation"))
+    for path, expected in bad:
+        # a model that does not exist: the --select-on error must come first
+        code, _, err = run_cli(capsys, "probe", action, "--conllu", str(scored), "--select-on", str(path),
+                               "--model", "no-such-model", "-o", str(tmp_path / "out"))
+        assert code != 0 and "--select-on" in err and expected in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_probe_coref_select_on_needs_gold_chains(capsys, tmp_path, small_conllu):
+    code, _, err = run_cli(capsys, "probe", "coref", "--select-on", str(small_conllu), "-o", str(tmp_path / "w"))
+    assert code != 0 and "--select-on needs --conllu" in err and len(err.strip().splitlines()) == 1
+
+
+def test_probe_coref_select_on_chooses_on_dev_documents(capsys, tmp_path, tiny_model_dir):
+    test, dev = tmp_path / "test.conllu", tmp_path / "dev.conllu"
+    test.write_text(synthetic_document_conllu(20))
+    dev.write_text(synthetic_document_conllu(20, 1, "dev-doc"))
+    code, out, err = run_cli(capsys, "probe", "coref", "--conllu", str(test), "--select-on", str(dev), "--model",
+                             str(tiny_model_dir("bert")), "-o", str(tmp_path / "out"), "--json", "--window", "64")
+    assert code == 0, err
+    h = last_json(out)
+    assert h["selected_on"] == "dev" and h["selection_source"] == "dev.conllu" and h["selection_mentions"] > 5
+    assert h["best_head_acc"] <= h["oracle_head_acc"] and "chosen on dev.conllu" in out and "oracle" in out
+
+
+def test_probe_edges_over_seeds_reports_mean_and_range(capsys, tmp_path, small_conllu, tiny_model_dir):
+    code, out, err = run_cli(capsys, "probe", "edges", "--conllu", str(small_conllu), "--model",
+                             str(tiny_model_dir("bert")), "-o", str(tmp_path), "--seeds", "0-2", "--no-reinit", "--json")
+    assert code == 0, err
+    headline = last_json(out)
+    assert headline["seeds"] == [0, 1, 2] and "seeds 0, 1, 2: one split each" in out
+    for key, spread in headline["over_seeds"].items():
+        assert spread["min"] <= spread["mean"] <= spread["max"] and spread["mean"] == pytest.approx(headline[key],
+                                                                                                   abs=1e-4), key
+    assert {"min", "max"} <= set((tmp_path / "probes.csv").read_text().splitlines()[0].split(","))
+    with pytest.raises(SystemExit) as stopped:  # argparse: usage, then one error line
+        main(["probe", "edges", "--seeds", "4-x", "-o", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.strip().splitlines()[-1].endswith("got '4-x'") and "Traceback" not in err

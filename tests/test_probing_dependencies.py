@@ -69,7 +69,11 @@ def test_a_head_pointing_at_syntactic_heads_gets_every_relation_right_despite_sp
     assert best.loc["det", "best_head"] == "0-0" and best.loc["det", "accuracy"] == 1.0
     headline = result.headline()
     assert headline["best_head_acc"]["dobj"] == {"head": "0-0", "acc": 1.0, "baseline": 1.0, "offset": -2,
-                                                 "ci": [0.2065, 1.0], "direction": "dependent->head", "arcs": 1}
+                                                 "ci": [0.2065, 1.0], "direction": "dependent->head", "arcs": 1,
+                                                 "selected_on": "scored data", "selection_acc": 1.0,
+                                                 "oracle_head": "0-0", "oracle_direction": "dependent->head",
+                                                 "oracle_head_acc": 1.0}
+    assert headline["selected_on"] == "scored data" and "scored on" in headline["selection"]
     assert headline["any_relation_acc"] == 1.0 and headline["arcs"] == 6
 
 
@@ -98,3 +102,48 @@ def test_arcs_touching_a_word_without_pieces_are_left_out_and_counted():
     assert set(frame.columns) >= {"relation", "direction", "layer", "head", "accuracy"}
     assert "det:*" not in result.relations(min_arcs=1)  # a base group without subtypes repeats its relation
     assert len(frame) == len(result.relations(min_arcs=1)) * 2 * N_LAYERS * N_HEADS
+
+
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval, written out from its formula (an independent reference)."""
+    p = hits / n
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def test_a_head_chosen_on_dev_is_scored_on_test_beside_the_best_head_on_test():
+    # dev: head 1-1 points every word at its syntactic head, 0-0 at the previous word (no det right)
+    dev = [aligned(CHASE, {(1, 1): syntactic_heads(CHASE)}), aligned(BARK, {(1, 1): syntactic_heads(BARK)})]
+    # test: 0-0 gets every arc right; 1-1 misses "The -> cat" in one of two copies of the sentence
+    missing_the = syntactic_heads(CHASE)
+    missing_the[0] = 4
+    test = [aligned(CHASE, {(0, 0): syntactic_heads(CHASE), (1, 1): missing_the}),
+            aligned(CHASE, {(0, 0): syntactic_heads(CHASE), (1, 1): syntactic_heads(CHASE)})]
+    result = DependencyResult(count_dependency_heads(test), "hand-made", "gold: hand-made", False, {}, min_arcs=1,
+                              selection=count_dependency_heads(dev), selection_source="dev.conllu")
+    # the direct computation on test: det arcs (dependent -> head) that head 1-1's most-attended word gets right
+    det_arcs = [(s, dep, head) for s in test for dep, head, rel in s.words.arcs() if rel == "det"]
+    hits = sum(int(s.most_attended()[1, 1, dep] == head) for s, dep, head in det_arcs)
+    assert (hits, len(det_arcs)) == (3, 4)
+    row = next(r for r in result.direction_rows("det") if r["direction"] == "dependent->head")
+    assert row["best_head"] == "1-1" and row["selected_on"] == "dev" and row["selection_accuracy"] == 1.0
+    assert row["accuracy"] == hits / len(det_arcs)
+    assert np.allclose([row["ci_low"], row["ci_high"]], wilson(hits, len(det_arcs)))
+    assert row["oracle_head"] == "0-0" and row["oracle_accuracy"] == 1.0
+    headline = result.headline()
+    assert headline["selected_on"] == "dev" and headline["selection_source"] == "dev.conllu"
+    assert headline["selection_sentences"] == 2 and "chosen on dev.conllu" in headline["selection"]
+    figures = headline["by_direction"]["det"]["dependent->head"]
+    assert (figures["head"], figures["acc"], figures["oracle_head"], figures["oracle_head_acc"]) == ("1-1", 0.75, "0-0",
+                                                                                                   1.0)
+
+
+def test_a_relation_absent_from_dev_is_chosen_on_the_scored_data_and_says_so():
+    dev = [aligned(BARK, {})]  # no det, no dobj
+    test = [aligned(CHASE, {(0, 0): syntactic_heads(CHASE)})]
+    result = DependencyResult(count_dependency_heads(test), "m", "gold: x", False, {}, min_arcs=1,
+                              selection=count_dependency_heads(dev), selection_source="dev.conllu")
+    rows = {r["direction"]: r for r in result.direction_rows("dobj")}
+    assert rows["dependent->head"]["selected_on"] == "scored data (no dev arcs)"
+    assert rows["dependent->head"]["best_head"] == rows["dependent->head"]["oracle_head"] == "0-0"
+    assert result.direction_rows("nsubj")[0]["selected_on"] == "dev"

@@ -9,7 +9,9 @@ from attnscope.errors import AttnscopeError
 from attnscope.probing.alignment import AlignedSentence
 from attnscope.probing.probes import (
     MAX_OFFSET,
+    ProbeResult,
     collect,
+    evaluate_over_seeds,
     evaluate_probes,
     held_out_sentences,
     offset_features,
@@ -90,3 +92,42 @@ def test_pairs_are_the_same_for_two_models_on_the_same_trees():
     second = collect([synthetic(rng, tree, False) for tree in trees], is_test).edge.arrays()
     assert (first["offsets"] == second["offsets"]).all() and (first["labels"] == second["labels"]).all()
     assert first["labels"].mean() == 0.5  # as many pairs without an arc as arcs
+
+
+def test_over_five_seeds_each_split_is_its_own_and_figures_are_mean_and_range():
+    rng = np.random.default_rng(0)
+    trees = [random_tree(rng, int(rng.integers(6, 12))) for _ in range(120)]
+    signal = [synthetic(rng, tree, signal=True) for tree in trees]
+    noise = [synthetic(rng, tree, signal=False) for tree in trees]
+    seeds = (0, 1, 2, 3, 4)
+    per_seed, sizes = evaluate_over_seeds(signal, noise, seeds)
+    # each seed's figures are exactly one split's: evaluate_probes on that seed's split and pairs
+    for seed, figures in zip(seeds, per_seed):
+        is_test = held_out_sentences(len(trees), 0.2, seed)
+        assert figures == evaluate_probes(collect(signal, is_test, seed), collect(noise, is_test, seed), seed)[0]
+    assert len({tuple(held_out_sentences(len(trees), 0.2, s)) for s in seeds}) == 5  # five different splits
+    result = ProbeResult.over_seeds(per_seed, sizes, "synthetic", "gold", False, seeds)
+    for key, spread in result.ranges().items():
+        values = [figures[key] for figures in per_seed]
+        assert spread == {"mean": round(sum(values) / 5, 4), "min": min(values), "max": max(values)}
+        assert result.figures[key] == pytest.approx(sum(values) / 5)
+    # the bands a planted signal must fall in on every seed, on any CPU: far above distance and noise
+    low = result.ranges()
+    assert low["edge_probe_acc"]["min"] > 0.9 and low["edge_reinit_acc"]["max"] < 0.8
+    assert low["uas"]["min"] > 0.85 and low["uas_reinit"]["max"] < 0.45
+    assert low["relation_probe_acc"]["min"] > 0.85 > low["relation_distance_acc"]["max"] + 0.3
+    headline = result.headline()
+    assert headline["seeds"] == list(seeds) and set(headline["over_seeds"]) == set(result.figures)
+    frame = result.to_frame()
+    assert (frame["min"] <= frame["test_accuracy"] + 1e-12).all() and (frame["test_accuracy"] <= frame["max"] + 1e-12).all()
+
+
+def test_one_seed_keeps_the_figures_and_headline_of_a_single_split():
+    rng = np.random.default_rng(2)
+    trees = [random_tree(rng, 8) for _ in range(40)]
+    signal = [synthetic(rng, tree, signal=True) for tree in trees]
+    per_seed, sizes = evaluate_over_seeds(signal, None, (3,))
+    direct = evaluate_probes(collect(signal, held_out_sentences(40, 0.2, 3), 3), None, 3)
+    result = ProbeResult.over_seeds(per_seed, sizes, "m", "gold", False, (3,))
+    assert (result.figures, result.sizes) == direct
+    assert "over_seeds" not in result.headline() and "min" not in result.to_frame()

@@ -288,7 +288,18 @@ def map_evidence(records: Sequence[AttentionRecord], maps: Sequence[LabelledMap]
 
 
 def _predict(prepared: Sequence[MapEvidence], thresholds: dict[str, float]) -> list[str]:
-    return [str(decide(item.evidence, item.is_pair, thresholds=thresholds)[0][0, 0]) for item in prepared]
+    """Each map's label under ``thresholds``. :func:`decide` is elementwise over ``[layer, head]``, so the maps of
+    one kind (pair or not) are decided together as one ``[1, map]`` row: the same labels, one call per kind."""
+    labels = [""] * len(prepared)
+    for is_pair in (False, True):
+        rows = [i for i, item in enumerate(prepared) if item.is_pair == is_pair]
+        if not rows:
+            continue
+        stacked = {name: np.concatenate([prepared[i].evidence[name] for i in rows], axis=1)  # [1, map]
+                   for name in prepared[rows[0]].evidence}
+        for i, label in zip(rows, decide(stacked, is_pair, thresholds=thresholds)[0][0]):
+            labels[i] = str(label)
+    return labels
 
 
 def _grid() -> list[dict[str, float]]:
@@ -310,16 +321,34 @@ def fit_real_thresholds(prepared: Sequence[MapEvidence]) -> dict[str, float]:
     return best
 
 
-def cross_validated_real(prepared: Sequence[MapEvidence], folds: int = CV_FOLDS) -> Scores:
+def cross_validated_real(prepared: Sequence[MapEvidence], folds: int = CV_FOLDS, seed: int | None = None) -> Scores:
     """Scores of predictions each made with thresholds fitted (as :func:`fit_real_thresholds`) on
-    the other folds (maps dealt to folds in id order, ``i % folds``), pooled over all maps."""
+    the other folds, pooled over all maps. Maps are dealt to folds in id order (``i % folds``), or with
+    ``seed`` in a seeded random order (one of many splits)."""
+    order = np.arange(len(prepared)) if seed is None else np.random.default_rng(seed).permutation(len(prepared))
+    fold_of = np.empty(len(prepared), dtype=int)
+    fold_of[order] = np.arange(len(prepared)) % folds  # the k-th map in ``order`` goes to fold k % folds
     predicted: list[str] = [""] * len(prepared)
     for fold in range(folds):
-        held = [i for i in range(len(prepared)) if i % folds == fold]
-        fitted = fit_real_thresholds([item for i, item in enumerate(prepared) if i % folds != fold])
+        held = [i for i in range(len(prepared)) if fold_of[i] == fold]
+        fitted = fit_real_thresholds([item for i, item in enumerate(prepared) if fold_of[i] != fold])
         for i, label in zip(held, _predict([prepared[i] for i in held], {**THRESHOLDS, **fitted})):
             predicted[i] = label
     return score([item.label for item in prepared], predicted)
+
+
+SYNTHETIC_SEEDS = (0, 2, 3, 4, 5)  # five synthetic sets to score; never CALIBRATION_SEED, where thresholds were fitted
+CV_SEEDS = (0, 1, 2, 3, 4)  # five random deals of the real maps into CV_FOLDS folds
+
+
+def over_seeds(values: Sequence[float], seeds: Sequence[int]) -> dict[str, Any]:
+    """``{mean, min, max, seeds}`` of one figure measured once per seed (one draw each).
+
+    >>> over_seeds([0.5, 0.7, 0.6], (0, 1, 2))
+    {'mean': 0.6, 'min': 0.5, 'max': 0.7, 'seeds': [0, 1, 2]}
+    """
+    return {"mean": round(float(np.mean(values)), 4), "min": float(min(values)), "max": float(max(values)),
+            "seeds": list(seeds)}
 
 
 HELD_OUT_BATCH = 4  # labelled after the current rules were written, and scored once (labels/README.md)
@@ -379,7 +408,9 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
     and 2 and first scored on batch 3; all three are ``real_macro_f1_development`` (the three
     real-set thresholds were fitted on batch 1); ``real_*_heldout`` scores only
     :data:`HELD_OUT_BATCH`, which played no part in any choice; ``real_macro_f1_cv`` refits the three
-    thresholds in each of :data:`CV_FOLDS` folds over all maps and scores the held-out fold;
+    thresholds in each of :data:`CV_FOLDS` folds over all maps and scores the held-out fold
+    (``real_macro_f1_cv_over_splits``: its mean and range over the random deals of :data:`CV_SEEDS`;
+    ``synthetic_macro_f1_over_seeds``: the synthetic score's over the sets of :data:`SYNTHETIC_SEEDS`);
     ``real_macro_f1_by_batch`` scores each batch alone. ``second`` (map id -> label, default
     :func:`second_labels`) adds how two labellers agree on the same maps (``real_labeller_agreement``;
     a classifier well above their macro-F1 against one of them would be fitting that labeller's
@@ -415,9 +446,14 @@ def evaluation_summary(real_records: Sequence[AttentionRecord], maps: Sequence[L
         summary.update({"real_macro_f1_development": development.macro_f1, "n_real_development": development.n})
     summary["real_macro_f1_by_batch"] = {str(batch): scores.macro_f1 for batch, scores in by_batch.items() if scores}
     summary.update(_agreement_figures(maps, predicted, second_labels() if second is None else second))
+    # one synthetic set and one deal into folds are one draw each: their mean and range over five
+    summary["synthetic_macro_f1_over_seeds"] = over_seeds(
+        [evaluate_synthetic(seed).macro_f1 for seed in SYNTHETIC_SEEDS], SYNTHETIC_SEEDS)
     if cross_validate:
         cv = cross_validated_real(prepared)
-        summary.update({"real_macro_f1_cv": cv.macro_f1, "real_accuracy_cv": cv.accuracy, "cv_folds": CV_FOLDS})
+        summary.update({"real_macro_f1_cv": cv.macro_f1, "real_accuracy_cv": cv.accuracy, "cv_folds": CV_FOLDS,
+                        "real_macro_f1_cv_over_splits": over_seeds(
+                            [cross_validated_real(prepared, seed=seed).macro_f1 for seed in CV_SEEDS], CV_SEEDS)})
     summary.update({
         "real_macro_f1_first_pass": score([m.first_pass for m in maps], predicted).macro_f1,
         "synthetic_kovaleva_macro_f1": evaluate_synthetic(coarse=True).macro_f1,

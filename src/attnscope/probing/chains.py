@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
-from .dependencies import ScoredHeads, head_name, wilson_interval
+from .dependencies import HeadChoice, ScoredHeads, choose_head, head_name, selection_note
 from .documents import Document, Mention, feature
 
 AGREEMENT = ("Number", "Person", "Gender")
@@ -217,6 +217,18 @@ class ChainsResult(ScoredHeads):
     source: str
     documents: int
     settings: dict[str, Any]
+    selection: np.ndarray | None = None  # [layer, head] accuracy on other data (dev), where the head is chosen
+    selection_source: str = ""
+    selection_mentions: int = 0
+
+    def choice(self) -> HeadChoice:
+        """The head reported: chosen on ``selection`` (dev) if given, else the best here; the oracle beside it."""
+        return choose_head(self.correct.sum(axis=0), len(self.scored), self.selection)
+
+    def with_selection(self, dev: ChainsResult) -> ChainsResult:
+        """This result with its head chosen on ``dev`` (the same model's result on other documents)."""
+        return replace(self, selection=dev.accuracy, selection_source=dev.source,
+                       selection_mentions=len(dev.scored))
 
     @property
     def correct(self) -> np.ndarray:
@@ -239,7 +251,8 @@ class ChainsResult(ScoredHeads):
         """One row per scored mention: its head word, candidates, distance, the best head's and baselines' answers."""
         import pandas as pd
 
-        layer, head = self.best_head()
+        choice = self.choice()
+        layer, head = choice.layer, choice.head
         return pd.DataFrame([{"document": s.document, "head_word": s.word, "position": s.mention.head,
                               "entity": s.mention.entity, "candidates": s.candidates, "distance": s.distance,
                               "best_head_right": bool(s.correct[layer, head]),
@@ -247,12 +260,20 @@ class ChainsResult(ScoredHeads):
                              for s in self.scored])
 
     def headline(self) -> dict[str, Any]:
-        layer, head = self.best_head()
-        hits = int(self.correct[:, layer, head].sum())
-        low, high = wilson_interval(hits, len(self.scored))
+        """JSON figures: ``best_head`` (the chosen head) with ``best_head_acc`` and its 95% interval ``ci`` here,
+        ``selected_on``, the ``oracle_head`` and its accuracy, the baselines, what was left out, the settings."""
+        choice = self.choice()
+        low, high = choice.interval()
+        selection = {} if self.selection is None else {
+            "selection_source": self.selection_source, "selection_mentions": self.selection_mentions,
+            "selection_acc": round(choice.selection_accuracy, 4)}
         return {"model": self.model, "source": self.source, "heads_indexing": "layer-head, both 0-indexed",
-                "documents": self.documents, "mentions": len(self.scored), "best_head": head_name(layer, head),
-                "best_head_acc": round(hits / len(self.scored), 4), "ci": [round(low, 4), round(high, 4)],
+                "documents": self.documents, "mentions": len(self.scored), "best_head": choice.name,
+                "best_head_acc": round(choice.accuracy, 4), "ci": [round(low, 4), round(high, 4)],
+                "selected_on": choice.selected_on, **selection,
+                "selection": selection_note(None if self.selection is None else self.selection_source,
+                                            f"{self.selection_mentions} mentions"),
+                "oracle_head": choice.oracle_name, "oracle_head_acc": round(choice.oracle_accuracy, 4),
                 **{f"{name}_acc": round(self.baseline(name), 4) for name in BASELINES},
                 "mean_candidates": round(float(np.mean([s.candidates for s in self.scored])), 2),
                 "left_out": dict(self.left_out), **self.settings}
@@ -275,8 +296,10 @@ class ChainsResult(ScoredHeads):
                        folder / "coref_heads.png", chance=h["nearest_acc"])
         facts = {"model": self.model, "data": f"{self.source}: gold chains (MISC Entity=), {self.documents} documents",
                  "mentions scored": h["mentions"], **{f"left out: {k}": v for k, v in self.left_out.items()},
-                 "best head": f"{h['best_head']}: {h['best_head_acc']:.3f} (95% interval {h['ci'][0]:.3f}–"
-                 f"{h['ci'][1]:.3f}; the best of all heads, so optimistic)",
+                 "heads": h["selection"],
+                 "head": f"{h['best_head']}: {h['best_head_acc']:.3f} (95% interval {h['ci'][0]:.3f}–"
+                 f"{h['ci'][1]:.3f}" + ("; the best of all heads, so optimistic)" if self.selection is None else
+                                        f"); oracle {h['oracle_head']}: {h['oracle_head_acc']:.3f} (upper bound)"),
                  "nearest mention": h["nearest_acc"], "same head word": h["headword_acc"],
                  "rule-based (Lee et al. 2011 sieves)": h["rule_acc"],
                  "candidates per mention (mean)": h["mean_candidates"],

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
-from .dependencies import ScoredHeads, head_name
+from .dependencies import SELECTED_ON_SCORED, ScoredHeads, head_name
 
 WINOWHY_ITEMS = "winowhy_items.jsonl"
 WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
@@ -286,7 +286,8 @@ class CorefResult(ScoredHeads):
         layer, head = self.best_head()
         matched = sum(same_head_word(i)[1] for i in self.items)
         return {"model": self.model, "heads_indexing": "layer-head, both 0-indexed",
-                "best_head": head_name(layer, head), "best_head_acc": round(float(self.accuracy[layer, head]), 4),
+                "best_head": head_name(layer, head), "selected_on": SELECTED_ON_SCORED,
+                "best_head_acc": round(float(self.accuracy[layer, head]), 4),
                 "best_head_p_value": round(self.best_head_p_value(), 4),
                 "nearest_mention_acc": round(self.baseline("nearest_mention"), 4),
                 "same_head_word_acc": round(self.baseline("same_head_word"), 4),

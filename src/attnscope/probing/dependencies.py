@@ -18,8 +18,12 @@ Encoders score every arc in both directions.
 
 Left out, and counted: arcs with a word that has no word piece (see
 :mod:`attnscope.probing.alignment`), and whole sentences longer than the model's limit (never cut).
-Each best head's accuracy comes with a 95% Wilson interval over its arcs (the interval of that
-head; it does not correct for having picked the best of all heads). Layers and heads are 0-indexed.
+Each head's accuracy comes with a 95% Wilson interval over its arcs. Which head is reported: with
+other data to choose on (``selection``, e.g. the treebank's dev split), the head that is best there,
+scored here, so its accuracy and interval are honest estimates; beside it the best head on the scored
+data itself (the *oracle*), an upper bound, named so. Without such data the head is the best on the
+scored data (``selected_on`` says so), and the interval is optimistic: it does not correct for having
+picked the best of all heads. Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ DIRECTIONS = ("dependent->head", "head->dependent")
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 ANY_RELATION = "(any relation)"
 MIN_ARCS = 50  # relations with fewer arcs are in the tables but not in the headline figures
+SELECTED_ON_DEV = "dev"
+SELECTED_ON_SCORED = "scored data"  # no other data chose the head: the best on the data it is scored on
+NO_DEV_ARCS = "scored data (no dev arcs)"  # dev data was given, but holds none of this relation and direction
 
 
 def head_name(layer: int, head: int) -> str:
@@ -72,8 +79,82 @@ class ScoredHeads:
         return self.correct.mean(axis=0)
 
     def best_head(self) -> tuple[int, int]:
-        layer, head = np.unravel_index(int(np.argmax(self.accuracy)), self.accuracy.shape)
-        return int(layer), int(head)
+        """``(layer, head)`` with the highest accuracy on this data (the oracle)."""
+        return _argmax(self.accuracy)
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    """One head chosen on ``selected_on`` data and scored on this data (``hits`` of ``n``), beside the best head on
+    this data (the oracle, ``oracle_hits``: an upper bound). ``selection_accuracy``: the chosen head's accuracy on
+    the data that chose it (with ``selected_on`` :data:`SELECTED_ON_SCORED`, its accuracy here)."""
+
+    layer: int
+    head: int
+    hits: int
+    n: int
+    oracle_layer: int
+    oracle_head: int
+    oracle_hits: int
+    selected_on: str
+    selection_accuracy: float
+
+    @property
+    def name(self) -> str:
+        return head_name(self.layer, self.head)
+
+    @property
+    def oracle_name(self) -> str:
+        return head_name(self.oracle_layer, self.oracle_head)
+
+    @property
+    def accuracy(self) -> float:
+        return self.hits / max(self.n, 1)
+
+    @property
+    def oracle_accuracy(self) -> float:
+        return self.oracle_hits / max(self.n, 1)
+
+    def interval(self) -> tuple[float, float]:
+        """95% Wilson interval of the chosen head's accuracy on this data."""
+        return wilson_interval(self.hits, self.n)
+
+
+def selection_note(source: str | None, amount: str) -> str:
+    """One sentence for reports: where the heads were chosen (on ``source``, which holds ``amount``; None: on the
+    data they are scored on), and what the oracle is."""
+    if source is None:
+        return ("heads chosen on the data they are scored on (the best of all heads there, so optimistic; "
+                "choose them on other data with a dev file)")
+    return f"heads chosen on {source} ({amount}), scored here; the oracle head is the best head here, an upper bound"
+
+
+def _argmax(values: np.ndarray) -> tuple[int, int]:
+    """``(layer, head)`` of the largest value of ``[layer, head]`` (the first one on ties)."""
+    layer, head = np.unravel_index(int(np.argmax(values)), values.shape)
+    return int(layer), int(head)
+
+
+def choose_head(hits: np.ndarray, n: int, selection: np.ndarray | None = None,
+                selected_on: str = SELECTED_ON_DEV) -> HeadChoice:
+    """The head to report from ``hits`` ``[layer, head]`` (items right of ``n`` on the scored data).
+
+    ``selection``: ``[layer, head]`` accuracies on other data (dev); the head best there is chosen and
+    ``selected_on`` names that data. Without it the best head on the scored data is chosen
+    (:data:`SELECTED_ON_SCORED`). The oracle is always the best head on the scored data.
+
+    >>> choice = choose_head(np.array([[3, 9]]), 10, selection=np.array([[0.8, 0.6]]))
+    >>> choice.name, choice.accuracy, choice.oracle_name, choice.oracle_accuracy
+    ('0-0', 0.3, '0-1', 0.9)
+    """
+    oracle = _argmax(hits)
+    if selection is None:
+        chosen, selected_on, selection_accuracy = oracle, SELECTED_ON_SCORED, hits[oracle] / max(n, 1)
+    else:
+        chosen = _argmax(selection)
+        selection_accuracy = selection[chosen]
+    return HeadChoice(*chosen, int(hits[chosen]), int(n), *oracle, int(hits[oracle]), selected_on,
+                      float(selection_accuracy))
 
 
 @dataclass
@@ -154,7 +235,11 @@ def best_offset(offsets: Counter[int]) -> tuple[int, float]:
 
 @dataclass(frozen=True)
 class DependencyResult:
-    """Per relation x direction x head accuracy, fixed-offset baselines and the headline figures."""
+    """Per relation x direction x head accuracy, fixed-offset baselines and the headline figures.
+
+    ``selection``: the same model's counts on other data (``selection_source``, e.g. the dev split), where
+    each relation's head is chosen; without it, heads are chosen on the data they are scored on.
+    """
 
     counts: DependencyCounts
     model: str
@@ -162,6 +247,29 @@ class DependencyResult:
     silver: bool
     mismatches: dict[str, int]
     min_arcs: int = MIN_ARCS
+    selection: DependencyCounts | None = None
+    selection_source: str = ""
+
+    @property
+    def selected_on(self) -> str:
+        """Where the heads were chosen: :data:`SELECTED_ON_DEV` or :data:`SELECTED_ON_SCORED`."""
+        return SELECTED_ON_SCORED if self.selection is None else SELECTED_ON_DEV
+
+    def selection_note(self) -> str:
+        """One sentence for reports: where the heads were chosen, and what the oracle is."""
+        return selection_note(None if self.selection is None else self.selection_source,
+                              f"{self.selection.sentences} sentences" if self.selection is not None else "")
+
+    def choice(self, relation: str, direction: int) -> HeadChoice:
+        """The head reported for ``relation`` in ``direction`` (an index of :data:`DIRECTIONS`)."""
+        counts = self.counts
+        hits, n = counts.correct[relation][direction], int(counts.arcs[relation][direction])
+        if self.selection is None:
+            return choose_head(hits, n)
+        dev_arcs = self.selection.arcs.get(relation, np.zeros(2, dtype=np.int64))[direction]
+        if not dev_arcs:
+            return choose_head(hits, n, hits / max(n, 1), NO_DEV_ARCS)
+        return choose_head(hits, n, self.selection.correct[relation][direction] / dev_arcs)
 
     def accuracy(self, relation: str) -> np.ndarray:
         """``[direction, layer, head]`` accuracy for ``relation`` (0 in a direction without arcs)."""
@@ -203,20 +311,23 @@ class DependencyResult:
         return relation.endswith(BASE_SUFFIX) and totals[relation] == totals.get(relation[:-len(BASE_SUFFIX)], -1)
 
     def direction_rows(self, relation: str) -> list[dict[str, Any]]:
-        """Per direction with arcs: the best head, its accuracy and 95% interval, and the best fixed offset."""
-        accuracy = self.accuracy(relation)
+        """Per direction with arcs: the chosen head (``best_head``: see :meth:`choice`), its accuracy and 95%
+        interval here, where it was chosen and its accuracy there, the oracle head, and the best fixed offset."""
         total = self.total_arcs(relation)
         rows = []
         for d, direction in enumerate(DIRECTIONS):
             arcs = int(self.counts.arcs[relation][d])
             if not arcs:
                 continue
-            layer, head = np.unravel_index(int(np.argmax(accuracy[d])), accuracy[d].shape)
+            choice = self.choice(relation, d)
             offset, baseline = best_offset(self.counts.offsets[relation][d])
-            low, high = wilson_interval(int(self.counts.correct[relation][d, layer, head]), arcs)
+            low, high = choice.interval()
             rows.append({"relation": relation, "direction": direction, "arcs": arcs, "arcs_share": arcs / total,
-                         "best_head": head_name(int(layer), int(head)), "layer": int(layer), "head": int(head),
-                         "accuracy": float(accuracy[d, layer, head]), "ci_low": low, "ci_high": high,
+                         "best_head": choice.name, "layer": choice.layer, "head": choice.head,
+                         "accuracy": choice.accuracy, "ci_low": low, "ci_high": high,
+                         "selected_on": choice.selected_on, "selection_accuracy": choice.selection_accuracy,
+                         "oracle_head": choice.oracle_name, "oracle_direction": direction,
+                         "oracle_accuracy": choice.oracle_accuracy,
                          "baseline_offset": offset, "baseline_accuracy": baseline})
         return rows
 
@@ -227,9 +338,10 @@ class DependencyResult:
         return pd.DataFrame([row for relation in self.relations(min_arcs) for row in self.direction_rows(relation)])
 
     def best_heads(self, min_arcs: int | None = None) -> Any:
-        """Per relation: the best head over both directions, its accuracy and interval, and the best
-        fixed-offset baseline on the same arcs. A direction with fewer than ``min_arcs`` arcs competes
-        only when no direction has that many (a decoder sees few det arcs from determiner to noun)."""
+        """Per relation: the chosen head over both directions (the direction whose chosen head did best where it
+        was chosen), its accuracy and interval, the oracle over both directions, and the best fixed-offset
+        baseline on the same arcs. A direction with fewer than ``min_arcs`` arcs competes only when no direction
+        has that many (a decoder sees few det arcs from determiner to noun)."""
         import pandas as pd
 
         limit = self.min_arcs if min_arcs is None else min_arcs
@@ -238,7 +350,9 @@ class DependencyResult:
             candidates = self.direction_rows(relation)
             enough = [row for row in candidates if row["arcs"] >= limit]
             pool = enough or [max(candidates, key=lambda row: row["arcs"])]
-            rows.append(max(pool, key=lambda row: row["accuracy"]))
+            oracle = max(pool, key=lambda row: row["oracle_accuracy"])
+            rows.append({**max(pool, key=lambda row: row["selection_accuracy"]),
+                         **{key: oracle[key] for key in ("oracle_head", "oracle_direction", "oracle_accuracy")}})
         return pd.DataFrame(rows)
 
     def offsets_frame(self) -> Any:
@@ -265,21 +379,26 @@ class DependencyResult:
         write_tables({"best_heads": best, "directions": self.directions_frame(), "head_accuracy": self.to_frame(),
                       "offsets": self.offsets_frame(), "mismatches": pd.DataFrame(mismatches)}, folder, "probe_deps")
         per_relation = best[best.relation != ANY_RELATION].head(MAX_CHART_RELATIONS)
-        plot_best_heads(per_relation, f"{self.model}: best single head per relation vs fixed-offset baseline "
-                        f"({len(per_relation)} most frequent relations)\n{note}", folder / "best_heads.png")
+        chosen = "best single head" if self.selection is None else f"head chosen on {self.selection_source}"
+        plot_best_heads(per_relation, f"{self.model}: {chosen} per relation vs fixed-offset baseline "
+                        f"({len(per_relation)} most frequent relations)\n{note}", folder / "best_heads.png",
+                        oracle=self.selection is not None)
         overall = self.accuracy(ANY_RELATION).max(axis=0)  # [layer, head], better of the two directions
         plot_head_grid(overall, f"{self.model}: any relation, better direction per head\n{note}",
                        folder / "any_relation_heads.png")
         headline = self.headline()
-        facts = {"annotation": note, "model": self.model, "sentences": headline["sentences"],
+        facts = {"annotation": note, "model": self.model, "heads": self.selection_note(),
+                 "sentences": headline["sentences"],
                  "arcs scored": headline["arcs"],
                  "arcs left out (a word without word pieces)": headline["arcs_left_out"],
                  "sentences left out (longer than the model's limit)": headline["sentences_too_long"],
                  "directions": "decoder: only the backward direction of each arc is scored" if self.counts.causal
                  else "encoder: every arc in both directions",
                  **{f"Clark et al.'s {name}": ud for name, ud in CLARK_MAPPING.items()},
-                 "any relation: best head": f"{headline['any_relation_head']} ({headline['any_relation_direction']}) "
-                 f"{headline['any_relation_acc']:.3f} vs fixed offset {headline['any_relation_baseline']:.3f}",
+                 "any relation: head": f"{headline['any_relation_head']} ({headline['any_relation_direction']}) "
+                 f"{headline['any_relation_acc']:.3f} vs fixed offset {headline['any_relation_baseline']:.3f}"
+                 + ("" if self.selection is None else f"; oracle {headline['any_relation_oracle_head']} "
+                    f"{headline['any_relation_oracle_acc']:.3f}"),
                  **{f"alignment: {kind}": count for kind, count in self.mismatches.items()},
                  "layers and heads": "0-indexed (layer-head)"}
         return write_summary(folder / "index.html", f"Dependency heads: {self.model} — {note}", facts,
@@ -296,19 +415,29 @@ class DependencyResult:
         by_direction = {relation: {row["direction"]: _figures(row) for row in self.direction_rows(relation)}
                         for relation in self.relations() if relation != ANY_RELATION}
         overall = best[best.relation == ANY_RELATION].iloc[0]
+        selection = {} if self.selection is None else {
+            "selection_source": self.selection_source, "selection_sentences": self.selection.sentences,
+            "selection_sentences_too_long": self.selection.too_long}
         return {"model": self.model, "annotation": self.annotation, "silver": self.silver,
                 "heads_indexing": "layer-head, both 0-indexed", "sentences": self.counts.sentences,
                 "sentences_too_long": self.counts.too_long, "causal": self.counts.causal,
+                "selected_on": self.selected_on, "selection": self.selection_note(), **selection,
                 "best_head_acc": per_relation, "by_direction": by_direction,
                 "any_relation_acc": round(float(overall.accuracy), 4),
                 "any_relation_head": overall.best_head, "any_relation_direction": overall.direction,
+                "any_relation_oracle_head": overall.oracle_head,
+                "any_relation_oracle_acc": round(float(overall.oracle_accuracy), 4),
                 "any_relation_baseline": round(float(overall.baseline_accuracy), 4),
                 "arcs": self.total_arcs(ANY_RELATION), "arcs_left_out": self.counts.dropped_arcs,
                 "clark_mapping": CLARK_MAPPING, "mismatches": self.mismatches}
 
 
 def _figures(row: dict[str, Any]) -> dict[str, Any]:
-    """One best-head row as JSON figures: head, acc, ci, baseline (best fixed offset), direction, arcs."""
+    """One chosen-head row as JSON figures: head, acc, ci, baseline (best fixed offset), direction, arcs, where the
+    head was chosen (``selected_on``, its accuracy there: ``selection_acc``) and the oracle head here."""
     return {"head": row["best_head"], "acc": round(row["accuracy"], 4),
             "ci": [round(row["ci_low"], 4), round(row["ci_high"], 4)], "baseline": round(row["baseline_accuracy"], 4),
-            "offset": int(row["baseline_offset"]), "direction": row["direction"], "arcs": int(row["arcs"])}
+            "offset": int(row["baseline_offset"]), "direction": row["direction"], "arcs": int(row["arcs"]),
+            "selected_on": row["selected_on"], "selection_acc": round(row["selection_accuracy"], 4),
+            "oracle_head": row["oracle_head"], "oracle_direction": row["oracle_direction"],
+            "oracle_head_acc": round(row["oracle_accuracy"], 4)}

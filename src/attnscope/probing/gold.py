@@ -13,6 +13,8 @@ from pathlib import Path
 ENV = "ATTNSCOPE_UD_DIR"
 EWT_TEST = "ewt-en_ewt-ud-test.conllu"
 GUM_TEST = "gum-en_gum-ud-test.conllu"
+EWT_DEV = "ewt-en_ewt-ud-dev.conllu"  # where heads are chosen before they are scored on test
+GUM_DEV = "gum-en_gum-ud-dev.conllu"
 
 
 def ud_dir() -> Path:

@@ -10,7 +10,9 @@ word-level (Clark et al. 2019's aggregation). Three probes (Coenen et al. 2019; 
 * **parser** (Clark's attention-only probe): score every candidate head of each word, pick the
   best; reported as UAS over words that have a head, punctuation excluded.
 
-Sentences are split into train and test (seeded, by sentence, so no sentence is in both).
+Sentences are split into train and test (seeded, by sentence, so no sentence is in both). One
+split is one draw: with several seeds, each gives its own split and pair sample, and every figure
+is reported as its mean and range over them (the model runs once; only the regressions repeat).
 Baselines: the same probes on word distance alone (one-hot offsets), on the attention of the same
 architecture with re-initialised weights (see :func:`reinitialised_model`), the majority class
 (relation) and right-branching (parser: every word's head is the next word).
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,24 +209,54 @@ def parser_uas(rows: dict[str, np.ndarray], features: str = "attention", seed: i
     return float(labels[test][order][first].mean())
 
 
+def mean_and_range(values: Sequence[float]) -> dict[str, float]:
+    """``{mean, min, max}`` of one figure over seeds.
+
+    >>> mean_and_range([0.5, 0.7, 0.6])
+    {'mean': 0.6, 'min': 0.5, 'max': 0.7}
+    """
+    return {"mean": round(float(np.mean(values)), 4), "min": float(min(values)), "max": float(max(values))}
+
+
 @dataclass(frozen=True)
 class ProbeResult:
-    """Test accuracies of the probes and their baselines, with the sizes they were measured on."""
+    """Test accuracies of the probes and their baselines, with the sizes they were measured on.
+
+    ``per_seed``: each seed's figures (one split and pair sample each); ``figures`` are their means.
+    ``sizes`` are those of the first seed's split."""
 
     figures: dict[str, float]
     sizes: dict[str, int]
     model: str
     annotation: str
     silver: bool
+    per_seed: tuple[dict[str, float], ...] = ()
+    seeds: tuple[int, ...] = (0,)
+
+    @classmethod
+    def over_seeds(cls, per_seed: Sequence[dict[str, float]], sizes: dict[str, int], model: str, annotation: str,
+                   silver: bool, seeds: Sequence[int]) -> ProbeResult:
+        """A result whose figures are the means of ``per_seed`` (one dict of figures per seed of ``seeds``)."""
+        figures = {key: float(np.mean([run[key] for run in per_seed])) for key in per_seed[0]}
+        return cls(figures, sizes, model, annotation, silver, tuple(per_seed), tuple(seeds))
+
+    def ranges(self) -> dict[str, dict[str, float]]:
+        """``{figure: {mean, min, max}}`` over the seeds (a single seed: all three equal)."""
+        runs = self.per_seed or (self.figures,)
+        return {key: mean_and_range([run[key] for run in runs]) for key in self.figures}
 
     def to_frame(self) -> Any:
+        """One row per probe and features: the test accuracy (the mean over seeds) and, over several seeds, its
+        range."""
         import pandas as pd
 
+        ranges = self.ranges() if len(self.seeds) > 1 else {}
         rows = []
         for probe, names in PROBE_ROWS.items():
             for key, label in names:
                 if key in self.figures:
-                    rows.append({"probe": probe, "features": label, "test_accuracy": self.figures[key]})
+                    spread = {"min": ranges[key]["min"], "max": ranges[key]["max"]} if ranges else {}
+                    rows.append({"probe": probe, "features": label, "test_accuracy": self.figures[key], **spread})
         return pd.DataFrame(rows)
 
     def save(self, folder: str | Path) -> Path:
@@ -243,6 +275,9 @@ class ProbeResult:
         plot_probes(frame, f"{self.model}: attention-only probes (logistic regression, test sentences)\n{note}",
                     folder / "probes.png")
         facts = {"annotation": note, "model": self.model, **self.sizes,
+                 "seeds": f"{', '.join(map(str, self.seeds))}: each its own split and pair sample; figures are the "
+                 "mean over seeds with their range; sizes are the first seed's" if len(self.seeds) > 1 else
+                 str(self.seeds[0]),
                  "features": "every head's attention between the two words, both directions (word level)"}
         return write_summary(folder / "index.html", f"Attention-only probes: {self.model} — {note}", facts,
                              ["probes.png"], frame, "Probes and baselines")
@@ -251,8 +286,11 @@ class ProbeResult:
         return str(self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.3f}"))
 
     def headline(self) -> dict[str, Any]:
+        """Each figure (the mean over seeds), the sizes, and over several seeds ``over_seeds`` {figure: {mean, min,
+        max}} and ``seeds``."""
+        spread = {"seeds": list(self.seeds), "over_seeds": self.ranges()} if len(self.seeds) > 1 else {}
         return {"model": self.model, "annotation": self.annotation, "silver": self.silver,
-                **{key: round(value, 4) for key, value in self.figures.items()}, "sizes": self.sizes}
+                **{key: round(value, 4) for key, value in self.figures.items()}, "sizes": self.sizes, **spread}
 
 
 PROBE_ROWS = {
@@ -264,6 +302,21 @@ PROBE_ROWS = {
     "parser (UAS)": [("uas", "attention"), ("uas_distance", "distance only"), ("uas_reinit", "re-initialised attention"),
                      ("uas_right_branching", "right-branching")],
 }
+
+
+def evaluate_over_seeds(sentences: Sequence[AlignedSentence], reinit: Sequence[AlignedSentence] | None,
+                        seeds: Sequence[int], test_share: float = 0.2) -> tuple[list[dict[str, float]], dict[str, int]]:
+    """:func:`evaluate_probes` once per seed, each with its own split (:func:`held_out_sentences`) and pair sample;
+    ``reinit``: the same sentences' attention from a re-initialised model. Each seed's figures, the first's sizes."""
+    per_seed, sizes = [], None
+    for seed in seeds:
+        is_test = held_out_sentences(len(sentences), test_share, seed)
+        figures, seed_sizes = evaluate_probes(collect(sentences, is_test, seed),
+                                              None if reinit is None else collect(reinit, is_test, seed), seed)
+        per_seed.append(figures)
+        sizes = sizes or seed_sizes
+    assert sizes is not None, "no seeds"
+    return per_seed, sizes
 
 
 def evaluate_probes(data: ProbeData, reinit: ProbeData | None = None, seed: int = 0) -> tuple[dict[str, float],

@@ -47,12 +47,17 @@ def _save(figure: Any, path: Path) -> Path:
 
 
 # ---- dependency heads ------------------------------------------------------------------------------
-def plot_best_heads(best: Any, title: str, path: Path) -> Path:
-    """Bars: the best head's accuracy per relation next to the best fixed-offset baseline."""
+def plot_best_heads(best: Any, title: str, path: Path, oracle: bool = False) -> Path:
+    """Bars: the chosen head's accuracy per relation next to the best fixed-offset baseline; with ``oracle``, a tick
+    at the best head's accuracy on the same data (an upper bound: the head was chosen elsewhere)."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(max(6.0, 0.55 * len(best) + 2), 4.2))
     x = np.arange(len(best))
-    axes.bar(x - 0.2, best.accuracy, 0.4, label="best head (layer-head, 0-indexed)", color="#3a6ea5")
+    label = "head chosen on dev" if oracle else "best head"
+    axes.bar(x - 0.2, best.accuracy, 0.4, label=f"{label} (layer-head, 0-indexed)", color="#3a6ea5")
+    if oracle:
+        axes.scatter(x - 0.2, best.oracle_accuracy, marker="_", s=120, color="black",
+                     label="oracle: best head here (upper bound)", zorder=3)
     axes.bar(x + 0.2, best.baseline_accuracy, 0.4, label="best fixed offset", color="#bbbbbb")
     for position, row in zip(x, best.itertuples()):
         arrow = "d→h" if row.direction == "dependent->head" else "h→d"
@@ -95,7 +100,8 @@ def plot_head_grid(accuracy: np.ndarray, title: str, path: Path, label: str = "a
 # ---- coreference -------------------------------------------------------------------------------------
 # ---- attention-only probes ------------------------------------------------------------------------
 def plot_probes(frame: Any, title: str, path: Path) -> Path:
-    """Grouped bars: each probe's test accuracy with attention features next to its baselines."""
+    """Grouped bars: each probe's test accuracy with attention features next to its baselines; where the frame has
+    ``min`` and ``max`` (several seeds), the bar is the mean and a whisker spans the range."""
     plt = pyplot()
     probes = list(dict.fromkeys(frame.probe))
     figure, axes = plt.subplots(figsize=(7.5, 4.0))
@@ -106,7 +112,9 @@ def plot_probes(frame: Any, title: str, path: Path) -> Path:
         width = 0.8 / len(rows)
         for k, row in rows.iterrows():
             x = n - 0.4 + width * (k + 0.5)
-            axes.bar(x, row.test_accuracy, width, color=colours.get(row.features, "#777777"), label=row.features)
+            spread = None if "min" not in rows else [[row.test_accuracy - row["min"]], [row["max"] - row.test_accuracy]]
+            axes.bar(x, row.test_accuracy, width, color=colours.get(row.features, "#777777"), label=row.features,
+                     yerr=spread, capsize=2, error_kw={"elinewidth": 0.8})
             axes.text(x, row.test_accuracy + 0.01, f"{row.test_accuracy:.2f}", ha="center", fontsize=6)
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # one legend entry per kind of features
