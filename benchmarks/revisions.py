@@ -58,13 +58,26 @@ def run_benchmark(tree: Path, command: list[str]) -> dict:
     return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
-def ratios(before: dict, after: dict) -> dict[str, float]:
+def is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def ratio(before: object, after: object) -> float | list[float] | None:
+    """after/before of one figure: a number, or a list of numbers (one per length or size) element by element."""
+    if is_number(before) and is_number(after) and before:
+        return round(after / before, 3)  # type: ignore[operator]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after) and all(
+            is_number(b) and b and is_number(a) for b, a in zip(before, after)):
+        return [round(a / b, 3) for b, a in zip(before, after)]
+    return None
+
+
+def ratios(before: dict, after: dict) -> dict[str, float | list[float]]:
     """after/before for every time and throughput figure both runs report (a time ratio < 1 or a throughput
     ratio > 1 means this checkout is faster)."""
-    shared = [key for key in before if key in after and isinstance(before[key], (int, float))
-              and not isinstance(before[key], bool) and before[key]]
-    timed = [key for key in shared if key.endswith(SPEED_SUFFIXES) or key.endswith(TIME_SUFFIXES)]
-    return {key: round(after[key] / before[key], 3) for key in timed}
+    timed = [key for key in before if key in after and (key.endswith(SPEED_SUFFIXES) or key.endswith(TIME_SUFFIXES))]
+    found = {key: ratio(before[key], after[key]) for key in timed}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def compare(before_tree: Path, names: list[str], rounds: int, smoke: bool) -> dict:
