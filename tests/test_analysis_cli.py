@@ -114,6 +114,7 @@ def test_heads_writes_a_report_and_prints_top_heads(capsys, tmp_path):
     (("patterns",), "give a TEXT"),
     (("patterns", "  "), "text is empty"),
     (("patterns", "--stability", "--inputs", "5"), "--inputs must be between 20 and"),
+    (("patterns", "The cat sat.", "--inputs", "30"), "--inputs counts the sentences of --stability"),
     (("patterns", "--stability", "--inputs", "100000"), "--inputs must be between 20 and"),
 ])
 def test_bad_input_gives_one_clear_line(capsys, args, fragment):

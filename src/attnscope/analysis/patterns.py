@@ -666,7 +666,7 @@ class CorpusPatterns:
         at least :data:`STABLE_SHARE` of the inputs (over at least :data:`STABLE_MIN_INPUTS`): one behaviour
         whose strength sits near the threshold between two labels on different inputs (e.g. a [CLS] column
         that is ``delimiter`` on some inputs and too faint for it, ``heterogeneous``, on others), reported as
-        ``label/runner_up`` rather than as one label it keeps on too few inputs."""
+        "mixed with" its runner-up rather than as one label it keeps on too few inputs."""
         both = self.share + self.runner_up_share
         return ~self.stable & (both >= STABLE_SHARE) & (self.n_inputs >= STABLE_MIN_INPUTS)
 

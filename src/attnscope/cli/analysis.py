@@ -24,12 +24,14 @@ def _patterns_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stability", action="store_true",
                         help="how often each head of --model keeps its most common label over held-out Brown "
                         "sentences (none of them used to build the labels), and which label pairs flip")
-    parser.add_argument("--inputs", type=int, default=STABILITY_INPUTS,
+    parser.add_argument("--inputs", type=int,
                         help=f"sentences for --stability (default {STABILITY_INPUTS})")
     add_model_arguments(parser)
 
 
 def _run_patterns(args: argparse.Namespace) -> int:
+    if args.inputs is not None and not args.stability:
+        raise AttnscopeError("--inputs counts the sentences of --stability; add --stability or drop --inputs")
     if args.evaluate:
         return _run_evaluation(args)
     if args.stability:
@@ -96,11 +98,12 @@ def _run_stability(args: argparse.Namespace) -> int:
     from ..analysis.evaluate import label_stability, stability_heldout_texts
     from ..capture.extract import extract_corpus
 
-    available = len(stability_heldout_texts(10**9))
-    if not STABLE_MIN_INPUTS <= args.inputs <= available:
-        raise AttnscopeError(f"--inputs must be between {STABLE_MIN_INPUTS} and {available} (the held-out Brown "
-                             f"sentences), got {args.inputs}")
-    texts = stability_heldout_texts(args.inputs)
+    available = stability_heldout_texts(None)
+    n_inputs = STABILITY_INPUTS if args.inputs is None else args.inputs
+    if not STABLE_MIN_INPUTS <= n_inputs <= len(available):
+        raise AttnscopeError(f"--inputs must be between {STABLE_MIN_INPUTS} and {len(available)} (the held-out Brown "
+                             f"sentences), got {n_inputs}")
+    texts = available[:n_inputs]
     loaded = load_from_args(args)
     summary = {"model": args.model, **label_stability(extract_corpus(loaded, [(t, None) for t in texts]))}
     if args.json:

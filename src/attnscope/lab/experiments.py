@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..analysis.evaluate import mean_and_range
 from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..experiments.interventions import Pattern, corrupt_attention, skip_sublayers
@@ -186,5 +187,4 @@ def summarise_seeds(per_seed: list[dict[str, Any]]) -> dict[str, dict[str, float
     columns = {"intact": [figures["exact_match"] for figures in per_seed]}
     for name in EXPERIMENTS:
         columns[name] = [figures["corrupted"][name] for figures in per_seed]
-    return {name: {"mean": round(sum(values) / len(values), 4), "min": min(values), "max": max(values)}
-            for name, values in columns.items()}
+    return {name: mean_and_range(values) for name, values in columns.items()}

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.evaluate import mean_and_range
 from ..errors import AttnscopeError
 from .alignment import AlignedSentence
 
@@ -207,15 +208,6 @@ def parser_uas(rows: dict[str, np.ndarray], features: str = "attention", seed: i
     first = np.ones(len(order), dtype=bool)
     first[1:] = keys[order][1:] != keys[order][:-1]
     return float(labels[test][order][first].mean())
-
-
-def mean_and_range(values: Sequence[float]) -> dict[str, float]:
-    """``{mean, min, max}`` of one figure over seeds.
-
-    >>> mean_and_range([0.5, 0.7, 0.6])
-    {'mean': 0.6, 'min': 0.5, 'max': 0.7}
-    """
-    return {"mean": round(float(np.mean(values)), 4), "min": float(min(values)), "max": float(max(values))}
 
 
 @dataclass(frozen=True)
