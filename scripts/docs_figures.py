@@ -527,8 +527,8 @@ def gold_tables(figures: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any
     dev split (older figures chose it on test, and the tables then say so)."""
     if "gold" in bench:
         recorded = bench["gold"]["figures"]
-        models = {name: _gold_model_from_bench(m) for name, m in recorded.items()
-                  if isinstance(m, dict) and "deps" in m}
+        models = {m.get("model", name): _gold_model_from_bench(m) for name, m in recorded.items()
+                  if isinstance(m, dict) and "deps" in m}  # by the alias a reader types (qwen0.5b, not qwen)
         table = {"figures": {"models": models, "ewt": recorded["ewt"], "gum": recorded["gum"]},
                  "cpu": bench["gold"]["cpu"], "source": "bench"}
     else:

@@ -178,7 +178,7 @@ def test_a_benchmark_run_prints_its_figures_and_keeps_them_with_the_cpu(tmp_path
     assert not (tmp_path / "extract.json").exists()
 
 
-def _recorded_gold_model(head_acc: float, ci_low: float, oracle_acc: float) -> dict:
+def _recorded_gold_model(model: str, head_acc: float, ci_low: float, oracle_acc: float) -> dict:
     """One model as ``benchmarks/gold.py`` records it: every relation's head chosen on dev, the oracle beside it."""
     relation = {"head": "2-8", "head_acc": head_acc, "ci": [ci_low, head_acc + 0.02], "selected_on": "dev",
                 "dev_acc": 0.9, "oracle_head": "3-1", "oracle_head_acc": oracle_acc, "offset_acc": 0.4, "n": 1234,
@@ -186,7 +186,7 @@ def _recorded_gold_model(head_acc: float, ci_low: float, oracle_acc: float) -> d
     coref = {"best_head": "4-2", "best_head_acc": 0.5, "ci": [0.45, 0.55], "selected_on": "dev", "oracle_head": "4-3",
              "oracle_head_acc": 0.56, "nearest_acc": 0.3, "headword_acc": 0.4, "rule_acc": 0.6, "documents": 30,
              "mean_candidates": 12.3, "window_tokens": 512}
-    return {"model": "m", "causal": False, "load_s": 1.0, "deps_s": 100.4, "coref_s": 50.2, "deps_test_sentences": 2077,
+    return {"model": model, "causal": False, "load_s": 1.0, "deps_s": 100.4, "coref_s": 50.2, "deps_test_sentences": 2077,
             "deps_too_long": 0, "deps_dev_sentences": 2001, "coref_mentions": 4000, "coref_dev_mentions": 3900,
             "peak_rss_mb": 1500, "deps": {name: relation for name in ("det", "dobj", "pobj", "poss")}, "coref": coref}
 
@@ -195,8 +195,8 @@ def test_the_gold_tables_render_from_a_recorded_benchmark_with_heads_chosen_on_d
     # det's dev-chosen head: interval above the offset (0.4) and more than half of Clark et al.'s margin -> replicated;
     # the oracle is higher, and must not decide the verdict
     bench = {"gold": {"cpu": "a test CPU", "date": "2026-11-27", "command": "python benchmarks/gold.py",
-                      "figures": {"minilm": _recorded_gold_model(0.70, 0.68, 0.80),
-                                  "smollm2": _recorded_gold_model(0.41, 0.39, 0.90),
+                      "figures": {"minilm": _recorded_gold_model("minilm", 0.70, 0.68, 0.80),
+                                  "smollm2": _recorded_gold_model("smollm2", 0.41, 0.39, 0.90),
                                   "threads": 1, "ewt": "ewt-test.conllu", "gum": "gum-test.conllu"}}}
     text = docs.render_region("gold", docs.load_figures(), bench)
     assert "chosen on the dev" in text and "oracle: best head on test (upper bound)" in text
