@@ -19,7 +19,7 @@ from attnscope import AttnscopeError
 from attnscope.capture.attention import Intervention, capture, intervene
 from attnscope.capture.hooks import local_hooks
 from attnscope.capture.recorders import HeadOutputs
-from attnscope.experiments.atp import attribution_patching, verify
+from attnscope.experiments.atp import attribution_patching, verify_estimates
 from attnscope.experiments.patching import PromptPair, activation_patching
 
 from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
@@ -235,7 +235,7 @@ def test_mlps_and_json(tiny_llama):
 
 def test_verify_patches_the_top_estimates_and_random_heads_for_real(tiny_llama):
     result = attribution_patching(tiny_llama, PAIR, n_resamples=0)
-    check = verify(tiny_llama, [PAIR], result, 3)
+    check = verify_estimates(tiny_llama, [PAIR], result, 3)
     real = activation_patching(tiny_llama, PAIR, n_resamples=0)
     assert [c[2] for c in check.cells] == ["top"] * 3 + ["random"] * 3
     for (layer, head, _), value in zip(check.cells, check.real):

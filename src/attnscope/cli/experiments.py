@@ -476,9 +476,9 @@ def _estimate(args: argparse.Namespace, loaded: Any, pairs: list[Any]) -> Any:
 
 
 def _verify(args: argparse.Namespace, loaded: Any, pairs: list[Any], result: Any) -> dict[str, Any]:
-    from ..experiments.atp import verify
+    from ..experiments.atp import verify_estimates
 
-    check = verify(loaded, pairs, result, args.verify, seed=args.seed)
+    check = verify_estimates(loaded, pairs, result, args.verify, seed=args.seed)
     print(f"--verify: estimate vs real (cached patching), mean share recovered over {result.n_pairs} pair(s); "
           f"layer, head 0-indexed:")
     for (layer, head, chosen), estimate, real in zip(check.cells, check.estimate, check.real):

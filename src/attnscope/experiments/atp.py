@@ -37,8 +37,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -83,21 +83,12 @@ class AtPResult(PatchingResult):
     qk_fix: bool = False
     grad_drop: bool = False
 
+    parts: ClassVar[tuple[str, ...]] = ("heads", "mlps", "queries", "keys")
+
     def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        data["estimate"] = {"qk_fix": self.qk_fix, "grad_drop": self.grad_drop,
-                            "what": "first-order estimates of activation patching (Nanda 2023; Kramar et al. 2024)"}
-        for name in QK_PARTS:
-            if name in self.intervals:
-                mean, low, high = self.intervals[name]
-                data[name] = {"mean": _plain(mean), "ci_low": _plain(low), "ci_high": _plain(high),
-                              "per_pair": _plain(getattr(self, name))}
-        return data
-
-
-def _plain(values: np.ndarray) -> Any:
-    return [None if not np.isfinite(v) else round(float(v), 7) for v in values.ravel()] if values.ndim == 1 else \
-        [_plain(row) for row in values]
+        return {**super().to_dict(), "estimate": {
+            "qk_fix": self.qk_fix, "grad_drop": self.grad_drop,
+            "what": "first-order estimates of activation patching (Nanda 2023; Kramar et al. 2024)"}}
 
 
 def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | PromptPair, *,
@@ -127,8 +118,8 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
     shares = {name: np.stack([_recovered(run[name], run["clean"], run["corrupt"]) for run in runs])
               for name in QK_PARTS}
     intervals = {**base.intervals, **{name: mean_interval(values, n_resamples, seed) for name, values in shares.items()}}
-    fields = {name: getattr(base, name) for name in PatchingResult.__dataclass_fields__}
-    return AtPResult(**{**fields, "intervals": intervals}, queries=shares["queries"], keys=shares["keys"],
+    kept = {item.name: getattr(base, item.name) for item in fields(PatchingResult)}
+    return AtPResult(**{**kept, "intervals": intervals}, queries=shares["queries"], keys=shares["keys"],
                      qk_fix=qk_fix, grad_drop=grad_drop)
 
 
@@ -377,7 +368,7 @@ def check_verify(k: int, n_layers: int, n_heads: int) -> None:
         raise AttnscopeError(f"--verify {k}: choose K from 1 to {total} (this model's heads)")
 
 
-def verify(model: LoadedModel | str, pairs: Sequence[PromptPair], result: PatchingResult, k: int, *,
+def verify_estimates(model: LoadedModel | str, pairs: Sequence[PromptPair], result: PatchingResult, k: int, *,
            seed: int = 0) -> Verification:
     """Patch for real (cached, or batched where the model cannot start a run from a middle layer) the ``k`` heads
     with the largest estimated mean share (by magnitude) and ``k`` others drawn at random (seeded), over the

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -168,6 +168,7 @@ class PatchingResult:
     residual: np.ndarray | None = None
     intervals: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     seconds: float = 0.0
+    parts: ClassVar[tuple[str, ...]] = ("heads", "mlps", "residual")  # the arrays to_dict writes, where measured
 
     @property
     def n_pairs(self) -> int:
@@ -196,7 +197,7 @@ class PatchingResult:
                                 "pairs": [{"tokens": list(t), "target": g, "other": o, "clean": plain(float(c)),
                                            "corrupt": plain(float(r))} for t, g, o, c, r in
                                           zip(self.tokens, self.targets, self.others, self.clean, self.corrupt)]}
-        for name in ("heads", "mlps", "residual"):
+        for name in self.parts:
             if name in self.intervals:
                 mean, low, high = self.intervals[name]
                 data[name] = {"mean": plain(mean), "ci_low": plain(low), "ci_high": plain(high),
