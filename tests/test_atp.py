@@ -26,7 +26,9 @@ from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
 
 CLEAN, CORRUPT = "the cat sat on the mat.", "the dog sat on the mat."
 PAIR = PromptPair(CLEAN, CORRUPT, "mat", "cat")
-LOGIT_PAIR = PromptPair(CLEAN, CORRUPT, "mat")
+# the last token differs, so that the last query does: the one-layer model's metric reads only the last row
+LAST_CLEAN, LAST_CORRUPT = "the cat sat on the mat", "the cat sat on the rug"
+LOGIT_PAIR = PromptPair(LAST_CLEAN, LAST_CORRUPT, "mat")
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +36,17 @@ def tiny_llama(tiny_model_dir):
     return attnscope.load_model(str(tiny_model_dir("llama")))
 
 
-def metric_of(loaded, text: str, target: str, other: str | None = None) -> float:
+def token(loaded, text: str | int) -> int:
+    return text if isinstance(text, int) else loaded.tokenizer(text, add_special_tokens=False)["input_ids"][0]
+
+
+def metric_of(loaded, text: str, target: str | int, other: str | int | None = None) -> float:
     ids = loaded.tokenizer(text, return_tensors="pt")
     with torch.no_grad():
         logits = loaded.model(**ids, use_cache=False).logits[0, -1].float()
-    token = loaded.tokenizer(target, add_special_tokens=False)["input_ids"][0]
-    value = logits[token]
+    value = logits[token(loaded, target)]
     if other is not None:
-        value = value - logits[loaded.tokenizer(other, add_special_tokens=False)["input_ids"][0]]
+        value = value - logits[token(loaded, other)]
     return float(value)
 
 
@@ -90,20 +95,28 @@ def test_atp_per_head_equals_a_finite_difference_of_a_hand_written_patch(tiny_ll
 # ---- one linear layer: AtP* is exact ------------------------------------------------------------------------
 def one_linear_layer(folder, scale_queries: float = 1.0):
     """A one-layer Llama whose MLP outputs zero and whose final norm is the identity: the logits are linear in
-    every head's output and in every attention pattern. ``scale_queries`` sharpens (saturates) attention."""
+    every head's output and in every attention pattern. Its scores and values are scaled up from the random
+    initialisation's so that patches move the logit visibly; ``scale_queries`` sharpens (saturates) attention.
+    Its tokenizer adds [CLS] only (no final [SEP]), so that the last token, and so the last query, can differ."""
+    from tokenizers.processors import TemplateProcessing
     from transformers import LlamaConfig
 
-    from .conftest import VOCAB, build_tiny_model
+    from .conftest import CLS, VOCAB, build_tiny_model
 
     config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
                          intermediate_size=37, architectures=["LlamaForCausalLM"], pad_token_id=0, bos_token_id=101,
                          eos_token_id=102, vocab_size=VOCAB)
     loaded = attnscope.load_model(str(build_tiny_model("llama", folder, config)))
     body = loaded.model.model
+    attention = body.layers[0].self_attn
     with torch.no_grad():
         body.layers[0].mlp.down_proj.weight.zero_()
-        body.layers[0].self_attn.q_proj.weight.mul_(scale_queries)
+        for projection, scale in ((attention.q_proj, 8 * scale_queries), (attention.k_proj, 8),
+                                  (attention.v_proj, 20), (attention.o_proj, 20)):
+            projection.weight.mul_(scale)
     body.norm = nn.Identity()
+    loaded.tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", CLS)])
     return loaded
 
 
@@ -124,18 +137,18 @@ def patched_projection(loaded, name: str, head: int) -> float:
         return output
 
     with local_hooks([projection], keep):
-        metric_of(loaded, CLEAN, "mat")
+        metric_of(loaded, LAST_CLEAN, "mat")
     with local_hooks([projection], replace):
-        return metric_of(loaded, CORRUPT, "mat")
+        return metric_of(loaded, LAST_CORRUPT, "mat")
 
 
 def real_effects(loaded) -> dict[str, np.ndarray]:
-    corrupt = metric_of(loaded, CORRUPT, "mat")
-    clean_outputs, corrupt_outputs = head_outputs(loaded, CLEAN), head_outputs(loaded, CORRUPT)
+    corrupt = metric_of(loaded, LAST_CORRUPT, "mat")
+    clean_outputs, corrupt_outputs = head_outputs(loaded, LAST_CLEAN), head_outputs(loaded, LAST_CORRUPT)
     out = {"heads": [], "queries": [], "keys": []}
     for head in range(4):
         with intervene(MixHead(0, head, clean_outputs[0], corrupt_outputs[0], 1.0)):
-            out["heads"].append(metric_of(loaded, CORRUPT, "mat") - corrupt)
+            out["heads"].append(metric_of(loaded, LAST_CORRUPT, "mat") - corrupt)
         out["queries"].append(patched_projection(loaded, "q_proj", head) - corrupt)
         out["keys"].append(patched_projection(loaded, "k_proj", head) - corrupt)
     return {name: np.array(values) for name, values in out.items()}
@@ -154,26 +167,28 @@ def test_atp_star_equals_real_patching_where_everything_downstream_is_linear(tmp
                    for method in ("atp*", "atp"))
     assert np.abs(real["keys"]).max() > 1e-3 and np.abs(real["queries"]).max() > 1e-3  # something to estimate
     for name in ("heads", "queries", "keys"):
-        np.testing.assert_allclose(star[name], real[name], atol=2e-5, err_msg=name)
-    np.testing.assert_allclose(plain["heads"], real["heads"], atol=2e-5)  # a head's output: AtP is exact too
+        np.testing.assert_allclose(star[name], real[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(plain["heads"], real["heads"], rtol=1e-4, atol=1e-6)  # a head's output: AtP exact too
     # and the head map is a patching map: real cached patching of the same heads
     cached = activation_patching(loaded, LOGIT_PAIR, n_resamples=0)
-    np.testing.assert_allclose(cached.heads_metric[0, 0] - cached.corrupt[0], real["heads"], atol=2e-5)
+    np.testing.assert_allclose(cached.heads_metric[0, 0] - cached.corrupt[0], real["heads"], rtol=1e-4, atol=1e-6)
 
 
 def test_with_saturated_attention_atp_misses_what_atp_star_gets(tmp_path):
-    loaded = one_linear_layer(tmp_path / "saturated", scale_queries=40.0)
+    loaded = one_linear_layer(tmp_path / "saturated", scale_queries=20.0)
     with torch.no_grad(), capture(loaded.sites) as session:
-        loaded.model(**loaded.tokenizer(CORRUPT, return_tensors="pt"), use_cache=False)
+        loaded.model(**loaded.tokenizer(LAST_CORRUPT, return_tensors="pt"), use_cache=False)
     rows = session.layers("self")[0].attention[0, :, 1:]  # [head, query, key] past the first query
-    assert rows.max(-1).values.mean() > 0.95  # saturated: most rows put nearly all their weight on one key
+    assert rows.max(-1).values.mean() > 0.9  # saturated: most rows put nearly all their weight on one key
     real = real_effects(loaded)
     star, plain = (estimated_effects(attribution_patching(loaded, LOGIT_PAIR, method=method, n_resamples=0))
                    for method in ("atp*", "atp"))
     for name in ("queries", "keys"):
-        star_error, plain_error = np.abs(star[name] - real[name]), np.abs(plain[name] - real[name])
-        np.testing.assert_allclose(star[name], real[name], atol=1e-4, err_msg=name)
-        assert plain_error.max() > 10 * max(star_error.max(), 1e-5), (name, plain[name], real[name])
+        np.testing.assert_allclose(star[name], real[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    # a query patch that moves a saturated row: the softmax's gradient is nearly flat there, so AtP misses most of
+    # the largest effect (it reads the patch as small), where AtP* recomputes the row and is exact
+    assert np.abs(real["queries"]).max() > 0.1
+    assert np.abs(plain["queries"] - real["queries"]).max() > 0.5 * np.abs(real["queries"]).max(), plain["queries"]
 
 
 # ---- GradDrop ---------------------------------------------------------------------------------------------
@@ -205,8 +220,8 @@ def gradient_with_layer_cut(loaded, layer: int, cut: int | None) -> torch.Tensor
     mat, cat = (loaded.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "cat"))
     with torch.enable_grad(), intervene(leaf), local_hooks(modules, detach):
         logits = loaded.model(**ids, use_cache=False).logits[0, -1].float()
-        (grad,) = torch.autograd.grad(logits[mat] - logits[cat], leaf.leaf)
-    return grad
+        (grad,) = torch.autograd.grad(logits[mat] - logits[cat], leaf.leaf, allow_unused=True)
+    return torch.zeros_like(leaf.leaf) if grad is None else grad  # cut == layer: the leaf reaches nothing
 
 
 def test_graddrop_is_the_mean_magnitude_of_the_estimates_with_each_layer_cut(tiny_llama):
@@ -259,22 +274,25 @@ def tiny(kind: str, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
 def test_gemma3_and_qwen2_estimate_with_their_windows_and_grouped_heads(kind, tmp_path_factory):
     loaded = tiny(kind, tmp_path_factory)
-    result = attribution_patching(loaded, PAIR, mlps=True, n_resamples=0)
+    ids = loaded.tokenizer(CLEAN, add_special_tokens=False)["input_ids"]
+    pair = PromptPair(CLEAN, CORRUPT, ids[-1], ids[0])  # whatever this tokenizer cuts the words into
+    result = attribution_patching(loaded, pair, mlps=True, n_resamples=0)
     assert np.isfinite(result.heads).all() and np.isfinite(result.keys).all() and np.isfinite(result.mlps).all()
-    plain = attribution_patching(loaded, PAIR, method="atp", n_resamples=0)
+    plain = attribution_patching(loaded, pair, method="atp", n_resamples=0)
+    assert plain.corrupt[0] == pytest.approx(metric_of(loaded, CORRUPT, ids[-1], ids[0]), abs=1e-5)
     clean, corrupt = head_outputs(loaded, CLEAN), head_outputs(loaded, CORRUPT)
     eps = 1e-2
     moved = []
     for t in (eps, -eps):
         with intervene(MixHead(0, 1, clean[0], corrupt[0], t)):
-            moved.append(metric_of(loaded, CORRUPT, "mat", "cat"))
+            moved.append(metric_of(loaded, CORRUPT, ids[-1], ids[0]))
     assert plain.heads_metric[0, 0, 1] - plain.corrupt[0] == pytest.approx((moved[0] - moved[1]) / (2 * eps),
                                                                             rel=1e-3, abs=2e-4)
 
 
 def test_softcapped_attention_is_refused_in_one_line(tmp_path_factory):
     loaded = tiny("gemma2", tmp_path_factory)
-    with pytest.raises(AttnscopeError, match="more than softmax"):
+    with pytest.raises(AttnscopeError, match="softcaps its attention scores"):
         attribution_patching(loaded, PAIR, n_resamples=0)
 
 

@@ -108,6 +108,9 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
     loaded = as_loaded(model)
     pairs = [pairs] if isinstance(pairs, PromptPair) else list(pairs)
     encoded, metric = prepare_pairs(loaded, pairs, metric)
+    if getattr(loaded.config, "attn_logit_softcapping", None) is not None:
+        raise AttnscopeError(f"{loaded.name} softcaps its attention scores; AtP's query and key estimates recompute "
+                             "attention as softmax(q k^T * scale), which is more than softmax for this model")
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -283,7 +286,7 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool) -> dict
         allowed = corrupt.tap.allowed[layer]
         base = _scores(r.query, r.key, r.scaling, allowed)
         probs = r.probs.detach().float()
-        if (torch.softmax(base, -1) - probs).abs().max() > PATTERN_TOLERANCE:
+        if r.sink_mass is not None or (torch.softmax(base, -1) - probs).abs().max() > PATTERN_TOLERANCE:
             raise AttnscopeError(f"layer {layer}'s attention is more than softmax(q k^T * scale) (softcapping, a "
                                  "position bias or sinks); query and key estimates cannot be recomputed for this "
                                  "model")
