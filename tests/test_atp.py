@@ -326,3 +326,12 @@ def test_bad_atp_input_is_one_line_before_any_pass(name, tiny_model_dir, tmp_pat
     argv = ["patch", "-m", str(tiny_model_dir("llama")), "--clean", CLEAN, "--corrupt", CORRUPT, "--target", "mat",
             *extra, "-o", str(tmp_path / "out")]
     assert_one_error_line(exit_code(argv), capsys.readouterr().err, expect)
+
+
+def test_brown_patch_pairs_have_one_token_length_and_two_next_words(tiny_llama):
+    from attnscope.experiments.tasks import brown_patch_pairs
+
+    pairs = brown_patch_pairs(tiny_llama, 3)
+    for pair in pairs:
+        clean, corrupt = (tiny_llama.tokenizer(text)["input_ids"] for text in (pair.clean, pair.corrupt))
+        assert len(clean) == len(corrupt) and pair.clean != pair.corrupt and pair.target != pair.other

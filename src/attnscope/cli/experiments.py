@@ -479,7 +479,7 @@ def _verify(args: argparse.Namespace, loaded: Any, pairs: list[Any], result: Any
     from ..experiments.atp import verify_estimates
 
     check = verify_estimates(loaded, pairs, result, args.verify, seed=args.seed)
-    print(f"--verify: estimate vs real (cached patching), mean share recovered over {result.n_pairs} pair(s); "
+    print(f"--verify: estimate vs real ({check.method} patching), mean share recovered over {result.n_pairs} pair(s); "
           f"layer, head 0-indexed:")
     for (layer, head, chosen), estimate, real in zip(check.cells, check.estimate, check.real):
         print(f"  {chosen:6} layer {layer} head {head}: estimate {estimate:+.3f}, real {real:+.3f}")

@@ -345,17 +345,19 @@ class Verification:
     """Estimated and real (cached patching) mean share recovered of the top-K estimated heads and K random others.
 
     ``cells``: ``(layer, head, chosen as "top" or "random")``; ``estimate``/``real`` ``[2K]``; ``spearman``
-    over all of them."""
+    over all of them; ``method``: the real patching's (``cached``, or ``batched`` where the model cannot start a
+    run from a middle layer)."""
 
     cells: tuple[tuple[int, int, str], ...]
     estimate: np.ndarray
     real: np.ndarray
     spearman: float
     seconds: float
+    method: str = "cached"
 
     def to_dict(self) -> dict[str, Any]:
         return {"spearman": round(self.spearman, 4), "seconds": round(self.seconds, 3),
-                "method": "cached activation patching of the chosen heads",
+                "method": f"{self.method} activation patching of the chosen heads",
                 "heads": [{"layer": layer, "head": head, "chosen": chosen, "estimate": _number(e), "real": _number(r)}
                           for (layer, head, chosen), e, r in zip(self.cells, self.estimate, self.real)]}
 
@@ -393,4 +395,4 @@ def verify_estimates(model: LoadedModel | str, pairs: Sequence[PromptPair], resu
     measured = np.array([real_mean[layer, head] for layer, head, _ in cells])
     finite = np.isfinite(estimate) & np.isfinite(measured)
     rho = spearman(estimate[finite], measured[finite]) if finite.sum() > 1 else float("nan")
-    return Verification(tuple(cells), estimate, measured, rho, seconds)
+    return Verification(tuple(cells), estimate, measured, rho, seconds, real.method)
