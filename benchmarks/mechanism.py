@@ -9,7 +9,8 @@ Run from the repository root, alone on the machine (it times)::
 Figures (the last line printed is one JSON object):
 
 * ``atp_speedup``: cached activation patching of every head (``method="cached"``) on ``--pairs`` IOI pairs over
-  AtP* (QK fix and GradDrop: one clean forward, one corrupted forward and one backward pass per layer and pair)
+  AtP* (QK fix and GradDrop: per pair one clean forward pass, then 1 + L copies of the corrupted run side by side
+  and one backward pass over them)
   on the same pairs. Target >= 20. ``atp_speedup_no_graddrop``: over AtP* without GradDrop (one backward pass),
   ``atp_plain_speedup``: over AtP.
 * ``atp_spearman_ioi`` / ``atp_star_spearman_ioi`` (and ``_brown``): Spearman of every head's mean estimated share

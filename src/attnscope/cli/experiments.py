@@ -450,8 +450,8 @@ def _atp_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("attribution patching (--method atp or atp*)")
     group.add_argument("--no-qk-fix", action="store_true", help="atp*: linearise query and key patches through the "
                        "softmax (as AtP) instead of recomputing the pattern")
-    group.add_argument("--no-graddrop", action="store_true", help="atp*: one backward pass instead of one per "
-                       "dropped layer (GradDrop, against paths that cancel)")
+    group.add_argument("--no-graddrop", action="store_true", help="atp*: one corrupted run instead of one more "
+                       "copy per layer whose gradient is dropped (GradDrop, against paths that cancel)")
     group.add_argument("--verify", type=positive_int, metavar="K", help="patch the top-K estimated heads and K random "
                        "others for real (cached) and print estimate vs real with their Spearman correlation")
 

@@ -21,7 +21,8 @@ AtP* changes two things:
   sits after its own softmax, so its estimate is AtP's (patching it moves no softmax of its own); the
   ``heads`` and ``mlps`` node sets are the same under AtP and AtP* without GradDrop.
 * **GradDrop** (cancellation between paths): the estimate is recomputed with the gradient through each layer's
-  residual contribution (its attention and its MLP output) set to zero, one backward pass per layer, ``I_l``;
+  residual contribution (its attention and its MLP output) set to zero, ``I_l`` (the paper's one backward pass per
+  layer; here ``1 + L`` copies of the corrupted run side by side, copy ``1 + l`` dropping layer l, one backward);
   the paper's estimate is the magnitude ``sum_l |I_l| / (L - 1)`` (the dropped layer of the node's own is zero).
   The paper ranks by that magnitude; to keep the result a signed share recovered (so that it sits in the same map
   as real patching), we give it the sign of ``sum_l I_l`` (our choice, not the paper's). A one-layer model has
@@ -165,12 +166,16 @@ class _Allowed(Intervention):
         return probs
 
 
+@dataclass
 class _DropState:
-    dropped: int | None = None  # the layer whose residual contribution passes no gradient back, if any
+    """GradDrop's copies: in batch row ``rows[l]``, layer l's residual contribution passes no gradient back."""
+
+    rows: dict[int, int] = field(default_factory=dict)
 
 
 class _Gate(torch.autograd.Function):
-    """Identity forward; backward passes the gradient unless ``state.dropped`` is ``layer`` (GradDrop)."""
+    """Identity forward (``tensor`` ``[batch, ...]``); backward zeroes the gradient of the batch row in which
+    ``layer`` is dropped (GradDrop), passing the others'."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, layer: int, state: _DropState) -> torch.Tensor:
@@ -179,7 +184,11 @@ class _Gate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return (torch.zeros_like(grad) if ctx.state.dropped == ctx.layer else grad), None, None
+        row = ctx.state.rows.get(ctx.layer)
+        if row is not None:
+            grad = grad.clone()
+            grad[row] = 0
+        return grad, None, None
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -204,7 +213,7 @@ def _gate_outputs(layer_of: Mapping[nn.Module, int], state: _DropState) -> Calla
 
 @dataclass
 class _Run:
-    """One run of a prompt: its metric (a scalar tensor), what the tap kept and each MLP's output ``[1, pos, d]``."""
+    """One run of a prompt: its metric ``[copies]``, what the tap kept and each MLP's output ``[copies, pos, d]``."""
 
     metric: torch.Tensor
     tap: _Tap
@@ -213,10 +222,11 @@ class _Run:
 
 def _run(loaded: LoadedModel, pair: EncodedPair, ids: torch.Tensor, metric: str, kind: str,
          ffn: Mapping[int, nn.Module], *, state: _DropState | None = None,
-         gated: Mapping[nn.Module, int] | None = None) -> _Run:
-    """Run ``ids`` keeping what the estimates need (``ffn``: the MLPs whose outputs to keep); with ``state`` (a
-    corrupted run), differentiably from the input embeddings (no weight gradients), the ``gated`` modules' outputs
-    (each layer's attention and MLP: ``module -> layer``) passing no gradient back while their layer is dropped."""
+         gated: Mapping[nn.Module, int] | None = None, copies: int = 1) -> _Run:
+    """Run ``ids`` (``copies`` times, side by side) keeping what the estimates need (``ffn``: the MLPs whose outputs
+    to keep); with ``state`` (a corrupted run), differentiably from the input embeddings (no weight gradients), the
+    ``gated`` modules' outputs (each layer's attention and MLP: ``module -> layer``) passing no gradient back in the
+    row where their layer is dropped."""
     tap, kept = _Tap(kind), {}
     ffn_of = {module: layer for layer, module in ffn.items()}
     with ExitStack() as stack:
@@ -224,13 +234,13 @@ def _run(loaded: LoadedModel, pair: EncodedPair, ids: torch.Tensor, metric: str,
         stack.enter_context(intervene(_Allowed(tap)))
         if ffn_of:
             stack.enter_context(local_hooks(list(ffn_of), _keep_outputs(ffn_of, kept)))
-        embeds = loaded.model.get_input_embeddings()(ids).detach()  # [1, pos, d_model]
+        embeds = loaded.model.get_input_embeddings()(ids.repeat(copies, 1)).detach()  # [copies, pos, d_model]
         if state is not None:
             if gated:  # after the keeping hooks: a kept MLP output is the gate's input, upstream of it
                 stack.enter_context(local_hooks(list(gated), _gate_outputs(gated, state)))
             embeds.requires_grad_(True)
         out = loaded.model(inputs_embeds=embeds, use_cache=False, **last_logits_only(loaded))
-    return _Run(metric_value(out.logits[:, -1], metric, pair.target, pair.other)[0], tap, kept)
+    return _Run(metric_value(out.logits[:, -1], metric, pair.target, pair.other), tap, kept)
 
 
 # ---- one pair ------------------------------------------------------------------------------------------------
@@ -243,26 +253,25 @@ def _attribute_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, *, mlps
              **{module: layer for layer, module in ffn.items()}}
     with torch.no_grad():
         clean = _run(loaded, pair, pair.clean, metric, kind, ffn if mlps else {})
-    state = _DropState()
+    # GradDrop: row 0 drops nothing, row 1 + l drops layer l; one backward pass over the copies side by side
+    dropping = grad_drop and n_layers > 1
+    state = _DropState({layer: layer + 1 for layer in range(n_layers)} if dropping else {})
+    copies = 1 + n_layers if dropping else 1
     with torch.enable_grad():
         corrupt = _run(loaded, pair, pair.corrupt, metric, kind, ffn if mlps else {}, state=state,
-                       gated=gated if grad_drop else None)
+                       gated=gated if dropping else None, copies=copies)
         layers = sorted(corrupt.tap.calls)
         with torch.no_grad():
             deltas = _deltas(clean, corrupt, layers, qk_fix)
         tensors = [corrupt.tap.outputs[layer] for layer in layers] + [corrupt.tap.calls[layer].probs for layer in layers]
         tensors += [corrupt.mlps[layer] for layer in sorted(corrupt.mlps)]
-        drops: list[int | None] = [None] + (list(range(n_layers)) if grad_drop and n_layers > 1 else [])
-        estimates = []
-        for dropped in drops:
-            state.dropped = dropped
-            grads = torch.autograd.grad(corrupt.metric, tensors, retain_graph=dropped != drops[-1], allow_unused=True)
-            grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads))
-            with torch.no_grad():
-                estimates.append(_estimates(deltas, grads, layers, sorted(corrupt.mlps), qk_fix))
+        grads = torch.autograd.grad(corrupt.metric.sum(), tensors, allow_unused=True)  # rows are independent
+    grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads))
+    with torch.no_grad():
+        estimates = [_estimates(deltas, grads, row, layers, sorted(corrupt.mlps), qk_fix) for row in range(copies)]
     combined = _grad_drop(estimates) if len(estimates) > 1 else estimates[0]
-    base = float(corrupt.metric.detach())
-    out: dict[str, Any] = {"clean": float(clean.metric), "corrupt": base}
+    base = float(corrupt.metric[0].detach())
+    out: dict[str, Any] = {"clean": float(clean.metric[0]), "corrupt": base}
     for name, values in combined.items():
         out[name] = base + values
     return out
@@ -281,37 +290,37 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool) -> dict
     outputs ``[pos, d]``, and for queries / keys the change of the scores ``[head, q_pos, k_pos]`` (AtP) or, with
     ``qk_fix``, of the recomputed pattern."""
     out: dict[str, Any] = {"heads": {}, "queries": {}, "keys": {}, "mlps": {}}
-    for layer in layers:
+    for layer in layers:  # the corrupted run's first copy (they are equal)
         c, r = clean.tap.calls[layer], corrupt.tap.calls[layer]
-        allowed = corrupt.tap.allowed[layer]
-        base = _scores(r.query, r.key, r.scaling, allowed)
-        probs = r.probs.detach().float()
+        allowed = corrupt.tap.allowed[layer][:1]
+        base = _scores(r.query[:1], r.key[:1], r.scaling, allowed)
+        probs = r.probs[:1].detach().float()
         if r.sink_mass is not None or (torch.softmax(base, -1) - probs).abs().max() > PATTERN_TOLERANCE:
             raise AttnscopeError(f"layer {layer}'s attention is more than softmax(q k^T * scale) (softcapping, a "
                                  "position bias or sinks); query and key estimates cannot be recomputed for this "
                                  "model")
-        out["heads"][layer] = (clean.tap.outputs[layer] - corrupt.tap.outputs[layer].detach()).float()[0]
-        for name, patched in (("queries", _scores(c.query, r.key, r.scaling, allowed)),
-                              ("keys", _scores(r.query, c.key, r.scaling, allowed))):
+        out["heads"][layer] = (clean.tap.outputs[layer] - corrupt.tap.outputs[layer][:1].detach()).float()[0]
+        for name, patched in (("queries", _scores(c.query, r.key[:1], r.scaling, allowed)),
+                              ("keys", _scores(r.query[:1], c.key, r.scaling, allowed))):
             if qk_fix:
                 out[name][layer] = (torch.softmax(patched, -1) - probs)[0]
             else:
                 out[name][layer] = torch.where(allowed, patched - base, 0.0)[0]
         out.setdefault("probs", {})[layer] = probs[0]
     for layer, value in clean.mlps.items():
-        out["mlps"][layer] = (value - corrupt.mlps[layer].detach()).float()[0]
+        out["mlps"][layer] = (value - corrupt.mlps[layer][:1].detach()).float()[0]
     return out
 
 
-def _estimates(deltas: dict[str, Any], grads: Sequence[torch.Tensor], layers: list[int], mlp_layers: list[int],
-               qk_fix: bool) -> dict[str, np.ndarray]:
-    """Every node's first-order estimate from one set of gradients (head outputs, then probabilities, then MLP
-    outputs, in ``layers`` / ``mlp_layers`` order): ``heads``/``queries``/``keys`` ``[layer, head]``, ``mlps``
-    ``[layer]``."""
+def _estimates(deltas: dict[str, Any], grads: Sequence[torch.Tensor], row: int, layers: list[int],
+               mlp_layers: list[int], qk_fix: bool) -> dict[str, np.ndarray]:
+    """Every node's first-order estimate from the gradients of batch row ``row`` (head outputs, then probabilities,
+    then MLP outputs, in ``layers`` / ``mlp_layers`` order): ``heads``/``queries``/``keys`` ``[layer, head]``,
+    ``mlps`` ``[layer]``."""
     n = len(layers)
     heads, queries, keys = [], [], []
     for index, layer in enumerate(layers):
-        g_out, g_probs = grads[index][0].float(), grads[n + index][0].float()  # [pos, head, d], [head, q, k]
+        g_out, g_probs = grads[index][row].float(), grads[n + index][row].float()  # [pos, head, d], [head, q, k]
         heads.append((deltas["heads"][layer] * g_out).sum(dim=(0, 2)))
         if qk_fix:  # linear in the pattern
             along = g_probs
@@ -322,7 +331,7 @@ def _estimates(deltas: dict[str, Any], grads: Sequence[torch.Tensor], layers: li
         keys.append((deltas["keys"][layer] * along).sum(dim=(1, 2)))
     out = {"heads": torch.stack(heads), "queries": torch.stack(queries), "keys": torch.stack(keys)}
     if mlp_layers:
-        out["mlps"] = torch.stack([(deltas["mlps"][layer] * grads[2 * n + i][0].float()).sum()
+        out["mlps"] = torch.stack([(deltas["mlps"][layer] * grads[2 * n + i][row].float()).sum()
                                    for i, layer in enumerate(mlp_layers)])
     return {name: value.double().cpu().numpy() for name, value in out.items()}
 
