@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -150,6 +150,9 @@ class _Tap(Recorder):
     def keep_output(self, site: AttentionSite, output: torch.Tensor) -> None:
         self.outputs[site.layer] = output
 
+    def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
+        return None  # not asked (no hears_gates); a gated model's head outputs are its patches' nodes as they are
+
 
 class _Allowed(Intervention):
     """Changes nothing; notes which keys each query may see (``allowed``, bool ``[batch or 1, 1, q_pos, k_pos]``),
@@ -227,7 +230,7 @@ def _run(loaded: LoadedModel, pair: EncodedPair, ids: torch.Tensor, metric: str,
     to keep); with ``state`` (a corrupted run), differentiably from the input embeddings (no weight gradients), the
     ``gated`` modules' outputs (each layer's attention and MLP: ``module -> layer``) passing no gradient back in the
     row where their layer is dropped."""
-    tap, kept = _Tap(kind), {}
+    tap, kept = _Tap(kind), cast(dict[int, torch.Tensor], {})
     ffn_of = {module: layer for layer, module in ffn.items()}
     with ExitStack() as stack:
         stack.enter_context(capture(loaded.sites, recorder=tap))
