@@ -308,6 +308,12 @@ def test_patch_atp_star_writes_the_map_json_and_the_verification(tiny_model_dir,
     assert data["method"] == "atp*" and len(data["verify"]["heads"]) == 4
     printed = capsys.readouterr().out
     assert "Spearman(estimate, real)" in printed and "estimated recovering most" in printed
+    assert data["estimate"]["qk_fix"] and data["estimate"]["grad_drop"]
+    assert exit_code(["patch", "-m", str(tiny_model_dir("llama")), "--clean", CLEAN, "--corrupt", CORRUPT, "--target",
+                      "mat", "--method", "atp*", "--no-qk-fix", "--no-graddrop", "--bootstrap", "0", "-o",
+                      str(out), "--overwrite"]) == 0
+    fixes = json.loads((out / "patching.json").read_text())["estimate"]
+    assert not fixes["qk_fix"] and not fixes["grad_drop"]
 
 
 ATP_CASES = {

@@ -30,7 +30,8 @@ AtP* changes two things:
 
 The estimates land in a :class:`AtPResult` (a :class:`~.patching.PatchingResult`: share recovered, intervals over
 pairs, method ``atp`` / ``atp*``), so ``attnscope patch``'s maps, JSON and comparisons read them unchanged.
-:func:`verify` patches the top-K estimated heads and K random heads for real (the cached method) and correlates.
+:func:`verify_estimates` patches the top-K estimated heads and K random heads for real (the cached method, or the
+batched one where the model cannot start a run from a middle layer) and correlates estimate and real.
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
 
 # ---- what one run keeps ----------------------------------------------------------------------------------------
 class _Tap(Recorder):
-    """Each ``kind`` site's queries ``[1, head, pos, d_head]``, keys ``[1, kv_head, pos, d_head]``, probabilities
-    ``[1, head, q_pos, k_pos]`` and per-head output ``[1, pos, head, d_head]``, as the run computed them (in its
-    autograd graph, if it has one). Wanting every row, every call runs eagerly."""
+    """Each ``kind`` site's call (queries ``[copies, head, pos, d_head]``, keys ``[copies, kv_head, pos, d_head]``,
+    probabilities ``[copies, head, q_pos, k_pos]``) and per-head output ``[copies, pos, head, d_head]``, as the run
+    computed them (in its autograd graph, if it has one). Wanting every row, every call runs eagerly."""
 
     wants_head_outputs = True
 
@@ -386,7 +387,7 @@ def check_verify(k: int, n_layers: int, n_heads: int) -> None:
 
 
 def verify_estimates(model: LoadedModel | str, pairs: Sequence[PromptPair], result: PatchingResult, k: int, *,
-           seed: int = 0) -> Verification:
+                     seed: int = 0) -> Verification:
     """Patch for real (cached, or batched where the model cannot start a run from a middle layer) the ``k`` heads
     with the largest estimated mean share (by magnitude) and ``k`` others drawn at random (seeded), over the
     same pairs; Spearman of estimate vs real over the ``2k`` (fewer random ones where the model has fewer heads)."""
