@@ -125,7 +125,7 @@ def qwen_figures(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
         return {"atp_qwen1_5b_s": None, "atp_qwen1_5b_note": f"qwen1.5b is not installed ({alias.install})"}
     done = subprocess.run([sys.executable, __file__, "--qwen-only"], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        return {"atp_qwen1_5b_s": None, "atp_qwen1_5b_note": done.stderr.strip().splitlines()[-1:]}
+        return {"atp_qwen1_5b_s": None, "atp_qwen1_5b_note": " ".join(done.stderr.strip().splitlines()[-1:])}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
