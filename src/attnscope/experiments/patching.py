@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -168,6 +168,7 @@ class PatchingResult:
     residual: np.ndarray | None = None
     intervals: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     seconds: float = 0.0
+    parts: ClassVar[tuple[str, ...]] = ("heads", "mlps", "residual")  # the arrays to_dict writes, where measured
 
     @property
     def n_pairs(self) -> int:
@@ -196,7 +197,7 @@ class PatchingResult:
                                 "pairs": [{"tokens": list(t), "target": g, "other": o, "clean": plain(float(c)),
                                            "corrupt": plain(float(r))} for t, g, o, c, r in
                                           zip(self.tokens, self.targets, self.others, self.clean, self.corrupt)]}
-        for name in ("heads", "mlps", "residual"):
+        for name in self.parts:
             if name in self.intervals:
                 mean, low, high = self.intervals[name]
                 data[name] = {"mean": plain(mean), "ci_low": plain(low), "ci_high": plain(high),
@@ -207,13 +208,14 @@ class PatchingResult:
 def activation_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | PromptPair, *,
                         metric: str | None = None, mlps: bool = False, residual: bool = False,
                         method: str | None = None, n_resamples: int = 1000, seed: int = 0,
-                        progress: bool = False) -> PatchingResult:
+                        progress: bool = False, heads: Sequence[tuple[int, int]] | None = None) -> PatchingResult:
     """Patch every head (and with ``mlps``/``residual`` every MLP / every layer's residual at every
     position) from each pair's clean run into its corrupted run; see the module docstring.
 
     ``metric``: ``logit_diff`` (needs each pair's ``other``), ``logit`` or ``prob`` (default:
     ``logit_diff`` when every pair has ``other``). ``method``: ``cached`` (default where the adapter
-    allows it), ``batched`` or ``naive``. ``n_resamples``: bootstrap resamples (0: no intervals).
+    allows it), ``batched`` or ``naive``. ``n_resamples``: bootstrap resamples (0: no intervals). ``heads``:
+    patch only these ``(layer, head)`` (the others' values are NaN; checking estimates of a few heads).
     """
     loaded = as_loaded(model)
     pairs = [pairs] if isinstance(pairs, PromptPair) else list(pairs)
@@ -225,7 +227,8 @@ def activation_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | 
         raise AttnscopeError(f"the adapter for {loaded.config.model_type!r} does not say which modules follow the last "
                              "block, so patched runs cannot start from a middle layer; use method='batched'")
     start = time.perf_counter()
-    runs = [_patch_pair(loaded, pair, metric, method, mlps=mlps, residual=residual) for pair in
+    only = None if heads is None else frozenset(heads)
+    runs = [_patch_pair(loaded, pair, metric, method, mlps=mlps, residual=residual, only=only) for pair in
             _progress(encoded, progress)]
     seconds = time.perf_counter() - start
     return _result(loaded, encoded, runs, metric, method, seconds, n_resamples, seed)
@@ -239,6 +242,18 @@ def _progress(items: list[EncodedPair], enabled: bool) -> Iterator[EncodedPair]:
 
 def _cacheable(loaded: LoadedModel) -> bool:
     return loaded.adapter.final is not None and bool(blocks_by_layer(loaded))
+
+
+def metric_value(logits: torch.Tensor, metric: str, target: int, other: int | None) -> torch.Tensor:
+    """``[rows, vocab]`` last-position logits -> the metric ``[rows]`` (float32, differentiable)."""
+    logits = logits.float()
+    if metric == "prob":
+        return torch.softmax(logits, dim=-1)[:, target]
+    values = logits[:, target]
+    if metric == "logit_diff":
+        assert other is not None
+        values = values - logits[:, other]
+    return values
 
 
 # ---- one pair --------------------------------------------------------------------------------------------
@@ -256,15 +271,8 @@ class PatchRunner:
 
     def score(self, logits: torch.Tensor) -> np.ndarray:
         """``[rows, vocab]`` last-position logits -> the metric ``[rows]``."""
-        logits = logits.float()
-        if self.metric == "prob":
-            values = torch.softmax(logits, dim=-1)[:, self.pair.target]
-        else:
-            values = logits[:, self.pair.target]
-            if self.metric == "logit_diff":
-                assert self.pair.other is not None
-                values = values - logits[:, self.pair.other]
-        return cast(np.ndarray, values.double().cpu().numpy())
+        values = metric_value(logits, self.metric, self.pair.target, self.pair.other)
+        return cast(np.ndarray, values.detach().double().cpu().numpy())
 
     def whole(self, ids: torch.Tensor, rows: int = 1) -> np.ndarray:
         """The metric of full forward passes of ``ids`` repeated ``rows`` times."""
@@ -283,7 +291,7 @@ class PatchRunner:
 
 
 def _patch_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, method: str, *, mlps: bool,
-                residual: bool) -> dict[str, Any]:
+                residual: bool, only: frozenset[tuple[int, int]] | None = None) -> dict[str, Any]:
     """The clean, corrupted and patched metrics of one pair."""
     kind, n_layers, n_heads = attention_shape(loaded, "self")
     blocks = blocks_by_layer(loaded)
@@ -301,7 +309,7 @@ def _patch_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, method: str
             corrupt = float(runner.whole(pair.corrupt)[0])
         runner.kept = kept
         out: dict[str, Any] = {"clean": clean, "corrupt": corrupt}
-        out["heads"] = patch_each_head(runner, clean_heads.of_kind(kind), n_layers, n_heads, method)
+        out["heads"] = patch_each_head(runner, clean_heads.of_kind(kind), n_layers, n_heads, method, only)
         if mlps:
             out["mlps"] = _patch_modules(runner, ffn, clean_ffn, n_layers, each_position=False)
         if residual:
@@ -329,13 +337,15 @@ def _chunks(n: int, per_row_tokens: int) -> Iterator[range]:
 
 
 def patch_each_head(runner: PatchRunner, clean: Mapping[int, torch.Tensor], n_layers: int, n_heads: int,
-                 method: str) -> np.ndarray:
-    """``[layer, head]`` metric with each head's output patched from the clean run."""
-    values = np.zeros((n_layers, n_heads))
+                 method: str, only: frozenset[tuple[int, int]] | None = None) -> np.ndarray:
+    """``[layer, head]`` metric with each head's output patched from the clean run (only the ``only`` heads where
+    given; NaN for the others)."""
+    values = np.zeros((n_layers, n_heads)) if only is None else np.full((n_layers, n_heads), np.nan)
     n_tokens = int(runner.pair.corrupt.shape[1])
+    wanted = [[head for head in range(n_heads) if only is None or (layer, head) in only] for layer in range(n_layers)]
     if method == "naive":
         for layer in range(n_layers):
-            for head in range(n_heads):
+            for head in wanted[layer]:
                 mask = torch.zeros((1, n_heads), dtype=torch.bool)
                 mask[0, head] = True
                 with intervene(PatchHeads(clean, {layer: mask})):
@@ -343,13 +353,13 @@ def patch_each_head(runner: PatchRunner, clean: Mapping[int, torch.Tensor], n_la
         return values
     if method == "cached":  # the patches of one layer side by side, from that layer's cached input
         for layer in range(n_layers):
-            for heads in _chunks(n_heads, n_tokens):
+            for rows in _chunks(len(wanted[layer]), n_tokens):
+                heads = [wanted[layer][row] for row in rows]
                 mask = torch.zeros((len(heads), n_heads), dtype=torch.bool)
-                mask[torch.arange(len(heads)), torch.tensor(list(heads))] = True
-                values[layer, heads.start:heads.stop] = runner.from_layer(
-                    layer, len(heads), intervene(PatchHeads(clean, {layer: mask})))
+                mask[torch.arange(len(heads)), torch.tensor(heads)] = True
+                values[layer, heads] = runner.from_layer(layer, len(heads), intervene(PatchHeads(clean, {layer: mask})))
         return values
-    cells = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]  # batched whole passes
+    cells = [(layer, head) for layer in range(n_layers) for head in wanted[layer]]  # batched whole passes
     for rows in _chunks(len(cells), n_tokens):
         masks = {layer: torch.zeros((len(rows), n_heads), dtype=torch.bool) for layer in range(n_layers)}
         for slot, index in enumerate(rows):

@@ -4,7 +4,8 @@
   and John went to the store, John gave a drink to" -> " Mary"; its corrupted twin names a third
   person as the giver (for activation patching), the other token is the repeated name.
 * :func:`brown_next_tokens`: sentences of the repository's Brown Corpus sample cut before their
-  last word; the target is that word's first token (what the text really says next).
+  last word; the target is that word's first token (what the text really says next);
+  :func:`brown_patch_pairs` pairs two of them of one token length for patching.
 
 Both keep only prompts whose tokens fit the model's tokenizer as the task needs (one-token names,
 clean and corrupted prompts of one length), so they work on any causal LM's tokenizer.
@@ -83,6 +84,25 @@ def brown_next_tokens(loaded: LoadedModel, n: int) -> list[NextToken]:
         if len(found) == n:
             return found
     raise AttnscopeError(f"only {len(found)} Brown sentences give a next word for {loaded.name} ({n} asked for)")
+
+
+def brown_patch_pairs(loaded: LoadedModel, n: int) -> list[PromptPair]:
+    """``n`` patching pairs from :func:`brown_next_tokens`: two Brown prompts of one token length (the earlier one
+    clean, target its next word; the later corrupted, other its next word; pairs whose next words are the same
+    token are skipped). The corruption replaces the whole context, as resampling from another text does."""
+    waiting: dict[int, NextToken] = {}
+    pairs: list[PromptPair] = []
+    for item in brown_next_tokens(loaded, max(8 * n, 40)):
+        length = len(prompt_ids(loaded, item.text, chat=False))  # as the pair will be encoded
+        first = waiting.pop(length, None)
+        if first is None or first.target == item.target:
+            waiting[length] = item
+            continue
+        pairs.append(PromptPair(first.text, item.text, first.target, item.target))
+        if len(pairs) == n:
+            return pairs
+    raise AttnscopeError(f"only {len(pairs)} Brown prompt pairs of equal token length for {loaded.name} ({n} asked "
+                         "for)")
 
 
 def _starts_a_word(piece: str, marked: bool) -> bool:

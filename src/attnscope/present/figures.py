@@ -258,12 +258,15 @@ def plot_patching(result: PatchingResult, part: str = "heads") -> Figure:
         _label_ticks(ax, result.tokens[0][:n_columns], "x")
         ax.set_xlabel("position patched (first pair's tokens)")
     else:
-        ax.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if part == "heads" else ["MLP"])
-        ax.set_xlabel("head (0-indexed)" if part == "heads" else "")
+        per_head = mean.ndim > 1
+        ax.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if per_head else ["MLP"])
+        ax.set_xlabel("head (0-indexed)" if per_head else "")
     ax.set_yticks(range(n_layers), [str(layer) for layer in range(n_layers)], fontsize=7)
     ax.set_ylabel("layer (0-indexed)")
-    what = {"heads": "head output", "mlps": "MLP output", "residual": "residual stream after the layer"}[part]
-    ax.set_title(f"{result.model}: {result.metric} recovered by patching each {what}\n"
+    what = {"heads": "head output", "mlps": "MLP output", "residual": "residual stream after the layer",
+            "queries": "head's queries", "keys": "head's keys"}[part]
+    how = f"estimated ({result.method}) to be recovered" if result.method.startswith("atp") else "recovered"
+    ax.set_title(f"{result.model}: {result.metric} {how} by patching each {what}\n"
                  f"mean over {result.n_pairs} pair(s); 0 = corrupted, 1 = clean; * = 95% bootstrap CI excludes 0",
                  fontsize=9)
     figure.colorbar(image, ax=ax, label="share recovered", shrink=0.8)
