@@ -35,7 +35,7 @@ One forward pass, stopped after layer L's attention: every earlier head's output
 :class:`~attnscope.capture.recorders.HeadOutputs`), layer L's query row, keys and probabilities, and the residual
 pieces of the keys the query sees. Layers, heads and positions are 0-indexed.
 
->>> qk = qk_attribution("smollm2", "The cat sat on the mat. The cat", layer=6, head=3, query=-1, key=2)  # doctest: +SKIP
+>>> qk = qk_attribution("smollm2", "The cat sat on the mat. The cat", layer=17, head=4, query=-1, key=2)  # doctest: +SKIP
 >>> qk.top_pairs(5)     # [(query component, key component, term), ...]   # doctest: +SKIP
 """
 
@@ -206,6 +206,10 @@ class _Head:
 
 def _head(loaded: LoadedModel, layer: int, head: int) -> _Head:
     """The layer's attention module and what its query/key path needs, or one line saying what is missing."""
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; QK attribution reads "
+                             "rotary decoders (e.g. --model smollm2)")
+    unembedding(loaded)  # residual_parts reads the residual's pieces where the adapter says the logits see them
     sites = {site.layer: (module, site) for module, site in loaded.sites.items() if site.kind == "self"}
     if not 0 <= layer < len(sites):
         raise AttnscopeError(f"layer {layer} is outside {loaded.name}'s {len(sites)} layers (0..{len(sites) - 1})")
@@ -292,9 +296,8 @@ def qk_attribution(model: LoadedModel | str, text: str | Sequence[int], layer: i
     query and key are checked against the model and the text before the forward pass.
     """
     loaded = as_loaded(model)
-    unembedding(loaded)
-    ids = _ids_of(loaded, text)
     found = _head(loaded, layer, head)
+    ids = _ids_of(loaded, text)
     i, j = _resolve_position(query, len(ids)), _resolve_position(key, len(ids))
     first = _visible_keys(found.site, i, j)
     positions = list(range(first, i + 1))  # the keys the query sees; the query is the last
