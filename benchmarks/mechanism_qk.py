@@ -66,7 +66,7 @@ def sum_error(loaded: Any, text: str) -> float:
 
 def long_ids(loaded: Any, n_tokens: int) -> list[int]:
     """About ``n_tokens`` tokens of Brown sentences."""
-    return list(loaded.tokenizer(" ".join(brown_sentences(60)), add_special_tokens=False)["input_ids"][:n_tokens])
+    return list(loaded.tokenizer(" ".join(brown_sentences(15)), add_special_tokens=False)["input_ids"][:n_tokens])
 
 
 def timings(loaded: Any, ids: list[int], repeats: int) -> dict[str, float]:

