@@ -5,7 +5,8 @@ of the same weights. The score table's sums for two keys of one query differ by 
 attention (``s_ij - s_ij' = log a_ij - log a_ij'``; through the cap for Gemma 2), and the centred table plus the
 row term equals eager's ``log a_ij``, on tiny perturbed Llama (grouped kv heads), Qwen 2 (q/k biases), Gemma 3
 (per-head q/k norms, post-sublayer norms, sliding windows), Gemma 2 (softcapping), and on SmolLM2, Gemma 3
-270M and Qwen2.5-Coder-0.5B (q/k biases, real weights) when installed. A hand-built two-layer model with a planted induction circuit puts the previous-token head on the key side.
+270M and Qwen2.5-Coder-0.5B (q/k biases, real weights) when installed. A hand-built two-layer model with a
+planted induction circuit puts the previous-token head on the key side.
 Layers, heads and positions are 0-indexed.
 """
 
