@@ -110,6 +110,12 @@ def test_the_table_has_every_component_once_and_the_bias_where_there_is_one(tiny
     assert len(frame) == qk.scores.size and frame.score_term.sum() == pytest.approx(qk.score, abs=TOLERANCE)
     pairs = qk.top_pairs(3)
     assert abs(pairs[0][2]) == pytest.approx(np.abs(qk.scores).max()) and len(pairs) == 3
+    figure = qk.plot(k=4)  # the 4 x 4 corner of the largest rows and columns, drawn as they are
+    shown = figure.axes[0].images[0].get_array()
+    rows = [qk.query_components.index(t.get_text()) for t in figure.axes[0].get_yticklabels()]
+    columns = [qk.key_components.index(t.get_text()) for t in figure.axes[0].get_xticklabels()]
+    assert shown.shape == (4, 4) and np.allclose(shown, qk.scores[np.ix_(rows, columns)])
+    assert set(rows) == set(np.argsort(-np.abs(qk.scores).sum(1))[:4])
 
 
 def test_keys_the_query_cannot_see_are_refused_before_the_forward_pass(tiny):
