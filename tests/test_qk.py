@@ -4,9 +4,9 @@ References are independent of attnscope's capture: transformers' eager attention
 of the same weights. The score table's sums for two keys of one query differ by the difference of eager's log
 attention (``s_ij - s_ij' = log a_ij - log a_ij'``; through the cap for Gemma 2), and the centred table plus the
 row term equals eager's ``log a_ij``, on tiny perturbed Llama (grouped kv heads), Qwen 2 (q/k biases), Gemma 3
-(per-head q/k norms, post-sublayer norms, sliding windows), Gemma 2 (softcapping), and on SmolLM2, Gemma 3
-270M and Qwen2.5-Coder-0.5B (q/k biases, real weights) when installed. A hand-built two-layer model with a
-planted induction circuit puts the previous-token head on the key side.
+(per-head q/k norms, post-sublayer norms, sliding windows), Gemma 2 (softcapping), gpt-oss (learned sinks), and
+on SmolLM2, Gemma 3 270M and Qwen2.5-Coder-0.5B (q/k biases, real weights) when installed. A hand-built two-layer
+model with a planted induction circuit puts the previous-token head on the key side.
 Layers, heads and positions are 0-indexed.
 """
 
@@ -131,6 +131,23 @@ def test_keys_the_query_cannot_see_are_refused_before_the_forward_pass(tiny):
         qk_attribution(loaded, ids, 3, 0, 3, 1)
     with pytest.raises(AttnscopeError, match="position 40 is outside"):
         qk_attribution(loaded, ids, 1, 0, 40, 1)
+
+
+def test_a_learned_sink_enters_the_row_term_only(tmp_path):
+    """gpt-oss: a learned sink logit per head takes part of each row (eager's rows over the real keys sum to less
+    than 1); the score table is the keys' alone, and the row term holds the sink (sliding window on layer 0)."""
+    from .tiny_architectures import TEXT as SINK_TEXT
+
+    folder = build_folder("gpt_oss", tmp_path)
+    loaded = attnscope.load_model(str(folder))
+    ids = loaded.tokenizer(SINK_TEXT, add_special_tokens=False)["input_ids"]
+    eager = eager_attentions(folder, ids, None)["self"]
+    query = len(ids) - 1
+    for layer in range(len(eager)):
+        assert eager[layer][0, query].sum() < 0.999  # the sink took a share
+        worst = check_against_eager(loaded, ids, eager, layer, 0, query, query - 2, query - 1)
+        assert worst < TOLERANCE
+        assert qk_attribution(loaded, ids, layer, 0, query, query - 1).sink_mass > 0
 
 
 # ---- a planted induction circuit ---------------------------------------------------------------------------
