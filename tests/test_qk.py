@@ -26,6 +26,7 @@ from attnscope.attribution.qk import qk_attribution
 from attnscope.models.registry import ALIASES
 
 from .conftest import VOCAB
+from .test_devices import DEVICES, watched
 from .tiny_architectures import build_folder, eager_attentions
 
 TOLERANCE = 1e-4
@@ -265,3 +266,14 @@ def test_cli_bad_head_query_or_key_is_one_line(tiny, capsys, arguments, message)
     error = capsys.readouterr().err.strip().splitlines()
     assert error[-1].startswith("attnscope: error:") and re.search(message, error[-1])
     assert "Traceback" not in "\n".join(error)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qk_attribution_makes_its_tensors_on_the_models_device(tiny_model_dir, device):
+    """Every tensor attnscope's code makes during a QK attribution is on the model's device (the checker of
+    tests/test_devices.py; on CUDA where there is one): only the tables come to the CPU, as numpy."""
+    loaded = attnscope.load_model(str(tiny_model_dir("llama")), device=device)
+    ids = loaded.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    with watched(loaded.input_device) as mode:
+        qk = qk_attribution(loaded, ids, 2, 3, -1, 4)
+    assert mode.checked > 0 and abs(qk.total() - qk.score) < TOLERANCE

@@ -41,6 +41,7 @@ pieces of the keys the query sees. Layers, heads and positions are 0-indexed.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -369,8 +370,8 @@ def _tables(loaded: LoadedModel, found: _Head, parts: Any, heads: HeadOutputs, l
         weights = probs / probs.sum()
         mean_keys = torch.einsum("p,cpd->cd", weights, keys)
         centred = (scaling * queries @ (keys[:, key] - mean_keys).T).cpu().numpy()
-        lse = torch.logsumexp(model_scores, 0) - torch.log1p(torch.tensor(-call["sink_mass"], dtype=torch.float64))
-        row_term = float(weights @ model_scores - lse)
+        lse = float(torch.logsumexp(model_scores, 0)) - math.log1p(-call["sink_mass"])  # a sink's share is no key's
+        row_term = float(weights @ model_scores) - lse
     return {"query_components": names, "key_components": names, "scores": scores.cpu().numpy(), "score": score,
             "capped_score": float(cap * np.tanh(score / cap)) if cap else None, "centred": centred,
             "row_term": row_term, "log_attention": float(torch.log(probs[key])), "sink_mass": call["sink_mass"]}

@@ -150,7 +150,8 @@ def residual_parts(loaded: LoadedModel, positions: Sequence[int] | None, *, subl
     (what :func:`decompose` needs); ``blocks``: each block's output (what the logit lens needs).
     """
     facts = unembedding(loaded)
-    index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
+    index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long,
+                                                            device=loaded.input_device)
     parts = ResidualParts(index)
     pieces: dict[tuple[str, int], list[torch.Tensor]] = defaultdict(list)
     layer_blocks = blocks_by_layer(loaded)
