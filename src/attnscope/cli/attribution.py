@@ -73,7 +73,7 @@ def _print_pairs(pairs: list[tuple[str, str, float]], title: str) -> None:
 
 COMMANDS = (
     Command("qk", "why a head attends: split one attention score into query x key component pairs", """examples:
-  attnscope qk --model smollm2 "The cat sat on the mat. The cat" --head 6:3 --query -1 --key 2
+  attnscope qk --model smollm2 "The cat sat on the mat. The cat" --head 17:4 --query -1 --key 2
   attnscope qk --model gemma3 "One two three one two" --head 5:0 --key 2 --top 5 --json qk.json
 
 Components: "embedding", "L3H2 (head)" (an earlier head's output), "L5 MLP", "L3 attention bias", "bias" (the
