@@ -277,3 +277,14 @@ def test_qk_attribution_makes_its_tensors_on_the_models_device(tiny_model_dir, d
     with watched(loaded.input_device) as mode:
         qk = qk_attribution(loaded, ids, 2, 3, -1, 4)
     assert mode.checked > 0 and abs(qk.total() - qk.score) < TOLERANCE
+
+
+@pytest.mark.parametrize(("kind", "message"), [("gpt2", "q_proj/k_proj projections"),
+                                               ("bert", "not a decoder-only language model")])
+def test_a_model_of_another_form_is_one_line(tiny_model_dir, capsys, kind, message):
+    """GPT-2 (one fused projection, learned positions) and BERT (an encoder) are refused before any forward pass."""
+    folder = str(tiny_model_dir(kind))
+    capsys.readouterr()  # building the folder writes progress bars
+    assert cli.main(["qk", "--model", folder, TEXT, "--head", "0:0", "--key", "1"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("attnscope: error:") and message in error[0]
