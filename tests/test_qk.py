@@ -255,6 +255,7 @@ def test_cli_prints_the_top_pairs_and_the_sum_check(tiny, tmp_path, capsys):
     (["--head", "0:6", "--key", "1"], r"head 6 is outside layer 0's 6 heads \(0..5\)"),
     (["--head", "0:0", "--key", "1", "--query", "99"], "position 99 is outside"),
     (["--head", "0:0", "--key", "5", "--query", "2"], "key 5 is after query 2"),
+    (["--head", "0:0", "--key", "1", "--dtype", "bfloat16"], "needs the model in float32"),
 ])
 def test_cli_bad_head_query_or_key_is_one_line(tiny, capsys, arguments, message):
     loaded, _, _ = tiny("llama")

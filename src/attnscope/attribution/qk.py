@@ -211,6 +211,9 @@ def _head(loaded: LoadedModel, layer: int, head: int) -> _Head:
         raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; QK attribution reads "
                              "rotary decoders (e.g. --model smollm2)")
     unembedding(loaded)  # residual_parts reads the residual's pieces where the adapter says the logits see them
+    if loaded.dtype != "float32":  # each frozen norm is checked against the model's own to float32 round-off
+        raise AttnscopeError(f"QK attribution needs the model in float32 (it is {loaded.dtype}): its tables must add up "
+                             "to the model's score, which half-precision norms do not allow; use --dtype float32")
     sites = {site.layer: (module, site) for module, site in loaded.sites.items() if site.kind == "self"}
     if not 0 <= layer < len(sites):
         raise AttnscopeError(f"layer {layer} is outside {loaded.name}'s {len(sites)} layers (0..{len(sites) - 1})")
