@@ -30,3 +30,10 @@ def test_star_import_needs_no_optional_extra():
             "from attnscope import *\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr[-500:]
+
+
+def test_qk_attribution_is_public_and_imported_on_first_use():
+    code = ("import sys, attnscope\nbefore = 'attnscope.attribution.qk' in sys.modules\n"
+            "print(before, attnscope.qk_attribution.__module__, 'qk_attribution' in attnscope.__all__)")
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert done.stdout.split() == ["False", "attnscope.attribution.qk", "True"], done.stderr[-500:]

@@ -1,9 +1,10 @@
-"""Attribution: which heads, reading which earlier tokens, made a decoder choose a token.
+"""Attribution: which heads, reading which earlier tokens, made a decoder choose a token, and why a head attends.
 
 Analyses over what one capture pass recorded, plus the unembedding and the final norm's scale of the same run
 (nothing re-implements a model): direct logit attribution and the logit lens of a prompt (``dla``), of every
 step of a generation from the generation's own passes (``steps``: :class:`StepAttribution`, a recorder
-``generate`` runs beside its own), and their linear algebra (``terms``). On its own floor, between capture and
+``generate`` runs beside its own), one attention score split into (query component, key component) pairs
+(``qk``: :func:`qk_attribution`), and their linear algebra (``terms``). On its own floor, between capture and
 experiments: it reads what capture's recorders keep, and experiments (patching, the faithfulness check) import it.
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from .dla import direct_logit_attribution as direct_logit_attribution
     from .dla import generation_lens as generation_lens
     from .dla import logit_lens as logit_lens
+    from .qk import QKAttribution as QKAttribution
+    from .qk import qk_attribution as qk_attribution
     from .steps import StepAttribution as StepAttribution
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

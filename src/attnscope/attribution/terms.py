@@ -150,7 +150,8 @@ def residual_parts(loaded: LoadedModel, positions: Sequence[int] | None, *, subl
     (what :func:`decompose` needs); ``blocks``: each block's output (what the logit lens needs).
     """
     facts = unembedding(loaded)
-    index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
+    index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long,
+                                                            device=loaded.input_device)
     parts = ResidualParts(index)
     pieces: dict[tuple[str, int], list[torch.Tensor]] = defaultdict(list)
     layer_blocks = blocks_by_layer(loaded)
@@ -199,9 +200,15 @@ class FrozenNorm:
     scale: float
 
     def pull_back(self, direction: torch.Tensor) -> torch.Tensor:
-        """The direction ``w`` with ``w · c = direction · N(c)`` for every component ``c``, ``[d_model]``."""
-        w = self.gain * direction
-        return w - w.mean() if self.centred else w
+        """The direction ``w`` with ``w · c = direction · N(c)`` for every component ``c``, ``[d_model]``; a
+        read-out ``[d_model, d_out]`` is pulled back column by column."""
+        w = self.gain.reshape(-1, *[1] * (direction.dim() - 1)) * direction
+        return w - w.mean(0) if self.centred else w
+
+    def unit(self) -> FrozenNorm:
+        """The same norm at scale 1 (``gain / scale``): the part every position shares, so that
+        ``N_p(c) = scale_p · unit(c)`` plus the bias."""
+        return FrozenNorm(self.gain / self.scale, self.centred, self.bias, 1.0)
 
     def bias_term(self, direction: torch.Tensor) -> float:
         return 0.0 if self.bias is None else float(self.bias @ direction)
@@ -240,6 +247,84 @@ def freeze_norm(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
         raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; direct logit "
                              "attribution cannot fix its scale")
     return frozen
+
+
+def freeze_norm_rows(norm: nn.Module, x: torch.Tensor) -> tuple[FrozenNorm, torch.Tensor]:
+    """``norm`` at each row of ``x`` (``[position, d]``) frozen: its scale-1 form (:meth:`FrozenNorm.unit`, the
+    same at every position) and each position's scale ``[position]`` float64, so that
+    ``norm(x_p) = scale_p · unit(x_p) + bias``. Checked against ``norm(x)`` like :func:`freeze_norm`."""
+    unit = freeze_norm(norm, x[0]).unit()
+    x64 = x.double()
+    centred = x64 - x64.mean(-1, keepdim=True) if unit.centred else x64
+    scales = torch.rsqrt(centred.pow(2).mean(-1) + _eps(norm))
+    with torch.no_grad():
+        expected = norm(x).double()
+    got = scales[:, None] * unit.gain * centred + (0 if unit.bias is None else unit.bias)
+    if (got - expected).abs().max() > 1e-4 * max(1.0, float(expected.abs().max())):
+        raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; its scale cannot "
+                             "be frozen")
+    return unit, scales
+
+
+@dataclass(frozen=True)
+class Components:
+    """A layer's input (the residual stream) at some positions, split into the pieces that add up to it, each read
+    through one linear read-out: ``values`` ``[component, position, d_out]`` float64 (``c_p @ readout``);
+    ``names``: ``"embedding"``, ``"L3H2 (head)"`` (a head's output through its slice of ``W_O`` and any
+    post-attention norm), ``"L3 attention bias"`` (the output projection's bias and the norm's, where there is
+    one), ``"L5 MLP"``. Layers and heads 0-indexed."""
+
+    names: tuple[str, ...]
+    values: torch.Tensor
+
+
+def _through_norm(norm: nn.Module | None, outputs: torch.Tensor,
+                  readout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sublayer's output (``[position, d_model]``) joins the residual through ``norm`` (or as it is): the read-out
+    pulled back through the norm's scale-1 form ``[d_model, d_out]``, each position's scale ``[position]`` and the
+    norm's bias read out ``[d_out]``."""
+    if norm is None:
+        return (readout, torch.ones(len(outputs), dtype=readout.dtype, device=readout.device),
+                torch.zeros(readout.shape[1], dtype=readout.dtype, device=readout.device))
+    unit, scales = freeze_norm_rows(norm, outputs)
+    bias = torch.zeros_like(readout[0]) if unit.bias is None else unit.bias @ readout
+    return unit.pull_back(readout), scales, bias
+
+
+@torch.inference_mode()
+def layer_input_components(loaded: LoadedModel, parts: ResidualParts, head_outputs: dict[int, torch.Tensor],
+                           layer: int, readout: torch.Tensor, actual: torch.Tensor) -> Components:
+    """The input of ``layer`` at ``parts``' positions, split into :class:`Components` read through ``readout``
+    (``[d_model, d_out]``; the identity gives the vectors themselves). ``head_outputs[l]``: layer ``l``'s per-head
+    output before ``W_O`` at the same positions, ``[position, head, d_head]``, for every ``l < layer``;
+    ``actual``: the layer's input as the model had it, ``[position, d_model]``: the components must add up to it
+    (read out), else the model is refused. Call it outside :func:`residual_parts`."""
+    facts = unembedding(loaded)
+    if parts.embeddings is None:
+        raise AttnscopeError(f"model {loaded.name!r} ran without the hooks the residual stream's split needs")
+    readout = readout.double()
+    sites = {site.layer: site for site in loaded.sites.values() if site.kind == "self"}
+    attention_norms, ffn_norms = _output_norms(loaded, facts.attention_norm), _output_norms(loaded, facts.ffn_norm)
+    names, values = ["embedding"], [parts.embeddings.double() @ readout]
+    for l in range(layer):
+        heads = head_outputs[l].double()  # [position, head, d_head]
+        n_heads = heads.shape[1]
+        read, scales, norm_bias = _through_norm(attention_norms.get(l), parts.attention[l], readout)
+        per_head = per_head_out_proj(sites[l], n_heads).double() @ read  # [head, d_head, d_out]
+        values.extend(torch.einsum("phd,hde->hpe", heads, per_head) * scales[None, :, None])
+        names.extend(f"L{l}H{h} (head)" for h in range(n_heads))
+        bias = getattr(sites[l].out_proj, "bias", None)
+        if bias is not None or attention_norms.get(l) is not None and norm_bias.any():
+            out_bias = 0.0 if bias is None else scales[:, None] * (bias.double() @ read)
+            values.append(out_bias + norm_bias.expand(len(scales), -1))
+            names.append(f"L{l} attention bias")
+        read, scales, norm_bias = _through_norm(ffn_norms.get(l), parts.ffn[l], readout)
+        values.append(scales[:, None] * (parts.ffn[l].double() @ read) + norm_bias)
+        names.append(f"L{l} MLP")
+    stacked = torch.stack(values)
+    _check_rebuilt(loaded, stacked.sum(0), actual.double() @ readout, f"the input of layer {layer}",
+                   "QK attribution")
+    return Components(tuple(names), stacked)
 
 
 @dataclass
@@ -335,10 +420,11 @@ def lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tu
     return np.stack(ids, axis=1).astype(np.int64), np.stack(probs, axis=1).astype(np.float32)
 
 
-def _check_rebuilt(loaded: LoadedModel, rebuilt: torch.Tensor, actual: torch.Tensor) -> None:
-    """Refuse a model whose last residual stream is not the sum of the parts the adapter names."""
+def _check_rebuilt(loaded: LoadedModel, rebuilt: torch.Tensor, actual: torch.Tensor,
+                   what: str = "its last residual stream", use: str = "direct logit attribution") -> None:
+    """Refuse a model whose residual stream (``what``) is not the sum of the parts the adapter names."""
     error = float((rebuilt - actual).abs().max())
     if error > RESIDUAL_TOLERANCE * max(1.0, float(actual.abs().max())):
-        raise AttnscopeError(f"the embeddings and sublayer outputs of {loaded.name!r} do not add up to its last "
-                             f"residual stream (off by {error:.3g}): its layers are not the pre-norm form the adapter "
-                             f"for {loaded.config.model_type!r} describes, so direct logit attribution would be wrong")
+        raise AttnscopeError(f"the embeddings and sublayer outputs of {loaded.name!r} do not add up to {what} (off "
+                             f"by {error:.3g}): its layers are not the pre-norm form the adapter for "
+                             f"{loaded.config.model_type!r} describes, so {use} would be wrong")
