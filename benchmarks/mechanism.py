@@ -20,6 +20,14 @@ Figures (the last line printed is one JSON object):
   pairs (its own process, so the peak RSS is its own); ``null`` with a note when the model is not installed
   (``cd /work/main && make install-qwen1.5b``). Skipped under ``--quick``.
 
+* ``qk_sum_max_abs_err``, ``qk_over_capture`` and the other ``qk_`` figures: QK attribution's exactness and cost, from
+  ``benchmarks/mechanism_qk.py`` (see its docstring; it also runs alone).
+* ``atp_star_corrects_ioi`` / ``_brown``: up to three heads where AtP* corrects AtP (AtP off the real mean share by
+  more than 0.05, AtP* by less than half as much).
+* ``qk_example``: QK attribution of the head with the largest real IOI effect, from the last position to the
+  indirect object's name in the first pair; a full-size run also draws ``docs/img/mechanism_atp.png`` (estimate
+  against real patching, every head) and ``docs/img/mechanism_qk.png`` (that head's QK table).
+
 ``main`` runs the figure functions of :data:`FIGURES` in turn, each adding its keys to one dict; another part of the
 same benchmark is one more function there.
 """
@@ -54,6 +62,8 @@ from attnscope.experiments.tasks import brown_patch_pairs, ioi_pairs
 
 QWEN_PAIRS = 8
 TOP = 20
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+RUNS: dict[str, tuple[list[Any], dict[str, PatchingResult]]] = {}  # task -> (pairs, runs by method) of this run
 
 
 def agreement(estimate: PatchingResult, real: PatchingResult, name: str) -> dict[str, float]:
@@ -66,9 +76,21 @@ def agreement(estimate: PatchingResult, real: PatchingResult, name: str) -> dict
     return {f"{name}_spearman": round(spearman(guess, truth), 4), f"{name}_top20_overlap": round(overlap, 3)}
 
 
+def corrections(runs: dict[str, PatchingResult], most: int = 3) -> list[dict[str, Any]]:
+    """Heads where AtP* corrects AtP: AtP off the real mean share by more than 0.05, AtP* off by less than half as
+    much; the ``most`` largest corrections, ``{layer, head, real, atp, atp_star}``."""
+    real, plain, star = (runs[name].intervals["heads"][0] for name in ("cached", "atp", "atp_star"))
+    plain_error, star_error = np.abs(plain - real), np.abs(star - real)
+    fixed = np.nan_to_num((plain_error > 0.05) & (star_error < plain_error / 2), nan=False)
+    order = [cell for cell in np.argsort(-(plain_error - star_error), axis=None) if fixed.flat[cell]][:most]
+    return [{"layer": int(layer), "head": int(head), "real": round(float(real[layer, head]), 3),
+             "atp": round(float(plain[layer, head]), 3), "atp_star": round(float(star[layer, head]), 3)}
+            for layer, head in (np.unravel_index(cell, real.shape) for cell in order)]
+
+
 def compare(loaded: Any, pairs: list[Any], task: str, timed: bool) -> dict[str, Any]:
     """Cached patching, AtP and AtP* (and without GradDrop) on ``pairs``; their agreement, and with ``timed`` the
-    seconds of each (after a one-pair warm-up)."""
+    seconds of each (after a one-pair warm-up). The runs stay in :data:`RUNS` for the pages' figures."""
     if timed:
         activation_patching(loaded, pairs[:1], method="cached", n_resamples=0)
         attribution_patching(loaded, pairs[:1], n_resamples=0)
@@ -78,9 +100,11 @@ def compare(loaded: Any, pairs: list[Any], task: str, timed: bool) -> dict[str, 
             "atp_star_no_graddrop": attribution_patching(loaded, pairs, method="atp*", grad_drop=False, n_resamples=0),
             "atp": attribution_patching(loaded, pairs, method="atp", n_resamples=0)}
     busy = watch.other_share()
+    RUNS[task] = (pairs, runs)
     figures: dict[str, Any] = {f"{task}_pairs": len(pairs)}
     for name in ("atp", "atp_star", "atp_star_no_graddrop"):
         figures.update(agreement(runs[name], runs["cached"], f"{name}_{task}"))
+    figures[f"atp_star_corrects_{task}"] = corrections(runs)
     seconds = {name: run.seconds for name, run in runs.items()}
     print(f"  {task}: {len(pairs)} pairs; seconds {', '.join(f'{k} {v:.1f}' for k, v in seconds.items())}; "
           f"other processes {busy:.0%} of the cpus", flush=True)
@@ -142,7 +166,63 @@ def qwen_only() -> int:
     return 0
 
 
-FIGURES: list[Callable[[Any, argparse.Namespace], dict[str, Any]]] = [atp_figures, qwen_figures]
+def draw_estimates(path: Path) -> None:
+    """Estimate against real patching, one dot per head (mean share recovered over the pairs), AtP and AtP* side by
+    side, one panel per task: ``path`` (PNG)."""
+    from attnscope.analysis.figures import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(RUNS), figsize=(4.6 * len(RUNS), 4.2), squeeze=False)
+    for ax, (task, (pairs, runs)) in zip(axes[0], RUNS.items()):
+        real = runs["cached"].intervals["heads"][0].ravel()
+        for name, colour, label in (("atp", "#9e9e9e", "AtP"), ("atp_star", "#c62828", "AtP*")):
+            ax.scatter(real, runs[name].intervals["heads"][0].ravel(), s=9, c=colour, alpha=0.7, label=label)
+        low, high = float(np.nanmin(real)), float(np.nanmax(real))
+        ax.plot([low, high], [low, high], color="black", linewidth=0.8, linestyle="--")
+        ax.set(title=f"{'IOI' if task == 'ioi' else 'Brown'}: {len(pairs)} pairs, every head",
+               xlabel="real patching (cached): share recovered", ylabel="estimate: share recovered")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def qk_example(loaded: Any, path: Path) -> dict[str, Any]:
+    """Why the head that matters most in IOI (largest mean share by real patching) attends from the last position
+    to the indirect object's name in the first pair's clean prompt: its QK table, drawn to ``path``."""
+    from attnscope.attribution.qk import qk_attribution
+
+    pairs, runs = RUNS["ioi"]
+    shares = np.nan_to_num(runs["cached"].intervals["heads"][0], nan=-np.inf)
+    layer, head = (int(i) for i in np.unravel_index(np.argmax(shares), shares.shape))
+    pair = pairs[0]
+    ids = loaded.tokenizer(pair.clean)["input_ids"]
+    name = loaded.tokenizer(pair.target, add_special_tokens=False)["input_ids"][0]
+    key = ids.index(name)
+    table = qk_attribution(loaded, ids, layer, head, len(ids) - 1, key)
+    fig = table.plot()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return {"qk_example": {"layer": layer, "head": head, "text": pair.clean, "query": len(ids) - 1, "key": key,
+                           "key_token": loaded.tokenizer.decode([name]), "score": round(float(table.score), 4),
+                           "top_pairs": [(q, k, round(v, 4)) for q, k, v in table.top_pairs(5)]}}
+
+
+def pictures(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The pages' two pictures (docs/img/mechanism_atp.png, mechanism_qk.png), from a full-size run only."""
+    if args.smoke or args.quick or args.pairs != 20 or "ioi" not in RUNS:
+        return {}
+    draw_estimates(IMAGES / "mechanism_atp.png")
+    return qk_example(loaded, IMAGES / "mechanism_qk.png")
+
+
+def qk_part(loaded: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """QK attribution's figures (``benchmarks/mechanism_qk.py``), in the same line."""
+    from mechanism_qk import qk_figures
+
+    return qk_figures(quick=args.quick, smoke=args.smoke)
+
+
+FIGURES: list[Callable[[Any, argparse.Namespace], dict[str, Any]]] = [atp_figures, pictures, qk_part, qwen_figures]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         figures.update(measure(loaded, args))
     figures["load_avg_after"] = round(os.getloadavg()[0], 2)
     print(f"atp_speedup {figures.get('atp_speedup')} (target >= 20), atp_star_spearman_ioi "
-          f"{figures.get('atp_star_spearman_ioi')} (target >= 0.8)")
+          f"{figures.get('atp_star_spearman_ioi')} (target >= 0.8), qk_sum_max_abs_err "
+          f"{figures.get('qk_sum_max_abs_err')} (target <= 1e-4), qk_over_capture {figures.get('qk_over_capture')} "
+          "(target <= 3)")
     emit("mechanism", figures, keep=not (args.smoke or args.quick) and args.pairs == 20)
     return 0
 

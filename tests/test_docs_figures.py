@@ -234,3 +234,33 @@ def test_probe_and_classifier_figures_over_seeds_render_with_their_range():
     text = docs.render_region("patterns", figures, docs.load_bench())
     assert "(mean 0.69, range 0.68–0.70 over 5 random deals of the maps into folds)" in text
     assert "macro-F1 is 0.89 on average, 0.88–0.90." in text
+
+
+def _recorded_mechanism(speedup: float, spearman_ioi: float) -> dict:
+    """``benchmarks/mechanism.py``'s figures as a full-size run records them (values made up for the template)."""
+    methods = {"atp": 0.61, "atp_star_no_graddrop": 0.62, "atp_star": spearman_ioi}
+    figures = {f"{name}_spearman_{task}": value for name, value in methods.items() for task in ("ioi", "brown")}
+    figures |= {f"{name}_top20_overlap_{task}": 0.5 for name in methods for task in ("ioi", "brown")}
+    return {"model": "HuggingFaceTB/SmolLM2-135M", "heads": 270, "ioi_pairs": 20, "brown_pairs": 20,
+            "load_avg_before": 0.1, "load_avg_after": 1.9, "atp_s": 2.0, "atp_star_no_graddrop_s": 2.2,
+            "atp_star_s": 108.0 / speedup, "patch_cached_s": 108.0, "atp_plain_speedup": 54.0,
+            "atp_speedup_no_graddrop": 49.1, "atp_speedup": speedup,
+            "atp_star_corrects_ioi": [{"layer": 9, "head": 5, "real": 0.31, "atp": 0.02, "atp_star": 0.27}],
+            "atp_star_corrects_brown": [], "atp_qwen1_5b_s": None, "atp_qwen1_5b_note": "qwen1.5b is not installed",
+            "qk_example": {"layer": 9, "head": 5, "text": "When Mary and John went", "query": 14, "key": 2,
+                           "key_token": " Mary", "score": 3.5, "top_pairs": [["L3H1 (head)", "embedding", 1.25]]},
+            "qk_models": ["smollm2"], "qk_sum_max_abs_err": 2.2e-06, "qk_over_capture": 1.4, "qk_tokens": 256,
+            **figures}
+
+
+def test_the_mechanism_region_reports_targets_met_and_missed_from_the_record():
+    bench = {"mechanism": {"cpu": "a test CPU", "date": "2026-11-27", "command": "python benchmarks/mechanism.py",
+                           "figures": _recorded_mechanism(speedup=6.0, spearman_ioi=0.85)}}
+    text = docs.render_region("mechanism", docs.load_figures(), bench)
+    assert "| AtP\\* | +0.850 | 50% | +0.850 | 50% | 18.0 | 6.0× |" in text
+    assert "Spearman ≥ 0.8 on IOI (met)" in text and "cached patching (**not met**: GradDrop" in text
+    assert "L9H5 real +0.310, AtP +0.020, AtP\\* +0.270." in text and "On Brown no head's AtP estimate" in text
+    assert "| L3H1 (head) | embedding | +1.250 |" in text and "Qwen 1.5B was not measured" in text
+    met = docs.render_region("mechanism", docs.load_figures(), {"mechanism": {
+        **bench["mechanism"], "figures": _recorded_mechanism(speedup=25.0, spearman_ioi=0.5)}})
+    assert "on IOI (**not met**)" in met and "cached patching (met)." in met
