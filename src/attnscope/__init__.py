@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .analysis.stats import head_statistics as head_statistics
     from .attribution.dla import direct_logit_attribution as direct_logit_attribution
     from .attribution.dla import logit_lens as logit_lens
+    from .attribution.routes import Routes as Routes
+    from .attribution.routes import routes as routes
     from .capture.attention import Intervention as Intervention
     from .capture.attention import capture_attention as capture_attention
     from .capture.attention import intervene as intervene

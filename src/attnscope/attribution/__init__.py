@@ -5,6 +5,9 @@ Analyses over what one capture pass recorded, plus the unembedding and the final
 step of a generation from the generation's own passes (``steps``: :class:`StepAttribution`, a recorder
 ``generate`` runs beside its own), and their linear algebra (``terms``). On its own floor, between capture and
 experiments: it reads what capture's recorders keep, and experiments (patching, the faithfulness check) import it.
+``routes``: information-flow routes (Ferrando & Voita 2024), the graph of which tokens, through which heads and
+layers, reached one prediction, walked top-down from one forward pass (``attnscope.routes``; the function is not
+re-exported here, where the name is the module's).
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
 >>> gen = attnscope.generate("smollm2", "The sea is", recorders=[StepAttribution()])   # doctest: +SKIP
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from .dla import direct_logit_attribution as direct_logit_attribution
     from .dla import generation_lens as generation_lens
     from .dla import logit_lens as logit_lens
+    from .routes import Routes as Routes
     from .steps import StepAttribution as StepAttribution
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -14,6 +14,7 @@ import warnings
 from ..errors import AttnscopeError
 from ..version import __version__
 from .analysis import COMMANDS as ANALYSIS_COMMANDS
+from .attribution import COMMANDS as ATTRIBUTION_COMMANDS
 from .capture import COMMANDS as CAPTURE_COMMANDS
 from .command import Command
 from .corpus import COMMANDS as CORPUS_COMMANDS
@@ -31,8 +32,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whos
 
 # Each module of this package holds its commands as a ``COMMANDS`` tuple; here in the order ``--help`` shows them.
 COMMANDS: tuple[Command, ...] = (*CAPTURE_COMMANDS, *MODELS_COMMANDS, *PRESENT_COMMANDS, *ANALYSIS_COMMANDS,
-                                 *CORPUS_COMMANDS, *EXPERIMENTS_COMMANDS, *PROBING_COMMANDS, *LAB_COMMANDS,
-                                 *SERVE_COMMANDS)
+                                 *CORPUS_COMMANDS, *ATTRIBUTION_COMMANDS, *EXPERIMENTS_COMMANDS, *PROBING_COMMANDS,
+                                 *LAB_COMMANDS, *SERVE_COMMANDS)
 
 
 def all_commands() -> tuple[Command, ...]:
