@@ -42,10 +42,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (the naive reference)
+from attribution import best_times  # least seconds of each callable, interleaved
 from bench_json import add_smoke_flag, cpu_name, emit
 
 import attnscope
-from attnscope.attribution.routes import route_tensors
 from attnscope.capture.extract import extract
 from attnscope.capture.plan import CapturePlan
 from attnscope.data import document
@@ -83,39 +83,11 @@ def tiny_models(folder: Path) -> list[Any]:
     return loaded
 
 
-def naive_error(loaded: Any, text: str) -> float:
-    """The largest |chunked − naive| importance over every row and layer of ``text``."""
-    from tests.test_routes import naive_importance
-
-    ids = list(loaded.tokenizer(text)["input_ids"])
-    expected = naive_importance(loaded, ids)
-    tensors, _ = route_tensors(loaded, ids, len(ids) - 1)
-    worst = 0.0
-    for layer, reference in enumerate(expected):
-        got = tensors.importance(layer, range(len(ids)))
-        for name in ("heads", "residual", "ffn", "ffn_residual"):
-            worst = max(worst, float((getattr(got, name).double() - reference[name]).abs().max()))
-    return worst
-
-
 def text_of(loaded: Any, n_tokens: int) -> str:
     """The document cut to ``n_tokens`` of ``loaded``'s tokens (its own special tokens included)."""
     ids = loaded.tokenizer(document(DOCUMENT), add_special_tokens=False)["input_ids"]
     specials = len(loaded.tokenizer("")["input_ids"])
     return str(loaded.tokenizer.decode(ids[: n_tokens - specials]))
-
-
-def best_times(runs: dict[str, Any], repeats: int) -> dict[str, float]:
-    """Least seconds of each callable, interleaved ``repeats`` times after one warm-up each."""
-    for run in runs.values():
-        run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}
 
 
 def peak_in_child(model: str, n_tokens: int, timeout: float) -> dict[str, float]:
@@ -157,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         models = tiny_models(Path(folder))
         if not args.smoke and smollm2_installed:
             models.append(attnscope.load_model("smollm2"))
-        error = max(naive_error(loaded, SHORT) for loaded in models)
+        from tests.test_routes import chunked_vs_naive_error
+
+        error = max(chunked_vs_naive_error(loaded, SHORT) for loaded in models)
         print(f"  chunked vs naive importances ({', '.join(m.name for m in models)}): {error:.3g} (target <= 1e-5)",
               flush=True)
         figures: dict[str, Any] = {"equal_to_naive_max_abs_err": float(f"{error:.3g}"), "targets": TARGETS}
