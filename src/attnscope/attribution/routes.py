@@ -223,11 +223,13 @@ class RouteTensors:
         attention = projected if not frozen else torch.stack([_through(f, o) for f, o in zip(frozen, projected)])
         y = x + attention
         parts = torch.empty((len(rows), hi - lo, probs.shape[0]))
+        size = y.abs().sum(-1, keepdim=True)  # [row, 1]: ||y||_1
         for h in range(probs.shape[0]):
             z = probs[h][:, :, None] * heads_out[h][None]  # [row, key, d_model]
             if frozen:
                 z = _linear_parts(frozen, z)
-            parts[:, :, h] = proximity(z, y[:, None, :])
+            distance = z.sub_(y[:, None, :]).abs_().sum(-1)  # ||y - z||_1 in place: one [row, key, d_model] block
+            parts[:, :, h] = (size - distance).clamp_min_(0.0)
         residual = proximity(x, y)
         total = (parts.sum((1, 2)) + residual).clamp_min(torch.finfo(torch.float32).tiny)
         ffn_out = after - y
