@@ -290,3 +290,24 @@ def test_cli_writes_the_page_figure_and_json(tiny_model_dir, tmp_path, capsys):
     assert json.loads(out.with_suffix(".json").read_text())["edges"]
     assert "wrote" in capsys.readouterr().out
 
+
+
+# ---- each generated token's route ------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_generation_routes_equal_one_pass_over_the_final_text(tiny, kind, tmp_path):
+    from attnscope.attribution import StepRoutes, step_routes
+    from attnscope.records import GenerationRecord
+
+    loaded = tiny(kind)
+    gen = attnscope.generate(loaded, TEXT, max_new_tokens=4, recorders=[StepRoutes()], progress=False)
+    again = GenerationRecord.load(gen.save(tmp_path / "gen.safetensors"))  # the record's checks know the arrays
+    ids = [int(i) for i in gen.token_ids]
+    for step in range(gen.n_steps):
+        position = gen.prompt_length - 1 + step
+        expected = {(e.source, e.target, e.via): e for e in routes(loaded, ids, position=position).edges}
+        got = {(e.source, e.target, e.via): e for e in step_routes(again, step).edges}
+        assert got.keys() == expected.keys(), step
+        for key, edge in got.items():
+            assert edge.importance == pytest.approx(expected[key].importance, abs=1e-5)
+            if edge.heads:
+                assert edge.heads == pytest.approx(expected[key].heads, abs=1e-5)
