@@ -17,6 +17,9 @@ Figures (the last line printed is one JSON object):
   at the default tau: the forward pass keeping its inputs, then the walk) over one forward pass capturing the same
   text (attnscope's planned capture of every row's statistics, query chunks: what a long input's capture costs);
   best of ``--repeats`` runs each, interleaved. Target <= 3. ``routes_nodes_1k``: the graph's size.
+* ``generate_routes_over_generate``: a greedy 64-token SmolLM2 generation keeping every step's route
+  (``recorders=[StepRoutes()]``, ``generate --routes``) over the same generation with capture only; best of
+  ``--repeats`` each, interleaved. Target <= 2.
 * ``routes_4k_peak_mb``: the peak resident memory (``VmHWM``) of a child process that loads SmolLM2 and builds the
   route of the last token of a 4,096-token document (the weights included). Target <= 2,048.
 * ``routes_gemma3_32k_peak_mb`` and ``routes_gemma3_32k_s``: the same for Gemma 3 270M at 32,768 tokens (skipped by
@@ -53,7 +56,7 @@ from attnscope.data import document
 DOCUMENT = "sotu-1981-jimmy-carter"
 SHORT = "The capital of France is Paris, and the capital of Italy is"
 TARGETS = {"equal_to_naive_max_abs_err": "<= 1e-5", "routes_over_capture": "<= 3", "routes_4k_peak_mb": "<= 2048",
-           "routes_gemma3_32k_peak_mb": "<= 8192"}
+           "routes_gemma3_32k_peak_mb": "<= 8192", "generate_routes_over_generate": "<= 2"}
 
 
 def tiny_models(folder: Path) -> list[Any]:
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         main_model = models[0] if args.smoke else models[-1]
         n_tokens, repeats = (64, 1) if args.smoke else (1024, args.repeats)
         figures.update(cost_figures(main_model, text_of(main_model, n_tokens), repeats))
+        figures.update(generation_figures(main_model, 8 if args.smoke else 64, repeats))
         if args.smoke:
             long = peak_in_child(str(Path(folder) / "llama"), 128, timeout=600)
         else:
@@ -168,6 +172,20 @@ def cost_figures(loaded: Any, text: str, repeats: int) -> dict[str, Any]:
     return {"routes_tokens": len(graph.tokens), "routes_s": round(times["routes"], 3),
             "capture_s": round(times["capture"], 3), "routes_over_capture": round(times["routes"] / times["capture"], 3),
             "routes_nodes_1k": len(graph.nodes), "routes_edges_1k": len(graph.edges)}
+
+
+def generation_figures(loaded: Any, n_tokens: int, repeats: int) -> dict[str, Any]:
+    """Best seconds of a greedy ``n_tokens``-token generation with capture, without and with every step's route."""
+    from attnscope.attribution import StepRoutes
+
+    prompt = "The history of the city begins"
+    times = best_times({"generate": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens),
+                        "routes": lambda: attnscope.generate(loaded, prompt, max_new_tokens=n_tokens,
+                                                             recorders=[StepRoutes()])}, repeats)
+    print(f"  generating {n_tokens} tokens: {times['generate']:.2f} s, with every step's route {times['routes']:.2f} s",
+          flush=True)
+    return {"generate_s": round(times["generate"], 3), "generate_routes_s": round(times["routes"], 3),
+            "generate_routes_over_generate": round(times["routes"] / times["generate"], 3)}
 
 
 if __name__ == "__main__":
