@@ -57,6 +57,7 @@ def _rms_gain(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return (1.0 + norm.weight.double()) * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)
 
 
+@torch.no_grad()
 def naive_importance(loaded, ids: list[int]) -> list[dict[str, torch.Tensor]]:
     """Per layer, every row: ``heads`` [q_pos, k_pos, head], ``residual``, ``ffn``, ``ffn_residual`` [q_pos], from the
     full attention (attnscope's eager capture), plain torch hooks on the blocks, the output projections and any
@@ -276,7 +277,10 @@ def test_routes_refuse_encoders_and_bad_arguments(minilm, tiny):
                                              (["--position", "99"], "outside the prompt"),
                                              (["-o", "routes.txt"], ".html")])
 def test_cli_bad_input_is_one_line(tiny_model_dir, tmp_path, capsys, extra, says):
-    code = cli.main(["routes", "--model", str(tiny_model_dir("llama")), "The cat sat.", *extra])
+    try:
+        code = cli.main(["routes", "--model", str(tiny_model_dir("llama")), "The cat sat.", *extra])
+    except SystemExit as stop:  # argparse's own errors exit with attnscope's line
+        code = stop.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and says in err[-1] and err[-1].startswith("attnscope: error:")
     assert not any("Traceback" in line for line in err)

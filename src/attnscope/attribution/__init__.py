@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from .dla import generation_lens as generation_lens
     from .dla import logit_lens as logit_lens
     from .routes import Routes as Routes
-    from .step_routes import StepRoutes as StepRoutes
-    from .step_routes import step_routes as step_routes
+    from .generation_routes import StepRoutes as StepRoutes
+    from .generation_routes import step_routes as step_routes
     from .steps import StepAttribution as StepAttribution
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

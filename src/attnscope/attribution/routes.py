@@ -63,7 +63,7 @@ from .dla import _ids_of, _resolve_position, last_logits_only
 from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
 
 TAU = 0.04  # the paper's threshold for its Llama 2 graphs
-PARTS_BUDGET = 1 << 23  # elements of one [chunk, key, d_model] block of parts
+PARTS_BUDGET = 1 << 22  # elements of one [chunk, key, d_model] block of parts (three exist at once)
 MASK_ROWS = 1024  # mask rows read at once when a mask becomes a band of keys
 CHECK_TOLERANCE = 1e-3  # recomputed vs the model's attention output, as a share of its largest value
 PARALLEL_BLOCKS = ("gptj", "gpt_neox", "falcon", "cohere", "cohere2", "phi", "codegen", "gpt_neox_japanese")
@@ -156,8 +156,13 @@ class LayerImportance:
 
 
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``."""
-    return (whole.abs().sum(-1) - (whole - parts).abs().sum(-1)).clamp_min(0.0)
+    """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
+
+    Summed per coordinate as ``|y| − |y − z| = z (2y − z) / (|y| + |y − z|)``: the difference of two large sums
+    (a residual stream with massive activations has an L1 norm in the thousands) would lose the small parts to
+    float32 rounding; this form keeps each term's rounding relative to the term itself."""
+    denominator = (whole - parts).abs_().add_(whole.abs()).clamp_min_(torch.finfo(parts.dtype).tiny)
+    return (2 * whole - parts).mul_(parts).div_(denominator).sum(-1).clamp_min_(0.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,13 +228,9 @@ class RouteTensors:
         attention = projected if not frozen else torch.stack([_through(f, o) for f, o in zip(frozen, projected)])
         y = x + attention
         parts = torch.empty((len(rows), hi - lo, probs.shape[0]))
-        size = y.abs().sum(-1, keepdim=True)  # [row, 1]: ||y||_1
         for h in range(probs.shape[0]):
             z = probs[h][:, :, None] * heads_out[h][None]  # [row, key, d_model]
-            if frozen:
-                z = _linear_parts(frozen, z)
-            distance = z.sub_(y[:, None, :]).abs_().sum(-1)  # ||y - z||_1 in place: one [row, key, d_model] block
-            parts[:, :, h] = (size - distance).clamp_min_(0.0)
+            parts[:, :, h] = proximity(_linear_parts(frozen, z) if frozen else z, y[:, None, :])
         residual = proximity(x, y)
         total = (parts.sum((1, 2)) + residual).clamp_min(torch.finfo(torch.float32).tiny)
         ffn_out = after - y

@@ -194,7 +194,7 @@ def _step_recorders(attribute: bool, routes: bool = False) -> list:  # type: ign
 
         recorders.append(StepAttribution())
     if routes:
-        from ..attribution.step_routes import StepRoutes
+        from ..attribution.generation_routes import StepRoutes
 
         recorders.append(StepRoutes())
     return recorders

@@ -54,7 +54,7 @@ class StepRoutes(GenerationRecorder):
         if inputs.position_bias is not None or (inputs.sinks is not None and inputs.sinks.dim() == 4):
             raise AttnscopeError(f"{site.name} adds a position bias or per-query sinks; routes do not support them")
         calls = self.calls.setdefault(site.layer, [])
-        seen = sum(call.query.shape[2] for call, _ in calls)  # one key per query of every earlier pass
+        seen = sum(call.query.shape[1] for call, _ in calls)  # one key per query ([head, q_pos, d_head]) of each pass
         calls.append((CallInputs(inputs.query[0].detach().float(), inputs.key[0].detach().float(),
                                  inputs.value[0].detach().float(), inputs.attention_mask, inputs.scaling, inputs.causal,
                                  inputs.softcap, None if inputs.sinks is None else inputs.sinks.detach().float()), seen))
