@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from .dla import direct_logit_attribution as direct_logit_attribution
     from .dla import generation_lens as generation_lens
     from .dla import logit_lens as logit_lens
-    from .routes import Routes as Routes
     from .generation_routes import StepRoutes as StepRoutes
     from .generation_routes import step_routes as step_routes
+    from .routes import Routes as Routes
     from .steps import StepAttribution as StepAttribution
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

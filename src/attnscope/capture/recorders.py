@@ -202,6 +202,13 @@ def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -
     return output
 
 
+def hand_inputs(recorder: Recorder, site: AttentionSite, inputs: CallInputs) -> None:
+    """Give ``recorder`` what a wanted call was given where it asks for it (:attr:`Recorder.wants_inputs`; a
+    recorder written before it has no such flag)."""
+    if getattr(recorder, "wants_inputs", False):
+        recorder.keep_inputs(site, inputs)
+
+
 @dataclass
 class SiteCapture:
     """What one attention module produced in one forward pass (batched tensors, float32).
