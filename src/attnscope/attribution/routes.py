@@ -12,15 +12,18 @@ contributions.py``: parts per token and head, summed over heads for the edge); a
 exceeds ``tau`` (default :data:`TAU`, 0.04). The walk starts at the last residual stream of the chosen position and
 goes down one layer at a time, following only kept edges, so only the rows a route reaches are computed.
 
-What one forward pass keeps (:class:`RouteInputs`, a :class:`~attnscope.capture.recorders.Recorder`, plus hooks):
-each block's input residual ``[pos, d_model]`` and the last block's output, and each layer's queries, keys and
-values as the attention function saw them (after rotary embeddings and any query/key norms; keys and values
-grouped, query head h reading kv head ``h // group``), with the keys each query may see as a band (first..last
-key: causal, or a sliding window's; keys outside get weight 0, so their parts are 0). The attention itself runs
-fused. The walk recomputes the probability rows of the positions it reaches, ``chunk`` rows at a time, so no more
-than ``[chunk, key, d_model]`` parts exist at once (:data:`PARTS_BUDGET` elements), and it checks the recomputed
-output projection's output against the model's at the chosen position (a model that does something else there,
-e.g. gates its heads, is refused rather than approximated).
+What one forward pass keeps (hooks; the attention itself runs fused, with SDPA's lazy mask): each block's input
+residual ``[pos, d_model]`` and the arguments it was called with, and the last block's output. The walk then needs
+each layer's queries, keys and values as the attention function saw them (after rotary embeddings and any query/key
+norms; keys and values grouped, query head h reading kv head ``h // group``), with the keys each query may see as a
+band (first..last key: causal, or a sliding window's; keys outside get weight 0, so their parts are 0): for one layer
+at a time, :class:`RerunInputs` runs that layer's block again on its recorded input, stopped as its attention call
+begins (:class:`RouteInputs`, a :class:`~attnscope.capture.recorders.Recorder` that hears each call's inputs), so
+no more than one layer's queries, keys and values exist at once (every layer's would be gigabytes at 32,768 tokens).
+The walk recomputes the probability rows of the positions it reaches, ``chunk`` rows at a time, so no more than
+``[chunk, key, d_model]`` parts exist at once (:data:`PARTS_BUDGET` elements), and it checks the recomputed output
+projection's output against the model's at the chosen position (a model that does something else there, e.g. gates
+its heads, is refused rather than approximated).
 
 Frozen from the run: the post-attention norm of Gemma 2/3 and OLMo 2 (``sandwich`` norms) is linear in its input
 once its scale (``1 / rms``) is fixed at the run's, so each part goes through it as ``gain_i ⊙ z`` (centred first for
@@ -41,7 +44,7 @@ Layers, heads and positions are 0-indexed.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,9 +55,9 @@ import torch
 from torch import nn
 
 from ..capture.attention import allowed_keys, capture, grouped_matmul, softmax_with_sinks
-from ..capture.extract import as_loaded
+from ..capture.extract import as_loaded, n_config_heads
 from ..capture.hooks import local_hooks
-from ..capture.recorders import CallInputs, Recorder, per_head_out_proj
+from ..capture.recorders import CallInputs, CaptureComplete, Recorder, per_head_out_proj
 from ..capture.tokens import readable_tokens
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
@@ -110,17 +113,19 @@ def key_band(mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_k
 
 
 class RouteInputs(Recorder):
-    """Keeps each self-attention call's :class:`LayerInputs` in ``layers`` and runs every call fused (no row)."""
+    """Keeps the self-attention calls' :class:`LayerInputs` in ``layers`` (of ``wanted`` layers only, or of every one
+    with None) and runs every call fused, with SDPA's lazy mask; with ``stop``, ends the forward pass once every
+    wanted layer is in (:class:`~attnscope.capture.recorders.CaptureComplete`, before that call is computed)."""
 
     wants_inputs = True
     lazy_mask = True  # no [q_pos, k_pos] mask where causality alone masks
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: Collection[int] | None = None, *, stop: bool = False) -> None:
+        self.wanted, self.stop = None if wanted is None else frozenset(wanted), stop
         self.layers: dict[int, LayerInputs] = {}
-        self.sites: dict[int, AttentionSite] = {}
 
     def wants(self, site: AttentionSite) -> bool:
-        return site.kind == "self"
+        return site.kind == "self" and (self.wanted is None or site.layer in self.wanted)
 
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
         return n_queries
@@ -135,7 +140,42 @@ class RouteInputs(Recorder):
         self.layers[site.layer] = LayerInputs(inputs.query[0].detach().float(), inputs.key[0].detach().float(),
                                               inputs.value[0].detach().float(), inputs.scaling, first, last,
                                               inputs.softcap, sinks)
-        self.sites[site.layer] = site
+        if self.stop and self.wanted is not None and self.wanted <= self.layers.keys():
+            raise CaptureComplete
+
+
+class RerunInputs(Mapping[int, LayerInputs]):
+    """Each layer's :class:`LayerInputs`, got when asked by running that layer's block again on the input it had in
+    the forward pass (``calls[layer]``: its arguments), stopped as its attention call begins: the walk holds one
+    layer's queries, keys and values at a time, never every layer's (at 32,768 tokens of Gemma 3, gigabytes)."""
+
+    def __init__(self, loaded: LoadedModel, calls: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+        self.loaded, self.calls, self.blocks = loaded, calls, blocks_by_layer(loaded)
+        self.last: tuple[int, LayerInputs] | None = None
+
+    def __getitem__(self, layer: int) -> LayerInputs:
+        if self.last is not None and self.last[0] == layer:
+            return self.last[1]
+        if layer not in self.calls:
+            raise KeyError(layer)
+        recorder = RouteInputs((layer,), stop=True)
+        args, kwargs = self.calls[layer]
+        with torch.inference_mode(), capture(self.loaded.sites, recorder=recorder):
+            try:
+                self.blocks[layer](*args, **kwargs)
+            except CaptureComplete:
+                pass
+        if layer not in recorder.layers:
+            raise AttnscopeError(f"layer {layer} of {self.loaded.name!r} ran without calling attnscope's attention "
+                                 "function; routes need one attention and one feed-forward block per layer")
+        self.last = (layer, recorder.layers[layer])
+        return self.last[1]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.calls))
+
+    def __len__(self) -> int:
+        return len(self.calls)
 
 
 # ---- contributions of one layer ------------------------------------------------------------------------------
@@ -171,7 +211,7 @@ class RouteTensors:
     1]`` of ``[pos, d_model]`` float32 (block inputs, then the last block's output), the attention ``sites`` and any
     post-attention ``norms`` by layer; ``checked``: the output projection's output at ``position`` per layer."""
 
-    inputs: dict[int, LayerInputs]
+    inputs: Mapping[int, LayerInputs]
     residuals: list[torch.Tensor]
     sites: dict[int, AttentionSite]
     norms: dict[int, nn.Module]
@@ -286,16 +326,18 @@ def check_route_model(loaded: LoadedModel) -> None:
 
 
 def route_tensors(loaded: LoadedModel, ids: Sequence[int], position: int) -> tuple[RouteTensors, int]:
-    """Run ``ids`` once, keeping what the walk needs (:class:`RouteTensors`); also the model's top next token at
+    """Run ``ids`` once, keeping what the walk needs (:class:`RouteTensors`: each block's input and arguments, whose
+    attention inputs :class:`RerunInputs` recomputes layer by layer); also the model's top next token at
     ``position``."""
-    recorder = RouteInputs()
     blocks = blocks_by_layer(loaded)
     residuals: dict[int, torch.Tensor] = {}
+    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
     checked: dict[int, torch.Tensor] = {}
 
     def block_input(layer: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             residuals[layer] = (args[0] if args else kwargs["hidden_states"])[0].detach().float()
+            calls[layer] = (args, dict(kwargs))
         return hook
 
     def last_output(module: nn.Module, inputs: Any, output: Any) -> None:
@@ -309,7 +351,7 @@ def route_tensors(loaded: LoadedModel, ids: Sequence[int], position: int) -> tup
     input_ids = torch.tensor([list(ids)], device=loaded.input_device)
     with ExitStack() as stack:
         stack.enter_context(torch.inference_mode())
-        stack.enter_context(capture(loaded.sites, recorder=recorder))
+        stack.enter_context(capture(loaded.sites, recorder=RouteInputs(())))  # nothing kept: SDPA's lazy mask
         for layer, block in enumerate(blocks):
             stack.enter_context(local_hooks([block], block_input(layer), pre=True))
         stack.enter_context(local_hooks([blocks[-1]], last_output))
@@ -319,14 +361,12 @@ def route_tensors(loaded: LoadedModel, ids: Sequence[int], position: int) -> tup
         keep = len(ids) - position
         logits = loaded.model(input_ids=input_ids, use_cache=False, **last_logits_only(loaded, keep)).logits[0]
         predicted = int(logits[-keep].argmax())
-    layers = sorted(recorder.layers)
-    if not layers:
-        raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    if layers != list(range(len(blocks))) or len(residuals) != len(blocks) + 1:
+    sites = {site.layer: site for site in loaded.sites.values() if site.kind == "self"}
+    if sorted(sites) != list(range(len(blocks))) or len(residuals) != len(blocks) + 1:
         raise AttnscopeError(f"model {loaded.name!r} has layers without self-attention (or several per block); "
                              "routes need one attention and one feed-forward block per layer")
     norms = _output_norms(loaded, unembedding(loaded).attention_norm)
-    tensors = RouteTensors(recorder.layers, [residuals[i] for i in range(len(blocks) + 1)], recorder.sites, norms,
+    tensors = RouteTensors(RerunInputs(loaded, calls), [residuals[i] for i in range(len(blocks) + 1)], sites, norms,
                            position, checked)
     return tensors, predicted
 
@@ -532,7 +572,7 @@ def routes(model: LoadedModel | str, text: str | Sequence[int], position: int = 
         raise AttnscopeError(f"the text is {len(ids)} tokens, more than {loaded.name}'s limit of {loaded.max_length}")
     tensors, predicted = route_tensors(loaded, ids, t)
     edges = walk(tensors, t, tau)
-    n_heads = tensors.inputs[0].query.shape[0]
+    n_heads = n_config_heads(loaded)
     name = lambda token: readable_tokens(loaded.tokenizer, [token])[0]
     return Routes(loaded.name, readable_tokens(loaded.tokenizer, list(ids)), t, name(predicted), tau,
                   tensors.n_layers, n_heads, tuple(edges))
