@@ -112,9 +112,26 @@ def key_band(mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_k
     return torch.cat(firsts), torch.cat(lasts)
 
 
+class _Discard:
+    """A chunk collector that keeps nothing: a sliding-window layer's call then runs in query chunks that score its
+    window only, where the fused kernel would score every key under the mask (at 32,768 tokens of Gemma 3, most of
+    the forward pass)."""
+
+    chunk = 1024
+    wants_logits = False
+
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
+            sink_mass: torch.Tensor | None = None, first_key: int = 0) -> None:
+        """Nothing to keep."""
+
+    def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> None:
+        return None
+
+
 class RouteInputs(Recorder):
     """Keeps the self-attention calls' :class:`LayerInputs` in ``layers`` (of ``wanted`` layers only, or of every one
-    with None) and runs every call fused, with SDPA's lazy mask; with ``stop``, ends the forward pass once every
+    with None) and keeps no row: every call runs fused with SDPA's lazy mask, but a sliding-window layer's, which runs
+    in query chunks over its window; with ``stop``, ends the forward pass once every
     wanted layer is in (:class:`~attnscope.capture.recorders.CaptureComplete`, before that call is computed)."""
 
     wants_inputs = True
@@ -124,17 +141,26 @@ class RouteInputs(Recorder):
         self.wanted, self.stop = None if wanted is None else frozenset(wanted), stop
         self.layers: dict[int, LayerInputs] = {}
 
-    def wants(self, site: AttentionSite) -> bool:
-        return site.kind == "self" and (self.wanted is None or site.layer in self.wanted)
+    def wants(self, site: AttentionSite) -> bool:  # every sliding layer too: its chunks (below) need a recorder
+        return site.kind == "self" and (self.wanted is None or site.layer in self.wanted or site.window > 0)
 
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
-        return n_queries
+        return 0 if site.window else n_queries  # a sliding layer runs in query chunks over its window (below)
+
+    def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int,
+                      n_keys: int) -> _Discard | None:
+        return _Discard() if site.window else None
+
+    def keep_rows(self, site: AttentionSite, collected: Any) -> None:
+        """Nothing: the chunks only computed the call's output."""
 
     def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
         if inputs.position_bias is not None:
             raise AttnscopeError(f"{site.name} adds a position bias to its scores; routes do not support it yet")
         if inputs.query.shape[0] != 1:
             raise AttnscopeError("routes take one text at a time")
+        if self.wanted is not None and site.layer not in self.wanted:
+            return
         first, last = key_band(inputs.attention_mask, inputs.causal, inputs.query.shape[2], inputs.key.shape[2])
         sinks = None if inputs.sinks is None else inputs.sinks.detach().float()
         self.layers[site.layer] = LayerInputs(inputs.query[0].detach().float(), inputs.key[0].detach().float(),
