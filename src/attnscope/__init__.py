@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .attribution.dla import direct_logit_attribution as direct_logit_attribution
     from .attribution.dla import logit_lens as logit_lens
     from .attribution.qk import qk_attribution as qk_attribution
+    from .attribution.routes import Routes as Routes
+    from .attribution.routes import routes as routes
     from .capture.attention import Intervention as Intervention
     from .capture.attention import capture_attention as capture_attention
     from .capture.attention import intervene as intervene

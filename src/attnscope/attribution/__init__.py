@@ -6,6 +6,9 @@ step of a generation from the generation's own passes (``steps``: :class:`StepAt
 ``generate`` runs beside its own), one attention score split into (query component, key component) pairs
 (``qk``: :func:`qk_attribution`), and their linear algebra (``terms``). On its own floor, between capture and
 experiments: it reads what capture's recorders keep, and experiments (patching, the faithfulness check) import it.
+``routes``: information-flow routes (Ferrando & Voita 2024), the graph of which tokens, through which heads and
+layers, reached one prediction, walked top-down from one forward pass (``attnscope.routes``; the function is not
+re-exported here, where the name is the module's).
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
 >>> gen = attnscope.generate("smollm2", "The sea is", recorders=[StepAttribution()])   # doctest: +SKIP
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
     from .dla import logit_lens as logit_lens
     from .qk import QKAttribution as QKAttribution
     from .qk import qk_attribution as qk_attribution
+    from .generation_routes import StepRoutes as StepRoutes
+    from .generation_routes import step_routes as step_routes
+    from .routes import Routes as Routes
     from .steps import StepAttribution as StepAttribution
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

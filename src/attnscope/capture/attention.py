@@ -41,12 +41,14 @@ from .gates import gates_heard, returned
 from .plan import CapturePlan
 from .recorders import (
     AttentionCall,
+    CallInputs,
     ChunkCollector,
     PerSite,
     Recorder,
     Sink,
     built_in_recorder,
     expand_kv_heads,
+    hand_inputs,
     hand_output,
 )
 from .rows import BatchFacts
@@ -245,6 +247,12 @@ def attnscope_attention(
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     attention_mask = only_selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
                                         key.shape[2])
+    if recorder is not None:
+        assert site is not None
+        hand_inputs(recorder, site, CallInputs(query, key, value, attention_mask,
+                                               query.shape[-1] ** -0.5 if scaling is None else float(scaling),
+                                               call_causal(site, kwargs), kwargs.get("softcap"), sink_logits(kwargs),
+                                               kwargs.get("position_bias")))
     # SDPA has no logit softcapping (Gemma 2) and no learned sinks (gpt-oss): such calls always take the eager path
     sdpa_exact = kwargs.get("softcap") is None and sink_logits(kwargs) is None
     if (site is None or (recorder is None and not interventions)) and sdpa_exact:

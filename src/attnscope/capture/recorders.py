@@ -16,7 +16,9 @@ of recorder it talks to. A recorder says
   :class:`AttentionCall`);
 * whether it wants each call's per-head output (``wants_head_outputs``: then :meth:`~Recorder.keep_output`
   gets ``[batch, q_pos, head, d_head]``, on every path, fused included; a recorder that does not ask costs
-  nothing more).
+  nothing more);
+* whether it wants what each call was given (``wants_inputs``: then :meth:`~Recorder.keep_inputs` gets a
+  :class:`CallInputs`, the queries, keys, values and mask, before the call runs on whichever path).
 
 A recorder raises :class:`CaptureComplete` itself once it has everything it wants.
 
@@ -97,6 +99,28 @@ class AttentionCall:
         return expand_kv_heads(self.value[:, :, self.value.shape[2] - n_keys :], self.probs.shape[1])
 
 
+@dataclass(slots=True)
+class CallInputs:
+    """What the attention function was given for one call, before it computed anything (handed to a recorder that
+    sets ``wants_inputs``, on every path, fused included).
+
+    ``query``: ``[batch, head, q_pos, d_head]`` and ``key``/``value``: ``[batch, kv_head, k_pos, d_head]``, as the model
+    gave them (after rotary embeddings and any query/key norms; grouped); ``attention_mask``: the call's mask (None,
+    bool with True = seen, or additive), any sparse selection already folded in; ``scaling``: the factor of ``q k^T``;
+    ``causal``: whether a call without a mask is causal (None: it does not say); ``softcap``, ``sinks`` (learned sink
+    logits, per head or per query) and ``position_bias`` as the model passed them (None without)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: torch.Tensor | None
+    scaling: float
+    causal: bool | None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+    position_bias: torch.Tensor | None = None
+
+
 def expand_kv_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
     """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``; query head h uses kv head h // group."""
     group = n_heads // states.shape[1]
@@ -127,6 +151,7 @@ class Recorder(Protocol):
     lazy_mask: bool = False  # True: the mask builder gives SDPA's lazy mask (for chunked calls)
     hears_gates: bool = False  # True: :meth:`output_gate` hears each wanted call's output gate (or None)
     wants_head_outputs: bool = False  # True: :meth:`keep_output` gets each wanted call's per-head output
+    wants_inputs: bool = False  # True: :meth:`keep_inputs` gets each wanted call's queries, keys, values and mask
 
     def wants(self, site: AttentionSite) -> bool:
         """Whether to record ``site``; the attention function runs the others fused (without interventions)."""
@@ -159,6 +184,10 @@ class Recorder(Protocol):
         because that is what its consumers read (a head's output patched or mean-ablated is replaced there; a
         head's direct logit term is it times ``W_O^h``), and it is ``head`` times smaller than its ``[head, d_model]`` image."""
 
+    def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
+        """What a wanted call was given (asked when :attr:`wants_inputs`, before anything is computed, on whichever
+        path the call then runs): the route walk recomputes only the rows it reaches from them."""
+
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
         """The gate ``[batch, head, q_pos, d_head]`` by which the model multiplied the output of ``site``'s call
         just kept before its output projection (Qwen3-Next), or None (asked when :attr:`hears_gates`, once the
@@ -171,6 +200,13 @@ def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -
     if getattr(recorder, "wants_head_outputs", False):
         recorder.keep_output(site, output)
     return output
+
+
+def hand_inputs(recorder: Recorder, site: AttentionSite, inputs: CallInputs) -> None:
+    """Give ``recorder`` what a wanted call was given where it asks for it (:attr:`Recorder.wants_inputs`; a
+    recorder written before it has no such flag)."""
+    if getattr(recorder, "wants_inputs", False):
+        recorder.keep_inputs(site, inputs)
 
 
 @dataclass
@@ -481,6 +517,15 @@ class RecorderGroup(Recorder):
     @property  # type: ignore[override]
     def wants_head_outputs(self) -> bool:
         return any(getattr(m, "wants_head_outputs", False) for m in self.members)
+
+    @property  # type: ignore[override]
+    def wants_inputs(self) -> bool:
+        return any(getattr(m, "wants_inputs", False) for m in self.members)
+
+    def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
+        for member in self._wanting(site):
+            if getattr(member, "wants_inputs", False):
+                member.keep_inputs(site, inputs)
 
     def wants(self, site: AttentionSite) -> bool:
         return bool(self._wanting(site))

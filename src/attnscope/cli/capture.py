@@ -120,6 +120,11 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also keep each step's direct logit attribution: how much every head pushed the chosen "
                         "token's logit up or down, what the strongest ten pushed through each source token, and the "
                         "logit lens (from the generation's own forward passes; --save keeps it, --html shows it)")
+    parser.add_argument("--routes", action="store_true",
+                        help="also keep each step's information-flow route (Ferrando & Voita 2024; attnscope routes): "
+                        "the edges above the default tau, with each attention edge's per-head split, from the "
+                        "generation's own forward passes (--save keeps them; attnscope.attribution.step_routes reads "
+                        "one step's back)")
     parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
                         help=PROMPT_ROWS_HELP + " (the table, --json and --html are the same; 'all' lets --save's "
                         "record become a full AttentionRecord: to_attention_record)")
@@ -180,13 +185,19 @@ def _prompt_from_args(args: argparse.Namespace) -> str:
     return read_document(args.file) if args.file is not None else args.prompt
 
 
-def _step_recorders(attribute: bool) -> list:  # type: ignore[type-arg]
-    """What ``generate`` keeps besides the rows: each step's attribution with ``--attribute``."""
-    if not attribute:
-        return []
-    from ..attribution.steps import StepAttribution
+def _step_recorders(attribute: bool, routes: bool = False) -> list:  # type: ignore[type-arg]
+    """What ``generate`` keeps besides the rows: each step's attribution with ``--attribute``, its route with
+    ``--routes``."""
+    recorders: list = []  # type: ignore[type-arg]
+    if attribute:
+        from ..attribution.steps import StepAttribution
 
-    return [StepAttribution()]
+        recorders.append(StepAttribution())
+    if routes:
+        from ..attribution.generation_routes import StepRoutes
+
+        recorders.append(StepRoutes())
+    return recorders
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -202,7 +213,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.sample_top_k, "seed": args.seed, "progress": True,
-               "prompt_rows": PROMPT_ROWS[args.prompt_rows], "recorders": _step_recorders(args.attribute)}
+               "prompt_rows": PROMPT_ROWS[args.prompt_rows], "recorders": _step_recorders(args.attribute, args.routes)}
     if changes.empty:
         from ..capture.generate import generate
 

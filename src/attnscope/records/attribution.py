@@ -13,5 +13,12 @@ ATTRIBUTION_SOURCES = "attribution_sources"  # float32 [step, rank, source_pos]:
 LENS_IDS = "lens_ids"  # int64 [step, layer, k]: the logit lens's top tokens at each step's position
 LENS_PROBS = "lens_probs"  # float32 [step, layer, k]: their probabilities
 
+ROUTE_EDGES = "route_edges"  # int64 [edge, 8]: step, source (layer, position, kind), target (layer, position, kind), via
+ROUTE_IMPORTANCE = "route_importance"  # float32 [edge]: each kept edge's importance
+ROUTE_HEADS = "route_heads"  # float32 [edge, head]: an attention edge's per-head split (0 on the other edges)
+ROUTE_NODE_KINDS = ("residual", "attention", "ffn")  # the kind codes of route_edges
+ROUTE_VIAS = ("attention", "residual", "ffn")  # the via codes of route_edges
+ROUTE_ARRAYS = (ROUTE_EDGES, ROUTE_IMPORTANCE, ROUTE_HEADS)
+
 # files of the first version of attribution hold the first two only
 ATTRIBUTION_ARRAYS = (ATTRIBUTION_HEADS, ATTRIBUTION_LOGITS, ATTRIBUTION_TOP, ATTRIBUTION_SOURCES, LENS_IDS, LENS_PROBS)

@@ -37,6 +37,10 @@ from .attribution import (
     ATTRIBUTION_TOP,
     LENS_IDS,
     LENS_PROBS,
+    ROUTE_ARRAYS,
+    ROUTE_EDGES,
+    ROUTE_HEADS,
+    ROUTE_IMPORTANCE,
 )
 from .format import ROW_STATISTICS, distance_bin_edges
 
@@ -430,7 +434,7 @@ def generation_schema() -> dict[str, Any]:
                            "lens_tokens": {"type": "array", "items": {"type": "array", "items": strings}}}}
 
 
-OPTIONAL_GENERATION_ARRAYS = ("value_norms", "sink_mass", *ATTRIBUTION_ARRAYS)  # older files lack them
+OPTIONAL_GENERATION_ARRAYS = ("value_norms", "sink_mass", *ATTRIBUTION_ARRAYS, *ROUTE_ARRAYS)  # older files lack them
 
 
 def check_generation_parts(header: str | None, arrays: Mapping[str, ArrayLike], path: str | Path) -> dict[str, Any]:
@@ -484,6 +488,8 @@ def _generation_shapes(meta: dict[str, Any], arrays: Mapping[str, ArrayLike]) ->
         ATTRIBUTION_HEADS: ("f", (steps, model["n_layers"], model["n_heads"])), ATTRIBUTION_LOGITS: ("f", (steps,)),
         ATTRIBUTION_TOP: ("i", (steps, "ranks", 2)), ATTRIBUTION_SOURCES: ("f", (steps, "ranks", n - 1)),
         LENS_IDS: ("i", (steps, model["n_layers"], "lens_k")), LENS_PROBS: ("f", (steps, model["n_layers"], "lens_k")),
+        ROUTE_EDGES: ("i", ("route edges", 8)), ROUTE_IMPORTANCE: ("f", ("route edges",)),
+        ROUTE_HEADS: ("f", ("route edges", model["n_heads"])),
     }
     unknown = sorted(set(arrays) - set(shapes))
     if unknown:
@@ -498,7 +504,7 @@ def _check_generation_values(meta: dict[str, Any], arrays: Mapping[str, ArrayLik
         values = np.asarray(arrays[name])
         if not (np.isfinite(values).all() and (values >= 0).all() and (values <= 1).all()):
             raise _Damaged(f"{name} holds a value that is no probability (NaN, infinite, or outside 0..1)")
-    for name in (ATTRIBUTION_HEADS, ATTRIBUTION_LOGITS, ATTRIBUTION_SOURCES, LENS_PROBS):
+    for name in (ATTRIBUTION_HEADS, ATTRIBUTION_LOGITS, ATTRIBUTION_SOURCES, LENS_PROBS, ROUTE_IMPORTANCE, ROUTE_HEADS):
         if name in arrays and not np.isfinite(np.asarray(arrays[name])).all():
             raise _Damaged(f"{name} holds NaN or infinite values")
     n, first_row = len(meta["tokens"]), meta.get("first_row", 0)

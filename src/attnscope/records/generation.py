@@ -83,7 +83,12 @@ class GenerationRecord:
       largest ``|term|``, largest first, and ``attribution_sources`` float32 ``[step, rank, source_pos]``
       their terms split over the source tokens they read (0 past the step's position), and the logit
       lens at each step: ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]`` (the text of
-      the tokens in ``lens_tokens[step][layer][k]``).
+      the tokens in ``lens_tokens[step][layer][k]``);
+    * ``route_edges`` int64 ``[edge, 8]``, ``route_importance`` float32 ``[edge]`` and ``route_heads`` float32
+      ``[edge, head]`` (optional: ``generate(..., recorders=[StepRoutes()])``, ``--routes``): every step's pruned
+      information-flow graph, one row per kept edge (step, source layer, position and kind, target layer,
+      position and kind, via; the codes in :mod:`attnscope.records.attribution`), its importance and, for an
+      attention edge, its per-head split (``attnscope.attribution.step_routes`` reads one step's back).
 
     ``candidate_tokens`` are the candidates as readable strings ``[step][k]``; ``settings`` the
     decoding settings (greedy or sampling, temperature, ...); ``changes`` names the interventions

@@ -1,0 +1,605 @@
+"""Information-flow routes (Ferrando & Voita 2024): which earlier tokens, through which heads and layers, reached
+one prediction — a graph built top-down from the chosen position, pruned at each step.
+
+The residual stream of a pre-norm decoder at layer ``l`` and position ``i`` is updated twice. The attention block
+gives ``y_i = x_i + Σ_j Σ_h z_ijh (+ the output projection's bias)`` with ``z_ijh = α^h_ij v^h_j W_O^h`` (through
+the post-attention norm where the model has one); the feed-forward block gives ``x'_i = y_i + ffn(y_i)``. Each part
+``z`` of a sum ``y`` gets the paper's proximity ``max(0, ||y||_1 − ||y − z||_1)``, normalised over the parts of
+``y``: the attention block's parts are every (source token j, head h) pair and the residual ``x_i``; the
+feed-forward block's are its output and the residual ``y_i``. An attention edge j -> i carries the sum of its
+heads' importances, split per head as the authors' tool does (``llm-transparency-tool``, ``routes/
+contributions.py``: parts per token and head, summed over heads for the edge); an edge is kept when its importance
+exceeds ``tau`` (default :data:`TAU`, 0.04). The walk starts at the last residual stream of the chosen position and
+goes down one layer at a time, following only kept edges, so only the rows a route reaches are computed.
+
+What one forward pass keeps (hooks; the attention itself runs fused, with SDPA's lazy mask): each block's input
+residual ``[pos, d_model]`` and the arguments it was called with, and the last block's output. The walk then needs
+each layer's queries, keys and values as the attention function saw them (after rotary embeddings and any query/key
+norms; keys and values grouped, query head h reading kv head ``h // group``), with the keys each query may see as a
+band (first..last key: causal, or a sliding window's; keys outside get weight 0, so their parts are 0): for one layer
+at a time, :class:`RerunInputs` runs that layer's block again on its recorded input, stopped as its attention call
+begins (:class:`RouteInputs`, a :class:`~attnscope.capture.recorders.Recorder` that hears each call's inputs), so
+no more than one layer's queries, keys and values exist at once (every layer's would be gigabytes at 32,768 tokens).
+The walk recomputes the probability rows of the positions it reaches, ``chunk`` rows at a time, so no more than
+``[chunk, key, d_model]`` parts exist at once (:data:`PARTS_BUDGET` elements), and it checks the recomputed output
+projection's output against the model's at the chosen position (a model that does something else there, e.g. gates
+its heads, is refused rather than approximated).
+
+Frozen from the run: the post-attention norm of Gemma 2/3 and OLMo 2 (``sandwich`` norms) is linear in its input
+once its scale (``1 / rms``) is fixed at the run's, so each part goes through it as ``gain_i ⊙ z`` (centred first for
+a LayerNorm) and its bias, like the output projection's, stays in ``y`` without being a part. The feed-forward
+block's output is read as ``x_{l+1} − y`` (its own post-norm included). Learned sinks (gpt-oss) take a share of
+each softmax with no value behind it: that share adds nothing to ``y`` (a zero part, importance 0), so the rows are
+recomputed with the sink in the denominator and the sink needs no node. Not supported, each refused in one line:
+encoders and encoder-decoders (no prediction to route), blocks whose attention and feed-forward read the same
+input (GPT-J, NeoX, Falcon, Cohere's parallel blocks: the feed-forward does not read ``y``), position biases
+(ALiBi, T5) and batches (one text at a time).
+
+>>> graph = routes("smollm2", "The capital of France is", tau=0.04)     # doctest: +SKIP
+>>> graph.to_frame().head()                                              # doctest: +SKIP
+
+Layers, heads and positions are 0-indexed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..capture.attention import allowed_keys, capture, grouped_matmul, softmax_with_sinks
+from ..capture.extract import as_loaded, n_config_heads
+from ..capture.hooks import local_hooks
+from ..capture.recorders import CallInputs, CaptureComplete, Recorder, per_head_out_proj
+from ..capture.tokens import readable_tokens
+from ..errors import AttnscopeError
+from ..models.adapters import AttentionSite
+from ..models.loading import LoadedModel
+from .dla import _ids_of, _resolve_position, last_logits_only
+from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
+
+TAU = 0.04  # the paper's threshold for its Llama 2 graphs
+PARTS_BUDGET = 1 << 22  # elements of one [chunk, key, d_model] block of parts (three exist at once)
+MASK_ROWS = 1024  # mask rows read at once when a mask becomes a band of keys
+CHECK_TOLERANCE = 1e-3  # recomputed vs the model's attention output, as a share of its largest value
+PARALLEL_BLOCKS = ("gptj", "gpt_neox", "falcon", "cohere", "cohere2", "phi", "codegen", "gpt_neox_japanese")
+NODE_KINDS = ("residual", "attention", "ffn")
+
+
+# ---- what one forward pass keeps -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class LayerInputs:
+    """One layer's attention inputs (batch row 0, float32): ``query`` ``[head, pos, d_head]``, ``key``/``value``
+    ``[kv_head, pos, d_head]``; ``first``/``last`` ``[pos]`` (int64): the keys query i may see are
+    ``first[i]..last[i]``; ``sinks``: learned sink logits (``[head]`` or ``[1, head, pos, 1]``), or None."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float
+    first: torch.Tensor
+    last: torch.Tensor
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+
+def key_band(mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_keys: int) -> tuple[torch.Tensor, ...]:
+    """The keys each query sees, ``first`` and ``last`` ``[q_pos]``, from a call's mask (None: causal, or every
+    key); a mask that is not one band of keys per row (padding inside, a sparse selection) is refused."""
+    if mask is None:
+        if causal is False:
+            return torch.zeros(n_queries, dtype=torch.long), torch.full((n_queries,), n_keys - 1, dtype=torch.long)
+        return torch.zeros(n_queries, dtype=torch.long), torch.arange(n_keys - n_queries, n_keys)
+    firsts, lasts = [], []
+    for start in range(0, n_queries, MASK_ROWS):
+        seen = allowed_keys(mask[..., start : start + MASK_ROWS, :], min(MASK_ROWS, n_queries - start), n_keys)
+        seen = seen[0, 0].to("cpu")  # [rows, k_pos]
+        count = seen.sum(-1)
+        first = seen.to(torch.uint8).argmax(-1)
+        last = n_keys - 1 - seen.flip(-1).to(torch.uint8).argmax(-1)
+        if bool((count == 0).any()) or bool((last - first + 1 != count).any()):
+            raise AttnscopeError("routes need each query to see one unbroken band of keys (causal or a sliding "
+                                 "window); this model's mask leaves gaps")
+        firsts.append(first)
+        lasts.append(last)
+    return torch.cat(firsts), torch.cat(lasts)
+
+
+class _Discard:
+    """A chunk collector that keeps nothing: a sliding-window layer's call then runs in query chunks that score its
+    window only, where the fused kernel would score every key under the mask (at 32,768 tokens of Gemma 3, most of
+    the forward pass)."""
+
+    chunk = 1024
+    wants_logits = False
+
+    def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
+            sink_mass: torch.Tensor | None = None, first_key: int = 0) -> None:
+        """Nothing to keep."""
+
+    def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> None:
+        return None
+
+
+class RouteInputs(Recorder):
+    """Keeps the self-attention calls' :class:`LayerInputs` in ``layers`` (of ``wanted`` layers only, or of every one
+    with None) and keeps no row: every call runs fused with SDPA's lazy mask, but a sliding-window layer's, which runs
+    in query chunks over its window; with ``stop``, ends the forward pass once every
+    wanted layer is in (:class:`~attnscope.capture.recorders.CaptureComplete`, before that call is computed)."""
+
+    wants_inputs = True
+    lazy_mask = True  # no [q_pos, k_pos] mask where causality alone masks
+
+    def __init__(self, wanted: Collection[int] | None = None, *, stop: bool = False) -> None:
+        self.wanted, self.stop = None if wanted is None else frozenset(wanted), stop
+        self.layers: dict[int, LayerInputs] = {}
+
+    def wants(self, site: AttentionSite) -> bool:  # every sliding layer too: its chunks (below) need a recorder
+        return site.kind == "self" and (self.wanted is None or site.layer in self.wanted or site.window > 0)
+
+    def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
+        return 0 if site.window else n_queries  # a sliding layer runs in query chunks over its window (below)
+
+    def row_collector(self, site: AttentionSite, values: torch.Tensor, *, n_heads: int,
+                      n_keys: int) -> _Discard | None:
+        return _Discard() if site.window else None
+
+    def keep_rows(self, site: AttentionSite, collected: Any) -> None:
+        """Nothing: the chunks only computed the call's output."""
+
+    def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
+        if inputs.position_bias is not None:
+            raise AttnscopeError(f"{site.name} adds a position bias to its scores; routes do not support it yet")
+        if inputs.query.shape[0] != 1:
+            raise AttnscopeError("routes take one text at a time")
+        if self.wanted is not None and site.layer not in self.wanted:
+            return
+        first, last = key_band(inputs.attention_mask, inputs.causal, inputs.query.shape[2], inputs.key.shape[2])
+        sinks = None if inputs.sinks is None else inputs.sinks.detach().float()
+        self.layers[site.layer] = LayerInputs(inputs.query[0].detach().float(), inputs.key[0].detach().float(),
+                                              inputs.value[0].detach().float(), inputs.scaling, first, last,
+                                              inputs.softcap, sinks)
+        if self.stop and self.wanted is not None and self.wanted <= self.layers.keys():
+            raise CaptureComplete
+
+
+class RerunInputs(Mapping[int, LayerInputs]):
+    """Each layer's :class:`LayerInputs`, got when asked by running that layer's block again on the input it had in
+    the forward pass (``calls[layer]``: its arguments), stopped as its attention call begins: the walk holds one
+    layer's queries, keys and values at a time, never every layer's (at 32,768 tokens of Gemma 3, gigabytes)."""
+
+    def __init__(self, loaded: LoadedModel, calls: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+        self.loaded, self.calls, self.blocks = loaded, calls, blocks_by_layer(loaded)
+        self.last: tuple[int, LayerInputs] | None = None
+
+    def __getitem__(self, layer: int) -> LayerInputs:
+        if self.last is not None and self.last[0] == layer:
+            return self.last[1]
+        if layer not in self.calls:
+            raise KeyError(layer)
+        recorder = RouteInputs((layer,), stop=True)
+        args, kwargs = self.calls[layer]
+        with torch.inference_mode(), capture(self.loaded.sites, recorder=recorder):
+            try:
+                self.blocks[layer](*args, **kwargs)
+            except CaptureComplete:
+                pass
+        if layer not in recorder.layers:
+            raise AttnscopeError(f"layer {layer} of {self.loaded.name!r} ran without calling attnscope's attention "
+                                 "function; routes need one attention and one feed-forward block per layer")
+        self.last = (layer, recorder.layers[layer])
+        return self.last[1]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.calls))
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+
+# ---- contributions of one layer ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerImportance:
+    """The importances at one layer's rows ``positions`` (float32; each row of the attention block sums to 1 over
+    ``heads`` and ``residual``, the feed-forward block's over ``ffn`` and ``ffn_residual``).
+
+    ``heads`` ``[row, source_pos, head]``: the part of source token j through head h (0 past the row's band of
+    keys); ``residual`` ``[row]``: the block's input ``x_i``; ``ffn`` and ``ffn_residual`` ``[row]``: the
+    feed-forward output and the residual after attention ``y_i``."""
+
+    positions: tuple[int, ...]
+    heads: torch.Tensor
+    residual: torch.Tensor
+    ffn: torch.Tensor
+    ffn_residual: torch.Tensor
+
+
+def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
+
+    Summed per coordinate as ``|y| − |y − z| = z (2y − z) / (|y| + |y − z|)``: the difference of two large sums
+    (a residual stream with massive activations has an L1 norm in the thousands) would lose the small parts to
+    float32 rounding; this form keeps each term's rounding relative to the term itself."""
+    denominator = (whole - parts).abs_().add_(whole.abs()).clamp_min_(torch.finfo(parts.dtype).tiny)
+    return (2 * whole - parts).mul_(parts).div_(denominator).sum(-1).clamp_min_(0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class RouteTensors:
+    """What one forward pass kept for the walk: ``inputs[layer]`` (:class:`LayerInputs`), ``residuals`` ``[layer +
+    1]`` of ``[pos, d_model]`` float32 (block inputs, then the last block's output), the attention ``sites`` and any
+    post-attention ``norms`` by layer; ``checked``: the output projection's output at ``position`` per layer."""
+
+    inputs: Mapping[int, LayerInputs]
+    residuals: list[torch.Tensor]
+    sites: dict[int, AttentionSite]
+    norms: dict[int, nn.Module]
+    position: int
+    checked: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.inputs)
+
+    @torch.inference_mode()
+    def importance(self, layer: int, positions: Sequence[int]) -> LayerImportance:
+        """The importances of ``layer``'s parts at rows ``positions``, computed in chunks of rows."""
+        data, site = self.inputs[layer], self.sites[layer]
+        order = [int(p) for p in positions]
+        index = torch.tensor(order, dtype=torch.long)
+        lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
+        n_heads = data.query.shape[0]
+        weight = per_head_out_proj(site, n_heads, unavailable="routes")  # [head, d_head, d_model]
+        group = n_heads // data.value.shape[0]
+        values = data.value[:, lo:hi].to(weight.device)  # [kv_head, key, d_head]
+        heads_out = torch.stack([values[h // group] @ weight[h] for h in range(n_heads)])  # [head, key, d_model]
+        step = max(1, PARTS_BUDGET // max(1, (hi - lo) * heads_out.shape[-1]))
+        pieces = [self._rows(layer, order[s : s + step], lo, hi, heads_out) for s in range(0, len(order), step)]
+        heads = torch.zeros((len(order), self.residuals[0].shape[0], n_heads))
+        heads[:, lo:hi] = torch.cat([p[0] for p in pieces])
+        return LayerImportance(tuple(order), heads, *(torch.cat([p[i] for p in pieces]) for i in (1, 2, 3)))
+
+    def _probs(self, data: LayerInputs, rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """The attention rows of queries ``rows`` over keys ``lo..hi-1``: ``[head, row, key]``."""
+        scores = grouped_matmul(data.query[None, :, rows], data.key[None, :, lo:hi].transpose(2, 3))[0] * data.scaling
+        if data.softcap is not None:
+            scores = torch.tanh(scores / data.softcap) * data.softcap
+        keys = torch.arange(lo, hi)
+        seen = (keys[None, :] >= data.first[rows, None]) & (keys[None, :] <= data.last[rows, None])  # [row, key]
+        scores = scores.masked_fill(~seen[None], torch.finfo(scores.dtype).min)
+        sinks = data.sinks
+        if sinks is not None and sinks.dim() == 4:
+            sinks = sinks[:, :, rows]
+        return softmax_with_sinks(scores[None], sinks)[0][0]
+
+    def _rows(self, layer: int, rows: list[int], lo: int, hi: int, heads_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One chunk of rows: heads ``[row, key, head]``, residual, ffn, ffn_residual ``[row]`` (normalised)."""
+        data, site = self.inputs[layer], self.sites[layer]
+        index = torch.tensor(rows, dtype=torch.long)
+        probs = self._probs(data, index, lo, hi)  # [head, row, key]
+        bias = getattr(site.out_proj, "bias", None)
+        projected = torch.einsum("hrk,hkd->rd", probs, heads_out)  # [row, d_model]: the output projection's output
+        if bias is not None:
+            projected = projected + bias.detach().float()
+        self._check(layer, rows, projected)
+        x, after = self.residuals[layer][index], self.residuals[layer + 1][index]
+        frozen = self._frozen(layer, projected)
+        attention = projected if not frozen else torch.stack([_through(f, o) for f, o in zip(frozen, projected)])
+        y = x + attention
+        parts = torch.empty((len(rows), hi - lo, probs.shape[0]))
+        for h in range(probs.shape[0]):
+            z = probs[h][:, :, None] * heads_out[h][None]  # [row, key, d_model]
+            parts[:, :, h] = proximity(_linear_parts(frozen, z) if frozen else z, y[:, None, :])
+        residual = proximity(x, y)
+        total = (parts.sum((1, 2)) + residual).clamp_min(torch.finfo(torch.float32).tiny)
+        ffn_out = after - y
+        ffn, kept = proximity(ffn_out, after), proximity(y, after)
+        ffn_total = (ffn + kept).clamp_min(torch.finfo(torch.float32).tiny)
+        return parts / total[:, None, None], residual / total, ffn / ffn_total, kept / ffn_total
+
+    def _frozen(self, layer: int, projected: torch.Tensor) -> list[FrozenNorm]:
+        """The post-attention norm of each row frozen at its input (none without one)."""
+        norm = self.norms.get(layer)
+        return [] if norm is None else [freeze_norm(norm, row) for row in projected]
+
+    def _check(self, layer: int, rows: list[int], projected: torch.Tensor) -> None:
+        """Refuse a layer whose recomputed output projection differs from the model's at the checked position."""
+        if self.position not in rows or layer not in self.checked:
+            return
+        actual = self.checked[layer].float()
+        error = float((projected[rows.index(self.position)] - actual).abs().max())
+        if error > CHECK_TOLERANCE * max(1.0, float(actual.abs().max())):
+            raise AttnscopeError(f"layer {layer}'s attention output recomputed from its queries, keys and values is "
+                                 f"off by {error:.3g} from the model's: routes cannot split it into parts "
+                                 "(an output gate, or an attention the adapter does not describe)")
+
+
+def _through(frozen: FrozenNorm, vector: torch.Tensor) -> torch.Tensor:
+    """A frozen norm applied to ``vector`` ``[d_model]``, bias included."""
+    gain = frozen.gain.float()
+    centred = vector - vector.mean() if frozen.centred else vector
+    return gain * centred + (0.0 if frozen.bias is None else frozen.bias.float())
+
+
+def _linear_parts(frozen: list[FrozenNorm], parts: torch.Tensor) -> torch.Tensor:
+    """Parts ``[row, key, d_model]`` through each row's frozen norm, without its bias (it joins ``y`` once)."""
+    gains = torch.stack([f.gain.float() for f in frozen])[:, None, :]  # [row, 1, d_model]
+    if frozen[0].centred:
+        parts = parts - parts.mean(-1, keepdim=True)
+    return parts * gains
+
+
+# ---- the forward pass ------------------------------------------------------------------------------------------
+def check_route_model(loaded: LoadedModel) -> None:
+    """Refuse, in one line, a model whose prediction routes cannot follow (before any text runs)."""
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; routes follow one "
+                             "prediction of one (e.g. --model smollm2)")
+    config = loaded.config
+    parallel = getattr(config, "parallel_attn", False) or getattr(config, "use_parallel_residual", False)
+    if config.model_type in PARALLEL_BLOCKS or parallel:
+        raise AttnscopeError(f"{config.model_type!r} blocks run attention and the feed-forward side by side on the "
+                             "same input; routes need them one after the other (pre-norm decoders: Llama, Gemma, "
+                             "Qwen, GPT-2, ...)")
+    unembedding(loaded)
+
+
+def route_tensors(loaded: LoadedModel, ids: Sequence[int], position: int) -> tuple[RouteTensors, int]:
+    """Run ``ids`` once, keeping what the walk needs (:class:`RouteTensors`: each block's input and arguments, whose
+    attention inputs :class:`RerunInputs` recomputes layer by layer); also the model's top next token at
+    ``position``."""
+    blocks = blocks_by_layer(loaded)
+    residuals: dict[int, torch.Tensor] = {}
+    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+    checked: dict[int, torch.Tensor] = {}
+
+    def block_input(layer: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            residuals[layer] = (args[0] if args else kwargs["hidden_states"])[0].detach().float()
+            calls[layer] = (args, dict(kwargs))
+        return hook
+
+    def last_output(module: nn.Module, inputs: Any, output: Any) -> None:
+        residuals[len(blocks)] = _first(output)[0].detach().float()
+
+    def projection(layer: int) -> Any:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            checked[layer] = _first(output)[0, position].detach().float()
+        return hook
+
+    input_ids = torch.tensor([list(ids)], device=loaded.input_device)
+    with ExitStack() as stack:
+        stack.enter_context(torch.inference_mode())
+        stack.enter_context(capture(loaded.sites, recorder=RouteInputs(())))  # nothing kept: SDPA's lazy mask
+        for layer, block in enumerate(blocks):
+            stack.enter_context(local_hooks([block], block_input(layer), pre=True))
+        stack.enter_context(local_hooks([blocks[-1]], last_output))
+        for site in loaded.sites.values():
+            if site.kind == "self" and site.out_proj is not None:
+                stack.enter_context(local_hooks([site.out_proj], projection(site.layer)))
+        keep = len(ids) - position
+        logits = loaded.model(input_ids=input_ids, use_cache=False, **last_logits_only(loaded, keep)).logits[0]
+        predicted = int(logits[-keep].argmax())
+    sites = {site.layer: site for site in loaded.sites.values() if site.kind == "self"}
+    if sorted(sites) != list(range(len(blocks))) or len(residuals) != len(blocks) + 1:
+        raise AttnscopeError(f"model {loaded.name!r} has layers without self-attention (or several per block); "
+                             "routes need one attention and one feed-forward block per layer")
+    norms = _output_norms(loaded, unembedding(loaded).attention_norm)
+    tensors = RouteTensors(RerunInputs(loaded, calls), [residuals[i] for i in range(len(blocks) + 1)], sites, norms,
+                           position, checked)
+    return tensors, predicted
+
+
+# ---- the graph -------------------------------------------------------------------------------------------------
+class Node(NamedTuple):
+    """A node of the graph: ``residual`` is the stream entering ``layer`` at ``position`` (``layer = n_layers``:
+    the last one), ``attention`` the stream after ``layer``'s attention block, ``ffn`` that layer's feed-forward
+    block."""
+
+    layer: int
+    position: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One kept edge: ``via`` is ``attention`` (source token -> query through the heads; ``heads``: each head's
+    share, summing to ``importance``), ``residual`` (the stream carried on) or ``ffn``."""
+
+    source: Node
+    target: Node
+    importance: float
+    via: str
+    heads: tuple[float, ...] = ()
+
+
+def walk(tensors: RouteTensors, position: int, tau: float) -> list[Edge]:
+    """The edges kept top-down from the last residual stream at ``position``: at each layer, the rows reached
+    above (feed-forward block, then attention block) and the sources whose edges exceed ``tau``."""
+    edges: list[Edge] = []
+    reached = [position]
+    for layer in reversed(range(tensors.n_layers)):
+        rows = tensors.importance(layer, reached)
+        below: set[int] = set()
+        for r, i in enumerate(rows.positions):
+            edges += _ffn_edges(layer, i, float(rows.ffn[r]), float(rows.ffn_residual[r]), tau)
+            attention = Node(layer, i, "attention")
+            if float(rows.residual[r]) > tau:
+                edges.append(Edge(Node(layer, i, "residual"), attention, float(rows.residual[r]), "residual"))
+                below.add(i)
+            per_head = rows.heads[r]  # [source_pos, head]
+            for j in (per_head.sum(-1) > tau).nonzero()[:, 0].tolist():
+                split = tuple(round(float(v), 7) for v in per_head[j])
+                edges.append(Edge(Node(layer, j, "residual"), attention, float(per_head[j].sum()), "attention", split))
+                below.add(j)
+        reached = sorted(below)
+        if not reached:
+            break
+    return edges
+
+
+def _ffn_edges(layer: int, i: int, ffn: float, kept: float, tau: float) -> list[Edge]:
+    """The feed-forward block's kept edges at row ``i`` into the stream entering ``layer + 1``."""
+    attention, ffn_node, out = Node(layer, i, "attention"), Node(layer, i, "ffn"), Node(layer + 1, i, "residual")
+    edges = []
+    if ffn > tau:
+        edges += [Edge(attention, ffn_node, ffn, "ffn"), Edge(ffn_node, out, ffn, "ffn")]
+    if kept > tau:
+        edges.append(Edge(attention, out, kept, "residual"))
+    return edges
+
+
+@dataclass(frozen=True, eq=False)
+class Routes:
+    """The information-flow graph of one prediction: the ``edges`` kept above ``tau``, top-down from the last
+    residual stream at ``position`` (the model chose ``predicted`` there). Nodes are :class:`Node`; layers, heads
+    and positions are 0-indexed; ``n_layers`` blocks of ``n_heads`` heads."""
+
+    model: str
+    tokens: tuple[str, ...]
+    position: int
+    predicted: str
+    tau: float
+    n_layers: int
+    n_heads: int
+    edges: tuple[Edge, ...]
+
+    @property
+    def output(self) -> Node:
+        return Node(self.n_layers, self.position, "residual")
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node on a kept edge (the output node included), sorted."""
+        found = {self.output} | {e.source for e in self.edges} | {e.target for e in self.edges}
+        return tuple(sorted(found))
+
+    def to_frame(self) -> Any:
+        """One row per edge: source and target (layer, position, kind), ``via``, ``importance``, ``top_head``
+        (-1 off attention edges) and ``heads`` (each head's share, attention edges only)."""
+        import pandas as pd
+
+        rows = [{"source_layer": e.source.layer, "source_position": e.source.position, "source_kind": e.source.kind,
+                 "target_layer": e.target.layer, "target_position": e.target.position, "target_kind": e.target.kind,
+                 "via": e.via, "importance": e.importance,
+                 "top_head": int(np.argmax(e.heads)) if e.heads else -1, "heads": list(e.heads)} for e in self.edges]
+        columns = ["source_layer", "source_position", "source_kind", "target_layer", "target_position", "target_kind",
+                   "via", "importance", "top_head", "heads"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def to_networkx(self) -> Any:
+        """A ``networkx.MultiDiGraph`` (an attention edge and a residual edge may join the same two nodes): nodes
+        are :class:`Node` tuples with ``token``; edges carry ``importance``, ``via`` and ``heads``."""
+        import networkx as nx
+
+        graph = nx.MultiDiGraph(model=self.model, position=self.position, tau=self.tau)
+        for node in self.nodes:
+            graph.add_node(node, layer=node.layer, position=node.position, kind=node.kind,
+                           token=self.tokens[node.position])
+        for edge in self.edges:
+            graph.add_edge(edge.source, edge.target, importance=edge.importance, via=edge.via, heads=edge.heads)
+        return graph
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the fields, nodes as ``[layer, position, kind]``."""
+        return {"model": self.model, "tokens": list(self.tokens), "position": self.position,
+                "predicted": self.predicted, "tau": self.tau, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                "edges": [{"source": list(e.source), "target": list(e.target), "importance": round(e.importance, 7),
+                           "via": e.via, "heads": list(e.heads)} for e in self.edges]}
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path``."""
+        from ..files import written
+
+        path = Path(path)
+        with written(path) as temporary:
+            Path(temporary).write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        return path
+
+    def plot(self, path: str | Path | None = None) -> Any:
+        """A matplotlib figure: tokens on x, layers on y (each layer's residual stream, then its attention block's
+        output a third of a layer up, its feed-forward block beside that); edge width = importance, attention
+        edges coloured by their top head. Saved to ``path`` when given."""
+        return route_figure(self, path)
+
+    def _repr_html_(self) -> str:
+        return str(self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.3g}"))
+
+    def __repr__(self) -> str:
+        return (f"Routes({self.model}, position {self.position} {self.tokens[self.position]!r} -> "
+                f"{self.predicted!r}, tau {self.tau}: {len(self.edges)} edges, {len(self.nodes)} nodes)")
+
+
+LEVEL = {"residual": 0.0, "attention": 1 / 3, "ffn": 2 / 3}  # height of each node kind within its layer
+FFN_SHIFT = 0.3  # the feed-forward node sits beside its position's column
+
+
+def _place(node: Node) -> tuple[float, float]:
+    """A node's (x, y) in the figure: x = position (feed-forward blocks shifted right), y = layer + its level."""
+    return node.position + (FFN_SHIFT if node.kind == "ffn" else 0.0), node.layer + LEVEL[node.kind]
+
+
+def route_figure(graph: Routes, path: str | Path | None = None, width: float = 6.0) -> Any:
+    """:meth:`Routes.plot`'s figure (``matplotlib.figure.Figure``, no pyplot state); saved to ``path`` when given
+    (the format from its suffix)."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(max(6.0, 0.45 * len(graph.tokens)), max(4.0, 0.35 * (graph.n_layers + 1))))
+    axes = figure.add_subplot()
+    colours = colormaps["tab10"]
+    for edge in graph.edges:
+        (x0, y0), (x1, y1) = _place(edge.source), _place(edge.target)
+        colour = colours(int(np.argmax(edge.heads)) % 10) if edge.heads else "0.45"
+        axes.plot([x0, x1], [y0, y1], color=colour, linewidth=0.3 + width * edge.importance, alpha=0.8,
+                  solid_capstyle="round")
+    nodes = graph.nodes
+    axes.scatter([_place(n)[0] for n in nodes], [_place(n)[1] for n in nodes], s=8, color="black", zorder=3)
+    axes.set_xticks(range(len(graph.tokens)), list(graph.tokens), rotation=90, fontsize=7)
+    axes.set_yticks(range(graph.n_layers + 1), [str(layer) for layer in range(graph.n_layers)] + ["out"], fontsize=7)
+    axes.set_xlim(-0.7, len(graph.tokens) - 0.3)
+    axes.set_ylabel("layer (0-indexed; the residual stream entering it)")
+    axes.set_title(f"{graph.model}: route of position {graph.position} ({graph.tokens[graph.position]!r} -> "
+                   f"{graph.predicted!r}), tau {graph.tau}; colour = top head", fontsize=8)
+    figure.tight_layout()
+    if path is not None:
+        from ..files import written
+
+        target = Path(path)
+        with written(target) as temporary:
+            figure.savefig(temporary, format=target.suffix.lstrip(".").lower() or "png", dpi=130)
+    return figure
+
+
+def check_tau(tau: float) -> float:
+    """``tau`` if it is a threshold the walk can use (0 <= tau < 1), else one error line."""
+    if not 0.0 <= tau < 1.0:
+        raise AttnscopeError(f"tau must be at least 0 and below 1 (an importance share), not {tau}")
+    return float(tau)
+
+
+def routes(model: LoadedModel | str, text: str | Sequence[int], position: int = -1, tau: float = TAU) -> Routes:
+    """The information-flow routes of the prediction at ``position`` of ``text`` (a text, or token ids):
+    one forward pass, then the top-down walk (see the module docstring). ``position``: 0-indexed, negative from the
+    end (default: the last); ``tau``: the importance an edge must exceed to be kept."""
+    tau = check_tau(tau)
+    loaded = as_loaded(model)
+    check_route_model(loaded)
+    ids = _ids_of(loaded, text)
+    t = _resolve_position(position, len(ids))
+    if len(ids) > loaded.max_length:
+        raise AttnscopeError(f"the text is {len(ids)} tokens, more than {loaded.name}'s limit of {loaded.max_length}")
+    tensors, predicted = route_tensors(loaded, ids, t)
+    edges = walk(tensors, t, tau)
+    n_heads = n_config_heads(loaded)
+    name = lambda token: readable_tokens(loaded.tokenizer, [token])[0]
+    return Routes(loaded.name, readable_tokens(loaded.tokenizer, list(ids)), t, name(predicted), tau,
+                  tensors.n_layers, n_heads, tuple(edges))
+
