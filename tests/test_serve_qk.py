@@ -71,6 +71,19 @@ def test_qk_on_token_ids_and_negative_positions_equals_the_text(client, smollm2)
     assert len(by_text["top"]["score"]) == 10
 
 
+@pytest.mark.parametrize(("alias", "layer", "head"), [("gemma3", 5, 3), ("qwen0.5b", 12, 7)])
+def test_qk_answers_on_gemma3_and_qwen_as_qk_attribution_does(alias, layer, head):
+    if not ALIASES[alias].installed:
+        pytest.skip(f"{alias} not installed")
+    loaded = load_model(alias)
+    client = fastapi_testclient.TestClient(create_app(loaded=[loaded]), base_url=LOCAL, raise_server_exceptions=False)
+    data = client.post("/api/qk", json={"text": TEXT, "layer": layer, "head": head, "query": -1, "key": -3}).json()
+    found = qk_attribution(loaded, TEXT, layer, head, -1, -3)
+    assert data["tokens"] == list(extract(loaded, TEXT).tokens)
+    assert data["score"] == pytest.approx(found.score, abs=1e-9)
+    assert data["top"]["score"] == expected_pairs(found, 10, "score")
+
+
 @pytest.mark.parametrize(("body", "status", "detail"), [
     ({**CELL, "layer": 30}, 422, "layer 30 is outside smollm2's 30 layers (0..29)"),
     ({**CELL, "head": 9}, 422, "head 9 is outside layer 17's 9 heads (0..8)"),
