@@ -12,7 +12,7 @@ from attnscope import extract, generate, load_model
 from attnscope.attribution import qk_attribution
 from attnscope.models.registry import ALIASES
 
-from .test_serve_guard import serving
+from .test_serve_guard import one_line_detail, serving
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 from attnscope.serve.app import create_app
@@ -98,10 +98,7 @@ def test_qk_answers_on_gemma3_and_qwen_as_qk_attribution_does(alias, layer, head
     ({**CELL, "model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
 ])
 def test_bad_qk_input_gets_a_4xx_with_one_line(client, body, status, detail):
-    answer = client.post("/api/qk", json={"text": TEXT, **body})
-    assert answer.status_code == status
-    message = answer.json()["detail"]
-    assert message.startswith(detail) and "\n" not in message, message
+    assert one_line_detail(client.post("/api/qk", json={"text": TEXT, **body}), status, detail).startswith(detail)
 
 
 # ---- the clicks in Chromium ----------------------------------------------------------------------------------
