@@ -11,7 +11,9 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/record``: one input's attention as plain JSON (the page downloads it);
 * ``POST /api/mixing``: one context-mixing measure of one text (ALTI, GlobEnc, value zeroing, ...),
   packed as the views payload packs it (the page's Measure control asks for it on demand);
-* ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step.
+* ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step;
+* ``POST /api/qk``: why a decoder's head scores a key for a query (QK attribution of one attention cell:
+  the score and its largest [query component x key component] terms; the views' cell click asks it).
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -58,6 +60,7 @@ MAX_PROMPT_CHARS = 100_000
 WHITE_SPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace())
 NOT_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITE_SPACE) + "]"
 DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload grows quadratically
+MAX_QK_TOP = 100  # pairs per table in an /api/qk answer (the page draws one bar each)
 MAX_NEW_TOKENS = 256  # per /api/generate request: the model is held (other requests on it wait) while it writes
 
 # name -> (package, folder) of every asset the page may load
@@ -174,6 +177,32 @@ class GenerateRequest(StrictRequest):
                             "generation's own forward passes")
 
     _check_prompt = field_validator("prompt")(_utf8)
+
+
+# Exactly one of a QK request's text and token ids (service.qk checks it too, in one line)
+TEXT_OR_IDS: dict[str, Any] = {"oneOf": [{"required": ["text"], "properties": {"ids": {"type": "null"}}},
+                                         {"required": ["ids"], "properties": {"text": {"type": "null"}}}]}
+Position = Annotated[int, BeforeValidator(_whole_number)]
+
+
+class QKRequest(StrictRequest):
+    model_config = ConfigDict(json_schema_extra=TEXT_OR_IDS)
+
+    model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+                              "first decoder-only model)")
+    text: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
+                             description="the text, tokenized as /api/analyze does (or give ids)",
+                             examples=["The cat sat on the mat. The cat"])
+    ids: list[Index] | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                                    description="token ids instead of a text (the step view sends what was generated)")
+    layer: Index = Field(..., description="0-indexed layer")
+    head: Index = Field(..., description="0-indexed head")
+    query: Position = Field(..., description="0-indexed query position (negative counts from the end)")
+    key: Position = Field(..., description="0-indexed key position (negative counts from the end)")
+    top: Annotated[int, Field(ge=1, le=MAX_QK_TOP), BeforeValidator(_whole_number)] = Field(
+        10, description=f"the largest pairs of each table to return (1 to {MAX_QK_TOP})")
+
+    _check_text = field_validator("text")(_utf8)
 
 
 class Problem(BaseModel):
@@ -349,6 +378,14 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
                               prompt_rows=PROMPT_ROWS[request.prompt_rows], recorders=recorders)
         # packing the payload needs no model: let the next request in
         return JSONResponse(service.describe_generation(record))
+
+    @app.post("/api/qk", summary="why a decoder's head scores a key for a query: QK attribution of one cell",
+              responses=ERRORS)
+    def qk(request: QKRequest) -> JSONResponse:
+        cell = service.Cell(request.layer, request.head, request.query, request.key)
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            found = service.qk(loaded, request.text, request.ids, cell, max_tokens)
+        return JSONResponse(service.describe_qk(found, request.top))
 
     def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:

@@ -85,19 +85,21 @@ TIES: dict[str, Tie] = {
     "MixingRequest": lambda facts: None if facts.pair_in_measures else {"pair": {"type": "null"}},
     "GenerateRequest": lambda facts: None if facts.chat else {"chat": {"const": False}},
 }
+# request body -> its path: only a decoder-only model answers these (null: the first such model)
+DECODER_ONLY = {"GenerateRequest": "/api/generate", "QKRequest": "/api/qk"}
 
 
 def with_model_facts(schema: dict[str, Any], facts: Mapping[str, ModelFacts | None], default: str | None,
                      generator: str | None) -> dict[str, Any]:
     """``schema`` (FastAPI's OpenAPI document) with every request body's ``model`` one of ``facts``'
-    names (null: ``default``, or for generation ``generator``, the first model that generates) and
-    the options that depend on the model tied to it (:data:`TIES`). Generation, when no model
-    offered generates, is left out."""
+    names (null: ``default``, or for generation and QK attribution ``generator``, the first model that
+    generates) and the options that depend on the model tied to it (:data:`TIES`). Generation and QK
+    attribution (:data:`DECODER_ONLY`), when no model offered generates, are left out."""
     bodies = schema["components"]["schemas"]
     for name, body in bodies.items():
         if "model" not in body.get("properties", {}):
             continue
-        generate = name == "GenerateRequest"
+        generate = name in DECODER_ONLY
         offered = {model: known for model, known in facts.items() if not generate or (known and known.generates)}
         if not offered:
             continue
@@ -109,7 +111,8 @@ def with_model_facts(schema: dict[str, Any], facts: Mapping[str, ModelFacts | No
                      **({} if None in names else {"required": ["model"]})} for names, tie in groups]  # left out: null
             body["allOf"] = [*body.get("allOf", []), {"anyOf": ties}]
     if generator is None:
-        schema["paths"].pop("/api/generate", None)
+        for path in DECODER_ONLY.values():
+            schema["paths"].pop(path, None)
     return schema
 
 

@@ -5,7 +5,8 @@
   sublayers skipped, and what changed (attention of every layer, and the model's output:
   sentence-embedding cosine for encoders, next-token distribution for decoders, translation and
   step view for encoder-decoders);
-* :func:`record_json`: the record's attention as plain JSON, for scripts.
+* :func:`record_json`: the record's attention as plain JSON, for scripts;
+* :func:`qk` and :func:`describe_qk`: why a decoder's head scores a key for a query (QK attribution).
 
 Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
 layer answers 4xx) for input the user can fix.
@@ -27,6 +28,7 @@ from ..records.generation import GenerationRecord
 
 if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
+    from ..attribution.qk import QKAttribution
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
 # attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
@@ -340,9 +342,59 @@ def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[s
 
 # ---- generation ------------------------------------------------------------------------------
 def describe_generation(record: GenerationRecord) -> dict[str, Any]:
-    """The answer of ``/api/generate``: the generated text and the step view's payload
-    (``present/steps.schema.json``)."""
+    """The answer of ``/api/generate``: the generated text, every position's token id (prompt and generated: what
+    ``/api/qk`` reads for a step's cell) and the step view's payload (``present/steps.schema.json``)."""
     from ..present.steps import generation_payload
 
     return {"model": record.model.name, "prompt": record.prompt, "generated": record.generated_text,
-            "payload": generation_payload(record)}
+            "token_ids": [int(i) for i in record.token_ids], "payload": generation_payload(record)}
+
+
+# ---- QK attribution --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One attention cell: head ``head`` of layer ``layer``, query position ``query``, key position ``key``."""
+
+    layer: int
+    head: int
+    query: int
+    key: int
+
+
+def check_ids(loaded: LoadedModel, ids: list[int]) -> None:
+    """:class:`InputError` for token ids the model has no embedding for, or more than its context holds."""
+    vocabulary = loaded.model.get_input_embeddings().num_embeddings
+    outside = next((i for i in ids if not 0 <= i < vocabulary), None)
+    if outside is not None:
+        raise InputError(f"token id {outside} is outside {loaded.name}'s vocabulary (ids 0..{vocabulary - 1})")
+    if len(ids) > loaded.max_length:
+        raise InputError(f"the input is {len(ids)} tokens long; {loaded.name}'s limit is {loaded.max_length} tokens")
+
+
+def qk(loaded: LoadedModel, text: str | None, ids: list[int] | None, cell: Cell, max_tokens: int) -> QKAttribution:
+    """QK attribution of ``cell`` on ``text`` (checked as :func:`check_input` checks it) or on token ``ids`` (what a
+    generation wrote: up to the model's context); exactly one of the two."""
+    from ..attribution.qk import qk_attribution
+
+    if (text is None) == (ids is None):
+        raise InputError("give either the text or its token ids (ids), not both and not neither")
+    if text is not None:
+        check_input(loaded, text, None, max_tokens)
+    else:
+        check_ids(loaded, ids or [])
+    return qk_attribution(loaded, text if text is not None else ids or [], cell.layer, cell.head, cell.query, cell.key)
+
+
+def _pairs(found: QKAttribution, top: int, table: str) -> list[dict[str, Any]]:
+    return [{"query_component": q, "key_component": k, "value": value} for q, k, value in found.top_pairs(top, table)]
+
+
+def describe_qk(found: QKAttribution, top: int) -> dict[str, Any]:
+    """``/api/qk``'s answer: the cell, the model's score and log attention, the tables' sums, the ``top`` pairs of the
+    score table and of the centred one (None under softcapping), and the row term."""
+    return {"model": found.model, "tokens": list(found.tokens), "layer": found.layer, "head": found.head,
+            "query": found.query, "key": found.key, "score": found.score, "capped_score": found.capped_score,
+            "table_sum": found.total(), "log_attention": found.log_attention, "softmax_sum": found.softmax_total(),
+            "row_term": found.row_term, "sink_mass": found.sink_mass, "components": len(found.query_components),
+            "top": {"score": _pairs(found, top, "score"),
+                    "centred": None if found.centred is None else _pairs(found, top, "centred")}}

@@ -433,11 +433,13 @@
 
   NS.instances = NS.instances || {};
   /* options.hash: read the starting state from the page address (standalone files, not notebooks);
-   * options.onChange(app): called after every draw (the explorer keeps its address in step). */
+   * options.onChange(app): called after every draw (the explorer keeps its address in step);
+   * options.onCell(app, query, key): the head view's key token clicked while a query token is selected. */
   NS.mount = function mount(root, payload, options) {
     if (payload.format === "attnscope.longview") return NS.mountLong(root, payload, options);
     const app = new App(root, payload);
     app.onChange = options && options.onChange;
+    app.onCell = options && options.onCell; // (app, query, key): a key clicked while a query is selected (head view)
     app.fetchLayer = options && options.fetchLayer;
     // options.mixing = {methods: [{method, label, reference}], fetch(method) -> Promise of a payload mixing entry}
     if (options && options.mixing) {

@@ -52,10 +52,13 @@
       this.hideSpecial.addEventListener("change", () => { app.state.hideSpecial = this.hideSpecial.checked; this.render(); });
       this.canvas.addEventListener("mousemove", (event) => this.onMove(event));
       this.canvas.addEventListener("mouseleave", () => this.setHover(null));
-      // clicking a query token selects it (its lines stay shown); clicking it again clears the selection
+      // clicking a query token selects it (its lines stay shown); clicking it again clears the selection;
+      // then clicking a key token hands the cell (selected query, key) to app.onCell, where the page gives one
       this.canvas.addEventListener("click", () => {
         if (this.hover && this.hover.side === "query" && app.selectToken) {
           app.selectToken(app.state.selected === this.hover.pos ? null : this.hover.pos);
+        } else if (this.hover && this.hover.side === "key" && app.onCell && Number.isInteger(app.state.selected)) {
+          app.onCell(app, app.state.selected, this.hover.pos);
         }
       });
     }

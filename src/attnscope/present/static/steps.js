@@ -8,7 +8,8 @@
  * one, or move with the arrow keys, Home and End), the chosen step's top next tokens with their
  * probabilities, and what its query attended to, drawn over the tokens it saw: one head, one
  * layer's mean over heads, or the mean of all layers and heads, raw or norm-weighted. `focus`: take
- * the keyboard; `hash`: start where the address says (#step=5&layer=2&head=3&norms=1).
+ * the keyboard; `hash`: start where the address says (#step=5&layer=2&head=3&norms=1); `onKey(view,
+ * key)`: a token of the attention row clicked (the explorer explains that cell with QK attribution).
  * A generation made with --attribute also shows, for the chosen step, the heads that pushed the
  * chosen token's logit up or down most (signed bars, ranked by size; click one to see which tokens
  * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
@@ -333,6 +334,8 @@
         piece.style.background = `rgba(200, 70, 30, ${shade.toFixed(3)})`;
         if (shade > 0.55) piece.style.color = "white";
         piece.title = `key ${k} ${JSON.stringify(token)}: ${weights[k].toFixed(4)}`;
+        piece.dataset.key = String(k);
+        if (this.options.onKey) piece.addEventListener("click", () => this.options.onKey(this, k));
         box.append(piece);
         if (token.includes("\n")) box.append(el("br"));
       });

@@ -6,7 +6,10 @@
  * (#model=..&text=..&pair=..&view=head&layer=2&head=3&norms=1&do=zero&heads=2.3&layers=&on=&show=changed;
  * measure=alti&rollout=1 for a context-mixing measure) so a view can be bookmarked or shared. The
  * views' Measure control offers the context-mixing measures of GET /api/models and fetches the one
- * chosen for the analysed text from POST /api/mixing. Layers and heads are 0-indexed.
+ * chosen for the analysed text from POST /api/mixing. Clicking an attention cell (the head view: a query
+ * token, then a key token, with one head shown; the step view: a token of a step's row, with one layer
+ * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
+ * Layers and heads are 0-indexed.
  */
 (function (V, Steps) {
   "use strict";
@@ -21,6 +24,8 @@
     open: null, // [layer, head] open in the views
     sort: { column: null, descending: true },
     views: null, // the mounted AttnscopeViews app
+    generated: null, // the last /api/generate answer
+    qkHint: null, // what the head view's QK panel says before a cell is clicked
   };
 
   // ---- talking to the server ----------------------------------------------------------------
@@ -122,6 +127,8 @@
       page.showing = "intact";
       page.sort = { column: null, descending: true };
       $("effects").replaceChildren();
+      $("qk-panel").replaceChildren(...page.qkHint.map((node) => node.cloneNode(true)));
+      delete $("qk-panel").dataset.state;
       $("showing").hidden = true;
       $("results").hidden = false;
       setupIntervention(data.model);
@@ -146,7 +153,8 @@
     const root = $("views");
     root.replaceChildren();
     delete root.dataset.drawn;
-    const app = V.mount(root, payload, { hash: !!fromAddress, onChange: viewsChanged, mixing: mixingSource() });
+    const app = V.mount(root, payload, { hash: !!fromAddress, onChange: viewsChanged, mixing: mixingSource(),
+      onCell: headCell });
     if (previous && !fromAddress) {
       const state = app.state;
       if (payload.views.includes(previous.state.view)) state.view = previous.state.view;
@@ -463,6 +471,90 @@
     return [lines, el("p", "ex-note", output.what), ...blocks];
   }
 
+  // ---- why a head looked there: QK attribution of one cell (POST /api/qk) --------------------
+  /* Ask /api/qk for `body` ({model, text or ids, layer, head, query, key}) and draw in `box` the score and the
+   * top pairs of both tables, each with a signed bar; the server's one line where it refuses. */
+  async function explainCell(box, body) {
+    box.dataset.state = "busy";
+    box.replaceChildren(el("p", "ex-note", `asking why layer ${body.layer}, head ${body.head} looked from query `
+      + `${body.query} to key ${body.key}\u2026`));
+    try {
+      const data = await api("/api/qk", body);
+      box.replaceChildren(...qkParts(data));
+      box.dataset.state = "done";
+    } catch (error) {
+      refuseCell(box, error.message);
+    }
+  }
+
+  function refuseCell(box, reason) {
+    box.replaceChildren(el("p", "ex-error", reason));
+    box.dataset.state = "error";
+  }
+
+  function qkParts(data) {
+    const token = (i) => JSON.stringify(data.tokens[i]);
+    const capped = data.capped_score === null ? "" : ` (${data.capped_score.toFixed(3)} after the softcap)`;
+    const score = el("p", "", `score ${data.score.toFixed(3)}${capped}; the ${data.components} \u00d7 ${data.components} `
+      + `table sums to ${data.table_sum.toFixed(3)}; log attention ${data.log_attention.toFixed(3)}`);
+    score.dataset.role = "qk-summary";
+    const parts = [el("h3", "", `Why layer ${data.layer}, head ${data.head} looks from query ${data.query} `
+      + `${token(data.query)} to key ${data.key} ${token(data.key)}`), score,
+    el("p", "ex-note", "the largest terms of the score: a query-side component (what the query's residual holds) "
+      + "times a key-side component (what the key's holds); red adds to the score, blue takes away"),
+    pairTable(data.top.score, "score")];
+    if (data.top.centred) {
+      parts.push(el("p", "ex-note", "what the softmax sees: each key-side component minus its attention-weighted mean "
+        + `over the row's keys; these terms plus the row term ${data.row_term.toFixed(3)} sum to the log attention`),
+      pairTable(data.top.centred, "centred"));
+    }
+    return parts;
+  }
+
+  function pairTable(pairs, table) {
+    const box = el("table", "ex-bars");
+    box.dataset.role = `qk-${table}`;
+    const head = el("tr");
+    for (const name of ["query component", "key component", "term"]) head.append(el("th", "", name));
+    box.append(head);
+    const largest = Math.max(1e-12, ...pairs.map((pair) => Math.abs(pair.value)));
+    for (const pair of pairs) {
+      const bar = el("span", `ex-bar ${pair.value < 0 ? "ex-negative" : "ex-positive"}`);
+      bar.style.width = `${Math.round((100 * Math.abs(pair.value)) / largest)}px`;
+      const value = el("td");
+      value.dataset.value = String(pair.value);
+      value.append(bar, ` ${pair.value.toFixed(4)}`);
+      const row = el("tr");
+      row.append(el("td", "", pair.query_component), el("td", "", pair.key_component), value);
+      box.append(row);
+    }
+    return box;
+  }
+
+  /* The head view's cell (selected query, clicked key) of its layer and its one head shown, on the intact model. */
+  function headCell(app, query, key) {
+    const box = $("qk-panel");
+    const data = page.analysis;
+    const heads = [...app.state.heads];
+    const reason = app.layerLevel() ? "a context-mixing measure has no heads: choose attention \u03b1 to ask why a head looked there"
+      : heads.length !== 1 ? "show one head only (double-click its square) to ask why it looked there"
+        : page.showing === "changed" ? "QK attribution reads the intact model: show the intact model to ask"
+          : data.pair ? "QK attribution reads one text: analyse it without a second sentence to ask" : null;
+    if (reason) return refuseCell(box, reason);
+    return explainCell(box, { model: data.model.name, text: data.text, layer: Number(app.layerName(app.state.layer)),
+      head: heads[0], query, key });
+  }
+
+  /* The step view's cell: the step's query (the last token so far) and the clicked key, of its layer and head. */
+  function stepCell(view, key) {
+    const box = $("gen-qk");
+    const { layer, head, step } = view.state;
+    if (layer < 0 || head < 0) return refuseCell(box, "choose one layer and one head above to ask why it looked there");
+    const query = view.payload.keys[step] - 1;
+    return explainCell(box, { model: page.generated.model, ids: page.generated.token_ids.slice(0, query + 1),
+      layer, head, query, key });
+  }
+
   // ---- generation tab ------------------------------------------------------------------------
   function showTab(name) {
     for (const tab of document.querySelectorAll(".ex-tabs [data-tab]")) {
@@ -486,7 +578,9 @@
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
       delete holder.dataset.drawn;
-      await Steps.render(holder, data.payload, { focus: true });
+      page.generated = data;
+      $("gen-qk").replaceChildren();
+      await Steps.render(holder, data.payload, { focus: true, onKey: stepCell });
       markLoaded(data.model);
       status.textContent = "";
     } catch (error) {
@@ -528,6 +622,7 @@
       return;
     }
     const config = page.config;
+    page.qkHint = [...$("qk-panel").childNodes].map((node) => node.cloneNode(true));
     $("model").replaceChildren(...config.models.map((m) => new Option(m.loaded ? m.name : `${m.name} (not loaded yet)`, m.name)));
     $("model").value = config.default;
     $("mode").replaceChildren(...Object.entries(config.modes).map(([name, text]) => {
