@@ -258,7 +258,7 @@ def test_the_mechanism_region_reports_targets_met_and_missed_from_the_record():
                            "figures": _recorded_mechanism(speedup=6.0, spearman_ioi=0.85)}}
     text = docs.render_region("mechanism", docs.load_figures(), bench)
     assert "| AtP\\* | +0.850 | 50% | +0.850 | 50% | 18.0 | 6.0× |" in text
-    assert "Spearman ≥ 0.8 on IOI (met)" in text and "cached patching (**not met**: GradDrop" in text
+    assert "Spearman ≥ 0.8 on IOI (met)" in text and "cached patching (**not met**: GradDrop runs a copy" in text
     assert "L9H5 real +0.310, AtP +0.020, AtP\\* +0.270." in text and "On Brown no head's AtP estimate" in text
     assert "| L3H1 (head) | embedding | +1.250 |" in text and "Qwen 1.5B was not measured" in text
     met = docs.render_region("mechanism", docs.load_figures(), {"mechanism": {
