@@ -443,6 +443,26 @@ def mixing_summary(table: dict[str, Any]) -> dict[str, Any]:
     return {"table": table, "ranking": ranking, "claims": claims, "sentences": DEFAULT_SENTENCES}
 
 
+ROUTES_PROMPT = "When Mary and John went to the store, John gave a drink to"
+
+
+def route_example(work: Path) -> dict[str, Any]:
+    """``attnscope routes`` on SmolLM2's indirect-object prompt: the picture (docs/img/routes_ioi.png), the graph's size
+    and its five strongest attention edges."""
+    page = work / "routes.html"
+    attnscope("routes", "--model", "smollm2", ROUTES_PROMPT, "--png", "--json", "-o", str(page))
+    copy_image(page.with_suffix(".png"), "routes_ioi.png")
+    graph = json.loads(page.with_suffix(".json").read_text())
+    tokens = graph["tokens"]
+    attention = sorted((e for e in graph["edges"] if e["via"] == "attention"), key=lambda e: -e["importance"])[:5]
+    return {"model": graph["model"], "tau": graph["tau"], "predicted": graph["predicted"], "tokens": len(tokens),
+            "edges": len(graph["edges"]),
+            "strongest": [{"layer": e["target"][0], "source": tokens[e["source"][1]], "source_position": e["source"][1],
+                           "target": tokens[e["target"][1]], "target_position": e["target"][1],
+                           "importance": round(e["importance"], 3),
+                           "head": max(range(len(e["heads"])), key=lambda h: e["heads"][h])} for e in attention]}
+
+
 # per built-in model: (first N EWT test sentences, first N GUM test documents); None = the whole split.
 # The decoders run on a share so that `make docs-figures` stays within minutes on 2 shared cores
 # (benchmarks/gold.py runs every model on the full splits); docs/probing.md says how many each one saw.
@@ -581,6 +601,7 @@ GROUPS: dict[str, Group] = {
     "edges": Group(" ".join(("attnscope probe edges -o out/edges --json", *_edges_seeds())), probe("edges", *_edges_seeds()),
                    ("seconds",)),
     "mixing": Group("attnscope mixing --evaluate --json", mixing_faithfulness, ("seconds",)),
+    "routes": Group(f'attnscope routes --model smollm2 "{ROUTES_PROMPT}" --png --json', route_example),
     "gold": Group(_gold_command(), gold),
 }
 

@@ -126,7 +126,7 @@ def test_the_toy_band_catches_a_broken_translator():
 
 # Numbers a page may state outside generated regions: facts that no run of attnscope measures.
 NOT_MEASURED = (
-    (r"(?:et al\.|Zuidema) \(?\d{4}\)?", "a citation's year"),
+    (r"(?:et al\.|Zuidema|Voita) \(?\d{4}\)?", "a citation's year"),
     (r"\b[01]-indexed", "indexing convention"),
     (r"Python >= [\d.]+|torch [\d.]+", "requirements"),
     ((r"MiniLM-L6-v2|SmolLM2(?:-135M-Instruct)?|Gemma [23](?: and 3| 270M)?|GPT-2|\bT5\b|\b[45]xx\b"
