@@ -180,8 +180,9 @@ class GenerateRequest(StrictRequest):
 
 
 # Exactly one of a QK request's text and token ids (service.qk checks it too, in one line)
-TEXT_OR_IDS: dict[str, Any] = {"oneOf": [{"required": ["text"], "properties": {"ids": {"type": "null"}}},
-                                         {"required": ["ids"], "properties": {"text": {"type": "null"}}}]}
+TEXT_OR_IDS: dict[str, Any] = {"oneOf": [
+    {"required": ["text"], "properties": {"text": {"type": "string"}, "ids": {"type": "null"}}},  # a null text is none
+    {"required": ["ids"], "properties": {"ids": {"type": "array"}, "text": {"type": "null"}}}]}
 Position = Annotated[int, BeforeValidator(_whole_number)]
 
 
