@@ -494,15 +494,12 @@ def _check_attribution(args: argparse.Namespace) -> int:
         KS,
         QUICK_PROMPTS,
         RANDOM_DRAWS,
-        TASKS,
         check_attribution,
+        check_tasks,
     )
     from ..present.figures import plot_attribution_check, save_figure
 
-    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
-    unknown = [task for task in tasks if task not in TASKS]
-    if unknown or not tasks:
-        raise AttnscopeError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    tasks = check_tasks(args.tasks)
     loaded = load_from_args(args)
     n_prompts = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
     check = check_attribution(loaded, tasks=tasks, n_prompts=n_prompts, ks=args.ks or KS, draws=3 if args.quick else
