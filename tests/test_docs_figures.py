@@ -271,7 +271,7 @@ def _recorded_routes_check(route_flow_heads: float, route_flow_tokens: float) ->
     labels = {"heads": {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
                         "dla": "direct logit attribution"},
               "tokens": {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
-                         "attention": "attention, last layer", "rollout": "attention rollout", "alti": "ALTI rollout"}}
+                         "attention": "last layer's attention", "rollout": "attention rollout", "alti": "ALTI rollout"}}
     heads = {"route": 0.2, "route_flow": route_flow_heads, "dla": 0.1}
     tokens = {"route": 0.3, "route_flow": route_flow_tokens, "attention": 0.1, "rollout": 0.25, "alti": 0.4}
     task = {"n_prompts": 8, "n_token_prompts": 8, "edges": [120.0, 100.0, 140.0],
@@ -289,15 +289,15 @@ def test_the_routes_check_region_renders_from_made_up_figures():
     text = docs.render_region("routes_check", docs.load_figures(), bench)
     assert "| indirect object | route flow (unpruned) | +0.45 [+0.40, +0.50] | +0.30 [+0.20, +0.40] |" in text
     assert "| Brown next words (8 prompts) | ALTI rollout | +0.40 [+0.30, +0.50] |" in text
-    assert ("the head score that ranks heads most like patching is route flow (unpruned) (rho +0.45); the route's "
+    assert ("the head score that ranks heads most like patching is route flow (unpruned), with rho +0.45; the route's "
             "flow ranks them better than direct logit attribution (+0.45 vs +0.10), and their intervals do not "
             "overlap.") in text
-    assert "ALTI rollout agrees best with erasure (rho +0.40); the route's flow comes 2 of 5, behind ALTI rollout." \
+    assert "ALTI rollout agrees best with erasure, with rho +0.40; the route's flow comes 2 of 5, behind ALTI rollout." \
         in text
     worse = docs.render_region("routes_check", docs.load_figures(), {"routes_check": {
         **bench["routes_check"], "figures": _recorded_routes_check(route_flow_heads=0.08, route_flow_tokens=0.05)}})
     assert "does **not** rank them better than direct logit attribution (+0.08 vs +0.10), though their intervals " \
         "overlap." in worse
-    assert "the route's flow comes 5 of 5, behind ALTI rollout, route (kept edges), attention rollout, attention, " \
-        "last layer." in worse
+    assert "the route's flow comes 5 of 5, behind ALTI rollout, route (kept edges), attention rollout, last layer's " \
+        "attention." in worse
     assert "has not been recorded on this checkout yet" in docs.render_region("routes_check", docs.load_figures(), {})

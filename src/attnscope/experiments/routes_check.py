@@ -57,7 +57,7 @@ QUICK_PROMPTS = 4
 HEAD_SCORES = {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
                "dla": "direct logit attribution"}
 TOKEN_SCORES = {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
-                "attention": "attention, last layer", "rollout": "attention rollout", "alti": "ALTI rollout"}
+                "attention": "last layer's attention", "rollout": "attention rollout", "alti": "ALTI rollout"}
 
 
 @dataclass(frozen=True)
