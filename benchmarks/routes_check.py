@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attribution import tiny_model
-from bench_json import add_smoke_flag, cpu_name, emit
+from attribution import check_model
+from bench_json import add_smoke_flag, emit
 
-import attnscope
 from attnscope.experiments.routes_check import DEFAULT_PROMPTS, check_routes
 from attnscope.present.figures import plot_routes_check, save_figure
 
@@ -39,14 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1; the batches are small)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as folder:
-        loaded = tiny_model(Path(folder)) if args.smoke else attnscope.load_model("smollm2")
-    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average {load_before:.2f}; "
-          f"model {loaded.name}", flush=True)
+    loaded, load_before = check_model(args.smoke, args.threads)
     # the tiny model's tokenizer (MiniLM's) keeps [CLS] when a Brown prompt is decoded: IOI alone gives token scores
     check = check_routes(loaded, tasks=("ioi",) if args.smoke else ("brown", "ioi"), n_prompts=3 if args.smoke else
                          args.prompts, n_resamples=100 if args.smoke else 1000, progress=not args.smoke)

@@ -119,17 +119,15 @@ def _check_routes(args: argparse.Namespace) -> int:
 
 def _write_routes_check(args: argparse.Namespace, tasks: list[str], folder: Path) -> int:
     from ..experiments.routes_check import DEFAULT_PROMPTS, QUICK_PROMPTS, check_routes
-    from ..present.figures import plot_routes_check, save_figure
+    from ..present.figures import plot_routes_check
+    from .outputs import interval_text, write_check
 
     n_prompts = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
     check = check_routes(load_from_args(args), tasks=tasks, n_prompts=n_prompts, tau=args.tau,
                          n_resamples=args.bootstrap, seed=args.seed, progress=True)
     data = check.to_dict()
-    summary = folder / "routes_check.json"
-    summary.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    figure = plot_routes_check(data)
-    written = [str(save_figure(figure, folder / f"routes_check.{suffix}")) for suffix in ("png", "svg")]
-    show = lambda v: "n/a" if v[0] is None else f"{v[0]:+.3f}" + ("" if v[1] is None else f" [{v[1]:+.3f}, {v[2]:+.3f}]")
+    written = write_check(folder, "routes_check", data, plot_routes_check(data))
+    show = interval_text
     for task, result in data["tasks"].items():
         print(f"{task} ({result['n_prompts']} prompts; mean [95% CI]); heads vs each head alone mean-ablated:")
         for name, row in result["heads"].items():
@@ -138,7 +136,7 @@ def _write_routes_check(args: argparse.Namespace, tasks: list[str], folder: Path
         print(f"  tokens vs erasure ({result['n_token_prompts']} prompts):")
         for name, row in result["tokens"].items():
             print(f"  {data['labels']['tokens'][name]}: Spearman {show(row['spearman'])}")
-    print(f"wrote {summary}, {', '.join(written)} ({check.seconds:.0f} s)")
+    print(f"wrote {', '.join(written)} ({check.seconds:.0f} s)")
     return 0
 
 
