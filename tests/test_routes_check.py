@@ -122,6 +122,10 @@ def test_the_checks_numbers_for_one_prompt_are_recomputed_independently(tiny_lla
         spearmanr(scores.flow_tokens[ranked], erasure).statistic, abs=1e-4)
     assert kept["heads_spearman"]["route_flow"] == pytest.approx(
         spearmanr(scores.flow_heads.ravel(), row.patching.ravel()).statistic, abs=1e-4)
+    assert kept["heads_spearman_magnitude"]["dla"] == pytest.approx(
+        spearmanr(np.abs(row.heads["dla"]).ravel(), np.abs(row.patching).ravel()).statistic, abs=1e-4)
+    assert kept["tokens_spearman_magnitude"]["route_flow"] == pytest.approx(
+        spearmanr(scores.flow_tokens[ranked], np.abs(erasure)).statistic, abs=1e-4)
     summary = data["tasks"]["ioi"]
     means = np.mean([p["tokens_spearman"]["alti"] for p in data["per_prompt"]["ioi"]])
     assert summary["tokens"]["alti"]["spearman"][0] == pytest.approx(means, abs=1e-4)

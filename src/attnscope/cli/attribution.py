@@ -131,11 +131,12 @@ def _write_routes_check(args: argparse.Namespace, tasks: list[str], folder: Path
     for task, result in data["tasks"].items():
         print(f"{task} ({result['n_prompts']} prompts; mean [95% CI]); heads vs each head alone mean-ablated:")
         for name, row in result["heads"].items():
-            print(f"  {data['labels']['heads'][name]}: Spearman {show(row['spearman'])}, top-20 overlap "
-                  f"{show(row['top20_overlap'])}")
+            print(f"  {data['labels']['heads'][name]}: Spearman {show(row['spearman'])} (of sizes "
+                  f"{show(row['spearman_magnitude'])}), top-20 overlap {show(row['top20_overlap'])}")
         print(f"  tokens vs erasure ({result['n_token_prompts']} prompts):")
         for name, row in result["tokens"].items():
-            print(f"  {data['labels']['tokens'][name]}: Spearman {show(row['spearman'])}")
+            print(f"  {data['labels']['tokens'][name]}: Spearman {show(row['spearman'])} (of sizes "
+                  f"{show(row['spearman_magnitude'])})")
     print(f"wrote {', '.join(written)} ({check.seconds:.0f} s)")
     return 0
 

@@ -19,7 +19,9 @@ and held against what really happens when a part is taken away:
    tokenize the prompt's text again; a prompt whose text does not give back its ids (a tokenizer whose special
    tokens its decoding keeps) is left out of the token comparison and counted.
 
-A side whose scores are all equal ranks nothing: its rho is 0. Means over prompts with percentile bootstrap 95%
+Route scores are sizes (never negative) while a head or a token may push the target down: each rho is also given
+over absolute values (``spearman_magnitude``: |score| against |effect|), which asks whether a route finds what
+matters either way. A side whose scores are all equal ranks nothing: its rho is 0. Means over prompts with percentile bootstrap 95%
 intervals. The route follows the model's own prediction at the last position, whatever the target; the effects
 are measured on the target. Layers and heads are 0-indexed.
 """
@@ -74,16 +76,21 @@ class PromptScores:
     erasure: np.ndarray | None
     n_edges: int
 
-    def head_rho(self) -> dict[str, float]:
-        return {name: spearman(np.ravel(s), np.ravel(self.patching)) for name, s in self.heads.items()}
+    def head_rho(self, magnitude: bool = False) -> dict[str, float]:
+        """Spearman's rho of each head score with patching (``magnitude``: of their absolute values)."""
+        size = np.abs if magnitude else np.asarray
+        return {name: spearman(size(np.ravel(s)), size(np.ravel(self.patching))) for name, s in self.heads.items()}
 
     def head_overlap(self) -> dict[str, float]:
         return {name: top_overlap(s, self.patching) for name, s in self.heads.items()}
 
-    def token_rho(self) -> dict[str, float] | None:
+    def token_rho(self, magnitude: bool = False) -> dict[str, float] | None:
+        """Spearman's rho of each token score with erasure (``magnitude``: of their absolute values); None when the
+        prompt is left out of the token comparison."""
         if self.tokens is None or self.erasure is None:
             return None
-        return {name: spearman(s, self.erasure) for name, s in self.tokens.items()}
+        size = np.abs if magnitude else np.asarray
+        return {name: spearman(size(s), size(self.erasure)) for name, s in self.tokens.items()}
 
 
 def ranked_positions(loaded: LoadedModel, ids: Sequence[int]) -> np.ndarray:
@@ -119,18 +126,20 @@ def prompt_scores(loaded: LoadedModel, prompt: NextToken, means: Means, tau: flo
 
 
 def summarise_routes(prompts: Sequence[PromptScores], n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Means over prompts ``[mean, low, high]``: per head score its Spearman rho with patching and its top-20
-    overlap, per token score its Spearman rho with erasure (over the prompts compared: ``n_token_prompts``), and
-    the number of kept edges."""
-    interval = lambda values: _interval(np.array(values, dtype=float), n_resamples, seed)
-    rho = [p.head_rho() for p in prompts]
+    """Means over prompts ``[mean, low, high]``: per head score its Spearman rho with patching, of the absolute
+    values (``spearman_magnitude``) and its top-20 overlap; per token score its Spearman rho with erasure, and of the
+    absolute values (over the prompts compared: ``n_token_prompts``); the number of kept edges."""
+    interval = lambda rows, name: _interval(np.array([row[name] for row in rows], dtype=float), n_resamples, seed)
+    rho, size = [p.head_rho() for p in prompts], [p.head_rho(magnitude=True) for p in prompts]
     overlap = [p.head_overlap() for p in prompts]
     tokens = [row for row in (p.token_rho() for p in prompts) if row is not None]
+    token_size = [row for row in (p.token_rho(magnitude=True) for p in prompts) if row is not None]
     return {"n_prompts": len(prompts), "n_token_prompts": len(tokens),
-            "edges": interval([p.n_edges for p in prompts]),
-            "heads": {name: {"spearman": interval([r[name] for r in rho]),
-                             f"top{TOP_OVERLAP}_overlap": interval([o[name] for o in overlap])} for name in HEAD_SCORES},
-            "tokens": {name: {"spearman": interval([r[name] for r in tokens])} for name in TOKEN_SCORES}}
+            "edges": interval([{"n": p.n_edges} for p in prompts], "n"),
+            "heads": {name: {"spearman": interval(rho, name), "spearman_magnitude": interval(size, name),
+                             f"top{TOP_OVERLAP}_overlap": interval(overlap, name)} for name in HEAD_SCORES},
+            "tokens": {name: {"spearman": interval(tokens, name), "spearman_magnitude": interval(token_size, name)}
+                       for name in TOKEN_SCORES}}
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,7 +167,9 @@ class RoutesCheck:
                 "intervals": "percentile bootstrap 95% over prompts", "indexing": "layers and heads are 0-indexed",
                 "tasks": self.summary(),
                 "per_prompt": {task: [{"text": p.text, "edges": p.n_edges, "heads_spearman": rounded(p.head_rho()),
-                                       "tokens_spearman": rounded(p.token_rho())} for p in rows]
+                                       "heads_spearman_magnitude": rounded(p.head_rho(magnitude=True)),
+                                       "tokens_spearman": rounded(p.token_rho()),
+                                       "tokens_spearman_magnitude": rounded(p.token_rho(magnitude=True))} for p in rows]
                                for task, rows in self.prompts.items()}}
 
 

@@ -316,8 +316,9 @@ def plot_attribution_check(check: Mapping[str, Any]) -> Figure:
 
 def plot_routes_check(check: Mapping[str, Any]) -> Figure:
     """The routes check (``RoutesCheck.to_dict()``, as ``attnscope routes --evaluate`` writes it), one column per
-    task: above, each head score's Spearman rho with each head's effect alone (patching) and its top-20 overlap;
-    below, each token score's Spearman rho with erasure (means over prompts, bars: bootstrap 95% intervals)."""
+    task: above, each head score's Spearman rho with each head's effect alone (patching), of their absolute values,
+    and its top-20 overlap; below, each token score's Spearman rho with erasure, and of their absolute values (means
+    over prompts, bars: bootstrap 95% intervals)."""
     tasks, labels = check["tasks"], check["labels"]
     figure = _figure_class()(figsize=(4.6 * len(tasks), 6.4), layout="constrained")
     axes = figure.subplots(2, len(tasks), squeeze=False)
@@ -325,10 +326,12 @@ def plot_routes_check(check: Mapping[str, Any]) -> Figure:
         heads, tokens = summary["heads"], summary["tokens"]
         _interval_bars(axes[0, column], [labels["heads"][n] for n in heads],
                        {"Spearman rho with patching": [heads[n]["spearman"] for n in heads],
+                        "rho of |score|, |effect|": [heads[n]["spearman_magnitude"] for n in heads],
                         "top-20 overlap": [heads[n]["top20_overlap"] for n in heads]})
         axes[0, column].set_title(f"{task}: heads, {summary['n_prompts']} prompts", fontsize=9)
         _interval_bars(axes[1, column], [labels["tokens"][n] for n in tokens],
-                       {"Spearman rho with erasure": [tokens[n]["spearman"] for n in tokens]})
+                       {"Spearman rho with erasure": [tokens[n]["spearman"] for n in tokens],
+                        "rho of |score|, |effect|": [tokens[n]["spearman_magnitude"] for n in tokens]})
         axes[1, column].set_title(f"{task}: tokens, {summary['n_token_prompts']} prompts", fontsize=9)
     figure.suptitle(f"{check['model']}: is a route faithful? (tau {check['tau']}; 0-indexed heads)", fontsize=10)
     return figure
