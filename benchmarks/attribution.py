@@ -67,6 +67,18 @@ def tiny_model(folder: Path) -> Any:
     return attnscope.load_model(str(folder))
 
 
+def check_model(smoke: bool, threads: int) -> tuple[Any, float]:
+    """The model a faithfulness check runs on (the tiny Llama with ``--smoke``, else SmolLM2) with ``threads`` torch
+    threads, after printing the run's header; also the load average before it."""
+    torch.set_num_threads(threads)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = tiny_model(Path(folder)) if smoke else attnscope.load_model("smollm2")
+    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {threads} thread(s), load average {load_before:.2f}; "
+          f"model {loaded.name}", flush=True)
+    return loaded, load_before
+
+
 def text_of(loaded: Any, n_tokens: int) -> str:
     """Brown sentences joined, cut to about ``n_tokens`` tokens."""
     ids = loaded.tokenizer(" ".join(brown_sentences(10)), add_special_tokens=False)["input_ids"][:n_tokens]

@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attribution import tiny_model
-from bench_json import add_smoke_flag, cpu_name, emit
+from attribution import check_model
+from bench_json import add_smoke_flag, emit
 
-import attnscope
 from attnscope.experiments.attribution_check import DEFAULT_PROMPTS, KS, RANDOM_DRAWS, check_attribution
 from attnscope.present.figures import plot_attribution_check, save_figure
 
@@ -40,17 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                         "other jobs a 9 x 19-token forward pass took 1.5 s with one thread and 15 s with two)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as folder:
-        loaded = tiny_model(Path(folder)) if args.smoke else attnscope.load_model("smollm2")
+    loaded, load_before = check_model(args.smoke, args.threads)
     ks, draws = ((1, 5), 2) if args.smoke else (KS, RANDOM_DRAWS)
     n_prompts = 3 if args.smoke else args.prompts
-    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average {load_before:.2f}; "
-          f"model {loaded.name}",
-          flush=True)
     check = check_attribution(loaded, n_prompts=n_prompts, ks=ks, draws=draws, progress=not args.smoke)
     data = check.to_dict()
     for task, result in data["tasks"].items():

@@ -264,3 +264,42 @@ def test_the_mechanism_region_reports_targets_met_and_missed_from_the_record():
     met = docs.render_region("mechanism", docs.load_figures(), {"mechanism": {
         **bench["mechanism"], "figures": _recorded_mechanism(speedup=25.0, spearman_ioi=0.5)}})
     assert "on IOI (**not met**)" in met and "cached patching (met)." in met
+
+
+def _recorded_routes_check(route_flow_heads: float, route_flow_tokens: float) -> dict:
+    """``benchmarks/routes_check.py``'s figures as a full-size run records them (values made up for the template)."""
+    labels = {"heads": {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
+                        "dla": "direct logit attribution"},
+              "tokens": {"route": "route (kept edges)", "route_flow": "route flow (unpruned)",
+                         "attention": "last layer's attention", "rollout": "attention rollout", "alti": "ALTI rollout"}}
+    heads = {"route": 0.2, "route_flow": route_flow_heads, "dla": 0.1}
+    tokens = {"route": 0.3, "route_flow": route_flow_tokens, "attention": 0.1, "rollout": 0.25, "alti": 0.4}
+    task = {"n_prompts": 8, "n_token_prompts": 8, "edges": [120.0, 100.0, 140.0],
+            "heads": {name: {"spearman": [v, v - 0.05, v + 0.05], "spearman_magnitude": [0.5, 0.4, 0.6],
+                             "top20_overlap": [0.3, 0.2, 0.4]} for name, v in heads.items()},
+            "tokens": {name: {"spearman": [v, v - 0.1, v + 0.1], "spearman_magnitude": [0.6, None, None]}
+                       for name, v in tokens.items()}}
+    return {"model": "HuggingFaceTB/SmolLM2-135M", "tau": 0.04, "seconds": 600.0, "labels": labels,
+            "tasks": {"brown": task, "ioi": task}, "prompts": 8, "torch_threads": 1, "load_avg_before": 0.5,
+            "load_avg_after": 2.5}
+
+
+def test_the_routes_check_region_renders_from_made_up_figures():
+    bench = {"routes_check": {"cpu": "a test CPU", "date": "2026-11-27", "command": "python benchmarks/routes_check.py",
+                              "figures": _recorded_routes_check(route_flow_heads=0.45, route_flow_tokens=0.35)}}
+    text = docs.render_region("routes_check", docs.load_figures(), bench)
+    assert ("| indirect object | route flow (unpruned) | +0.45 [+0.40, +0.50] | +0.50 [+0.40, +0.60] "
+            "| +0.30 [+0.20, +0.40] |") in text
+    assert "| Brown next words (8 prompts) | ALTI rollout | +0.40 [+0.30, +0.50] | +0.60 |" in text
+    assert ("the head score that ranks heads most like patching is route flow (unpruned), with rho +0.45; the route's "
+            "flow ranks them better than direct logit attribution (+0.45 vs +0.10), and their intervals do not "
+            "overlap. By sizes, route (kept edges) comes first, with rho +0.50.") in text
+    assert ("ALTI rollout agrees best with erasure, with rho +0.40; the route's flow comes 2 of 5, behind ALTI "
+            "rollout; by sizes, route (kept edges) comes first, with rho +0.60.") in text
+    worse = docs.render_region("routes_check", docs.load_figures(), {"routes_check": {
+        **bench["routes_check"], "figures": _recorded_routes_check(route_flow_heads=0.08, route_flow_tokens=0.05)}})
+    assert "does **not** rank them better than direct logit attribution (+0.08 vs +0.10), though their intervals " \
+        "overlap." in worse
+    assert "the route's flow comes 5 of 5, behind ALTI rollout, route (kept edges), attention rollout, last layer's " \
+        "attention; by sizes" in worse
+    assert "has not been recorded on this checkout yet" in docs.render_region("routes_check", docs.load_figures(), {})

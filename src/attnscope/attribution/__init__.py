@@ -8,7 +8,8 @@ step of a generation from the generation's own passes (``steps``: :class:`StepAt
 experiments: it reads what capture's recorders keep, and experiments (patching, the faithfulness check) import it.
 ``routes``: information-flow routes (Ferrando & Voita 2024), the graph of which tokens, through which heads and
 layers, reached one prediction, walked top-down from one forward pass (``attnscope.routes``; the function is not
-re-exported here, where the name is the module's).
+re-exported here, where the name is the module's); ``route_scores``: each head's and each input token's share
+of a route (``route_scores.route_scores`` -> :class:`RouteScores`), for comparing routes with patching and erasure.
 
 >>> dla = direct_logit_attribution("smollm2", "The capital of France is")   # doctest: +SKIP
 >>> gen = attnscope.generate("smollm2", "The sea is", recorders=[StepAttribution()])   # doctest: +SKIP
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .generation_routes import step_routes as step_routes
     from .qk import QKAttribution as QKAttribution
     from .qk import qk_attribution as qk_attribution
+    from .route_scores import RouteScores as RouteScores
     from .routes import Routes as Routes
     from .steps import StepAttribution as StepAttribution
 

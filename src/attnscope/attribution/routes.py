@@ -589,6 +589,13 @@ def routes(model: LoadedModel | str, text: str | Sequence[int], position: int = 
     """The information-flow routes of the prediction at ``position`` of ``text`` (a text, or token ids):
     one forward pass, then the top-down walk (see the module docstring). ``position``: 0-indexed, negative from the
     end (default: the last); ``tau``: the importance an edge must exceed to be kept."""
+    return routes_and_tensors(model, text, position, tau)[0]
+
+
+def routes_and_tensors(model: LoadedModel | str, text: str | Sequence[int], position: int = -1,
+                       tau: float = TAU) -> tuple[Routes, RouteTensors]:
+    """:func:`routes`, and the :class:`RouteTensors` it walked (for scores over the unpruned graph:
+    :mod:`.route_scores`)."""
     tau = check_tau(tau)
     loaded = as_loaded(model)
     check_route_model(loaded)
@@ -600,6 +607,7 @@ def routes(model: LoadedModel | str, text: str | Sequence[int], position: int = 
     edges = walk(tensors, t, tau)
     n_heads = n_config_heads(loaded)
     name = lambda token: readable_tokens(loaded.tokenizer, [token])[0]
-    return Routes(loaded.name, readable_tokens(loaded.tokenizer, list(ids)), t, name(predicted), tau,
-                  tensors.n_layers, n_heads, tuple(edges))
+    graph = Routes(loaded.name, readable_tokens(loaded.tokenizer, list(ids)), t, name(predicted), tau,
+                   tensors.n_layers, n_heads, tuple(edges))
+    return graph, tensors
 

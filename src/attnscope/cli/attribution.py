@@ -8,12 +8,14 @@ import json
 import re
 from pathlib import Path
 
-from ..arguments import finite_float
+from ..arguments import finite_float, non_negative_int, positive_int, seed
 from ..errors import AttnscopeError
 from .command import Command
 from .model_options import add_model_arguments, load_from_args
 
 DEFAULT_TAU = 0.04  # attribution.routes.TAU, repeated so that --help imports no torch (a test holds them equal)
+CHECK_FOLDER = "routes_check"
+CHECK_FILES = "routes_check.json, .png and .svg"
 
 
 def _position(value: str) -> int:
@@ -24,38 +26,71 @@ def _position(value: str) -> int:
 
 
 def _routes_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("text", help="the text whose prediction is traced (the model predicts the next token at "
-                        "--position)")
-    parser.add_argument("--position", "-p", type=_position, default=-1,
+    parser.add_argument("text", nargs="?", help="the text whose prediction is traced (the model predicts the next "
+                        "token at --position; not with --evaluate)")
+    parser.add_argument("--position", "-p", type=_position, default=None,
                         help="the position whose prediction is traced, 0-indexed; negative counts from the end "
                         "(default: -1, the last token)")
     parser.add_argument("--tau", type=finite_float, default=DEFAULT_TAU,
                         help="keep an edge when its importance (its share of the sum it joins, by the paper's "
                         f"L1 proximity) exceeds this; 0 <= tau < 1 (default: {DEFAULT_TAU}, the paper's)")
-    parser.add_argument("-o", "--out", type=Path, default=Path("routes.html"),
-                        help="the page to write: the figure and every kept edge (default: routes.html)")
+    parser.add_argument("-o", "--out", type=Path, default=None,
+                        help="the page to write: the figure and every kept edge (default: routes.html); with "
+                        f"--evaluate, the folder for {CHECK_FILES} (default: ./{CHECK_FOLDER}; new or empty)")
     parser.add_argument("--png", action="store_true", help="also write the figure beside the page (OUT with .png)")
     parser.add_argument("--json", action="store_true", help="also write the graph as JSON beside the page "
                         "(OUT with .json: tokens, edges with importance and per-head split)")
+    check = parser.add_argument_group(
+        "is a route faithful? (--evaluate, no text needed)",
+        "on the built-in tasks of patch --evaluate (Brown sentences' next words, indirect-object prompts), per "
+        "prompt: each head's route score (its shares of the kept attention edges; the unpruned flow through it) "
+        "against its effect alone mean-ablated, beside direct logit attribution (Spearman, top-20 overlap); each "
+        "input token's route score against erasure, beside the last layer's attention, attention rollout and ALTI "
+        f"(Spearman); means over prompts with bootstrap 95%% intervals; writes {CHECK_FILES}")
+    check.add_argument("--evaluate", action="store_true", help="run the check instead of tracing a text")
+    check.add_argument("--tasks", default="brown,ioi", help="comma-separated tasks: brown, ioi (default: both)")
+    check.add_argument("--prompts", type=positive_int, default=None,
+                       help="prompts per task (default: 8, minutes for smollm2 on two cores; --quick: 4)")
+    check.add_argument("--quick", action="store_true", help="4 prompts per task: a quick look")
+    check.add_argument("--bootstrap", type=non_negative_int, default=1000,
+                       help="bootstrap resamples for the 95%% intervals over prompts (default: 1000)")
+    check.add_argument("--seed", type=seed, default=0, help="seed of the bootstrap (default: 0)")
+    check.add_argument("--overwrite", action="store_true",
+                       help="replace the files an earlier attnscope run wrote in the folder (listed in its "
+                       "attnscope-manifest.json); other files are never removed")
     add_model_arguments(parser)
 
 
 def _run_routes(args: argparse.Namespace) -> int:
-    from ..attribution.routes import check_tau, routes
-    from ..present.routes import save_routes_page
+    from ..attribution.routes import check_tau
 
     check_tau(args.tau)  # a bad threshold fails before the model loads
-    if not args.text.strip():
+    if args.evaluate:
+        return _check_routes(args)
+    given = [f"--{name}" for name in ("quick", "overwrite") if getattr(args, name)]
+    given += [f"--{name}" for name in ("prompts",) if getattr(args, name) is not None]
+    if given:
+        raise AttnscopeError(f"{', '.join(given)} go with --evaluate")
+    if args.text is None or not args.text.strip():
         raise AttnscopeError("the text is empty")
-    if args.out.suffix.lower() not in (".html", ".htm"):
-        raise AttnscopeError(f"-o names the page to write: use a .html file name, not {args.out.name!r}")
-    graph = routes(load_from_args(args), args.text, position=args.position, tau=args.tau)
-    written = [save_routes_page(graph, args.out)]
+    out = args.out or Path("routes.html")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise AttnscopeError(f"-o names the page to write: use a .html file name, not {out.name!r}")
+    return _trace(args, out)
+
+
+def _trace(args: argparse.Namespace, out: Path) -> int:
+    from ..attribution.routes import routes
+    from ..present.routes import save_routes_page
+
+    graph = routes(load_from_args(args), args.text, position=-1 if args.position is None else args.position,
+                   tau=args.tau)
+    written = [save_routes_page(graph, out)]
     if args.png:
-        graph.plot(args.out.with_suffix(".png"))
-        written.append(args.out.with_suffix(".png"))
+        graph.plot(out.with_suffix(".png"))
+        written.append(out.with_suffix(".png"))
     if args.json:
-        written.append(graph.save(args.out.with_suffix(".json")))
+        written.append(graph.save(out.with_suffix(".json")))
     print(repr(graph))
     attention = sorted((e for e in graph.edges if e.via == "attention"), key=lambda e: -e.importance)[:5]
     if attention:
@@ -67,6 +102,43 @@ def _run_routes(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(path) for path in written)}")
     return 0
 
+
+def _check_routes(args: argparse.Namespace) -> int:
+    """``routes --evaluate``: the faithfulness check of routes, written to a folder like ``patch --evaluate``."""
+    from ..experiments.attribution_check import check_tasks
+    from .outputs import output_folder
+
+    given = [f"--{name}" for name in ("png", "json") if getattr(args, name)]
+    given += ["a text"] * (args.text is not None) + ["--position"] * (args.position is not None)
+    if given:
+        raise AttnscopeError(f"--evaluate runs built-in tasks at their last position; leave out {', '.join(given)}")
+    tasks = check_tasks(args.tasks)
+    with output_folder(args.out or Path(CHECK_FOLDER), overwrite=args.overwrite, command="routes") as folder:
+        return _write_routes_check(args, tasks, folder)
+
+
+def _write_routes_check(args: argparse.Namespace, tasks: list[str], folder: Path) -> int:
+    from ..experiments.routes_check import DEFAULT_PROMPTS, QUICK_PROMPTS, check_routes
+    from ..present.figures import plot_routes_check
+    from .outputs import interval_text, write_check
+
+    n_prompts = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
+    check = check_routes(load_from_args(args), tasks=tasks, n_prompts=n_prompts, tau=args.tau,
+                         n_resamples=args.bootstrap, seed=args.seed, progress=True)
+    data = check.to_dict()
+    written = write_check(folder, "routes_check", data, plot_routes_check(data))
+    show = interval_text
+    for task, result in data["tasks"].items():
+        print(f"{task} ({result['n_prompts']} prompts; mean [95% CI]); heads vs each head alone mean-ablated:")
+        for name, row in result["heads"].items():
+            print(f"  {data['labels']['heads'][name]}: Spearman {show(row['spearman'])} (of sizes "
+                  f"{show(row['spearman_magnitude'])}), top-20 overlap {show(row['top20_overlap'])}")
+        print(f"  tokens vs erasure ({result['n_token_prompts']} prompts):")
+        for name, row in result["tokens"].items():
+            print(f"  {data['labels']['tokens'][name]}: Spearman {show(row['spearman'])} (of sizes "
+                  f"{show(row['spearman_magnitude'])})")
+    print(f"wrote {', '.join(written)} ({check.seconds:.0f} s)")
+    return 0
 
 
 def head_spec(text: str) -> tuple[int, int]:
@@ -134,12 +206,15 @@ COMMANDS = (
   attnscope routes --model smollm2 "The capital of France is"            # routes.html: the last token's route
   attnscope routes --model smollm2 "When Mary and John went to the store, John gave a drink to" --png --json
   attnscope routes --model gemma3 "The cat sat on the mat." --position 3 --tau 0.1 -o cat.html
+  attnscope routes --model smollm2 --evaluate -o out/       # is a route faithful? (minutes: patches every head)
+  attnscope routes --model smollm2 --evaluate --quick --tasks ioi -o out/   # 4 prompts
 how it works: at each layer, each part of the attention block's output (each source token through each head, and
 the residual) and of the feed-forward block's (its output, the residual) gets its share of the whole by L1
 proximity, max(0, |y|_1 - |y - part|_1), normalised; from the chosen position down, only edges above --tau are
 followed, so only the rows a route reaches are computed (one forward pass, then the walk).
 writes OUT (the figure: tokens on x, layers on y, width = importance, colour = top head; and the edge table),
-with --png OUT.png, with --json OUT.json""", _routes_arguments, _run_routes),
+with --png OUT.png, with --json OUT.json; --evaluate writes OUT/routes_check.json, .png and .svg (docs/routes.md
+says how each score is read off the route)""", _routes_arguments, _run_routes),
     Command("qk", "why a head attends: split one attention score into query x key component pairs", """examples:
   attnscope qk --model smollm2 "The cat sat on the mat. The cat" --head 17:4 --query -1 --key 2
   attnscope qk --model gemma3 "One two three one two" --head 5:0 --key 2 --top 5 --json qk.json

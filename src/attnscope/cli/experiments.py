@@ -494,25 +494,20 @@ def _check_attribution(args: argparse.Namespace) -> int:
         KS,
         QUICK_PROMPTS,
         RANDOM_DRAWS,
-        TASKS,
         check_attribution,
+        check_tasks,
     )
-    from ..present.figures import plot_attribution_check, save_figure
+    from ..present.figures import plot_attribution_check
+    from .outputs import interval_text, write_check
 
-    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
-    unknown = [task for task in tasks if task not in TASKS]
-    if unknown or not tasks:
-        raise AttnscopeError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    tasks = check_tasks(args.tasks)
     loaded = load_from_args(args)
     n_prompts = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
     check = check_attribution(loaded, tasks=tasks, n_prompts=n_prompts, ks=args.ks or KS, draws=3 if args.quick else
                               RANDOM_DRAWS, n_resamples=args.bootstrap, seed=args.seed, progress=True)
     data = check.to_dict()
-    summary = args.out / "attribution_check.json"
-    summary.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    figure = plot_attribution_check(data)
-    written = [str(save_figure(figure, args.out / f"attribution_check.{suffix}")) for suffix in ("png", "svg")]
-    show = lambda v: "n/a" if v[0] is None else f"{v[0]:+.3f}" + ("" if v[1] is None else f" [{v[1]:+.3f}, {v[2]:+.3f}]")
+    written = write_check(args.out, "attribution_check", data, plot_attribution_check(data))
+    show = interval_text
     for task, result in data["tasks"].items():
         print(f"{task} ({result['n_prompts']} prompts), drop of the target logit, mean [95% CI]:")
         for k, row in result["ablation"].items():
@@ -520,7 +515,7 @@ def _check_attribution(args: argparse.Namespace) -> int:
                   f"difference {show(row['difference'])}")
         print(f"  Spearman(DLA, each head alone ablated) {show(result['spearman'])}; top-20 overlap "
               f"{show(result['top20_overlap'])}")
-    print(f"wrote {summary}, {', '.join(written)} ({check.seconds:.0f} s)")
+    print(f"wrote {', '.join(written)} ({check.seconds:.0f} s)")
     return 0
 
 

@@ -18,12 +18,14 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AttnscopeError
 from ..files import parse_json
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from ..inputs import InputLine
     from ..records.attention import AttentionRecord
 
@@ -207,3 +209,21 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as error:
         raise AttnscopeError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def write_check(folder: Path, name: str, data: dict[str, Any], figure: Figure) -> list[str]:
+    """A check's ``NAME.json`` (``data``, one line) and its figure as ``NAME.png`` and ``NAME.svg`` in ``folder``:
+    the paths written."""
+    from ..present.figures import save_figure
+
+    summary = folder / f"{name}.json"
+    summary.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    return [str(summary), *(str(save_figure(figure, folder / f"{name}.{suffix}")) for suffix in ("png", "svg"))]
+
+
+def interval_text(value: Sequence[float | None]) -> str:
+    """``[mean, low, high]`` as ``+0.123 [+0.045, +0.201]`` (``n/a`` without a mean; the mean alone without bounds)."""
+    mean, low, high = value
+    if mean is None:
+        return "n/a"
+    return f"{mean:+.3f}" + ("" if low is None or high is None else f" [{low:+.3f}, {high:+.3f}]")

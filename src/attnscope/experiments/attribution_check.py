@@ -218,17 +218,25 @@ def disagreements(dla: np.ndarray, single: np.ndarray, n: int = 5) -> dict[str, 
     return {"by_patching": first(patch_rank), "by_dla": first(dla_rank)}
 
 
+def check_tasks(tasks: Sequence[str], n_prompts: int = 2) -> list[str]:
+    """``tasks`` (names, or one comma-separated string) if each is a built-in task and ``n_prompts`` gives intervals;
+    else one error line."""
+    names = [task.strip() for task in (tasks.split(",") if isinstance(tasks, str) else tasks) if task.strip()]
+    unknown = [task for task in names if task not in TASKS]
+    if unknown or not names:
+        raise AttnscopeError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    if n_prompts < 2:
+        raise AttnscopeError("the check needs at least 2 prompts per task (for its intervals)")
+    return names
+
+
 def check_attribution(model: LoadedModel | str, *, tasks: Sequence[str] = tuple(TASKS), n_prompts: int = DEFAULT_PROMPTS,
                       ks: Sequence[int] = KS, draws: int = RANDOM_DRAWS, n_resamples: int = 1000, seed: int = 0,
                       progress: bool = False) -> AttributionCheck:
     """Run the check (see the module docstring) on ``n_prompts`` prompts of each task."""
     loaded = as_loaded(model)
     unembedding(loaded)
-    unknown = [task for task in tasks if task not in TASKS]
-    if unknown or not tasks:
-        raise AttnscopeError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
-    if n_prompts < 2:
-        raise AttnscopeError("the check needs at least 2 prompts per task (for its intervals)")
+    check_tasks(tasks, n_prompts)
     _, n_layers, n_heads = attention_shape(loaded, "self")
     too_many = [k for k in ks if not 1 <= k < n_layers * n_heads]
     if too_many or draws < 1:

@@ -314,6 +314,43 @@ def plot_attribution_check(check: Mapping[str, Any]) -> Figure:
     return figure
 
 
+def plot_routes_check(check: Mapping[str, Any]) -> Figure:
+    """The routes check (``RoutesCheck.to_dict()``, as ``attnscope routes --evaluate`` writes it), one column per
+    task: above, each head score's Spearman rho with each head's effect alone (patching), of their absolute values,
+    and its top-20 overlap; below, each token score's Spearman rho with erasure, and of their absolute values (means
+    over prompts, bars: bootstrap 95% intervals)."""
+    tasks, labels = check["tasks"], check["labels"]
+    figure = _figure_class()(figsize=(4.6 * len(tasks), 6.4), layout="constrained")
+    axes = figure.subplots(2, len(tasks), squeeze=False)
+    for column, (task, summary) in enumerate(tasks.items()):
+        heads, tokens = summary["heads"], summary["tokens"]
+        _interval_bars(axes[0, column], [labels["heads"][n] for n in heads],
+                       {"Spearman rho with patching": [heads[n]["spearman"] for n in heads],
+                        "rho of |score|, |effect|": [heads[n]["spearman_magnitude"] for n in heads],
+                        "top-20 overlap": [heads[n]["top20_overlap"] for n in heads]})
+        axes[0, column].set_title(f"{task}: heads, {summary['n_prompts']} prompts", fontsize=9)
+        _interval_bars(axes[1, column], [labels["tokens"][n] for n in tokens],
+                       {"Spearman rho with erasure": [tokens[n]["spearman"] for n in tokens],
+                        "rho of |score|, |effect|": [tokens[n]["spearman_magnitude"] for n in tokens]})
+        axes[1, column].set_title(f"{task}: tokens, {summary['n_token_prompts']} prompts", fontsize=9)
+    figure.suptitle(f"{check['model']}: is a route faithful? (tau {check['tau']}; 0-indexed heads)", fontsize=10)
+    return figure
+
+
+def _interval_bars(ax: Axes, names: list[str], series: Mapping[str, list[list[float | None]]]) -> None:
+    """Grouped bars of ``[mean, low, high]`` triples (None: not measured), one group per name."""
+    width = 0.8 / len(series)
+    colours = ("#4a7bd0", "#dd8452", "#1e8c46")
+    for offset, (label, triples) in enumerate(series.items()):
+        mean, low, high = (np.array([np.nan if t[i] is None else t[i] for t in triples], dtype=float) for i in range(3))
+        x = np.arange(len(names)) + (offset - (len(series) - 1) / 2) * width
+        ax.bar(x, np.nan_to_num(mean), width=width, color=colours[offset % len(colours)], label=label,
+               yerr=np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0), capsize=3)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.legend(fontsize=7)
+
+
 def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
     """Write ``figure`` as PNG, SVG or PDF, chosen by the file's suffix."""
     path = Path(path)
