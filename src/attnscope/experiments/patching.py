@@ -401,12 +401,13 @@ def _recovered(values: np.ndarray, clean: float, corrupt: float) -> np.ndarray:
     return (values - corrupt) / gap
 
 
-def _padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """``[pair, layer, position]`` with NaN after each pair's last position."""
-    longest = max(a.shape[-1] for a in arrays)
-    out = np.full((len(arrays), arrays[0].shape[0], longest), np.nan)
+def padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Each pair's ``[layer, position, ...]`` -> ``[pair, layer, position, ...]`` with NaN after each pair's last
+    position."""
+    longest = max(a.shape[1] for a in arrays)
+    out = np.full((len(arrays), arrays[0].shape[0], longest, *arrays[0].shape[2:]), np.nan)
     for index, array in enumerate(arrays):
-        out[index, :, : array.shape[-1]] = array
+        out[index, :, : array.shape[1]] = array
     return out
 
 
@@ -437,7 +438,7 @@ def _result(loaded: LoadedModel, encoded: Sequence[EncodedPair], runs: Sequence[
     parts: tuple[str, ...] = ("heads", "mlps", "residual")
     shares = {name: [_recovered(run[name], run["clean"], run["corrupt"]) for run in runs]
               for name in parts if name in runs[0]}
-    stacked = {name: _padded(values) if name == "residual" else np.stack(values) for name, values in shares.items()}
+    stacked = {name: padded(values) if name == "residual" else np.stack(values) for name, values in shares.items()}
     intervals = {name: mean_interval(values, n_resamples, seed) for name, values in stacked.items()}
     def text(token: int) -> str:
         return readable_tokens(loaded.tokenizer, [token])[0]
