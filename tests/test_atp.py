@@ -320,7 +320,6 @@ ATP_CASES = {
     "K = 0": (["--method", "atp*", "--verify", "0"], "expected a positive integer"),
     "K above the heads": (["--method", "atp*", "--verify", "19"], "choose K from 1 to 18"),
     "--verify without atp": (["--method", "cached", "--verify", "2"], "go with --method atp"),
-    "--residual with atp": (["--method", "atp", "--residual"], "leave out --residual"),
 }
 
 

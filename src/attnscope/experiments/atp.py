@@ -34,9 +34,8 @@ patched at position ``i`` moves row ``i`` of the scores only: row ``i`` of the w
 it). A key patched at position ``j`` moves column ``j`` of every row; under AtP that is column ``j`` of the
 whole-key estimate, and under the QK fix each row's new pattern has a closed form, since only one score ``s_ij``
 moves, by ``d = s'_ij - s_ij``: with ``Z = 1 + A_ij (e^d - 1)``, ``A'_ij = A_ij e^d / Z`` and ``A'_ik = A_ik / Z``
-for ``k != j``, so ``sum_k dM/dA_ik (A'_ik - A_ik) = (1 - 1/Z) (dM/dA_ij - sum_k A_ik dM/dA_ik)`` (computed as
-``1 - exp(-log Z)``, ``log Z = logaddexp(log(1 - A_ij), log A_ij + d)``, which stays finite where ``A_ij`` is 0 or
-1). Single-key patches do not add up to the whole-key patch (each renormalises its rows), nor do GradDrop's
+for ``k != j``, so ``sum_k dM/dA_ik (A'_ik - A_ik) = (1 - 1/Z) (dM/dA_ij - sum_k A_ik dM/dA_ik)``
+(:func:`single_key_estimates`, in log space from the scores, exact in saturated rows). Single-key patches do not add up to the whole-key patch (each renormalises its rows), nor do GradDrop's
 magnitudes (taken per position the same way: ``sum_l |I_l| / (L - 1)`` of each position's ``I_l``) add up to the
 node's. The residual stream after each layer at one position (``residual=True``, what real patching's ``residual``
 patches): ``(clean - corrupt) . dM/d(block output)`` at that position, from the undropped copy (GradDrop's fix is
@@ -338,9 +337,9 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool, single_
             ) -> dict[str, Any]:
     """The patched-minus-corrupted change of every node, per layer: head outputs ``[pos, head, d_head]``, MLP and
     block outputs ``[pos, d]``, and for queries / keys the change of the scores ``[head, q_pos, k_pos]`` (AtP) or,
-    with ``qk_fix``, of the recomputed pattern (and with ``single_keys``, ``key_scores``: the keys' change of the
-    scores, for the per-key closed form)."""
-    out: dict[str, Any] = {"heads": {}, "queries": {}, "keys": {}, "key_scores": {}, "probs": {}}
+    with ``qk_fix``, of the recomputed pattern (and with ``single_keys``, for the per-key closed form, ``key_scores``:
+    the keys' change of the scores, and ``scores``: the corrupted run's, -inf where masked)."""
+    out: dict[str, Any] = {"heads": {}, "queries": {}, "keys": {}, "key_scores": {}, "scores": {}, "probs": {}}
     for layer in layers:  # the corrupted run's first copy (they are equal)
         c, r = clean.tap.calls[layer], corrupt.tap.calls[layer]
         allowed = corrupt.tap.allowed[layer][:1]
@@ -357,6 +356,7 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool, single_
             out[name][layer] = (torch.softmax(patched, -1) - probs)[0] if qk_fix else change
             if name == "keys" and single_keys:
                 out["key_scores"][layer] = change
+                out["scores"][layer] = base.masked_fill(~allowed, float("-inf"))[0]
         out["probs"][layer] = probs[0]
     for name, values in clean.kept.items():
         out[name] = {layer: (value - corrupt.kept[name][layer][:1].detach()).float()[0]
@@ -371,17 +371,24 @@ def _along_last(deltas: Mapping[int, torch.Tensor], grads: Mapping[int, torch.Te
                         for layer in sorted(grads)]).double().cpu().numpy()
 
 
-def single_key_estimates(probs: torch.Tensor, score_change: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """The QK fix's estimate of patching each key alone: ``[head, k_pos]`` from the corrupted pattern ``probs``, the
-    key patch's change of the scores ``score_change`` and ``grad`` = dM/dA (each ``[head, q_pos, k_pos]``). Key
-    ``j``'s patch moves one score per row, ``s_ij`` by ``d``; the row's new pattern is ``A'_ij = A_ij e^d / Z``,
-    ``A'_ik = A_ik / Z`` (``Z = 1 + A_ij (e^d - 1)``), so the row contributes ``(1 - 1/Z) (g_ij - sum_k A_ik g_ik)``
-    (float64; ``log Z`` as a log-sum-exp, finite where ``A_ij`` is 0 or 1)."""
-    a, d, g = probs.double().clamp(0, 1), score_change.double(), grad.double()
-    log_z = torch.logaddexp(torch.log1p(-a), torch.log(a) + d)  # log(1 - A + A e^d)
-    weight = -torch.expm1(-log_z)  # 1 - 1/Z
-    centred = g - (a * g).sum(-1, keepdim=True)  # g_ij - sum_k A_ik g_ik
-    return (weight * centred).sum(-2)  # over queries
+def single_key_estimates(scores: torch.Tensor, score_change: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The QK fix's estimate of patching each key alone: ``[head, k_pos]`` from the corrupted run's pre-softmax
+    ``scores`` (-inf where masked), the key patch's change of the scores ``score_change`` (0 where masked) and
+    ``grad`` = dM/dA (each ``[head, q_pos, k_pos]``). Key ``j``'s patch moves one score per row, ``s_ij`` by ``d``;
+    the row's new pattern is ``A'_ij = A_ij e^d / Z``, ``A'_ik = A_ik / Z`` (``Z = 1 + A_ij (e^d - 1)``), so the row
+    contributes ``(1 - 1/Z) (g_ij - sum_k A_ik g_ik)``. In float64 and log space from the scores, not the
+    probabilities: ``log Z = logaddexp(log(1 - A_ij), log A_ij + d)``, with ``log(1 - A_ij)`` of a row's largest
+    score taken over the other keys, so that a saturated row (``1 - A_ij`` below float precision) stays exact."""
+    s, d, g = scores.double(), score_change.double(), grad.double()
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    log_a = s - lse
+    log_rest = torch.log(-torch.expm1(log_a))  # log(1 - A_ij): accurate except at a row's largest score
+    top = s.argmax(-1, keepdim=True)
+    others = torch.logsumexp(s.scatter(-1, top, float("-inf")), -1, keepdim=True) - lse
+    log_rest = log_rest.scatter(-1, top, others)
+    weight = -torch.expm1(-torch.logaddexp(log_rest, log_a + d))  # 1 - 1/Z
+    a = log_a.exp()
+    return (weight * (g - (a * g).sum(-1, keepdim=True))).sum(-2)  # over queries
 
 
 def _estimates(deltas: dict[str, Any], g_outputs: Sequence[torch.Tensor], g_probs: Sequence[torch.Tensor],
@@ -408,7 +415,7 @@ def _estimates(deltas: dict[str, Any], g_outputs: Sequence[torch.Tensor], g_prob
             continue
         keys_total.append((deltas["keys"][layer] * along).sum(dim=(1, 2)))
         if positions:
-            per["keys"].append(single_key_estimates(deltas["probs"][layer], deltas["key_scores"][layer], g_pattern).T)
+            per["keys"].append(single_key_estimates(deltas["scores"][layer], deltas["key_scores"][layer], g_pattern).T)
     out = {name: torch.stack(values).double().cpu().numpy() for name, values in per.items() if values}
     if g_mlps:
         out["mlps"] = _along_last(deltas["mlps"], g_mlps, row)
