@@ -55,6 +55,7 @@ from .sweeps import TOKEN_BUDGET, block_inputs, final_modules, run_blocks_from
 METRICS = ("logit_diff", "logit", "prob")
 METHODS = ("cached", "batched", "naive")
 CONFIDENCE = 0.95
+BOOTSTRAP_VALUES = 20_000_000  # resampled values held at once (float64: 160 MB)
 
 
 @dataclass(frozen=True)
@@ -423,10 +424,12 @@ def mean_interval(values: np.ndarray, n_resamples: int = 1000, seed: int = 0
         return mean, nan, nan.copy()
     from scipy.stats import bootstrap
 
+    # resampled copies of a large part (per position and head) in batches, so that they stay near BOOTSTRAP_VALUES
+    batch = None if values.size * n_resamples <= BOOTSTRAP_VALUES else max(1, BOOTSTRAP_VALUES // values.size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cells that never vary give degenerate (NaN or equal) bounds
         interval = bootstrap((values,), np.nanmean, axis=0, vectorized=True, n_resamples=n_resamples,
-                             confidence_level=CONFIDENCE, method="percentile",
+                             confidence_level=CONFIDENCE, method="percentile", batch=batch,
                              rng=np.random.default_rng(seed)).confidence_interval
     return mean, np.asarray(interval.low), np.asarray(interval.high)
 
