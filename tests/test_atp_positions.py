@@ -28,6 +28,7 @@ from .test_atp import (
     head_outputs,
     metric_of,
     one_linear_layer,
+    patched_projection,
     tiny,
 )
 from .test_cli_errors import assert_one_error_line, exit_code, must_not_run
@@ -143,26 +144,9 @@ def test_the_residual_at_one_position_is_the_finite_difference_of_a_hand_written
 
 
 # ---- one linear layer: exact ---------------------------------------------------------------------------------
-def patched_projection_at(loaded, name: str, head: int, positions: list[int]) -> float:
-    """The logit of " mat" with head ``head``'s slice of ``q_proj`` or ``k_proj`` taken from the clean run at
-    ``positions`` only (before the rotary embedding, which depends on the position only): real patching by hand."""
-    projection = getattr(loaded.model.model.layers[0].self_attn, name)
-    d_head = loaded.model.config.head_dim
-    part = slice(head * d_head, (head + 1) * d_head)
-    kept = {}
-
-    def keep(module, inputs, output):
-        kept["clean"] = output.detach()
-
-    def replace(module, inputs, output):
-        output = output.clone()
-        output[:, positions, part] = kept["clean"][:, positions, part]
-        return output
-
-    with local_hooks([projection], keep):
-        metric_of(loaded, TWO_CLEAN, "mat")
-    with local_hooks([projection], replace):
-        return metric_of(loaded, TWO_CORRUPT, "mat")
+def patched_projection_at(loaded, name: str, head: int, positions: list[int] | None) -> float:
+    """TWO's metric with head ``head``'s query or key projection patched at ``positions`` (None: every one)."""
+    return patched_projection(loaded, name, head, positions, (TWO_CLEAN, TWO_CORRUPT))
 
 
 def test_atp_star_equals_real_single_position_patching_where_everything_downstream_is_linear(tmp_path):
@@ -184,7 +168,7 @@ def test_atp_star_equals_real_single_position_patching_where_everything_downstre
         np.testing.assert_allclose(estimate, real[name], rtol=1e-4, atol=1e-5, err_msg=name)
     # two keys moved: each single-key patch renormalises the rows, so they do not add up to the whole-key patch
     assert (np.abs(real["keys"]) > 1e-3).sum(0).max() >= 2
-    whole = np.array([patched_projection_at(loaded, "k_proj", head, list(range(n_tokens))) - corrupt
+    whole = np.array([patched_projection_at(loaded, "k_proj", head, None) - corrupt
                       for head in range(4)])
     assert np.abs(real["keys"].sum(0) - whole).max() > 1e-3
     np.testing.assert_allclose(result.keys[0, 0] * gap(result), whole, rtol=1e-4, atol=1e-5)
