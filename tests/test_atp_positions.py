@@ -170,11 +170,11 @@ def test_atp_star_equals_real_single_position_patching_where_everything_downstre
     assert (np.abs(real["keys"]) > 1e-3).sum(0).max() >= 2
     whole = np.array([patched_projection_at(loaded, "k_proj", head, None) - corrupt
                       for head in range(4)])
-    assert np.abs(real["keys"].sum(0) - whole).max() > 1e-3
+    assert np.abs(real["keys"].sum(0) - whole).max() > 1e-2 * np.abs(whole).max()  # far above round-off
     np.testing.assert_allclose(result.keys[0, 0] * gap(result), whole, rtol=1e-4, atol=1e-5)
     # the residual after the (only, last) layer: real patching of one position at a time
     patched = activation_patching(loaded, TWO, residual=True, n_resamples=0)
-    np.testing.assert_allclose(result.residual, patched.residual, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(result.residual, patched.residual, rtol=1e-4, atol=1e-5)  # batched runs: round-off
     assert result.residual[0, 0, -1] == pytest.approx(1.0, abs=1e-4)  # the whole last state: all of the gap
 
 

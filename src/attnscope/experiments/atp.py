@@ -376,19 +376,25 @@ def single_key_estimates(scores: torch.Tensor, score_change: torch.Tensor, grad:
     ``scores`` (-inf where masked), the key patch's change of the scores ``score_change`` (0 where masked) and
     ``grad`` = dM/dA (each ``[head, q_pos, k_pos]``). Key ``j``'s patch moves one score per row, ``s_ij`` by ``d``;
     the row's new pattern is ``A'_ij = A_ij e^d / Z``, ``A'_ik = A_ik / Z`` (``Z = 1 + A_ij (e^d - 1)``), so the row
-    contributes ``(1 - 1/Z) (g_ij - sum_k A_ik g_ik)``. In float64 and log space from the scores, not the
-    probabilities: ``log Z = logaddexp(log(1 - A_ij), log A_ij + d)``, with ``log(1 - A_ij)`` of a row's largest
-    score taken over the other keys, so that a saturated row (``1 - A_ij`` below float precision) stays exact."""
+    contributes ``(1 - 1/Z) (g_ij - sum_k A_ik g_ik) = (1 - 1/Z) (1 - A_ij) (g_ij - m_ij)``, ``m_ij`` the mean of
+    ``g`` over the row's other keys, weighted by their share of ``1 - A_ij``. In float64 and log space from the
+    scores, not the probabilities, in that second form: ``1 - A_ij`` and ``m_ij`` of a row's largest score are taken
+    over the other keys, so that a row saturated beyond float precision (``1 - A_ij`` lost next to 1) stays exact."""
     s, d, g = scores.double(), score_change.double(), grad.double()
     lse = torch.logsumexp(s, -1, keepdim=True)
     log_a = s - lse
-    log_rest = torch.log(-torch.expm1(log_a))  # log(1 - A_ij): accurate except at a row's largest score
     top = s.argmax(-1, keepdim=True)
-    others = torch.logsumexp(s.scatter(-1, top, float("-inf")), -1, keepdim=True) - lse
-    log_rest = log_rest.scatter(-1, top, others)
-    weight = -torch.expm1(-torch.logaddexp(log_rest, log_a + d))  # 1 - 1/Z
+    others = s.scatter(-1, top, float("-inf"))  # the row without its largest score
+    log_rest = torch.log(-torch.expm1(log_a))  # log(1 - A_ij): accurate except at a row's largest score
+    log_rest = log_rest.scatter(-1, top, torch.logsumexp(others, -1, keepdim=True) - lse)
     a = log_a.exp()
-    return (weight * (g - (a * g).sum(-1, keepdim=True))).sum(-2)  # over queries
+    mean = ((a * g).sum(-1, keepdim=True) - a * g) / log_rest.exp()  # m_ij where A_ij <= 1/2
+    mean = mean.scatter(-1, top, torch.nan_to_num((torch.softmax(others, -1) * g).sum(-1, keepdim=True)))
+    log_z = torch.logaddexp(log_rest, log_a + d)  # log(1 - A_ij + A_ij e^d)
+    # (1 - 1/Z) (1 - A_ij) = sign(log Z) exp(log(1 - A_ij) + max(0, -log Z) + log(1 - e^-|log Z|)), where
+    # log(1 - A_ij) - log Z <= 0 (Z >= 1 - A_ij): no overflow where Z is tiny
+    size = torch.exp(log_rest + torch.relu(-log_z) + torch.log(-torch.expm1(-log_z.abs())))
+    return (torch.sign(log_z) * size * (g - mean)).sum(-2)  # over queries
 
 
 def _estimates(deltas: dict[str, Any], g_outputs: Sequence[torch.Tensor], g_probs: Sequence[torch.Tensor],
