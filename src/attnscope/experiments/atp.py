@@ -151,8 +151,8 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
             for pair in tqdm(encoded, desc=method, unit="pair", disable=not progress, leave=False)]
     seconds = time.perf_counter() - start
     base = _result(loaded, encoded, runs, metric, method, seconds, n_resamples, seed)
-    shares = {name: np.stack([_recovered(run[name], run["clean"], run["corrupt"]) for run in runs])
-              for name in QK_PARTS}
+    shares: dict[str, Any] = {name: np.stack([_recovered(run[name], run["clean"], run["corrupt"]) for run in runs])
+                              for name in QK_PARTS}
     shares.update({name: padded([_recovered(run[name], run["clean"] - run["corrupt"], 0.0) for run in runs])
                    for name in runs[0] if name.endswith(BY_POSITION)})  # estimates, not metrics: share = estimate / gap
     intervals = {**base.intervals, **{name: mean_interval(values, n_resamples, seed) for name, values in shares.items()}}
