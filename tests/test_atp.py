@@ -120,26 +120,29 @@ def one_linear_layer(folder, scale_queries: float = 1.0):
     return loaded
 
 
-def patched_projection(loaded, name: str, head: int) -> float:
+def patched_projection(loaded, name: str, head: int, positions: list[int] | None = None,
+                       texts: tuple[str, str] = (LAST_CLEAN, LAST_CORRUPT)) -> float:
     """The logit of " mat" with head ``head``'s slice of ``q_proj`` or ``k_proj`` (before the rotary embedding,
-    which depends on the position only) taken from the clean run: real patching, written by hand."""
+    which depends on the position only) taken from the clean run (``texts``: clean, corrupted), at every position
+    or at ``positions`` only: real patching, written by hand."""
     projection = getattr(loaded.model.model.layers[0].self_attn, name)
     d_head = loaded.model.config.head_dim
     part = slice(head * d_head, (head + 1) * d_head)
+    where = slice(None) if positions is None else positions
     kept = {}
 
     def keep(module, inputs, output):
         kept["clean"] = output.detach()
 
-    def replace(module, inputs, output):
+    def replace(module, inputs, output):  # [batch, pos, head * d_head]
         output = output.clone()
-        output[..., part] = kept["clean"][..., part]
+        output[:, where, part] = kept["clean"][:, where, part]
         return output
 
     with local_hooks([projection], keep):
-        metric_of(loaded, LAST_CLEAN, "mat")
+        metric_of(loaded, texts[0], "mat")
     with local_hooks([projection], replace):
-        return metric_of(loaded, LAST_CORRUPT, "mat")
+        return metric_of(loaded, texts[1], "mat")
 
 
 def real_effects(loaded) -> dict[str, np.ndarray]:
@@ -320,7 +323,6 @@ ATP_CASES = {
     "K = 0": (["--method", "atp*", "--verify", "0"], "expected a positive integer"),
     "K above the heads": (["--method", "atp*", "--verify", "19"], "choose K from 1 to 18"),
     "--verify without atp": (["--method", "cached", "--verify", "2"], "go with --method atp"),
-    "--residual with atp": (["--method", "atp", "--residual"], "leave out --residual"),
 }
 
 

@@ -321,7 +321,8 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what is recovered at the last position (default: logit_diff with --other, else logit)")
     parser.add_argument("--mlps", action="store_true", help="also patch each MLP's output")
     parser.add_argument("--residual", action="store_true",
-                        help="also patch the residual stream after each layer, one position at a time")
+                        help="also patch the residual stream after each layer, one position at a time (atp, atp*: "
+                        "estimated)")
     parser.add_argument("--method", choices=["cached", "batched", "naive", "atp", "atp*"],
                         help="cached: patched runs start at the patched layer, batched (default where the model "
                         "allows it); batched: whole forward passes, batched; naive: one forward pass per patch; "
@@ -344,8 +345,8 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--quick", action="store_true", help="4 prompts per task and 3 random draws: a quick look")
     check.add_argument("--ks", type=index_list, default=None, help="how many heads to ablate together (default: 1,5,20)")
     add_model_arguments(parser)
-    add_output_folder(parser, "patching", "patching_heads.png (and _mlps, _residual) and patching.json "
-                      "(--evaluate: attribution_check.json, .png, .svg)")
+    add_output_folder(parser, "patching", "patching_heads.png (and _mlps, _residual, _*_by_position) and "
+                      "patching.json (--evaluate: attribution_check.json, .png, .svg)")
 
 
 def _read_pairs(args: argparse.Namespace) -> list[dict[str, str | None]]:
@@ -437,6 +438,8 @@ def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
     for layer, head, share in result.top_heads(5):
         interval = (f" [{low[layer, head]:+.3f}, {high[layer, head]:+.3f}]" if np.isfinite(low[layer, head]) else "")
         print(f"  layer {layer} head {head}: {share:+.3f}{interval}")
+    if "heads_by_position" in result.intervals:
+        _print_top_positions(result)
     data = result.to_dict()
     if args.verify:
         data["verify"] = _verify(args, loaded, pairs, result)
@@ -446,22 +449,34 @@ def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:
     return 0
 
 
+def _print_top_positions(result: Any, k: int = 5) -> None:
+    """The ``k`` head x position cells with the largest mean estimate (by magnitude)."""
+    mean = result.intervals["heads_by_position"][0]  # [layer, position, head]
+    order = np.argsort(-np.nan_to_num(np.abs(mean), nan=-1.0), axis=None)[:k]
+    print("head outputs at one position, estimated recovering most (by magnitude; first pair's tokens):")
+    for layer, position, head in zip(*np.unravel_index(order, mean.shape)):
+        token = result.tokens[0][position] if position < len(result.tokens[0]) else "?"
+        print(f"  layer {layer} head {head} at position {position} ({token!r}): {mean[layer, position, head]:+.3f}")
+
+
 def _atp_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("attribution patching (--method atp or atp*)")
     group.add_argument("--no-qk-fix", action="store_true", help="atp*: linearise query and key patches through the "
                        "softmax (as AtP) instead of recomputing the pattern")
     group.add_argument("--no-graddrop", action="store_true", help="atp*: one corrupted run instead of one more "
                        "copy per layer whose gradient is dropped (GradDrop, against paths that cancel)")
+    group.add_argument("--positions", action="store_true", help="also estimate each head's output, queries and keys "
+                       "(and with --mlps each MLP's output) patched at one position at a time: "
+                       "patching_*_by_position.png (the heads with the largest single-position estimate, across "
+                       "positions) and *_by_position in patching.json")
     group.add_argument("--verify", type=positive_int, metavar="K", help="patch the top-K estimated heads and K random "
                        "others for real (cached) and print estimate vs real with their Spearman correlation")
 
 
 def _check_atp_arguments(args: argparse.Namespace) -> None:
     estimated = args.method in ("atp", "atp*")
-    if not estimated and (args.verify or args.no_qk_fix or args.no_graddrop):
-        raise AttnscopeError("--verify, --no-qk-fix and --no-graddrop go with --method atp or atp*")
-    if estimated and args.residual:
-        raise AttnscopeError(f"--method {args.method} estimates heads and MLPs; leave out --residual")
+    if not estimated and (args.verify or args.no_qk_fix or args.no_graddrop or args.positions):
+        raise AttnscopeError("--verify, --positions, --no-qk-fix and --no-graddrop go with --method atp or atp*")
 
 
 def _estimate(args: argparse.Namespace, loaded: Any, pairs: list[Any]) -> Any:
@@ -471,8 +486,8 @@ def _estimate(args: argparse.Namespace, loaded: Any, pairs: list[Any]) -> Any:
     if args.verify:
         check_verify(args.verify, *attention_shape(loaded, "self")[1:])  # a bad K fails before any pass
     return attribution_patching(loaded, pairs, metric=args.metric, mlps=args.mlps, method=args.method,
-                                qk_fix=not args.no_qk_fix, grad_drop=not args.no_graddrop,
-                                n_resamples=args.bootstrap, seed=args.seed, progress=True)
+                                qk_fix=not args.no_qk_fix, grad_drop=not args.no_graddrop, positions=args.positions,
+                                residual=args.residual, n_resamples=args.bootstrap, seed=args.seed, progress=True)
 
 
 def _verify(args: argparse.Namespace, loaded: Any, pairs: list[Any], result: Any) -> dict[str, Any]:
@@ -549,6 +564,7 @@ the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad
       --corrupt "The Colosseum is in the city of" --target " Paris" --other " Rome" -o out/
   attnscope patch --model smollm2 --file pairs.jsonl --mlps --residual -o out/
   attnscope patch --model smollm2 --file pairs.jsonl --method atp* --verify 10 -o out/   # estimated, then checked
+  attnscope patch --model smollm2 --file pairs.jsonl --method atp* --positions --residual -o out/   # per position
   attnscope patch --model smollm2 --evaluate -o out/          # is direct logit attribution faithful? (minutes)
   attnscope patch --model smollm2 --evaluate --quick -o out/  # 4 prompts per task
 pairs.jsonl: one {"clean": ..., "corrupt": ..., "target": ..., "other": ...} per line (prompts of equal token length)

@@ -28,6 +28,19 @@ AtP* changes two things:
   as real patching), we give it the sign of ``sum_l I_l`` (our choice, not the paper's). A one-layer model has
   nothing to drop: its estimate is AtP's.
 
+Per position (``positions=True``): each node patched at one position only. A head's (an MLP's) output at position
+``p``: the same product summed over ``d_head`` only, so the estimates over positions sum to the node's. A query
+patched at position ``i`` moves row ``i`` of the scores only: row ``i`` of the whole-query estimate (again summing to
+it). A key patched at position ``j`` moves column ``j`` of every row; under AtP that is column ``j`` of the
+whole-key estimate, and under the QK fix each row's new pattern has a closed form, since only one score ``s_ij``
+moves, by ``d = s'_ij - s_ij``: with ``Z = 1 + A_ij (e^d - 1)``, ``A'_ij = A_ij e^d / Z`` and ``A'_ik = A_ik / Z``
+for ``k != j``, so ``sum_k dM/dA_ik (A'_ik - A_ik) = (1 - 1/Z) (dM/dA_ij - sum_k A_ik dM/dA_ik)``
+(:func:`single_key_estimates`, in log space from the scores, exact in saturated rows). Single-key patches do not add up to the whole-key patch (each renormalises its rows), nor do GradDrop's
+magnitudes (taken per position the same way: ``sum_l |I_l| / (L - 1)`` of each position's ``I_l``) add up to the
+node's. The residual stream after each layer at one position (``residual=True``, what real patching's ``residual``
+patches): ``(clean - corrupt) . dM/d(block output)`` at that position, from the undropped copy (GradDrop's fix is
+for component nodes; a block's output carries every path).
+
 The estimates land in a :class:`AtPResult` (a :class:`~.patching.PatchingResult`: share recovered, intervals over
 pairs, method ``atp`` / ``atp*``), so ``attnscope patch``'s maps, JSON and comparisons read them unchanged.
 :func:`verify_estimates` patches the top-K estimated heads and K random heads for real (the cached method, or the
@@ -40,13 +53,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..attribution.dla import last_logits_only
+from ..attribution.terms import blocks_by_layer
 from ..capture.attention import Intervention, capture, intervene
 from ..capture.extract import as_loaded
 from ..capture.hooks import local_hooks
@@ -65,11 +79,13 @@ from .patching import (
     activation_patching,
     mean_interval,
     metric_value,
+    padded,
     prepare_pairs,
 )
 
 ATP_METHODS = ("atp", "atp*")
 QK_PARTS = ("queries", "keys")
+BY_POSITION = "_by_position"
 PATTERN_TOLERANCE = 1e-3  # recomputed vs the model's own probabilities (float32 softmax)
 
 
@@ -78,14 +94,22 @@ class AtPResult(PatchingResult):
     """Estimated patching effects (see the module docstring), shaped as :class:`~.patching.PatchingResult`:
     ``heads``/``heads_metric`` ``[pair, layer, head]`` estimated share recovered / estimated patched metric, ``mlps``
     ``[pair, layer]``; ``queries``/``keys`` ``[pair, layer, head]``: the estimated share recovered by patching each
-    head's queries / keys (their intervals under the same names). ``qk_fix``/``grad_drop``: which fixes ran."""
+    head's queries / keys (their intervals under the same names); ``residual`` ``[pair, layer, position]`` as in
+    real patching. With ``positions``: ``heads_by_position``/``queries_by_position``/``keys_by_position``
+    ``[pair, layer, position, head]`` and ``mlps_by_position`` ``[pair, layer, position]``, each node patched at
+    one position only (NaN-padded to the longest pair). ``qk_fix``/``grad_drop``: which fixes ran."""
 
     queries: np.ndarray | None = None
     keys: np.ndarray | None = None
+    heads_by_position: np.ndarray | None = None
+    mlps_by_position: np.ndarray | None = None
+    queries_by_position: np.ndarray | None = None
+    keys_by_position: np.ndarray | None = None
     qk_fix: bool = False
     grad_drop: bool = False
 
-    parts: ClassVar[tuple[str, ...]] = ("heads", "mlps", "queries", "keys")
+    parts: ClassVar[tuple[str, ...]] = ("heads", "mlps", "residual", "queries", "keys", *(
+        f"{name}_by_position" for name in ("heads", "mlps", "queries", "keys")))
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "estimate": {
@@ -95,12 +119,15 @@ class AtPResult(PatchingResult):
 
 def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | PromptPair, *,
                          metric: str | None = None, mlps: bool = False, method: str = "atp*",
-                         qk_fix: bool | None = None, grad_drop: bool | None = None, n_resamples: int = 1000,
-                         seed: int = 0, progress: bool = False) -> AtPResult:
+                         qk_fix: bool | None = None, grad_drop: bool | None = None, positions: bool = False,
+                         residual: bool = False, n_resamples: int = 1000, seed: int = 0,
+                         progress: bool = False) -> AtPResult:
     """Estimate every head's (and with ``mlps`` every MLP's) patching effect on each pair; see the module docstring.
 
     ``method``: ``atp`` (no fix) or ``atp*`` (both fixes unless ``qk_fix`` / ``grad_drop`` say otherwise; under
-    ``atp`` they stay off). ``metric`` and ``n_resamples`` as in :func:`~.patching.activation_patching`.
+    ``atp`` they stay off). ``positions``: also each node patched at one position at a time; ``residual``: the
+    residual stream after each layer at each position. ``metric`` and ``n_resamples`` as in
+    :func:`~.patching.activation_patching`.
     """
     if method not in ATP_METHODS:
         raise AttnscopeError(f"unknown method {method!r}; choose one of {', '.join(ATP_METHODS)}")
@@ -113,19 +140,24 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
     if getattr(loaded.config, "attn_logit_softcapping", None) is not None:
         raise AttnscopeError(f"{loaded.name} softcaps its attention scores; AtP's query and key estimates recompute "
                              "attention as softmax(q k^T * scale), which is more than softmax for this model")
+    if residual and not blocks_by_layer(loaded):
+        raise AttnscopeError(f"the adapter for {loaded.config.model_type!r} does not say where its blocks are, so the "
+                             "residual stream after each layer cannot be estimated; leave out residual")
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
-    runs = [_attribute_pair(loaded, pair, metric, mlps=mlps, qk_fix=qk_fix, grad_drop=grad_drop)
+    runs = [_attribute_pair(loaded, pair, metric, mlps=mlps, qk_fix=qk_fix, grad_drop=grad_drop, positions=positions,
+                            residual=residual)
             for pair in tqdm(encoded, desc=method, unit="pair", disable=not progress, leave=False)]
     seconds = time.perf_counter() - start
     base = _result(loaded, encoded, runs, metric, method, seconds, n_resamples, seed)
-    shares = {name: np.stack([_recovered(run[name], run["clean"], run["corrupt"]) for run in runs])
-              for name in QK_PARTS}
+    shares: dict[str, Any] = {name: np.stack([_recovered(run[name], run["clean"], run["corrupt"]) for run in runs])
+                              for name in QK_PARTS}
+    shares.update({name: padded([_recovered(run[name], run["clean"] - run["corrupt"], 0.0) for run in runs])
+                   for name in runs[0] if name.endswith(BY_POSITION)})  # estimates, not metrics: share = estimate / gap
     intervals = {**base.intervals, **{name: mean_interval(values, n_resamples, seed) for name, values in shares.items()}}
     kept = {item.name: getattr(base, item.name) for item in fields(PatchingResult)}
-    return AtPResult(**{**kept, "intervals": intervals}, queries=shares["queries"], keys=shares["keys"],
-                     qk_fix=qk_fix, grad_drop=grad_drop)
+    return AtPResult(**{**kept, "intervals": intervals}, **shares, qk_fix=qk_fix, grad_drop=grad_drop)
 
 
 # ---- what one run keeps ----------------------------------------------------------------------------------------
@@ -217,27 +249,30 @@ def _gate_outputs(layer_of: Mapping[nn.Module, int], state: _DropState) -> Calla
 
 @dataclass
 class _Run:
-    """One run of a prompt: its metric ``[copies]``, what the tap kept and each MLP's output ``[copies, pos, d]``."""
+    """One run of a prompt: its metric ``[copies]``, what the tap kept and the kept modules' outputs
+    ``kept[name][layer]`` ``[copies, pos, d]`` (``mlps``: each MLP's; ``residual``: each block's)."""
 
     metric: torch.Tensor
     tap: _Tap
-    mlps: dict[int, torch.Tensor] = field(default_factory=dict)
+    kept: dict[str, dict[int, torch.Tensor]]
 
 
 def _run(loaded: LoadedModel, pair: EncodedPair, ids: torch.Tensor, metric: str, kind: str,
-         ffn: Mapping[int, nn.Module], *, state: _DropState | None = None,
+         keep: Mapping[str, Mapping[int, nn.Module]], *, state: _DropState | None = None,
          gated: Mapping[nn.Module, int] | None = None, copies: int = 1) -> _Run:
-    """Run ``ids`` (``copies`` times, side by side) keeping what the estimates need (``ffn``: the MLPs whose outputs
-    to keep); with ``state`` (a corrupted run), differentiably from the input embeddings (no weight gradients), the
-    ``gated`` modules' outputs (each layer's attention and MLP: ``module -> layer``) passing no gradient back in the
-    row where their layer is dropped."""
-    tap, kept = _Tap(kind), cast(dict[int, torch.Tensor], {})
-    ffn_of = {module: layer for layer, module in ffn.items()}
+    """Run ``ids`` (``copies`` times, side by side) keeping what the estimates need (``keep[name]``: the modules,
+    by layer, whose outputs to keep); with ``state`` (a corrupted run), differentiably from the input embeddings
+    (no weight gradients), the ``gated`` modules' outputs (each layer's attention and MLP: ``module -> layer``)
+    passing no gradient back in the row where their layer is dropped."""
+    tap = _Tap(kind)
+    kept: dict[str, dict[int, torch.Tensor]] = {name: {} for name in keep}
     with ExitStack() as stack:
         stack.enter_context(capture(loaded.sites, recorder=tap))
         stack.enter_context(intervene(_Allowed(tap)))
-        if ffn_of:
-            stack.enter_context(local_hooks(list(ffn_of), _keep_outputs(ffn_of, kept)))
+        for name, modules in keep.items():
+            if modules:
+                layer_of = {module: layer for layer, module in modules.items()}
+                stack.enter_context(local_hooks(list(layer_of), _keep_outputs(layer_of, kept[name])))
         embeds = loaded.model.get_input_embeddings()(ids.repeat(copies, 1)).detach()  # [copies, pos, d_model]
         if state is not None:
             if gated:  # after the keeping hooks: a kept MLP output is the gate's input, upstream of it
@@ -249,35 +284,44 @@ def _run(loaded: LoadedModel, pair: EncodedPair, ids: torch.Tensor, metric: str,
 
 # ---- one pair ------------------------------------------------------------------------------------------------
 def _attribute_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, *, mlps: bool, qk_fix: bool,
-                    grad_drop: bool) -> dict[str, Any]:
-    """The clean and corrupted metrics and every node's estimated patched metric (corrupted + estimate)."""
+                    grad_drop: bool, positions: bool = False, residual: bool = False) -> dict[str, Any]:
+    """The clean and corrupted metrics, every node's estimated patched metric (corrupted + estimate) and, per
+    position (``*_by_position``), the estimates themselves ``[layer, position, (head)]``."""
     kind, n_layers, _ = attention_shape(loaded, "self")
     ffn = {layer: module for (k, layer), module in find_modules(loaded.model, loaded.adapter.ffn).items() if k == kind}
+    keep = {"mlps": ffn if mlps else {}, "residual": dict(enumerate(blocks_by_layer(loaded))) if residual else {}}
     gated = {**{module: site.layer for module, site in loaded.sites.items() if site.kind == kind},
              **{module: layer for layer, module in ffn.items()}}
     with torch.no_grad():
-        clean = _run(loaded, pair, pair.clean, metric, kind, ffn if mlps else {})
+        clean = _run(loaded, pair, pair.clean, metric, kind, keep)
     # GradDrop: row 0 drops nothing, row 1 + l drops layer l; one backward pass over the copies side by side
     dropping = grad_drop and n_layers > 1
     state = _DropState({layer: layer + 1 for layer in range(n_layers)} if dropping else {})
     copies = 1 + n_layers if dropping else 1
     with torch.enable_grad():
-        corrupt = _run(loaded, pair, pair.corrupt, metric, kind, ffn if mlps else {}, state=state,
+        corrupt = _run(loaded, pair, pair.corrupt, metric, kind, keep, state=state,
                        gated=gated if dropping else None, copies=copies)
         layers = sorted(corrupt.tap.calls)
         with torch.no_grad():
-            deltas = _deltas(clean, corrupt, layers, qk_fix)
+            deltas = _deltas(clean, corrupt, layers, qk_fix, single_keys=positions and qk_fix)
         tensors = [corrupt.tap.outputs[layer] for layer in layers] + [corrupt.tap.calls[layer].probs for layer in layers]
-        tensors += [corrupt.mlps[layer] for layer in sorted(corrupt.mlps)]
+        kept = [(name, layer) for name in ("mlps", "residual") for layer in sorted(corrupt.kept[name])]
+        tensors += [corrupt.kept[name][layer] for name, layer in kept]
         grads = torch.autograd.grad(corrupt.metric.sum(), tensors, allow_unused=True)  # rows are independent
     grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads))
+    n = len(layers)
+    by_layer = {name: {layer: grads[2 * n + i] for i, (k, layer) in enumerate(kept) if k == name}
+                for name in ("mlps", "residual")}
     with torch.no_grad():
-        estimates = [_estimates(deltas, grads, row, layers, sorted(corrupt.mlps), qk_fix) for row in range(copies)]
-    combined = _grad_drop(estimates) if len(estimates) > 1 else estimates[0]
+        estimates = [_estimates(deltas, grads[:n], grads[n:2 * n], by_layer["mlps"], row, layers, qk_fix, positions)
+                     for row in range(copies)]
+        combined = _grad_drop(estimates) if len(estimates) > 1 else estimates[0]
+        if residual:  # the undropped copy's gradient: see the module docstring
+            combined["residual"] = _along_last(deltas["residual"], by_layer["residual"], 0)
     base = float(corrupt.metric[0].detach())
     out: dict[str, Any] = {"clean": float(clean.metric[0]), "corrupt": base}
     for name, values in combined.items():
-        out[name] = base + values
+        out[name] = values if name.endswith(BY_POSITION) else base + values
     return out
 
 
@@ -289,11 +333,13 @@ def _scores(query: torch.Tensor, key: torch.Tensor, scaling: float, allowed: tor
     return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
 
 
-def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool) -> dict[str, Any]:
-    """The patched-minus-corrupted change of every node, per layer: head outputs ``[pos, head, d_head]``, MLP
-    outputs ``[pos, d]``, and for queries / keys the change of the scores ``[head, q_pos, k_pos]`` (AtP) or, with
-    ``qk_fix``, of the recomputed pattern."""
-    out: dict[str, Any] = {"heads": {}, "queries": {}, "keys": {}, "mlps": {}}
+def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool, single_keys: bool = False
+            ) -> dict[str, Any]:
+    """The patched-minus-corrupted change of every node, per layer: head outputs ``[pos, head, d_head]``, MLP and
+    block outputs ``[pos, d]``, and for queries / keys the change of the scores ``[head, q_pos, k_pos]`` (AtP) or,
+    with ``qk_fix``, of the recomputed pattern (and with ``single_keys``, for the per-key closed form, ``key_scores``:
+    the keys' change of the scores, and ``scores``: the corrupted run's, -inf where masked)."""
+    out: dict[str, Any] = {"heads": {}, "queries": {}, "keys": {}, "key_scores": {}, "scores": {}, "probs": {}}
     for layer in layers:  # the corrupted run's first copy (they are equal)
         c, r = clean.tap.calls[layer], corrupt.tap.calls[layer]
         allowed = corrupt.tap.allowed[layer][:1]
@@ -306,38 +352,83 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool) -> dict
         out["heads"][layer] = (clean.tap.outputs[layer] - corrupt.tap.outputs[layer][:1].detach()).float()[0]
         for name, patched in (("queries", _scores(c.query, r.key[:1], r.scaling, allowed)),
                               ("keys", _scores(r.query[:1], c.key, r.scaling, allowed))):
-            if qk_fix:
-                out[name][layer] = (torch.softmax(patched, -1) - probs)[0]
-            else:
-                out[name][layer] = torch.where(allowed, patched - base, 0.0)[0]
-        out.setdefault("probs", {})[layer] = probs[0]
-    for layer, value in clean.mlps.items():
-        out["mlps"][layer] = (value - corrupt.mlps[layer][:1].detach()).float()[0]
+            change = torch.where(allowed, patched - base, 0.0)[0]
+            out[name][layer] = (torch.softmax(patched, -1) - probs)[0] if qk_fix else change
+            if name == "keys" and single_keys:
+                out["key_scores"][layer] = change
+                out["scores"][layer] = base.masked_fill(~allowed, float("-inf"))[0]
+        out["probs"][layer] = probs[0]
+    for name, values in clean.kept.items():
+        out[name] = {layer: (value - corrupt.kept[name][layer][:1].detach()).float()[0]
+                     for layer, value in values.items()}
     return out
 
 
-def _estimates(deltas: dict[str, Any], grads: Sequence[torch.Tensor], row: int, layers: list[int],
-               mlp_layers: list[int], qk_fix: bool) -> dict[str, np.ndarray]:
-    """Every node's first-order estimate from the gradients of batch row ``row`` (head outputs, then probabilities,
-    then MLP outputs, in ``layers`` / ``mlp_layers`` order): ``heads``/``queries``/``keys`` ``[layer, head]``,
-    ``mlps`` ``[layer]``."""
-    n = len(layers)
-    heads, queries, keys = [], [], []
+def _along_last(deltas: Mapping[int, torch.Tensor], grads: Mapping[int, torch.Tensor], row: int) -> np.ndarray:
+    """``[layer, pos]``: each kept module's output change ``[pos, d]`` times batch row ``row`` of its gradient
+    ``[copies, pos, d]``, summed over ``d`` (one position patched at a time)."""
+    return torch.stack([(deltas[layer] * grads[layer][row].float()).sum(-1)
+                        for layer in sorted(grads)]).double().cpu().numpy()
+
+
+def single_key_estimates(scores: torch.Tensor, score_change: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The QK fix's estimate of patching each key alone: ``[head, k_pos]`` from the corrupted run's pre-softmax
+    ``scores`` (-inf where masked), the key patch's change of the scores ``score_change`` (0 where masked) and
+    ``grad`` = dM/dA (each ``[head, q_pos, k_pos]``). Key ``j``'s patch moves one score per row, ``s_ij`` by ``d``;
+    the row's new pattern is ``A'_ij = A_ij e^d / Z``, ``A'_ik = A_ik / Z`` (``Z = 1 + A_ij (e^d - 1)``), so the row
+    contributes ``(1 - 1/Z) (g_ij - sum_k A_ik g_ik) = (1 - 1/Z) (1 - A_ij) (g_ij - m_ij)``, ``m_ij`` the mean of
+    ``g`` over the row's other keys, weighted by their share of ``1 - A_ij``. In float64 and log space from the
+    scores, not the probabilities, in that second form: ``1 - A_ij`` and ``m_ij`` of a row's largest score are taken
+    over the other keys, so that a row saturated beyond float precision (``1 - A_ij`` lost next to 1) stays exact."""
+    s, d, g = scores.double(), score_change.double(), grad.double()
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    log_a = s - lse
+    top = s.argmax(-1, keepdim=True)
+    others = s.scatter(-1, top, float("-inf"))  # the row without its largest score
+    log_rest = torch.log(-torch.expm1(log_a))  # log(1 - A_ij): accurate except at a row's largest score
+    log_rest = log_rest.scatter(-1, top, torch.logsumexp(others, -1, keepdim=True) - lse)
+    a = log_a.exp()
+    mean = ((a * g).sum(-1, keepdim=True) - a * g) / log_rest.exp()  # m_ij where A_ij <= 1/2
+    mean = mean.scatter(-1, top, torch.nan_to_num((torch.softmax(others, -1) * g).sum(-1, keepdim=True)))
+    log_z = torch.logaddexp(log_rest, log_a + d)  # log(1 - A_ij + A_ij e^d)
+    # (1 - 1/Z) (1 - A_ij) = sign(log Z) exp(log(1 - A_ij) + max(0, -log Z) + log(1 - e^-|log Z|)), where
+    # log(1 - A_ij) - log Z <= 0 (Z >= 1 - A_ij): no overflow where Z is tiny
+    size = torch.exp(log_rest + torch.relu(-log_z) + torch.log(-torch.expm1(-log_z.abs())))
+    return (torch.sign(log_z) * size * (g - mean)).sum(-2)  # over queries
+
+
+def _estimates(deltas: dict[str, Any], g_outputs: Sequence[torch.Tensor], g_probs: Sequence[torch.Tensor],
+               g_mlps: Mapping[int, torch.Tensor], row: int, layers: list[int], qk_fix: bool,
+               positions: bool) -> dict[str, np.ndarray]:
+    """Every node's first-order estimate from the gradients of batch row ``row`` (head outputs ``[copies, pos,
+    head, d]`` and probabilities ``[copies, head, q, k]`` in ``layers`` order; MLP outputs by layer):
+    ``heads``/``queries``/``keys`` ``[layer, head]``, ``mlps`` ``[layer]``, and with ``positions`` the same per
+    position, ``*_by_position`` ``[layer, pos, head]`` / ``[layer, pos]``. Where patching every position is the sum
+    of patching each (outputs, queries, keys under AtP) the totals are the positions' sums (float64)."""
+    per: dict[str, list[torch.Tensor]] = {"heads": [], "queries": [], "keys": []}  # each [pos, head]
+    keys_total = []
     for index, layer in enumerate(layers):
-        g_out, g_probs = grads[index][row].float(), grads[n + index][row].float()  # [pos, head, d], [head, q, k]
-        heads.append((deltas["heads"][layer] * g_out).sum(dim=(0, 2)))
+        g_out, g_pattern = g_outputs[index][row].float(), g_probs[index][row].float()  # [pos, head, d], [head, q, k]
+        per["heads"].append((deltas["heads"][layer] * g_out).sum(-1))
         if qk_fix:  # linear in the pattern
-            along = g_probs
+            along = g_pattern
         else:  # through the softmax: dM/dS = A * (dM/dA - sum_k A dM/dA)
             probs = deltas["probs"][layer]
-            along = probs * (g_probs - (probs * g_probs).sum(-1, keepdim=True))
-        queries.append((deltas["queries"][layer] * along).sum(dim=(1, 2)))
-        keys.append((deltas["keys"][layer] * along).sum(dim=(1, 2)))
-    out = {"heads": torch.stack(heads), "queries": torch.stack(queries), "keys": torch.stack(keys)}
-    if mlp_layers:
-        out["mlps"] = torch.stack([(deltas["mlps"][layer] * grads[2 * n + i][row].float()).sum()
-                                   for i, layer in enumerate(mlp_layers)])
-    return {name: value.double().cpu().numpy() for name, value in out.items()}
+            along = probs * (g_pattern - (probs * g_pattern).sum(-1, keepdim=True))
+        per["queries"].append((deltas["queries"][layer] * along).sum(-1).T)  # query i moves row i only
+        if not qk_fix:
+            per["keys"].append((deltas["keys"][layer] * along).sum(-2).T)  # key j moves column j only
+            continue
+        keys_total.append((deltas["keys"][layer] * along).sum(dim=(1, 2)))
+        if positions:
+            per["keys"].append(single_key_estimates(deltas["scores"][layer], deltas["key_scores"][layer], g_pattern).T)
+    out = {name: torch.stack(values).double().cpu().numpy() for name, values in per.items() if values}
+    if g_mlps:
+        out["mlps"] = _along_last(deltas["mlps"], g_mlps, row)
+    totals = {name: values.sum(1) for name, values in out.items()}
+    if qk_fix:
+        totals["keys"] = torch.stack(keys_total).double().cpu().numpy()
+    return {**totals, **({f"{name}{BY_POSITION}": values for name, values in out.items()} if positions else {})}
 
 
 def _grad_drop(estimates: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

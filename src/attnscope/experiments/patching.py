@@ -55,6 +55,7 @@ from .sweeps import TOKEN_BUDGET, block_inputs, final_modules, run_blocks_from
 METRICS = ("logit_diff", "logit", "prob")
 METHODS = ("cached", "batched", "naive")
 CONFIDENCE = 0.95
+BOOTSTRAP_VALUES = 20_000_000  # resampled values held at once (float64: 160 MB)
 
 
 @dataclass(frozen=True)
@@ -401,12 +402,13 @@ def _recovered(values: np.ndarray, clean: float, corrupt: float) -> np.ndarray:
     return (values - corrupt) / gap
 
 
-def _padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """``[pair, layer, position]`` with NaN after each pair's last position."""
-    longest = max(a.shape[-1] for a in arrays)
-    out = np.full((len(arrays), arrays[0].shape[0], longest), np.nan)
+def padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Each pair's ``[layer, position, ...]`` -> ``[pair, layer, position, ...]`` with NaN after each pair's last
+    position."""
+    longest = max(a.shape[1] for a in arrays)
+    out = np.full((len(arrays), arrays[0].shape[0], longest, *arrays[0].shape[2:]), np.nan)
     for index, array in enumerate(arrays):
-        out[index, :, : array.shape[-1]] = array
+        out[index, :, : array.shape[1]] = array
     return out
 
 
@@ -422,10 +424,12 @@ def mean_interval(values: np.ndarray, n_resamples: int = 1000, seed: int = 0
         return mean, nan, nan.copy()
     from scipy.stats import bootstrap
 
+    # resampled copies of a large part (per position and head) in batches, so that they stay near BOOTSTRAP_VALUES
+    batch = None if values.size * n_resamples <= BOOTSTRAP_VALUES else max(1, BOOTSTRAP_VALUES // values.size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cells that never vary give degenerate (NaN or equal) bounds
         interval = bootstrap((values,), np.nanmean, axis=0, vectorized=True, n_resamples=n_resamples,
-                             confidence_level=CONFIDENCE, method="percentile",
+                             confidence_level=CONFIDENCE, method="percentile", batch=batch,
                              rng=np.random.default_rng(seed)).confidence_interval
     return mean, np.asarray(interval.low), np.asarray(interval.high)
 
@@ -437,7 +441,7 @@ def _result(loaded: LoadedModel, encoded: Sequence[EncodedPair], runs: Sequence[
     parts: tuple[str, ...] = ("heads", "mlps", "residual")
     shares = {name: [_recovered(run[name], run["clean"], run["corrupt"]) for run in runs]
               for name in parts if name in runs[0]}
-    stacked = {name: _padded(values) if name == "residual" else np.stack(values) for name, values in shares.items()}
+    stacked = {name: padded(values) if name == "residual" else np.stack(values) for name, values in shares.items()}
     intervals = {name: mean_interval(values, n_resamples, seed) for name, values in stacked.items()}
     def text(token: int) -> str:
         return readable_tokens(loaded.tokenizer, [token])[0]

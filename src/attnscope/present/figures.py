@@ -230,47 +230,70 @@ def plot(record: AttentionRecord, figure: str = "head", *, layer: int | None = N
 
 
 PATCHING_PARTS = ("heads", "mlps", "residual")
+TOP_HEAD_ROWS = 12  # rows of a per-position head map
+_PATCHED = {"heads": "head output", "mlps": "MLP output", "residual": "residual stream after the layer",
+            "queries": "head's queries", "keys": "head's keys"}
 
 
-def plot_patching(result: PatchingResult, part: str = "heads") -> Figure:
+def plot_patching(result: PatchingResult, part: str = "heads", *, top: int = TOP_HEAD_ROWS) -> Figure:
     """Activation patching's mean share recovered, 0 = corrupted, 1 = clean: a layers x heads map
-    (``heads``), layers x positions (``residual``, the first pair's tokens across) or one column per
-    layer (``mlps``). ``*``: the bootstrap 95% interval over pairs excludes 0."""
+    (``heads``), layers x positions (``residual``, ``mlps_by_position``; the first pair's tokens across) or one
+    column per layer (``mlps``). A per-position head part (``heads_by_position``, ``queries_by_position``,
+    ``keys_by_position``: ``[layer, position, head]``) shows the ``top`` heads whose largest single-position
+    estimate (by magnitude) is largest, one row each (``L{layer}H{head}``, in layer order), across positions.
+    ``*``: the bootstrap 95% interval over pairs excludes 0."""
     if part not in result.intervals:
         raise AttnscopeError(f"the patching result has no {part!r} part; it has {', '.join(result.intervals)}")
     mean, low, high = result.intervals[part]
-    grid = mean[:, None] if mean.ndim == 1 else mean  # [layer, column]
     with np.errstate(invalid="ignore"):
         significant = (low > 0) | (high < 0)
-    significant = significant if mean.ndim > 1 else significant[:, None]
-    n_layers, n_columns = grid.shape
-    figure = _figure_class()(figsize=(2.4 + 0.5 * n_columns, 1.4 + 0.3 * n_layers), layout="constrained")
+    rows, row_title = [str(layer) for layer in range(mean.shape[0])], "layer (0-indexed)"
+    if mean.ndim == 3:
+        mean, significant, rows = _top_head_rows(mean, significant, top)
+        row_title = "layer L, head H (0-indexed)"
+    grid = mean[:, None] if mean.ndim == 1 else mean  # [row, column]
+    significant = significant[:, None] if significant.ndim == 1 else significant
+    n_rows, n_columns = grid.shape
+    figure = _figure_class()(figsize=(2.4 + 0.5 * n_columns, 1.4 + 0.3 * n_rows), layout="constrained")
     ax = figure.add_subplot()
     limit = max(1.0, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=_colormap("RdBu"), vmin=-limit, vmax=limit, aspect="auto",
                       interpolation="nearest")
-    if n_columns <= 40 and n_layers <= 60:
-        for layer, column in zip(*np.nonzero(np.isfinite(grid))):
-            star = "*" if significant[layer, column] else ""
-            ax.text(column, layer, f"{grid[layer, column]:.2f}{star}", ha="center", va="center", fontsize=6,
-                    color="white" if abs(grid[layer, column]) > 0.6 * limit else "black")
-    if part == "residual":
+    if n_columns <= 40 and n_rows <= 60:
+        for row, column in zip(*np.nonzero(np.isfinite(grid))):
+            star = "*" if significant[row, column] else ""
+            ax.text(column, row, f"{grid[row, column]:.2f}{star}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(grid[row, column]) > 0.6 * limit else "black")
+    node, by_position = part.removesuffix("_by_position"), part.endswith("_by_position")
+    if part == "residual" or by_position:
         _label_ticks(ax, result.tokens[0][:n_columns], "x")
         ax.set_xlabel("position patched (first pair's tokens)")
     else:
         per_head = mean.ndim > 1
         ax.set_xticks(range(n_columns), [str(c) for c in range(n_columns)] if per_head else ["MLP"])
         ax.set_xlabel("head (0-indexed)" if per_head else "")
-    ax.set_yticks(range(n_layers), [str(layer) for layer in range(n_layers)], fontsize=7)
-    ax.set_ylabel("layer (0-indexed)")
-    what = {"heads": "head output", "mlps": "MLP output", "residual": "residual stream after the layer",
-            "queries": "head's queries", "keys": "head's keys"}[part]
+    ax.set_yticks(range(n_rows), rows, fontsize=7)
+    ax.set_ylabel(row_title)
+    what = _PATCHED[node] + (" at one position" if by_position else "")
+    if by_position and node != "mlps":
+        what += f" (the {n_rows} heads with the largest)"
     how = f"estimated ({result.method}) to be recovered" if result.method.startswith("atp") else "recovered"
     ax.set_title(f"{result.model}: {result.metric} {how} by patching each {what}\n"
                  f"mean over {result.n_pairs} pair(s); 0 = corrupted, 1 = clean; * = 95% bootstrap CI excludes 0",
                  fontsize=9)
     figure.colorbar(image, ax=ax, label="share recovered", shrink=0.8)
     return figure
+
+
+def _top_head_rows(mean: np.ndarray, significant: np.ndarray, top: int
+                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``[layer, position, head]`` -> ``[row, position]`` of the ``top`` heads whose largest cell (by magnitude) is
+    largest, in layer order, with their significance and labels ``L{layer}H{head}``."""
+    peak = np.nan_to_num(np.abs(mean), nan=-1.0).max(axis=1)  # [layer, head]
+    cells = sorted(divmod(int(index), mean.shape[2]) for index in np.argsort(-peak, axis=None)[:top])
+    return (np.stack([mean[layer, :, head] for layer, head in cells]),
+            np.stack([significant[layer, :, head] for layer, head in cells]),
+            [f"L{layer}H{head}" for layer, head in cells])
 
 
 def plot_attribution_check(check: Mapping[str, Any]) -> Figure:
