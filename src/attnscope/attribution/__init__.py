@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from .dla import direct_logit_attribution as direct_logit_attribution
     from .dla import generation_lens as generation_lens
     from .dla import logit_lens as logit_lens
-    from .qk import QKAttribution as QKAttribution
-    from .qk import qk_attribution as qk_attribution
     from .generation_routes import StepRoutes as StepRoutes
     from .generation_routes import step_routes as step_routes
+    from .qk import QKAttribution as QKAttribution
+    from .qk import qk_attribution as qk_attribution
     from .routes import Routes as Routes
     from .steps import StepAttribution as StepAttribution
 
