@@ -17,6 +17,7 @@ from attnscope.models.registry import ALIASES
 from attnscope.present.steps import steps_schema
 
 from .test_serve_guard import one_line_detail, serving
+from .test_serve_qk import open_page
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 jsonschema = pytest.importorskip("jsonschema")
@@ -72,15 +73,15 @@ def test_routes_answer_on_gemma3_and_qwen_as_routes_does(alias):
 
 
 @pytest.mark.parametrize(("body", "status", "detail"), [
-    ({"position": 6}, 422, "position 6 is outside the prompt's 6 tokens"),
-    ({"position": -7}, 422, "position -7 is outside the prompt's 6 tokens"),
+    ({"position": 5}, 422, "position 5 is outside the prompt's 5 tokens"),
+    ({"position": -6}, 422, "position -6 is outside the prompt's 5 tokens"),
     ({"position": 1.5}, 422, "position: "),
     ({"tau": 1.0}, 422, "tau: "),
     ({"tau": -0.01}, 422, "tau: "),
     ({"tau": "0.1"}, 422, "tau: "),
     ({"text": "   "}, 422, "text is empty"),
     ({"text": ""}, 422, "text is empty"),
-    ({"text": "word " * 300}, 422, "the input is 300 tokens long; the explorer's limit is 128 tokens"),
+    ({"text": "word " * 300}, 422, "the input is 301 tokens long; the explorer's limit is 128 tokens"),
     ({"model": "minilm"}, 422, "model 'minilm' is not a decoder-only language model"),
     ({"model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
     ({"layer": 3}, 422, "layer: "),
@@ -111,15 +112,6 @@ def server(app):
         yield f"http://127.0.0.1:{port}"
 
 
-def open_page(browser, server):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(server)
-    page.wait_for_selector("#routes-model option", state="attached")
-    return page, errors
-
-
 def drawn_edges(page, box: str) -> list[dict]:
     """Each drawn edge's via, importance (as sent) and top head, from its SVG attributes."""
     return page.evaluate(f"Array.from(document.querySelectorAll('{box} line[data-role=edge]'), l => "
@@ -135,7 +127,7 @@ def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, server
     page.select_option("#routes-model", "minilm")
     page.fill("#routes-text", TEXT)
     page.click("#routes-run")
-    page.wait_for_selector("#routes-graph[data-state=error]")
+    page.wait_for_selector("#routes-graph[data-state=error]", state="attached")  # empty: hidden
     assert page.inner_text("#routes-status").startswith("model 'minilm' is not a decoder-only language model")
 
     page.select_option("#routes-model", "smollm2")
@@ -157,8 +149,8 @@ def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, server
 
     page.fill("#routes-position", "40")
     page.click("#routes-run")
-    page.wait_for_selector("#routes-graph[data-state=error]")
-    assert page.inner_text("#routes-status").startswith("position 40 is outside the prompt's 6 tokens")
+    page.wait_for_selector("#routes-graph[data-state=error]", state="attached")  # empty: hidden
+    assert page.inner_text("#routes-status").startswith("position 40 is outside the prompt's 5 tokens")
     assert errors == []
     page.close()
 

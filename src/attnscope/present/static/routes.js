@@ -24,7 +24,8 @@
   })();
   const LEVEL = { residual: 0, attention: 1 / 3, ffn: 2 / 3 };  // height of each node kind within its layer
   const FFN_SHIFT = 0.3;  // the feed-forward node sits beside its position's column
-  const COLUMN = 30, ROW = 26, LEFT = 40, TOP = 12, BOTTOM = 90, RIGHT = 16;  // pixels
+  const ROW = 26, LEFT = 40, TOP = 12, BOTTOM = 90, RIGHT = 60;  // pixels (the right: the last token's slanted label)
+  const COLUMNS = [30, 64, 900];  // a token's column: 30 to 64 pixels, wider when few tokens share 900
   const WIDTH = 8;  // stroke width of an edge of importance 1 (plus 0.6)
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf"];
@@ -54,9 +55,11 @@
 
   function layout(graph) {
     const nLayers = graph.n_layers;
-    const x = (position, kind) => LEFT + (position + (kind === "ffn" ? FFN_SHIFT : 0) + 0.5) * COLUMN;
+    const [narrow, wide, total] = COLUMNS;
+    const column = Math.max(narrow, Math.min(wide, total / (graph.position + 1)));
+    const x = (position, kind) => LEFT + (position + (kind === "ffn" ? FFN_SHIFT : 0) + 0.5) * column;
     const y = (layer, kind) => TOP + (nLayers - layer - LEVEL[kind]) * ROW;
-    return { x, y, width: LEFT + (graph.position + 1) * COLUMN + RIGHT, height: TOP + nLayers * ROW + BOTTOM };
+    return { x, y, width: LEFT + (graph.position + 1) * column + RIGHT, height: TOP + nLayers * ROW + BOTTOM };
   }
 
   function edgeTitle(graph, edge) {
