@@ -186,8 +186,10 @@ class GenerateRequest(StrictRequest):
 
 
 # Exactly one of a QK request's text and token ids (service.qk checks it too, in one line)
-TEXT_OR_IDS: dict[str, Any] = {"oneOf": [{"required": ["text"], "properties": {"ids": {"type": "null"}}},
-                                         {"required": ["ids"], "properties": {"text": {"type": "null"}}}]}
+# (a key that is present may still be null: each branch says its own key is not)
+TEXT_OR_IDS: dict[str, Any] = {"oneOf": [
+    {"required": ["text"], "properties": {"text": {"type": "string"}, "ids": {"type": "null"}}},
+    {"required": ["ids"], "properties": {"ids": {"type": "array"}, "text": {"type": "null"}}}]}
 Position = Annotated[int, BeforeValidator(_whole_number)]
 
 
