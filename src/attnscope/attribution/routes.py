@@ -508,11 +508,12 @@ class Routes:
         return graph
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields, nodes as ``[layer, position, kind]``."""
+        """JSON-ready: the fields, nodes as ``[layer, position, kind]``; importances and head shares to 7 decimals
+        (a generation record keeps them as float32: their full decimal forms would double a page's routes)."""
         return {"model": self.model, "tokens": list(self.tokens), "position": self.position,
                 "predicted": self.predicted, "tau": self.tau, "n_layers": self.n_layers, "n_heads": self.n_heads,
                 "edges": [{"source": list(e.source), "target": list(e.target), "importance": round(e.importance, 7),
-                           "via": e.via, "heads": list(e.heads)} for e in self.edges]}
+                           "via": e.via, "heads": [round(h, 7) for h in e.heads]} for e in self.edges]}
 
     def save(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``."""

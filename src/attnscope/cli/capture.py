@@ -123,8 +123,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routes", action="store_true",
                         help="also keep each step's information-flow route (Ferrando & Voita 2024; attnscope routes): "
                         "the edges above the default tau, with each attention edge's per-head split, from the "
-                        "generation's own forward passes (--save keeps them; attnscope.attribution.step_routes reads "
-                        "one step's back)")
+                        "generation's own forward passes (--save keeps them, --html draws the route of the step shown; "
+                        "attnscope.attribution.step_routes reads one step's back)")
     parser.add_argument("--prompt-rows", choices=list(PROMPT_ROWS), default="auto",
                         help=PROMPT_ROWS_HELP + " (the table, --json and --html are the same; 'all' lets --save's "
                         "record become a full AttentionRecord: to_attention_record)")

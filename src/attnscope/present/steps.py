@@ -35,6 +35,10 @@ source tokens (float16 ``[step, rank, source_pos]``) and the logit lens (each la
 the page draws them as ranked signed bars, the text shaded by the clicked head's shares, and a
 layers x tokens strip. Without it ``attribution`` is null and nothing more is computed or shipped.
 
+A generation made with its steps' routes (``--routes``) also ships ``routes``: per step, the edges of the route of the
+position that chose the token, as :meth:`~attnscope.attribution.routes.Routes.to_dict` writes them (``static/routes.js``
+draws one under the view when its step is shown). Without it ``routes`` is null.
+
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
 """
@@ -61,6 +65,7 @@ from ..records.attribution import (
     ATTRIBUTION_SOURCES,
     ATTRIBUTION_TOP,
     LENS_PROBS,
+    ROUTE_EDGES,
 )
 from ..records.decoding import DecodeTrace, Step
 from ..records.generation import Candidate, GenerationRecord
@@ -73,7 +78,8 @@ STEPS_VERSION = 1
 # bytes: every head of 500 steps is ~43 M weights); the one mean of all gets 256.
 HEAD_LEVELS = 15
 MEAN_LEVELS = 255
-STEPS_SCRIPTS = ("decode.js", "steps.js")  # decode.js: unpacking of packed arrays (AttnscopeViews.unpack)
+# decode.js: unpacking of packed arrays (AttnscopeViews.unpack); routes.js: the drawing of one route (AttnscopeRoutes)
+STEPS_SCRIPTS = ("decode.js", "routes.js", "steps.js")
 STEPS_STYLES = ("steps.css",)
 
 
@@ -138,6 +144,14 @@ class StepAttribution(TypedDict):
     lens: LensStrip
 
 
+class RouteSteps(TypedDict):
+    """Each step's route (a generation made with ``--routes``): ``steps[step]`` its edges as
+    :meth:`Routes.to_dict <attnscope.attribution.routes.Routes.to_dict>` writes them (source and target
+    ``[layer, position, kind]``, ``importance``, ``via``, ``heads``: an attention edge's per-head split)."""
+
+    steps: list[list[dict[str, Any]]]
+
+
 class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models with learned sinks only
     format: str
     version: int
@@ -156,6 +170,7 @@ class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models
     attention: AttentionRows
     weighted: WeightedRows | None
     attribution: StepAttribution | None
+    routes: RouteSteps | None
     notes: list[str]
     sink_mass: NotRequired[PackedArray]
 
@@ -169,14 +184,16 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
                         text: Sequence[str], first_step: int, steps: list[StepInfo], rows: RowsOf,
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
                         notes: Sequence[str] = (), attribution: StepAttribution | None = None,
-                        compress: bool = True, sink_mass: np.ndarray | None = None) -> StepsPayload:
+                        compress: bool = True, sink_mass: np.ndarray | None = None,
+                        routes: RouteSteps | None = None) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
     ``||v_k W_O^h||`` of every key position (or None: no norm-weighted view). ``text``: the decoder's
     tokens; step ``s`` chose ``text[first_step + s]``. ``attribution``: the chosen tokens' direct logit
     attribution and logit lens (:func:`generation_attribution`), or None. ``sink_mass``: ``[layer, head, step]``
-    for a model with learned sinks (each step's row sums to 1 minus it), else None.
+    for a model with learned sinks (each step's row sums to 1 minus it), else None. ``routes``: each step's route
+    (:func:`generation_routes`), or None.
     """
     if not steps:
         raise AttnscopeError("nothing was decoded: the step view needs at least one step")
@@ -195,7 +212,7 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
         n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
         attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
                                 all=overall.packed(compress)),
-        weighted=weighted, attribution=attribution, notes=list(notes))
+        weighted=weighted, attribution=attribution, routes=routes, notes=list(notes))
     if sink_mass is not None:
         payload["sink_mass"] = pack_float16(sink_mass, compress)
     return payload
@@ -323,7 +340,8 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         kind="self", text=gen.tokens, first_step=gen.prompt_length,
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
         rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
-        attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen))
+        attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen),
+        routes=generation_routes(gen))
 
 
 def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
@@ -346,6 +364,15 @@ def generation_attribution(gen: GenerationRecord, compress: bool = True) -> Step
                      probs=pack_float16(arrays[LENS_PROBS], compress))
     return StepAttribution(logits=[round(float(v), 5) for v in arrays[ATTRIBUTION_LOGITS]], heads=heads,
                            sources=pack_float16(arrays[ATTRIBUTION_SOURCES], compress), lens=lens)
+
+
+def generation_routes(gen: GenerationRecord) -> RouteSteps | None:
+    """The step view's routes of a generation made with ``--routes`` (None without)."""
+    if ROUTE_EDGES not in gen.arrays:
+        return None
+    from ..attribution.generation_routes import step_routes
+
+    return RouteSteps(steps=[step_routes(gen, step).to_dict()["edges"] for step in range(gen.n_steps)])
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:

@@ -13,7 +13,9 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
   packed as the views payload packs it (the page's Measure control asks for it on demand);
 * ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step;
 * ``POST /api/qk``: why a decoder's head scores a key for a query (QK attribution of one attention cell:
-  the score and its largest [query component x key component] terms; the views' cell click asks it).
+  the score and its largest [query component x key component] terms; the views' cell click asks it);
+* ``POST /api/routes``: the information-flow route of one prediction of a decoder (``attnscope.routes``:
+  the graph as ``Routes.to_dict`` writes it; the Routes tab draws it).
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -61,13 +63,14 @@ WHITE_SPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace(
 NOT_BLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITE_SPACE) + "]"
 DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload grows quadratically
 MAX_QK_TOP = 100  # pairs per table in an /api/qk answer (the page draws one bar each)
+DEFAULT_TAU = 0.04  # attribution.routes.TAU, repeated so that importing the app imports no torch (a test holds them equal)
 MAX_NEW_TOKENS = 256  # per /api/generate request: the model is held (other requests on it wait) while it writes
 
 # name -> (package, folder) of every asset the page may load
 ASSETS = {
     **{name: ("attnscope.present", "static") for name in
        ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
-        "steps.js", "steps.css")},
+        "routes.js", "steps.js", "steps.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
@@ -175,13 +178,17 @@ class GenerateRequest(StrictRequest):
     attribute: bool = Field(False, description="also each step's direct logit attribution (the heads that pushed the "
                             "chosen token up or down, the tokens they pushed through) and the logit lens, from the "
                             "generation's own forward passes")
+    routes: bool = Field(False, description="also each step's information-flow route (Ferrando & Voita 2024) above "
+                         "the default tau, from the generation's own forward passes (the step view draws the "
+                         "chosen step's)")
 
     _check_prompt = field_validator("prompt")(_utf8)
 
 
 # Exactly one of a QK request's text and token ids (service.qk checks it too, in one line)
+# (a key that is present may still be null: each branch says its own key is not)
 TEXT_OR_IDS: dict[str, Any] = {"oneOf": [
-    {"required": ["text"], "properties": {"text": {"type": "string"}, "ids": {"type": "null"}}},  # a null text is none
+    {"required": ["text"], "properties": {"text": {"type": "string"}, "ids": {"type": "null"}}},
     {"required": ["ids"], "properties": {"ids": {"type": "array"}, "text": {"type": "null"}}}]}
 Position = Annotated[int, BeforeValidator(_whole_number)]
 
@@ -202,6 +209,19 @@ class QKRequest(StrictRequest):
     key: Position = Field(..., description="0-indexed key position (negative counts from the end)")
     top: Annotated[int, Field(ge=1, le=MAX_QK_TOP), BeforeValidator(_whole_number)] = Field(
         10, description=f"the largest pairs of each table to return (1 to {MAX_QK_TOP})")
+
+    _check_text = field_validator("text")(_utf8)
+
+
+class RoutesRequest(StrictRequest):
+    model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+                              "first decoder-only model)")
+    text: str = Field(..., min_length=1, max_length=MAX_TEXT_CHARS, pattern=NOT_BLANK,
+                      description="the text, tokenized as /api/analyze does", examples=["The capital of France is"])
+    position: Position = Field(-1, description="0-indexed position whose prediction is routed (negative counts from "
+                               "the end; default: the last)")
+    tau: float = Field(DEFAULT_TAU, ge=0.0, lt=1.0, allow_inf_nan=False,
+                       description="the importance an edge must exceed to be kept (Ferrando & Voita 2024's default)")
 
     _check_text = field_validator("text")(_utf8)
 
@@ -370,10 +390,11 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     @app.post("/api/generate", summary="a decoder generates after a prompt: the step view's payload",
               responses=ERRORS)
     def generate(request: GenerateRequest) -> JSONResponse:
+        from ..attribution.generation_routes import StepRoutes
         from ..attribution.steps import StepAttribution
         from ..capture.generate import generate
 
-        recorders = [StepAttribution()] if request.attribute else []
+        recorders = [*([StepAttribution()] if request.attribute else []), *([StepRoutes()] if request.routes else [])]
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
                               prompt_rows=PROMPT_ROWS[request.prompt_rows], recorders=recorders)
@@ -387,6 +408,13 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             found = service.qk(loaded, request.text, request.ids, cell, max_tokens)
         return JSONResponse(service.describe_qk(found, request.top))
+
+    @app.post("/api/routes", summary="the information-flow route of one prediction of a decoder (Ferrando & Voita "
+              "2024)", responses=ERRORS)
+    def routes(request: RoutesRequest) -> JSONResponse:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            graph = service.routes_of(loaded, request.text, request.position, request.tau, max_tokens)
+        return JSONResponse(graph.to_dict())
 
     def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:

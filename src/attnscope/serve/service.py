@@ -6,7 +6,8 @@
   sentence-embedding cosine for encoders, next-token distribution for decoders, translation and
   step view for encoder-decoders);
 * :func:`record_json`: the record's attention as plain JSON, for scripts;
-* :func:`qk` and :func:`describe_qk`: why a decoder's head scores a key for a query (QK attribution).
+* :func:`qk` and :func:`describe_qk`: why a decoder's head scores a key for a query (QK attribution);
+* :func:`routes_of`: the information-flow route of one prediction of a decoder.
 
 Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
 layer answers 4xx) for input the user can fix.
@@ -29,6 +30,7 @@ from ..records.generation import GenerationRecord
 if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
     from ..attribution.qk import QKAttribution
+    from ..attribution.routes import Routes
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
 # attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
@@ -398,3 +400,14 @@ def describe_qk(found: QKAttribution, top: int) -> dict[str, Any]:
             "row_term": found.row_term, "sink_mass": found.sink_mass, "components": len(found.query_components),
             "top": {"score": _pairs(found, top, "score"),
                     "centred": None if found.centred is None else _pairs(found, top, "centred")}}
+
+
+# ---- information-flow routes -----------------------------------------------------------------
+def routes_of(loaded: LoadedModel, text: str, position: int, tau: float, max_tokens: int) -> Routes:
+    """The route of the prediction at ``position`` of ``text`` (``attnscope.routes``): a model that is no decoder is
+    refused before the text is read, then the text is checked as :func:`check_input` checks it."""
+    from ..attribution.routes import check_route_model, routes
+
+    check_route_model(loaded)
+    check_input(loaded, text, None, max_tokens)
+    return routes(loaded, text, position, tau)

@@ -13,9 +13,10 @@
  * A generation made with --attribute also shows, for the chosen step, the heads that pushed the
  * chosen token's logit up or down most (signed bars, ranked by size; click one to see which tokens
  * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
- * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack).
+ * A generation made with --routes also draws, under the view, the chosen step's information-flow route (routes.js).
+ * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack) and routes.js (AttnscopeRoutes).
  */
-(function (NS, V) {
+(function (NS, V, R) {
   "use strict";
 
   const el = (tag, cls, text) => {
@@ -221,10 +222,12 @@
       body.append(this.candidates, this.attention);
       this.attribution = el("div", "st-attrib");
       this.attribution.dataset.role = "attribution";
+      this.route = el("div", "st-route");
+      this.route.dataset.role = "route";
       const parts = [el("h3", "st-title", p.title), meta, ...p.notes.map((n) => el("p", "st-note", n)), controls,
         el("p", "st-note", p.kind === "cross" ? "the decoded tokens (click one, or use \u2190 \u2192):"
           : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption,
-        ...(p.attribution ? [this.attribution] : [])];
+        ...(p.attribution ? [this.attribution] : []), ...(p.routes ? [this.route] : [])];
       this.root.replaceChildren(...parts);
       this.root.classList.add("attnscope-steps", `st-${p.kind}`);
       if (!this.root.hasAttribute("tabindex")) this.root.tabIndex = 0;  // takes the arrow keys once focused
@@ -297,6 +300,7 @@
       this.drawCandidates(p.steps[s.step]);
       this.drawAttention();
       if (p.attribution) this.drawAttribution();
+      if (p.routes) this.drawRoute();
       this.root.dataset.step = String(s.step);
       this.root.dataset.drawn = String(++this.drawCount);
     }
@@ -431,6 +435,18 @@
       this.attribution.replaceChildren(el("h4", "st-subtitle", "attribution"), title, panel, ...this.lensStrip());
     },
 
+    /* The step's route (--routes): the prediction at the position before the chosen token, its kept edges. */
+    drawRoute() {
+      const p = this.payload;
+      const step = this.state.step;
+      const holder = el("div");
+      R.draw(holder, { tokens: p.text, position: p.first_step - 1 + step, predicted: p.steps[step].chosen,
+        n_layers: p.n_layers, n_heads: p.n_heads, edges: p.routes.steps[step] });
+      this.route.replaceChildren(el("h4", "st-subtitle", "route"), holder);
+      this.route.dataset.step = String(step);
+      this.route.dataset.edges = holder.dataset.edges;
+    },
+
     /* The logit lens of the step: one column per layer, its top tokens shaded by probability. */
     lensStrip() {
       const p = this.payload;
@@ -468,4 +484,4 @@
     if (container.id) NS.instances[container.id] = view;
     return view;
   };
-})((window.AttnscopeSteps = window.AttnscopeSteps || {}), window.AttnscopeViews);
+})((window.AttnscopeSteps = window.AttnscopeSteps || {}), window.AttnscopeViews, window.AttnscopeRoutes);

@@ -9,9 +9,11 @@
  * chosen for the analysed text from POST /api/mixing. Clicking an attention cell (the head view: a query
  * token, then a key token, with one head shown; the step view: a token of a step's row, with one layer
  * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
+ * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
+ * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js).
  * Layers and heads are 0-indexed.
  */
-(function (V, Steps) {
+(function (V, Steps, Routes) {
   "use strict";
 
   const el = V.element;
@@ -574,7 +576,7 @@
     try {
       const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
         max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked,
-        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked };
+        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked, routes: $("gen-routes").checked };
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
       delete holder.dataset.drawn;
@@ -598,6 +600,40 @@
       tab.addEventListener("click", () => showTab(tab.dataset.tab));
     }
     $("generate-form").addEventListener("submit", (event) => { event.preventDefault(); generate(); });
+  }
+
+  // ---- routes tab ----------------------------------------------------------------------------
+  /* POST /api/routes and draw the route; the server's one line where it refuses (the last drawing is cleared). */
+  async function route() {
+    const status = $("routes-status");
+    const box = $("routes-graph");
+    $("routes-run").disabled = true;
+    status.classList.remove("ex-error");
+    status.textContent = "routing…";
+    box.dataset.state = "busy";
+    try {
+      const position = $("routes-position").value.trim();
+      const tau = $("routes-tau").value.trim();
+      const body = { model: $("routes-model").value, text: $("routes-text").value,
+        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) };
+      const data = await api("/api/routes", body);
+      Routes.draw(box, data);
+      box.dataset.state = "done";
+      markLoaded(data.model);
+      status.textContent = "";
+    } catch (error) {
+      box.replaceChildren();
+      box.dataset.state = "error";
+      status.textContent = error.message;
+      status.classList.add("ex-error");
+    } finally {
+      $("routes-run").disabled = false;
+    }
+  }
+
+  function setupRoutes(config) {
+    $("routes-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
+    $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
   }
 
   // ---- start -------------------------------------------------------------------------------
@@ -641,6 +677,7 @@
     $("run-change").addEventListener("click", runChange);
     $("json-link").addEventListener("click", downloadRecord);
     setupGeneration(config);
+    setupRoutes(config);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));
@@ -665,4 +702,4 @@
   }
 
   start();
-})(window.AttnscopeViews, window.AttnscopeSteps);
+})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes);
