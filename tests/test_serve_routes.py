@@ -16,7 +16,7 @@ from attnscope.attribution.routes import TAU
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import steps_schema
 
-from .test_serve_guard import one_line_detail, serving
+from .test_serve_guard import one_line_detail
 from .test_serve_qk import open_page
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
@@ -30,33 +30,19 @@ LOCAL = "http://127.0.0.1:8765"  # the server answers only to the names it liste
 TEXT = "The capital of France is"
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return load_model("smollm2")
-
-
-@pytest.fixture(scope="module")
-def app(smollm2, minilm):
-    return create_app(loaded=[smollm2, minilm])
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    return fastapi_testclient.TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
-
-
 def test_the_apps_default_tau_is_the_papers():
     assert DEFAULT_TAU == TAU
 
 
-def test_routes_answer_what_routes_gives_for_the_text(client, smollm2):
-    answer = client.post("/api/routes", json={"model": "smollm2", "text": TEXT})
+def test_routes_answer_what_routes_gives_for_the_text(explorer_client, smollm2):
+    answer = explorer_client.post("/api/routes", json={"model": "smollm2", "text": TEXT})
     assert answer.status_code == 200, answer.text
     data = answer.json()
     graph = routes(smollm2, TEXT)
     assert data == graph.to_dict()
     assert data["position"] == len(graph.tokens) - 1 and data["tau"] == TAU and data["edges"]
-    other = client.post("/api/routes", json={"text": TEXT, "position": 2, "tau": 0.1}).json()  # the first decoder
+    # no model named: the first decoder
+    other = explorer_client.post("/api/routes", json={"text": TEXT, "position": 2, "tau": 0.1}).json()
     assert other == routes(smollm2, TEXT, position=2, tau=0.1).to_dict()
     assert other["position"] == 2 and len(other["edges"]) != len(data["edges"])
 
@@ -86,32 +72,26 @@ def test_routes_answer_on_gemma3_and_qwen_as_routes_does(alias):
     ({"model": "gpt-17"}, 404, "unknown model 'gpt-17'"),
     ({"layer": 3}, 422, "layer: "),
 ])
-def test_bad_routes_input_gets_a_4xx_with_one_line(client, body, status, detail):
-    answer = client.post("/api/routes", json={"model": "smollm2", "text": TEXT, **body})
+def test_bad_routes_input_gets_a_4xx_with_one_line(explorer_client, body, status, detail):
+    answer = explorer_client.post("/api/routes", json={"model": "smollm2", "text": TEXT, **body})
     assert one_line_detail(answer, status, detail).startswith(detail)
 
 
-def test_generate_with_routes_sends_each_steps_route_of_what_generate_writes(client, app):
-    plain = client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2}).json()
+def test_generate_with_routes_sends_each_steps_route_of_what_generate_writes(explorer_client, explorer_app):
+    plain = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2}).json()
     assert plain["payload"]["routes"] is None, "asked for nothing, nothing more is sent"
-    answer = client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2, "routes": True})
+    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2,
+                                                         "routes": True})
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
-    with app.state.pool.use("smollm2") as smollm2:
+    with explorer_app.state.pool.use("smollm2") as smollm2:
         record = generate(smollm2, TEXT, max_new_tokens=2, recorders=[StepRoutes()])
     assert [len(edges) for edges in payload["routes"]["steps"]] == [len(step_routes(record, s).edges) for s in (0, 1)]
     assert payload["routes"]["steps"] == [step_routes(record, s).to_dict()["edges"] for s in (0, 1)]
 
 
 # ---- the tabs in Chromium ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(app):
-    """The app served on a free loopback port, in a thread (the models are loaded once)."""
-    with serving(app) as port:
-        yield f"http://127.0.0.1:{port}"
-
-
 def drawn_edges(page, box: str) -> list[dict]:
     """Each drawn edge's via, importance (as sent) and top head, from its SVG attributes."""
     return page.evaluate(f"Array.from(document.querySelectorAll('{box} line[data-role=edge]'), l => "
@@ -120,8 +100,8 @@ def drawn_edges(page, box: str) -> list[dict]:
                          "title: l.querySelector('title').textContent}))")
 
 
-def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, server, client, smollm2):
-    page, errors = open_page(browser, server)
+def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, explorer_server, explorer_client, smollm2):
+    page, errors = open_page(browser, explorer_server)
     page.click(".ex-tabs [data-tab=routes]")
     assert page.is_visible("#routes-form") and page.is_hidden("#input-form")
     page.select_option("#routes-model", "minilm")
@@ -135,7 +115,8 @@ def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, server
     page.fill("#routes-tau", "0.05")
     page.click("#routes-run")
     page.wait_for_selector("#routes-graph[data-state=done]", timeout=120_000)
-    data = client.post("/api/routes", json={"model": "smollm2", "text": TEXT, "position": 3, "tau": 0.05}).json()
+    body = {"model": "smollm2", "text": TEXT, "position": 3, "tau": 0.05}
+    data = explorer_client.post("/api/routes", json=body).json()
     assert data == routes(smollm2, TEXT, position=3, tau=0.05).to_dict()
     drawn = drawn_edges(page, "#routes-graph")
     assert len(drawn) == len(data["edges"]) > 0
@@ -155,8 +136,8 @@ def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, server
     page.close()
 
 
-def test_clicking_a_generated_token_draws_its_route(browser, server, smollm2):
-    page, errors = open_page(browser, server)
+def test_clicking_a_generated_token_draws_its_route(browser, explorer_server, smollm2):
+    page, errors = open_page(browser, explorer_server)
     page.click(".ex-tabs [data-tab=generate]")
     page.select_option("#gen-model", "smollm2")
     page.fill("#gen-prompt", TEXT)
