@@ -343,3 +343,13 @@ def test_brown_patch_pairs_have_one_token_length_and_two_next_words(tiny_llama):
     for pair in pairs:
         clean, corrupt = (tiny_llama.tokenizer(text)["input_ids"] for text in (pair.clean, pair.corrupt))
         assert len(clean) == len(corrupt) and pair.clean != pair.corrupt and pair.target != pair.other
+
+
+@pytest.mark.parametrize(("given", "method"), [("atp-star", "atp*"), ("atp*", "atp*"), ("atp", "atp")])
+def test_the_patch_command_takes_atp_star_without_a_glob(given, method):
+    # a bare atp* in a shell expands to matching file names (an earlier `-o atp/` turns it into atp): atp-star is the
+    # same method without the star
+    from attnscope.cli.main import build_parser
+
+    args = build_parser().parse_args(["patch", "--clean", "a b", "--corrupt", "a c", "--target", " d", "--method", given])
+    assert args.method == method

@@ -323,10 +323,13 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--residual", action="store_true",
                         help="also patch the residual stream after each layer, one position at a time (atp, atp*: "
                         "estimated)")
-    parser.add_argument("--method", choices=["cached", "batched", "naive", "atp", "atp*"],
+    parser.add_argument("--method", choices=["cached", "batched", "naive", "atp", "atp*", "atp-star"],
+                        type=lambda name: "atp*" if name == "atp-star" else name,
                         help="cached: patched runs start at the patched layer, batched (default where the model "
                         "allows it); batched: whole forward passes, batched; naive: one forward pass per patch; "
-                        "atp / atp*: estimated from gradients (attribution patching; AtP*: Kramar et al. 2024)")
+                        "atp / atp*: estimated from gradients (attribution patching; AtP*: Kramar et al. 2024). "
+                        "Quote 'atp*' or write atp-star: a shell expands a bare atp* to matching file names (an "
+                        "earlier -o atp/ folder would turn it into atp)")
     _atp_arguments(parser)
     parser.add_argument("--bootstrap", type=non_negative_int, default=1000,
                         help="bootstrap resamples for the 95%% intervals over pairs (default: 1000)")
@@ -563,8 +566,8 @@ the evaluation prints {model: {method: {"spearman_erasure", "ci", "spearman_grad
   attnscope patch --model smollm2 --clean "The Eiffel Tower is in the city of" \\
       --corrupt "The Colosseum is in the city of" --target " Paris" --other " Rome" -o out/
   attnscope patch --model smollm2 --file pairs.jsonl --mlps --residual -o out/
-  attnscope patch --model smollm2 --file pairs.jsonl --method atp* --verify 10 -o out/   # estimated, then checked
-  attnscope patch --model smollm2 --file pairs.jsonl --method atp* --positions --residual -o out/   # per position
+  attnscope patch --model smollm2 --file pairs.jsonl --method 'atp*' --verify 10 -o out/   # estimated, checked
+  attnscope patch --model smollm2 --file pairs.jsonl --method atp-star --positions --residual -o out/   # by position
   attnscope patch --model smollm2 --evaluate -o out/          # is direct logit attribution faithful? (minutes)
   attnscope patch --model smollm2 --evaluate --quick -o out/  # 4 prompts per task
 pairs.jsonl: one {"clean": ..., "corrupt": ..., "target": ..., "other": ...} per line (prompts of equal token length)
