@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope import extract, extract_corpus, load_model
+from attnscope import AttnscopeError, extract, extract_corpus, load_model
 from attnscope.capture import Intervention, intervene
 from attnscope.capture.concurrency import concurrent_map
 
@@ -98,3 +98,14 @@ def test_progress_bar_counts_every_item(minilm, monkeypatch):
     monkeypatch.setattr(tqdm.auto, "tqdm", spy)
     list(extract_corpus(minilm, ITEMS, batch_size=2, progress=True, parallel_batches=2))
     assert counted[0].n == len(ITEMS)
+
+
+def test_a_sort_window_of_one_batch_gives_the_same_records_in_order(minilm):
+    # probe_chains runs its 512-token windows one batch at a time so as not to hold a whole sort window of records
+    one = list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False, sort_window=1))
+    assert [record.tokens for record in one] == [extract(minilm, *(i if isinstance(i, tuple) else (i,))).tokens
+                                                 for i in ITEMS]
+    # other batches, other padding: equal up to float32 rounding
+    assert_same_records(one, list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False)), atol=1e-5)
+    with pytest.raises(AttnscopeError, match="sort window must be at least 1"):
+        next(extract_corpus(minilm, ITEMS, sort_window=0))

@@ -109,6 +109,7 @@ def extract_corpus(
     parallel_batches: int | None = None,
     plan: CapturePlan | None = None,
     packed: PackedWeights | None = None,
+    sort_window: int = SORT_WINDOW_BATCHES,
 ) -> Iterator[AttentionRecord]:
     """Yield one record per item, in input order, computed in length-sorted batches.
 
@@ -132,9 +133,15 @@ def extract_corpus(
     and query rows of the input side, statistics, top-k keys or an overview, computed in query
     chunks (partial records; see :class:`~attnscope.records.AttentionRecord`). Before each batch
     runs, the memory it needs is estimated and a batch that would not fit is refused.
+
+    ``sort_window``: inputs are sorted by length within windows of this many batches, and a window's records are
+    all held until its first ones can be yielded in order; items of one length with large records (a document's
+    512-token windows: hundreds of MB each for a 0.5B model) want 1.
     """
     if batch_size < 1:
         raise AttnscopeError("batch size must be at least 1")
+    if sort_window < 1:
+        raise AttnscopeError("the sort window must be at least 1 batch")
     if max_length is not None and max_length < 1:
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     loaded = as_loaded(model)
@@ -145,7 +152,7 @@ def extract_corpus(
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
     from tqdm.auto import tqdm
 
-    window_size = batch_size * SORT_WINDOW_BATCHES
+    window_size = batch_size * sort_window
     numbered = enumerate(items)
     first = list(islice(numbered, window_size))
     several_batches = len(first) > batch_size
