@@ -39,8 +39,7 @@ def test_generate_with_attribution_returns_the_attribution_of_what_generate_writ
     body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2}
     plain = explorer_client.post("/api/generate", json=body).json()
     assert plain["payload"]["attribution"] is None, "asked for nothing, nothing more is sent"
-    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2,
-                                                         "attribute": True})
+    answer = explorer_client.post("/api/generate", json={**body, "attribute": True})
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
@@ -82,6 +81,18 @@ def test_bad_generation_input_gets_a_4xx_with_one_line(explorer_client, body, de
 
 
 # ---- the tab in Chromium -------------------------------------------------------------------------
+def generate_in_tab(page, prompt: str, tokens: int, *boxes: str) -> None:
+    """In the explorer's Generate tab: SmolLM2, ``prompt``, ``tokens`` new tokens, the check ``boxes`` ticked
+    (e.g. ``#gen-attribute``, ``#gen-routes``), then Generate."""
+    page.click(".ex-tabs [data-tab=generate]")
+    page.select_option("#gen-model", "smollm2")
+    page.fill("#gen-prompt", prompt)
+    page.fill("#gen-tokens", str(tokens))
+    for box in boxes:
+        page.check(box)
+    page.click("#generate")
+
+
 def test_the_generation_tab_generates_and_steps_through_the_tokens(browser, explorer_server):
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     errors: list[str] = []
@@ -125,12 +136,7 @@ def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, ex
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(explorer_server)
     page.wait_for_selector("#gen-model option", state="attached")
-    page.click(".ex-tabs [data-tab=generate]")
-    page.select_option("#gen-model", "smollm2")
-    page.fill("#gen-prompt", PROMPT)
-    page.fill("#gen-tokens", "2")
-    page.check("#gen-attribute")
-    page.click("#generate")
+    generate_in_tab(page, PROMPT, 2, "#gen-attribute")
     page.wait_for_selector("#gen-steps[data-drawn] [data-role=head-bar]", timeout=120_000)
     bars = page.locator("#gen-steps [data-role=head-bar]")
     assert bars.count() == 10

@@ -12,6 +12,7 @@ from attnscope import extract, generate, load_model
 from attnscope.attribution import qk_attribution
 from attnscope.models.registry import ALIASES
 
+from .test_serve_generate import generate_in_tab
 from .test_serve_guard import one_line_detail
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
@@ -136,11 +137,7 @@ def test_clicking_a_head_view_cell_shows_why_the_head_looked_there(browser, expl
 
 def test_clicking_a_token_of_a_step_row_shows_why_the_head_looked_there(browser, explorer_server, smollm2):
     page, errors = open_page(browser, explorer_server)
-    page.click(".ex-tabs [data-tab=generate]")
-    page.select_option("#gen-model", "smollm2")
-    page.fill("#gen-prompt", TEXT)
-    page.fill("#gen-tokens", "3")
-    page.click("#generate")
+    generate_in_tab(page, TEXT, 3)
     page.wait_for_selector("#gen-steps[data-drawn]", timeout=120_000)
     page.click("#gen-steps .st-key[data-key='1']")  # the mean of all layers and heads: no head to ask about
     page.wait_for_selector("#gen-qk[data-state=error]")

@@ -16,6 +16,7 @@ from attnscope.attribution.routes import TAU
 from attnscope.models.registry import ALIASES
 from attnscope.present.steps import steps_schema
 
+from .test_serve_generate import generate_in_tab
 from .test_serve_guard import one_line_detail
 from .test_serve_qk import open_page
 
@@ -78,10 +79,10 @@ def test_bad_routes_input_gets_a_4xx_with_one_line(explorer_client, body, status
 
 
 def test_generate_with_routes_sends_each_steps_route_of_what_generate_writes(explorer_client, explorer_app):
-    plain = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2}).json()
+    body = {"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2}
+    plain = explorer_client.post("/api/generate", json=body).json()
     assert plain["payload"]["routes"] is None, "asked for nothing, nothing more is sent"
-    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": TEXT, "max_new_tokens": 2,
-                                                         "routes": True})
+    answer = explorer_client.post("/api/generate", json={**body, "routes": True})
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
@@ -138,12 +139,7 @@ def test_the_routes_tab_draws_the_apis_edges_and_shows_a_refusal(browser, explor
 
 def test_clicking_a_generated_token_draws_its_route(browser, explorer_server, smollm2):
     page, errors = open_page(browser, explorer_server)
-    page.click(".ex-tabs [data-tab=generate]")
-    page.select_option("#gen-model", "smollm2")
-    page.fill("#gen-prompt", TEXT)
-    page.fill("#gen-tokens", "3")
-    page.check("#gen-routes")
-    page.click("#generate")
+    generate_in_tab(page, TEXT, 3, "#gen-routes")
     page.wait_for_selector("#gen-steps [data-role=route][data-step='0']", timeout=180_000)
     record = generate(smollm2, TEXT, max_new_tokens=3, recorders=[StepRoutes()])
     for step in (2, 1):
