@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope import AttnscopeError, extract, extract_corpus, load_model
+from attnscope import extract, extract_corpus, load_model
 from attnscope.capture import Intervention, intervene
 from attnscope.capture.concurrency import concurrent_map
 
@@ -100,12 +100,17 @@ def test_progress_bar_counts_every_item(minilm, monkeypatch):
     assert counted[0].n == len(ITEMS)
 
 
-def test_a_sort_window_of_one_batch_gives_the_same_records_in_order(minilm):
-    # probe_chains runs its 512-token windows one batch at a time so as not to hold a whole sort window of records
-    one = list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False, sort_window=1))
-    assert [record.tokens for record in one] == [extract(minilm, *(i if isinstance(i, tuple) else (i,))).tokens
+def test_windows_cut_to_bound_the_records_they_hold_give_the_same_records_in_order(minilm, monkeypatch):
+    # a sort window's records are held until its first is yielded: long inputs cut it, here down to one batch a part
+    import attnscope.capture.extract as extract_module
+
+    whole = list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False))
+    monkeypatch.setattr(extract_module, "HELD_RECORD_BYTES", 1)
+    encoded = extract_module.encode_window(minilm, list(enumerate(ITEMS)), minilm.max_length)
+    parts = list(extract_module.held_parts(minilm, encoded, 2, None, qkv=False, norms=False))
+    assert [[e.index for e in part] for part in parts] == [[0, 1], [2, 3], [4, 5]]
+    cut = list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False))
+    assert [record.tokens for record in cut] == [extract(minilm, *(i if isinstance(i, tuple) else (i,))).tokens
                                                  for i in ITEMS]
     # other batches, other padding: equal up to float32 rounding
-    assert_same_records(one, list(extract_corpus(minilm, ITEMS, batch_size=2, progress=False)), atol=1e-5)
-    with pytest.raises(AttnscopeError, match="sort window must be at least 1"):
-        next(extract_corpus(minilm, ITEMS, sort_window=0))
+    assert_same_records(cut, whole, atol=1e-5)

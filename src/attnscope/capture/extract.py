@@ -33,6 +33,9 @@ from .rows import RowCapture
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
+# a sort window's records are all held until its first can be yielded in order: windows are cut where their records
+# would keep more (long inputs: a 512-token record of a 0.5B model keeps hundreds of MB)
+HELD_RECORD_BYTES = 1 << 30
 
 
 def as_loaded(model: LoadedModel | str) -> LoadedModel:
@@ -109,7 +112,6 @@ def extract_corpus(
     parallel_batches: int | None = None,
     plan: CapturePlan | None = None,
     packed: PackedWeights | None = None,
-    sort_window: int = SORT_WINDOW_BATCHES,
 ) -> Iterator[AttentionRecord]:
     """Yield one record per item, in input order, computed in length-sorted batches.
 
@@ -133,15 +135,9 @@ def extract_corpus(
     and query rows of the input side, statistics, top-k keys or an overview, computed in query
     chunks (partial records; see :class:`~attnscope.records.AttentionRecord`). Before each batch
     runs, the memory it needs is estimated and a batch that would not fit is refused.
-
-    ``sort_window``: inputs are sorted by length within windows of this many batches, and a window's records are
-    all held until its first ones can be yielded in order; items of one length with large records (a document's
-    512-token windows: hundreds of MB each for a 0.5B model) want 1.
     """
     if batch_size < 1:
         raise AttnscopeError("batch size must be at least 1")
-    if sort_window < 1:
-        raise AttnscopeError("the sort window must be at least 1 batch")
     if max_length is not None and max_length < 1:
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     loaded = as_loaded(model)
@@ -152,7 +148,7 @@ def extract_corpus(
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)  # type: ignore[arg-type]
     from tqdm.auto import tqdm
 
-    window_size = batch_size * sort_window
+    window_size = batch_size * SORT_WINDOW_BATCHES
     numbered = enumerate(items)
     first = list(islice(numbered, window_size))
     several_batches = len(first) > batch_size
@@ -163,7 +159,8 @@ def extract_corpus(
     with (tqdm(total=total, unit="text", desc="extracting", disable=not progress) as bar,
           concurrent_map(default_workers(parallel_batches, several_batches)) as run_each):
         for window in filter(None, windows):
-            yield from window_records(encode_window(loaded, window, limit), batch_size, run, run_each, bar.update)
+            for part in held_parts(loaded, encode_window(loaded, window, limit), batch_size, plan, qkv=qkv, norms=norms):
+                yield from window_records(part, batch_size, run, run_each, bar.update)
 
 
 def extract_to_file(
@@ -225,6 +222,25 @@ def window_records(encoded: list[Encoded], batch_size: int, run: Callable[[list[
         records.update(zip(positions, batch_records))
         done(len(positions))
     return [records[i] for i in range(len(encoded))]
+
+
+def held_parts(loaded: LoadedModel, encoded: list[Encoded], batch_size: int, plan: CapturePlan | None, *, qkv: bool,
+               norms: bool) -> Iterator[list[Encoded]]:
+    """One tokenized sort window (input order) cut into consecutive parts whose records keep at most
+    :data:`HELD_RECORD_BYTES` together (estimated from their lengths), each at least one batch."""
+    n_layers, n_heads = n_main_layers(loaded) * len(_kinds(loaded)), n_config_heads(loaded)
+    part: list[Encoded] = []
+    held = 0
+    for item in encoded:
+        kept = estimate_capture_memory(plan, n_layers=n_layers, n_heads=n_heads, length=item.length, qkv=qkv,
+                                       norms=norms).kept
+        if len(part) >= batch_size and held + kept > HELD_RECORD_BYTES:
+            yield part
+            part, held = [], 0
+        part.append(item)
+        held += kept
+    if part:
+        yield part
 
 
 def encode_window(loaded: LoadedModel, window: list[tuple[int, Item]], limit: int) -> list[Encoded]:

@@ -167,21 +167,18 @@ def token_offsets(tokenizer: Any, text: str, token_ids: np.ndarray) -> tuple[lis
 
 def attend_words(loaded: Any, items: Sequence[WordSpans], *, batch_size: int = 16, progress: bool = True,
                  tally: MismatchTally | None = None,
-                 rows: Callable[[Any], Sequence[int]] | None = None,
-                 sort_window: int | None = None) -> Iterator[AlignedSentence]:
+                 rows: Callable[[Any], Sequence[int]] | None = None) -> Iterator[AlignedSentence]:
     """Run the model over each item's text and yield its word-level attention, in order.
 
     ``loaded`` is a :class:`~attnscope.models.loading.LoadedModel`; for encoder-decoders the
     encoder's attention is used (the text is given as its own target so nothing is generated).
     Mismatches are added to ``tally`` when one is given. ``rows(item)``: the attending words to
-    keep (default: all; see :func:`word_attention`). ``sort_window``: batches sorted together (default:
-    extract_corpus's), each one's records held at once.
+    keep (default: all; see :func:`word_attention`).
     """
-    from ..capture.extract import SORT_WINDOW_BATCHES, extract_corpus
+    from ..capture.extract import extract_corpus
 
     inputs: Iterable[Any] = [(item.text, item.text) if loaded.is_encoder_decoder else item.text for item in items]
-    records = extract_corpus(loaded, inputs, batch_size=batch_size, progress=progress, total=len(items),
-                             sort_window=sort_window or SORT_WINDOW_BATCHES)
+    records = extract_corpus(loaded, inputs, batch_size=batch_size, progress=progress, total=len(items))
     for item, record in zip(items, records):
         yield align_record(loaded.tokenizer, item, record, tally, None if rows is None else rows(item))
 

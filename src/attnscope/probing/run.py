@@ -113,9 +113,7 @@ def probe_chains(model: Any, treebank: Treebank, *, window: int = WINDOW_TOKENS,
         documents = documents_of(documents_from)
         counts = [word_token_counts(tokenizer, document.text, document.spans) for document in documents]
         texts, left_out = plan_documents(documents, counts, budget, singletons)
-        # one batch at a time: windows are all about as long, and a sort window of them held 11 GB for Qwen 0.5B
-        aligned = attend_words(loaded, texts, batch_size=batch_size, progress=progress, rows=lambda item: item.rows(),
-                               sort_window=1)
+        aligned = attend_words(loaded, texts, batch_size=batch_size, progress=progress, rows=lambda item: item.rows())
         return score_chains(aligned, left_out, loaded.name, documents_from.source, len(documents),
                             {**settings, "windows": len(texts)})
 
