@@ -13,7 +13,10 @@ square of the input's length. A :class:`CapturePlan` says what to keep instead:
 * ``overview``: the whole matrix averaged over blocks of this many tokens (a picture of it at
   ``T / block`` resolution, for the long views);
 * ``chunk``: queries are processed this many at a time, so a layer's scores never exceed
-  ``[batch, head, chunk, k_pos]``.
+  ``[batch, head, chunk, k_pos]``;
+* ``sentences``: token spans ``[(start, stop), ...]`` (0-indexed, sorted, disjoint) of ONE input: the
+  matrix averaged to sentence x sentence as it goes (each block's mean over its query and key tokens,
+  :mod:`attnscope.analysis.sentences`), ``[layer, head, S, S]`` whatever the input's length.
 
 Layers and heads are 0-indexed. The plan is passed into the one attention function
 (:mod:`attnscope.capture.attention`); without a plan, capture keeps everything as before.
@@ -132,12 +135,15 @@ class CapturePlan:
     top_k: int = 0
     overview: int = 0
     chunk: int = DEFAULT_CHUNK
+    sentences: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.top_k < 0 or self.overview < 0 or self.chunk < 1:
             raise AttnscopeError("top-k and overview must be >= 0 and the query chunk >= 1")
-        if not (self.attention or self.statistics or self.top_k or self.overview):
-            raise AttnscopeError("the capture plan keeps nothing: ask for attention, statistics, top-k or an overview")
+        if not (self.attention or self.statistics or self.top_k or self.overview or self.sentences):
+            raise AttnscopeError("the capture plan keeps nothing: ask for attention, statistics, top-k, an overview "
+                                 "or sentences")
+        _check_spans(self.sentences)
         for name in ("layers", "heads"):
             chosen = getattr(self, name)
             if chosen is not None and (not chosen or min(chosen) < 0):
@@ -147,7 +153,7 @@ class CapturePlan:
     def keeps_everything(self) -> bool:
         """True for the plan that equals a plain full capture (nothing selected, nothing extra)."""
         return (self.layers is None and self.heads is None and self.queries.is_all and self.attention
-                and not (self.statistics or self.top_k or self.overview))
+                and not (self.statistics or self.top_k or self.overview or self.sentences))
 
     def wants_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -176,7 +182,22 @@ class CapturePlan:
         return {"layers": None if self.layers is None else list(self.layers),
                 "heads": None if self.heads is None else list(self.heads),
                 "queries": self.queries.describe(), "attention": self.attention, "statistics": self.statistics,
-                "top_k": self.top_k, "overview": self.overview}
+                "top_k": self.top_k, "overview": self.overview,
+                **({"sentences": [list(span) for span in self.sentences]} if self.sentences else {})}
+
+    def check_sentences(self, n_tokens: int) -> None:
+        """Refuse sentence spans beyond an input of ``n_tokens`` tokens (one line)."""
+        if self.sentences and self.sentences[-1][1] > n_tokens:
+            raise AttnscopeError(f"sentence span {self.sentences[-1]} is beyond the input's {n_tokens} tokens")
+
+
+def _check_spans(spans: tuple[tuple[int, int], ...]) -> None:
+    """Spans must be sorted, disjoint and non-empty: ``0 <= start < stop <= next start``."""
+    previous = 0
+    for start, stop in spans:
+        if not previous <= start < stop:
+            raise AttnscopeError(f"sentence spans must be sorted, disjoint and non-empty; ({start}, {stop}) is not")
+        previous = stop
 
 
 FULL_PLAN = CapturePlan()
@@ -238,6 +259,7 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
         kept += batch * layers * n_heads * length * d_head * 4 * 3
     if plan.overview:
         kept += batch * layers * heads * math.ceil(length / plan.overview) ** 2 * 4
+    kept += batch * layers * heads * (len(plan.sentences) + 1) ** 2 * 4
     chunked = not plan.keeps_everything
     query_rows = min(length, plan.chunk) if chunked else length
     # scores, probabilities and one temporary of the same size for one layer's chunk; the additive

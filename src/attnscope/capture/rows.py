@@ -66,7 +66,8 @@ class RowCapture:
     ``attention``/``norms``: ``[batch, head, row, k_pos]``; ``statistics[name]``: ``[batch, head, row]``;
     ``distance_histogram``: ``[batch, head, bin]`` (mass summed over each item's own rows);
     ``topk_indices`` (int32, -1 where the row has fewer keys) / ``topk_weights``: ``[batch, head, row, k]``;
-    ``overview``: ``[batch, head, q_block, k_block]``; ``sink_mass``: ``[batch, head, row]``, learned sinks' share
+    ``overview``: ``[batch, head, q_block, k_block]``; ``sentences``: ``[batch, head, q_sentence, k_sentence]``, each
+    block's mean over its query and key tokens (the plan's sentence spans); ``sink_mass``: ``[batch, head, row]``, learned sinks' share
     of each row (gpt-oss; None without sinks).
     """
 
@@ -83,6 +84,7 @@ class RowCapture:
     topk_indices: torch.Tensor | None = None
     topk_weights: torch.Tensor | None = None
     overview: torch.Tensor | None = None
+    sentences: torch.Tensor | None = None
     sink_mass: torch.Tensor | None = None
 
     def cpu(self) -> RowCapture:
@@ -95,7 +97,7 @@ class RowCapture:
                        statistics={name: value.cpu() for name, value in self.statistics.items()},
                        distance_histogram=moved(self.distance_histogram), topk_indices=moved(self.topk_indices),
                        topk_weights=moved(self.topk_weights), overview=moved(self.overview),
-                       sink_mass=moved(self.sink_mass))
+                       sentences=moved(self.sentences), sink_mass=moved(self.sink_mass))
 
 
 Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
@@ -191,6 +193,8 @@ class RowCollector:
             blocks = -(-n_keys // plan.overview)
             self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks), device=device)
             self.overview_rows = torch.zeros((batch, 1, blocks, 1), device=device)
+        if plan.sentences:
+            self.sentence_sum = SentenceSums(plan.sentences, n_keys, (batch, n_kept_heads), device)
 
     # ---- per chunk ---------------------------------------------------------------------------
     def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
@@ -203,6 +207,8 @@ class RowCollector:
         logits = None if logits is None else self._kept_heads(logits)
         if self.plan.overview:
             self._add_overview(start, probs, first_key)
+        if self.plan.sentences:
+            self.sentence_sum.add(start, probs, self._real(start, probs.shape[2]), first_key)
         positions = [p for p in range(start, start + probs.shape[2]) if p in self.row_lookup]
         if not positions:
             return
@@ -313,6 +319,11 @@ class RowCollector:
         self.overview_sum[:, :, :, first_block:first_block + key_blocks.shape[-1]].index_add_(2, query_block, weighted)
         self.overview_rows.index_add_(2, query_block, real[:, None, :, None])
 
+    def _real(self, start: int, n: int) -> torch.Tensor:
+        """float ``[batch, n]``: 1 where query ``start + i`` is one of the item's tokens, 0 on padding."""
+        positions = torch.arange(start, start + n, device=self.lengths.device)
+        return (positions[None, :] < self.lengths[:, None]).float()
+
     # ---- at the end of the layer ---------------------------------------------------------------
     def finish(self, *, n_heads: int, n_kv_heads: int, d_head: int, scaling: float) -> RowCapture:
         result = RowCapture(rows=self.rows, heads=self.heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head,
@@ -322,4 +333,35 @@ class RowCollector:
             result.topk_indices, result.topk_weights = self.topk_indices, self.topk_weights
         if self.plan.overview:
             result.overview = self.overview_sum / self.overview_rows.clamp(min=1)
+        if self.plan.sentences:
+            result.sentences = self.sentence_sum.means()
         return result
+
+
+class SentenceSums:
+    """Attention summed into sentence x sentence blocks as query chunks arrive, for the block means.
+
+    Tokens outside every span go to one extra label, dropped at the end; memory ``[batch, head, S + 1, S + 1]``."""
+
+    def __init__(self, spans: tuple[tuple[int, int], ...], n_keys: int, lead: tuple[int, int],
+                 device: torch.device | None) -> None:
+        n = len(spans)
+        labels = np.full(n_keys, n, dtype=np.int64)  # n: in no sentence
+        for index, (start, stop) in enumerate(spans):
+            labels[start:stop] = index
+        self.labels = torch.from_numpy(labels).to(device)
+        self.sizes = torch.tensor([stop - start for start, stop in spans], dtype=torch.float32, device=device)
+        self.sums = torch.zeros((*lead, n + 1, n + 1), device=device)
+
+    def add(self, start: int, probs: torch.Tensor, real: torch.Tensor, first_key: int = 0) -> None:
+        """Rows ``start ..`` of keys ``first_key ..`` (``[batch, head, n, k]``; padding rows weigh 0 by ``real``)."""
+        batch, heads, n, k_seen = probs.shape
+        key_labels = self.labels[first_key:first_key + k_seen]
+        per_sentence = torch.zeros((batch, heads, n, self.sums.shape[-1]), device=probs.device)
+        per_sentence.index_add_(-1, key_labels, probs)  # [b, h, n, sentence]: each row's sum per key sentence
+        self.sums.index_add_(2, self.labels[start:start + n], per_sentence * real[:, None, :, None])
+
+    def means(self) -> torch.Tensor:
+        """``[batch, head, q_sentence, k_sentence]``: each block's sum over its query count times key count."""
+        n = len(self.sizes)
+        return self.sums[..., :n, :n] / (self.sizes[:, None] * self.sizes[None, :])

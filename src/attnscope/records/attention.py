@@ -44,7 +44,8 @@ FORMAT_VERSION = 1
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
 QKV_FIELDS = ("queries", "keys", "values")
 HELD_LABELS = {"attention": "attention rows", "norms": "norm-weighted rows", "stat_": "row statistics",
-               "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview"}
+               "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview",
+               "sentence_attention": "sentence averages"}
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from .attribution import (
     ROUTE_HEADS,
     ROUTE_IMPORTANCE,
 )
-from .format import ROW_STATISTICS, distance_bin_edges
+from .format import ROW_STATISTICS, SENTENCE_ATTENTION, distance_bin_edges
 
 TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
 ATTENTION_FIELDS = ("attention", "norms")  # [layer, head, q_pos, k_pos]
@@ -319,6 +319,8 @@ def _partial_shapes(meta: dict[str, Any], n_tokens: int) -> dict[str, tuple[str,
     block = selection["plan"].get("overview") or 0
     blocks = -(-n_tokens // min(block, n_tokens)) if block else "overview blocks"
     shapes[f"{kind}.overview"] = ("f", (*lead, blocks, blocks))
+    sentences = len(selection["plan"].get("sentences") or ()) or "sentences"
+    shapes[f"{kind}.{SENTENCE_ATTENTION}"] = ("f", (*lead, sentences, sentences))
     return shapes
 
 
@@ -341,6 +343,7 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          "values": ("layers", "heads", "positions", "d_head"),
          "topk_indices": ("layers", "heads", "rows", "keys kept"), "topk_weights": ("layers", "heads", "rows", "keys kept"),
          "overview": ("layers", "heads", "query blocks", "key blocks"),
+         SENTENCE_ATTENTION: ("layers", "heads", "query sentences", "key sentences"),
          "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",),
          "sink_mass": ("layers", "heads", "rows"),
          # generation records
