@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from .analysis.patterns import classify_heads as classify_heads
     from .analysis.rollout import attention_flow as attention_flow
     from .analysis.rollout import attention_rollout as attention_rollout
+    from .analysis.sentences import ReceiverHeads as ReceiverHeads
+    from .analysis.sentences import SentenceAttention as SentenceAttention
+    from .analysis.sentences import Sentences as Sentences
+    from .analysis.sentences import sentence_attention as sentence_attention
+    from .analysis.sentences import split_sentences as split_sentences
     from .analysis.stats import head_statistics as head_statistics
     from .attribution.dla import direct_logit_attribution as direct_logit_attribution
     from .attribution.dla import logit_lens as logit_lens
@@ -43,6 +48,9 @@ if TYPE_CHECKING:
     from .errors import AttnscopeError as AttnscopeError
     from .experiments.mixing import mixing as mixing
     from .experiments.patching import activation_patching as activation_patching
+    from .experiments.sentences import SuppressionResult as SuppressionResult
+    from .experiments.sentences import capture_sentence_attention as capture_sentence_attention
+    from .experiments.sentences import sentence_suppression as sentence_suppression
     from .models.loading import LoadedModel as LoadedModel
     from .models.registry import ALIASES as ALIASES
     from .models.registry import DEFAULT_MODEL as DEFAULT_MODEL

@@ -7,7 +7,7 @@ ends after a token whose text ends in ``.``, ``!``, ``?`` or ``…`` (closing qu
 follow) when the next token starts with whitespace (so ``3.14`` and ``e.g.x`` do not split), after a
 token holding a newline, before and after every special token, and at the prompt's end (a generated
 text starts a new sentence). Special tokens (``<|im_start|>``, BOS), whitespace-only pieces and a chat
-template's role header (the one word between a special token and the newline after it: ``user``,
+template's role header (a line of one word between a special token and a newline: ``user``,
 ``assistant``) belong to no sentence: they are neither queries nor keys of the sentence matrix.
 
 **Sentence attention** (:class:`SentenceAttention`) follows Bogdan et al.: each block of the token
@@ -104,7 +104,7 @@ def split_sentences(tokens: Sequence[str], special_mask: Sequence[bool] | np.nda
     start, header = 0, False  # header: inside the role line after a special token
     for position, token in enumerate(tokens):
         if special[position]:
-            _close(spans, tokens, start, position, header)
+            _close(spans, tokens, start, position, False)
             start, header = position + 1, True
             continue
         if "\n" in token or _ends_sentence(tokens, position) or position + 1 == prompt_length:
