@@ -23,6 +23,7 @@ from .lab import COMMANDS as LAB_COMMANDS
 from .models import COMMANDS as MODELS_COMMANDS
 from .present import COMMANDS as PRESENT_COMMANDS
 from .probing import COMMANDS as PROBING_COMMANDS
+from .sentences import COMMANDS as SENTENCES_COMMANDS
 from .serve import COMMANDS as SERVE_COMMANDS
 from .threads import apply_threads
 
@@ -32,7 +33,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whos
 
 # Each module of this package holds its commands as a ``COMMANDS`` tuple; here in the order ``--help`` shows them.
 COMMANDS: tuple[Command, ...] = (*CAPTURE_COMMANDS, *MODELS_COMMANDS, *PRESENT_COMMANDS, *ANALYSIS_COMMANDS,
-                                 *CORPUS_COMMANDS, *EXPERIMENTS_COMMANDS, *ATTRIBUTION_COMMANDS, *PROBING_COMMANDS,
+                                 *CORPUS_COMMANDS, *EXPERIMENTS_COMMANDS, *ATTRIBUTION_COMMANDS, *SENTENCES_COMMANDS,
+                                 *PROBING_COMMANDS,
                                  *LAB_COMMANDS, *SERVE_COMMANDS)
 
 

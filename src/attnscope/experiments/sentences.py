@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..analysis.sentences import SentenceAttention, Sentences, record_sentences, sentence_attention, split_sentences
+from ..analysis.sentences import (
+    PROXIMITY,
+    ReceiverHeads,
+    SentenceAttention,
+    Sentences,
+    record_sentences,
+    sentence_attention,
+    split_sentences,
+)
 from ..capture.attention import Intervention, intervene
 from ..capture.extract import as_loaded, encode_window, extract
 from ..capture.plan import CapturePlan
@@ -43,15 +51,29 @@ def capture_sentence_attention(model: LoadedModel | str, text: str, *, chunk: in
     ``layers`` and ``heads``: all by default). The text is tokenized as capture tokenizes it, split into
     sentences (:func:`~attnscope.analysis.sentences.split_sentences`), then run once."""
     loaded = as_loaded(model)
+    sentences = text_sentences(loaded, text, max_length)
+    record = sentence_record(loaded, text, sentences, chunk=chunk, layers=layers, heads=heads, max_length=max_length,
+                             progress=progress)
+    return sentence_attention(record, sentences)
+
+
+def text_sentences(loaded: LoadedModel, text: str, max_length: int | None = None) -> Sentences:
+    """The sentences of ``text`` as capture tokenizes it (truncated to ``max_length`` tokens)."""
     if max_length is not None and max_length < 1:
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     side = encode_window(loaded, [(0, (text, None))], min(max_length or loaded.max_length, loaded.max_length))[0].source
     sentences = split_sentences(side.tokens, side.special_mask)
     if not len(sentences):
         raise AttnscopeError("the text has no sentence (only special tokens or whitespace)")
+    return sentences
+
+
+def sentence_record(loaded: LoadedModel, text: str, sentences: Sentences, *, chunk: int = 256,
+                    layers: tuple[int, ...] | None = None, heads: tuple[int, ...] | None = None,
+                    max_length: int | None = None, progress: bool = False) -> AttentionRecord:
+    """The partial record of a planned capture that averaged ``text``'s attention over ``sentences``."""
     plan = CapturePlan(layers=layers, heads=heads, attention=False, chunk=chunk, sentences=sentences.spans)
-    record = extract(loaded, text, plan=plan, max_length=max_length, progress=progress)
-    return sentence_attention(record, sentences)
+    return extract(loaded, text, plan=plan, max_length=max_length, progress=progress)
 
 
 class SuppressSentence(Intervention):
@@ -125,14 +147,10 @@ def sentence_suppression(model: LoadedModel | str, record: AttentionRecord | Gen
     """Suppress each sentence of ``record``'s text in turn (``which``: these sentences only, 0-indexed) and report
     the change of every later token's log-probability (see the module docstring). One forward pass each."""
     loaded = as_loaded(model)
-    if not loaded.causal:
-        raise AttnscopeError("attention suppression scores each token's log-probability: it needs a decoder")
+    check_decoder(loaded)
     ids, tokens = _record_ids(record)
     sentences = sentences or _sentences_of(record)
-    chosen = tuple(range(len(sentences))) if which is None else tuple(which)
-    bad = [j for j in chosen if not 0 <= j < len(sentences)]
-    if bad:
-        raise AttnscopeError(f"sentence {bad[0]} is outside 0..{len(sentences) - 1} (0-indexed)")
+    chosen = chosen_sentences(sentences, which)
     intact = token_log_probs(loaded, ids)
     changes = np.full((len(chosen), len(ids)), np.nan, dtype=np.float32)
     from tqdm.auto import tqdm
@@ -145,6 +163,20 @@ def sentence_suppression(model: LoadedModel | str, record: AttentionRecord | Gen
             changes[row, stop:] = changed[stop:] - intact[stop:]
             bar.update(1)
     return SuppressionResult(sentences, tokens, chosen, intact, changes, _mean_by_sentence(changes, chosen, sentences))
+
+
+def check_decoder(loaded: LoadedModel) -> None:
+    if not loaded.causal:
+        raise AttnscopeError("attention suppression scores each token's log-probability: it needs a decoder")
+
+
+def chosen_sentences(sentences: Sentences, which: Sequence[int] | None) -> tuple[int, ...]:
+    """``which`` (every sentence when None), refused where one is not a sentence (0-indexed)."""
+    chosen = tuple(range(len(sentences))) if which is None else tuple(which)
+    bad = [j for j in chosen if not 0 <= j < len(sentences)]
+    if bad:
+        raise AttnscopeError(f"sentence {bad[0]} is outside 0..{len(sentences) - 1} (0-indexed)")
+    return chosen
 
 
 def _mean_by_sentence(changes: np.ndarray, chosen: tuple[int, ...], sentences: Sentences) -> np.ndarray:
@@ -170,3 +202,61 @@ def _sentences_of(record: AttentionRecord | GenerationRecord) -> Sentences:
     if not len(sentences):
         raise AttnscopeError("the text has no sentence (only special tokens or whitespace)")
     return sentences
+
+
+@dataclass(frozen=True)
+class SentenceReport:
+    """What ``attnscope sentences`` reports: the sentence attention, its receiver heads and, when asked for, the
+    suppression of each sentence."""
+
+    attention: SentenceAttention
+    receivers: ReceiverHeads
+    suppression: SuppressionResult | None = None
+
+    def to_frame(self) -> pd.DataFrame:
+        """The receiver heads, ranked (the sentence matrix: ``attention.to_frame()``; suppression:
+        ``suppression.to_frame()``)."""
+        return self.receivers.to_frame()
+
+    def to_json(self, top: int = 10) -> dict[str, Any]:
+        sentences = self.attention.sentences
+        receivers = self.receivers
+        best = receivers.ranked(1)
+        vertical = None
+        if best:  # the strongest receiver's vertical scores, per sentence
+            layer, head = receivers.layers.index(best[0][0]), receivers.heads.index(best[0][1])
+            vertical = [None if np.isnan(v) else round(float(v), 6) for v in receivers.vertical[layer, head]]
+        return {**self.attention.to_json(), "proximity": receivers.proximity,
+                "parts": [sentences.part(i) for i in range(len(sentences))],
+                "receiver_heads": [{"layer": layer, "head": head, "kurtosis": None if np.isnan(k) else round(k, 4)}
+                                   for layer, head, k in receivers.ranked(top)],
+                "top_receiver_vertical_scores": vertical,
+                "suppression": None if self.suppression is None else self.suppression.to_json()}
+
+
+def sentence_report(model: LoadedModel | str, source: str | AttentionRecord | GenerationRecord, *,
+                    proximity: int = PROXIMITY, suppress: bool | Sequence[int] = False, chunk: int = 256,
+                    max_length: int | None = None, progress: bool = False) -> SentenceReport:
+    """Sentence attention, receiver heads and (``suppress``: every sentence, or these 0-indexed ones) attention
+    suppression of a text (a planned capture: bounded memory at any length) or of a record (a generation's kept
+    rows, or a full record's matrix)."""
+    loaded = as_loaded(model)
+    if proximity < 1:
+        raise AttnscopeError(f"proximity must be at least 1 (1: every later sentence), got {proximity}")
+    which = None if isinstance(suppress, bool) else list(suppress)
+    if suppress is not False:  # every premise before the slow work
+        check_decoder(loaded)
+    if isinstance(source, str):
+        sentences = text_sentences(loaded, source, max_length)
+        chosen_sentences(sentences, which)
+        record: AttentionRecord | GenerationRecord = sentence_record(loaded, source, sentences, chunk=chunk,
+                                                                     max_length=max_length, progress=progress)
+        attention = sentence_attention(record, sentences)
+    else:
+        record, attention = source, sentence_attention(source)
+        chosen_sentences(attention.sentences, which)
+    suppression = None
+    if suppress is not False:
+        suppression = sentence_suppression(loaded, record, sentences=attention.sentences, which=which,
+                                           progress=progress)
+    return SentenceReport(attention, attention.receiver_heads(proximity), suppression)
