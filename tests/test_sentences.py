@@ -103,6 +103,21 @@ def test_planned_sentence_attention_equals_the_full_record_and_eager(smollm2):
     np.testing.assert_allclose(full.matrix, direct_average(attention, full.sentences.spans), atol=1e-5)
 
 
+def test_sentence_averages_streamed_to_a_file_and_saved_equal_the_full_matrix(tiny_llama, tmp_path):
+    text = "the cat sat on the mat and then it left the room for the garden"
+    full = attnscope.extract(tiny_llama, text)
+    spans = ((1, 4), (4, 9), (10, len(full.tokens) - 1))  # [CLS] and token 9 in no sentence
+    sentences = Sentences(spans, ("",) * 3, len(full.tokens))
+    plan = attnscope.CapturePlan(attention=False, sentences=spans, chunk=4)
+    streamed = attnscope.extract_to_file(tiny_llama, text, path=tmp_path / "s.safetensors", plan=plan, progress=False)
+    saved = attnscope.extract(tiny_llama, text, plan=plan).save(tmp_path / "m.safetensors")
+    expected = direct_average(full.attention, spans)
+    for record in (streamed, attnscope.AttentionRecord.load(saved)):
+        np.testing.assert_allclose(sentence_attention(record, sentences).matrix, expected, atol=1e-6)
+    with pytest.raises(AttnscopeError, match="beyond the input"):
+        attnscope.extract(tiny_llama, text, plan=attnscope.CapturePlan(attention=False, sentences=((0, 99),)))
+
+
 def test_a_plan_refuses_overlapping_sentence_spans():
     with pytest.raises(AttnscopeError, match="sorted, disjoint and non-empty"):
         attnscope.CapturePlan(attention=False, sentences=((0, 4), (3, 6)))

@@ -194,6 +194,7 @@ class RowCollector:
             self.overview_sum = torch.zeros((batch, n_kept_heads, blocks, blocks), device=device)
             self.overview_rows = torch.zeros((batch, 1, blocks, 1), device=device)
         if plan.sentences:
+            plan.check_sentences(n_keys)
             self.sentence_sum = SentenceSums(plan.sentences, n_keys, (batch, n_kept_heads), device)
 
     # ---- per chunk ---------------------------------------------------------------------------
