@@ -259,7 +259,8 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
         kept += batch * layers * n_heads * length * d_head * 4 * 3
     if plan.overview:
         kept += batch * layers * heads * math.ceil(length / plan.overview) ** 2 * 4
-    kept += batch * layers * heads * (len(plan.sentences) + 1) ** 2 * 4
+    if plan.sentences:  # block sums, one extra row and column for tokens in no sentence
+        kept += batch * layers * heads * (len(plan.sentences) + 1) ** 2 * 4
     chunked = not plan.keeps_everything
     query_rows = min(length, plan.chunk) if chunked else length
     # scores, probabilities and one temporary of the same size for one layer's chunk; the additive
