@@ -90,6 +90,13 @@ def test_generation_rows_averaged_by_sentence_equal_eager_block_means(tiny_llama
     attention, _ = eager(tiny_llama, record.token_ids)
     np.testing.assert_allclose(result.matrix, direct_average(attention, spans), atol=1e-6)
     assert result.to_frame().shape[0] == record.n_layers * record.n_heads * 10  # 4 sentences: 10 cells at or below
+    last_rows = attnscope.generate(tiny_llama, "The cat sat on the mat.", max_new_tokens=10, prompt_rows=False)
+    assert 3 < last_rows.first_row < n - 4 and np.array_equal(last_rows.token_ids, record.token_ids)
+    partial = sentence_attention(last_rows, sentences).matrix  # rows before first_row were not kept: NaN queries
+    kept = [i for i, (start, _) in enumerate(spans) if start >= last_rows.first_row]
+    assert np.isnan(np.delete(partial, kept, axis=2)).all()
+    np.testing.assert_allclose(partial[:, :, kept], result.matrix[:, :, kept], atol=1e-6)
+    assert np.isfinite(vertical_scores(partial, 1)[:, :, :3]).all()  # the last sentence still scores the earlier ones
 
 
 @needs_smollm2
