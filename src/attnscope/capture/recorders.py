@@ -172,7 +172,7 @@ class Recorder(Protocol):
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         """Keep what is wanted of an eager call."""
-        return None  # defaults keep nothing: a body, so type checkers do not take them for abstract methods
+        return  # the defaults do nothing; a body, so type checkers do not take them for abstract methods
 
     def keep_rows(self, site: AttentionSite, collected: Any) -> None:
         """Keep what the collector of a chunked call finished with."""
@@ -184,18 +184,18 @@ class Recorder(Protocol):
         (asked when :attr:`wants_head_outputs`, after :meth:`keep` or :meth:`keep_rows`). Before the projection
         because that is what its consumers read (a head's output patched or mean-ablated is replaced there; a
         head's direct logit term is it times ``W_O^h``), and it is ``head`` times smaller than its ``[head, d_model]`` image."""
-        return None
+        return
 
     def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
         """What a wanted call was given (asked when :attr:`wants_inputs`, before anything is computed, on whichever
         path the call then runs): the route walk recomputes only the rows it reaches from them."""
-        return None
+        return
 
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
         """The gate ``[batch, head, q_pos, d_head]`` by which the model multiplied the output of ``site``'s call
         just kept before its output projection (Qwen3-Next), or None (asked when :attr:`hears_gates`, once the
         projection ran; see :func:`read_output_gate`)."""
-        return None
+        return
 
 
 def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:

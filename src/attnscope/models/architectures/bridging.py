@@ -112,5 +112,5 @@ def adopt(bridge: nn.Module, original: nn.Module, methods: tuple[str, ...]) -> N
             setattr(bridge, name, value)
     for name in methods:
         setattr(bridge, name, partial(getattr(type(original), name), bridge))
-    setattr(bridge, "is_causal", False)  # not in nn.Module's attribute types
+    setattr(bridge, "is_causal", False)  # noqa: B010  (nn.Module's __setattr__ is typed for tensors and modules)
     bridge.train(original.training)
