@@ -65,7 +65,8 @@ class BartStyleAttentionBridge(nn.Module):
                                                                  for n in ("q", "k", "v", "out"))
         self.n_heads, self.d_head = int(cast(int, original.num_heads)), int(cast(int, original.head_dim))
         self.scaling, self.p_dropout = float(cast(float, original.scaling)), float(cast(float, original.dropout))
-        self.layer_idx, self.is_decoder = cast("int | None", original.layer_idx), bool(getattr(original, "is_decoder", False))
+        self.layer_idx = cast("int | None", original.layer_idx)
+        self.is_decoder = bool(getattr(original, "is_decoder", False))
         self.train(original.training)
 
     def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None, cache: Any = None,
