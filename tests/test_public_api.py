@@ -23,6 +23,19 @@ def test_package_is_typed():
     assert files("attnscope").joinpath("py.typed").is_file()
 
 
+def test_ci_type_checks_what_py_typed_promises():
+    """Users' type checkers read the annotations py.typed ships, so CI runs mypy over src: ``.ci/run`` runs
+    ``make lint`` (not inside ``make test``: mypy costs a minute of CPU on a cold cache), whose recipe runs it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ci_steps = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()]
+    makefile = (root / "Makefile").read_text()
+    lint_recipe = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert "make lint" in ci_steps
+    assert "$(BIN)/mypy src" in [line.strip() for line in lint_recipe]
+
+
 def test_star_import_needs_no_optional_extra():
     """`from attnscope import *` resolves every name in __all__: none may need an optional extra
     (the notebook widget, Ray), which a default install lacks."""

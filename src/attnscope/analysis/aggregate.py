@@ -133,9 +133,9 @@ class ExactSum:
         """Each cell's sum divided by its count (1: the sum itself), the exact quotient rounded once to float64;
         NaN where the count is 0 or the sum holds both infinities, +-inf where it holds one."""
         positive, negative, whole, *limbs = (part.ravel().tolist() for part in self.parts)
-        counts = np.broadcast_to(counts, self.parts.shape[1:]).ravel().tolist()
-        quotients = [_quotient(positive[i], negative[i], _units(whole[i], [limb[i] for limb in limbs]), counts[i])
-                     for i in range(len(counts))]
+        each_count = np.broadcast_to(counts, self.parts.shape[1:]).ravel().tolist()
+        quotients = [_quotient(positive[i], negative[i], _units(whole[i], [limb[i] for limb in limbs]), each_count[i])
+                     for i in range(len(each_count))]
         return np.array(quotients, dtype=float).reshape(self.parts.shape[1:])
 
 

@@ -146,6 +146,7 @@ def head_terms(layer: LayerTensors) -> np.ndarray:
     d_model]``."""
     if layer.gate is None:
         return layer.attention[..., None] * layer.transformed[:, None, :, :]
+    assert layer.values is not None and layer.out_proj is not None  # a gated layer carries both
     gated = layer.gate[:, :, None, :] * layer.values[:, None, :, :]  # [head, q_pos, k_pos, d_head]
     return layer.attention[..., None] * np.einsum("hqkd,hdm->hqkm", gated, layer.out_proj)
 
@@ -201,6 +202,7 @@ def _fold(layer: LayerTensors, norms: Sequence[NormFacts], residual: bool = True
     weights = np.ascontiguousarray((layer.attention / scale[None, :, None]).transpose(2, 1, 0))
     gated = None
     if layer.gate is not None:  # the norms' linear part acts on d_model: on the projection's rows
+        assert layer.values is not None and layer.out_proj is not None  # a gated layer carries both
         projection = layer.out_proj.reshape(-1, layer.out_proj.shape[-1])  # [head * d_head, d_model]
         for norm in norms:
             projection = _linear_part(projection, norm)

@@ -200,7 +200,8 @@ class SinkReport:
 
     def to_text(self) -> str:
         """A few lines for the terminal."""
-        summary = {name: "n/a" if value is None else value for name, value in self.summary().items()}  # no norms: n/a
+        summary: dict[str, Any] = {name: "n/a" if value is None else value  # no norms: n/a
+                                   for name, value in self.summary().items()}
         share = {name: value if value == "n/a" else f"{value:.1%}" for name, value in summary.items()
                  if name.startswith("mean_")}
         lines = [f"{self.model}: {self.n_inputs} inputs, {summary['heads']} heads (layers and heads 0-indexed)",

@@ -98,6 +98,7 @@ class StepRoutes(GenerationRecorder):
                 rows.append([step, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)])
                 importance.append(edge.importance)
                 heads.append(edge.heads or (0.0,) * n_heads)
+        arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
         arrays = {names.ROUTE_EDGES: np.array(rows, dtype=np.int64).reshape(-1, 8),
                   names.ROUTE_IMPORTANCE: np.array(importance, dtype=np.float32),
                   names.ROUTE_HEADS: np.array(heads, dtype=np.float32).reshape(-1, n_heads)}

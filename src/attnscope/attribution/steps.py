@@ -113,6 +113,7 @@ class StepAttribution(GenerationRecorder):
             sources.append(split)
         blocks = {layer: kept[: len(positions)] for layer, kept in self.parts.blocks.items()}
         lens_ids, lens_probs = lens_top(loaded, blocks, self.lens_top)
+        arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
         arrays = {names.ATTRIBUTION_HEADS: np.stack(heads).astype(np.float32),
                   names.ATTRIBUTION_LOGITS: np.array(logits, dtype=np.float32),
                   names.ATTRIBUTION_TOP: np.stack(tops).astype(np.int64),

@@ -439,11 +439,12 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
             future = ~causal_mask(end - start, 0, end - start, scores.device)[0, 0]
             scores[..., start:end].masked_fill_(future, torch.finfo(scores.dtype).min)
         probs, sink_mass = softmax_with_sinks(scores, _rows(sink_logits(kwargs), start, end))
-        sinks = {} if sink_mass is None else {"sink_mass": sink_mass}  # collectors written before sinks take none
+        sinks: dict[str, Any] = {} if sink_mass is None else {"sink_mass": sink_mass}  # none for older collectors
         logits = scores if collector.wants_logits else None
         if first and not takes_window:  # a collector written before windows gets every key from 0
             probs, logits, first = *from_key_zero(first, probs, logits), 0
-        collector.add(start, probs, logits, **({"first_key": first} if first else {}), **sinks)
+        window: dict[str, Any] = {"first_key": first} if first else {}  # first_key only past key 0, likewise
+        collector.add(start, probs, logits, **window, **sinks)
         del logits
         del scores
         output[:, start:end] = torch.matmul(probs.to(values.dtype), values[:, :, first:k_seen]).transpose(1, 2)
@@ -463,7 +464,8 @@ def seen_keys(mask: torch.Tensor | None, k_len: int) -> tuple[int, int]:
     return int(seen[0]), int(seen[-1]) + 1
 
 
-def from_key_zero(first: int, probs: torch.Tensor, logits: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def from_key_zero(first: int, probs: torch.Tensor,
+                  logits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``probs`` and ``logits`` of keys ``first..`` ``[batch, head, chunk, k]`` widened to start at key 0 (weight 0,
     logit the dtype's minimum)."""
     widened = nn.functional.pad(probs, (first, 0))

@@ -172,6 +172,7 @@ class Recorder(Protocol):
 
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         """Keep what is wanted of an eager call."""
+        return  # the defaults do nothing; a body, so type checkers do not take them for abstract methods
 
     def keep_rows(self, site: AttentionSite, collected: Any) -> None:
         """Keep what the collector of a chunked call finished with."""
@@ -183,15 +184,18 @@ class Recorder(Protocol):
         (asked when :attr:`wants_head_outputs`, after :meth:`keep` or :meth:`keep_rows`). Before the projection
         because that is what its consumers read (a head's output patched or mean-ablated is replaced there; a
         head's direct logit term is it times ``W_O^h``), and it is ``head`` times smaller than its ``[head, d_model]`` image."""
+        return
 
     def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
         """What a wanted call was given (asked when :attr:`wants_inputs`, before anything is computed, on whichever
         path the call then runs): the route walk recomputes only the rows it reaches from them."""
+        return
 
     def output_gate(self, site: AttentionSite, gate: torch.Tensor | None) -> None:
         """The gate ``[batch, head, q_pos, d_head]`` by which the model multiplied the output of ``site``'s call
         just kept before its output projection (Qwen3-Next), or None (asked when :attr:`hears_gates`, once the
         projection ran; see :func:`read_output_gate`)."""
+        return
 
 
 def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -> torch.Tensor:
@@ -510,17 +514,31 @@ class RecorderGroup(Recorder):
     def _wanting(self, site: AttentionSite) -> list[Recorder]:
         return [member for member in self.members if member.wants(site)]
 
-    @property  # type: ignore[override]
+    # The flags are the members': read-only (a setter that refuses, as a property without one does, so they may
+    # stand for Recorder's plain attributes)
+    @property
     def hears_gates(self) -> bool:  # read at each projection: a member may stop listening part way (StepRows)
         return any(getattr(m, "hears_gates", False) for m in self.members)
 
-    @property  # type: ignore[override]
+    @hears_gates.setter
+    def hears_gates(self, value: bool) -> None:
+        raise AttributeError("a recorder group hears gates where a member does")
+
+    @property
     def wants_head_outputs(self) -> bool:
         return any(getattr(m, "wants_head_outputs", False) for m in self.members)
 
-    @property  # type: ignore[override]
+    @wants_head_outputs.setter
+    def wants_head_outputs(self, value: bool) -> None:
+        raise AttributeError("a recorder group wants head outputs where a member does")
+
+    @property
     def wants_inputs(self) -> bool:
         return any(getattr(m, "wants_inputs", False) for m in self.members)
+
+    @wants_inputs.setter
+    def wants_inputs(self, value: bool) -> None:
+        raise AttributeError("a recorder group wants inputs where a member does")
 
     def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
         for member in self._wanting(site):

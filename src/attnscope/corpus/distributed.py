@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..analysis.aggregate import HeadsPartial
 from ..analysis.sinks import SinkReport, SinkTotals
@@ -143,9 +143,9 @@ def check_parts(rows_dir: Path, aggregate: HeadsPartial, n_inputs: int, windows:
     for part, rows in expected.items():
         folder = rows_dir / part
         files = sum(1 for entry in os.scandir(folder) if entry.name.endswith(".parquet")) if folder.is_dir() else 0
-        found = duckdb.connect().execute(
+        found = cast(tuple[Any, ...], duckdb.connect().execute(  # an aggregate query: always one row
             "SELECT count(*), min(input_id), max(input_id) FROM read_parquet(?)", [str(folder / "*.parquet")]
-        ).fetchone() if files else (0, None, None)
+        ).fetchone()) if files else (0, None, None)
         if files != windows or tuple(found) != (rows, 0, n_inputs - 1):
             raise AttnscopeError(f"{folder} holds {found[0]} rows in {files} files, expected {rows} in {windows} "
                                  "(a window's files are missing or were written twice); nothing reported")

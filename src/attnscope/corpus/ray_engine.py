@@ -161,7 +161,7 @@ def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
     import socket
 
     host, _, port = (address or "").rpartition(":")
-    if not host or not port.isdigit() or "://" in address:  # None, "auto", "local", ray:// ...: Ray decides
+    if not host or not port.isdigit() or "://" in (address or ""):  # None, "auto", "local", ray:// ...: Ray decides
         return
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as connection:

@@ -54,7 +54,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -348,7 +348,8 @@ def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
     """``[layer, head, step]``: the learned sink mass of each step's row, or None for a model without learned sinks."""
     if "sink_mass" not in gen.arrays:
         return None
-    return np.stack([gen.step_sink_mass(step) for step in range(gen.n_steps)], axis=-1)
+    # each step's is an array: the record holds sink_mass
+    return np.stack([cast(np.ndarray, gen.step_sink_mass(step)) for step in range(gen.n_steps)], axis=-1)
 
 
 def generation_attribution(gen: GenerationRecord, compress: bool = True) -> StepAttribution | None:

@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,7 +71,9 @@ def wilson_interval(hits: float, n: int, z: float = Z_95) -> tuple[float, float]
 class ScoredHeads:
     """A result whose ``correct`` is ``[item, layer, head]`` bool: each head's accuracy and the best head."""
 
-    correct: np.ndarray
+    if TYPE_CHECKING:  # read-only here, so that a subclass's field or property may give it
+        @property
+        def correct(self) -> np.ndarray: ...
 
     @property
     def accuracy(self) -> np.ndarray:

@@ -71,7 +71,8 @@ class MptAttentionBridge(nn.Module):
         self.attnscope_attention = attention
         self.Wqkv, self.out_proj = cast(nn.Linear, original.Wqkv), cast(nn.Linear, original.out_proj)
         self.n_heads, self.d_head = int(cast(int, original.n_heads)), int(cast(int, original.head_dim))
-        self.scaling, self.clip_qkv = float(cast(float, original.softmax_scale)), original.clip_qkv
+        self.scaling = float(cast(float, original.softmax_scale))
+        self.clip_qkv = cast("float | None", original.clip_qkv)
         self.p_dropout, self.layer_idx = float(cast(float, original.attn_dropout_p)), original.layer_idx
         self.is_causal = True
         self.train(original.training)

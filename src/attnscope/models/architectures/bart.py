@@ -65,7 +65,8 @@ class BartStyleAttentionBridge(nn.Module):
                                                                  for n in ("q", "k", "v", "out"))
         self.n_heads, self.d_head = int(cast(int, original.num_heads)), int(cast(int, original.head_dim))
         self.scaling, self.p_dropout = float(cast(float, original.scaling)), float(cast(float, original.dropout))
-        self.layer_idx, self.is_decoder = original.layer_idx, bool(getattr(original, "is_decoder", False))
+        self.layer_idx = cast("int | None", original.layer_idx)
+        self.is_decoder = bool(getattr(original, "is_decoder", False))
         self.train(original.training)
 
     def forward(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor | None = None, cache: Any = None,
@@ -100,7 +101,9 @@ class FSMTAttentionBridge(BartStyleAttentionBridge):
             layer_state: Any = None, attn_mask: torch.Tensor | None = None, output_attentions: bool = False,
             **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         length, batch, width = query.shape
-        states = (key if self.cross else query).transpose(0, 1)  # [batch, pos, width]
+        source = key if self.cross else query
+        assert source is not None  # FSMT always gives its cross-attention the encoder's states
+        states = source.transpose(0, 1)  # [batch, pos, width]
         q = heads(self.q_proj(query.transpose(0, 1)), self.d_head)
         k, v = cached(layer_state, self.layer_idx, self.cross, heads(self.k_proj(states), self.d_head),
                        heads(self.v_proj(states), self.d_head), kwargs)

@@ -123,6 +123,7 @@ class BertStyleAttentionBridge(nn.Module):
                 **kwargs: Any) -> tuple[torch.Tensor, ...]:
         q, k, v = (heads(proj(hidden_states), self.d_head) for proj in (self.query, self.key, self.value))
         if sinusoidal_pos is not None:  # RoFormer's rotary positions, by its own function
+            assert self.rotate is not None  # only RoFormer passes sinusoidal_pos, and it has the function
             q, k, *rotated_v = self.rotate(sinusoidal_pos, q, k, *([v] if self.rotary_value else []))
             v = rotated_v[0] if rotated_v else v
         output, probs = attend(self, q, k, v, attention_mask, scaling=self.d_head**-0.5,

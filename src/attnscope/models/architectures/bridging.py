@@ -48,11 +48,13 @@ def cached(cache: Any, layer_idx: int | None, cross: bool, key: torch.Tensor, va
 
     if cache is None:
         return key, value
+    assert layer_idx is not None  # a module given a cache knows its layer (transformers' caches index by it)
     part = cache
     if isinstance(cache, EncoderDecoderCache):
         part = cache.cross_attention_cache if cross else cache.self_attention_cache
         if cross and cache.is_updated.get(layer_idx):
-            return part.layers[layer_idx].keys, part.layers[layer_idx].values
+            filled = cast(Any, part.layers[layer_idx])  # a cross-attention layer, filled: its keys and values are set
+            return filled.keys, filled.values
     key, value = part.update(key, value, layer_idx, kwargs=kwargs)
     if cross and isinstance(cache, EncoderDecoderCache):
         cache.is_updated[layer_idx] = True
@@ -78,11 +80,12 @@ def inner_replaced(method: str, compute: Any, refusal: Any = None, **attributes:
         if refusal is not None and (reason := refusal(original)) is not None:
             raise AttnscopeError(reason)
         cls = type(original)
-        bridged = type(f"{cls.__name__}Bridge", (cls,),
-                       {method: compute, "attnscope_attention": staticmethod(attention), **attributes})
+        bridged = cast(type[nn.Module], type(f"{cls.__name__}Bridge", (cls,),  # a subclass of a module's class
+                                             {method: compute, "attnscope_attention": staticmethod(attention),
+                                              **attributes}))
         module = bridged.__new__(bridged)
         module.__dict__.update(original.__dict__)
-        return cast(nn.Module, module)
+        return module
 
     return bridge
 
@@ -109,5 +112,5 @@ def adopt(bridge: nn.Module, original: nn.Module, methods: tuple[str, ...]) -> N
             setattr(bridge, name, value)
     for name in methods:
         setattr(bridge, name, partial(getattr(type(original), name), bridge))
-    bridge.is_causal = False
+    setattr(bridge, "is_causal", False)  # noqa: B010  (nn.Module's __setattr__ is typed for tensors and modules)
     bridge.train(original.training)

@@ -56,8 +56,8 @@ def _convbert_convolution(self: Any, hidden_states: torch.Tensor) -> torch.Tenso
     kernel = self.conv_kernel_layer(key_conv * self.query(hidden_states))
     kernel = torch.softmax(kernel.reshape(-1, self.conv_kernel_size, 1), dim=1)  # [batch * pos * head, kernel, 1]
     spans = self.conv_out_layer(hidden_states).transpose(1, 2).unsqueeze(-1)  # [batch, width, pos, 1]
-    spans = nn.functional.unfold(spans, kernel_size=[self.conv_kernel_size, 1],
-                                 padding=[(self.conv_kernel_size - 1) // 2, 0])  # [batch, width * kernel, pos]
+    spans = nn.functional.unfold(spans, kernel_size=(self.conv_kernel_size, 1),
+                                 padding=((self.conv_kernel_size - 1) // 2, 0))  # [batch, width * kernel, pos]
     spans = spans.transpose(1, 2).reshape(-1, self.attention_head_size, self.conv_kernel_size)
     return torch.matmul(spans, kernel).reshape(batch, length, self.num_attention_heads, self.attention_head_size)
 

@@ -46,6 +46,8 @@ class GPTNeoAttentionBridge(nn.Module):
     divide by sqrt(d_head)) and, on its local layers, the sliding window its ``bias`` buffer holds, joined
     to the model's mask."""
 
+    allowed: torch.Tensor  # a buffer registered in __init__: declared for type checkers
+
     def __init__(self, original: nn.Module, attention: Attend) -> None:
         super().__init__()
         self.attnscope_attention = attention
@@ -84,6 +86,8 @@ class OpenAIGPTAttentionBridge(nn.Module):
     """Stands in for GPT-1's ``Attention``: the same fused q/k/v and output ``Conv1D`` weights; its causal
     ``bias`` buffer joined to the model's additive padding mask (GPT-1 masks the future with -1e4, which
     leaves those weights 0 in float32 as the dtype's minimum does)."""
+
+    allowed: torch.Tensor  # a buffer registered in __init__: declared for type checkers
 
     def __init__(self, original: nn.Module, attention: Attend) -> None:
         super().__init__()

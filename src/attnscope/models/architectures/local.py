@@ -65,6 +65,7 @@ def _longformer_forward(self: Any, hidden_states: torch.Tensor, attention_mask: 
     length, window = hidden_states.shape[1], self.one_sided_attn_window_size
     positions = torch.arange(length, device=hidden_states.device)
     band = (positions[:, None] - positions[None, :]).abs() <= window  # [q_pos, k_pos]
+    assert attention_mask is not None  # Longformer's and LED's layers always pass their mask
     keep = band[None, None] & (attention_mask == 0)[:, None, None, :]  # [batch, 1, q_pos, k_pos]
     output, probs = attend(self, q, k, v, keep, scaling=self.head_dim**-0.5,
                            dropout=self.dropout if self.training else 0.0)

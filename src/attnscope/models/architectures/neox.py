@@ -31,6 +31,9 @@ class FalconAttentionBridge(nn.Module):
     """Stands in for ``FalconAttention`` with rotary positions (multi-query, grouped or multi-head keys): the
     same fused q/k/v and output weights, split and rotated by Falcon's own functions."""
 
+    num_heads: int  # set from the original's attributes in __init__: declared for type checkers
+    head_dim: int
+
     def __init__(self, original: nn.Module, attention: Attend) -> None:
         super().__init__()
         self.attnscope_attention = attention
@@ -44,7 +47,8 @@ class FalconAttentionBridge(nn.Module):
         for name in ("num_heads", "head_dim", "num_kv_heads", "new_decoder_architecture", "multi_query", "layer_idx"):
             setattr(self, name, getattr(original, name))
         modeling = importlib.import_module(type(original).__module__)
-        self._split_heads = partial(type(original)._split_heads, self)  # Falcon's own q/k/v layouts
+        # Falcon's own q/k/v layouts (getattr: nn.Module's type does not declare Falcon's method)
+        self._split_heads = partial(getattr(type(original), "_split_heads"), self)  # noqa: B009
         self._rotate = modeling.apply_rotary_pos_emb
         self.is_causal = True
         self.train(original.training)

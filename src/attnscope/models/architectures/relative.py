@@ -7,6 +7,7 @@ plus those terms: the probabilities the model mixes its values with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,16 @@ class DebertaV2AttentionBridge(nn.Module):
     the position bias added to the content-to-content scores, all scaled by 1/sqrt(d_head * terms). The
     captured weights are the softmax of that sum: the probabilities DeBERTa mixes its values with."""
 
+    # given by adopt (the original's methods bound to the bridge, its plain attributes): declared for type checkers
+    transpose_for_scores: Callable[..., torch.Tensor]
+    disentangled_attention_bias: Callable[..., torch.Tensor]
+    pos_att_type: Sequence[str]
+    num_attention_heads: int
+    query_proj: nn.Module
+    key_proj: nn.Module
+    value_proj: nn.Module
+    pos_dropout: nn.Module
+
     def __init__(self, original: nn.Module, attention: Attend) -> None:
         super().__init__()
         self.attnscope_attention = attention
@@ -60,6 +71,15 @@ class DebertaAttentionBridge(nn.Module):
     """Stands in for DeBERTa's (v1) ``DisentangledSelfAttention``: its fused projection and biases, and its
     relative-position terms (by its own method) as the position bias, as :class:`DebertaV2AttentionBridge`.
     Talking heads (``talking_head``: weights mixed across heads after the softmax) are refused."""
+
+    # given by adopt, as in DebertaV2AttentionBridge
+    transpose_for_scores: Callable[..., torch.Tensor]
+    disentangled_att_bias: Callable[..., torch.Tensor]
+    pos_att_type: Sequence[str]
+    q_bias: torch.Tensor
+    v_bias: torch.Tensor
+    in_proj: nn.Module
+    pos_dropout: nn.Module
 
     def __init__(self, original: nn.Module, attention: Attend) -> None:
         super().__init__()

@@ -32,6 +32,14 @@ class AlbertAttentionRun(nn.Module):
     """One run of a shared ``AlbertAttention``: the same weights (registered here too, so the site's output
     projection is found), attention via attnscope with this run as the module, so each run is its own site."""
 
+    # the shared module's submodules, set in __init__: declared for type checkers
+    query: nn.Module
+    key: nn.Module
+    value: nn.Module
+    dense: nn.Module
+    LayerNorm: nn.Module
+    output_dropout: nn.Module
+
     def __init__(self, shared: nn.Module, attention: Attend) -> None:
         super().__init__()
         self.attnscope_attention = attention

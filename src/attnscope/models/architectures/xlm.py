@@ -29,7 +29,7 @@ class XLMAttentionBridge(nn.Module):
         self.q_lin, self.k_lin, self.v_lin, self.out_lin = (cast(nn.Linear, getattr(original, f"{n}_lin"))
                                                              for n in ("q", "k", "v", "out"))
         self.d_head, self.p_dropout = int(cast(int, original.head_dim)), float(cast(float, original.dropout))
-        self.layer_id = original.layer_id
+        self.layer_id = cast("int | None", original.layer_id)
         self.is_causal = False
         self.train(original.training)
 
