@@ -1,0 +1,67 @@
+"""Bad input to the newer commands (issue 46, item 10): one ``attnscope: error:`` line, exit code 2, nothing left
+behind; the pattern of test_cli_errors.py, through the real entry point."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from .test_cli_errors import assert_one_error_line, exit_code
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model_dir) -> str:
+    return str(tiny_model_dir("llama"))
+
+
+@pytest.mark.parametrize("extra", [["--png"], ["--png", "--json"], ["--json", "--png"]])
+def test_routes_refuses_every_output_before_writing_any(extra, tiny_llama, tmp_path, capsys):
+    """The page's PNG path is a folder: refused, and neither the page nor the JSON is left behind."""
+    (tmp_path / "r.png").mkdir()
+    code = exit_code(["routes", "The cat sat on the mat", "-m", tiny_llama, "-o", str(tmp_path / "r.html"), *extra])
+    assert_one_error_line(code, capsys.readouterr().err, "r.png is a folder")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["r.png"] and not any((tmp_path / "r.png").iterdir())
+
+
+def test_routes_leaves_no_file_nor_folder_when_refused_after_the_model_loads(tiny_llama, tmp_path, capsys):
+    """A refusal that comes after the checks (a position past the text) leaves neither files nor the folders made."""
+    out = tmp_path / "new" / "r.html"
+    code = exit_code(["routes", "The cat sat", "-m", tiny_llama, "-o", str(out), "--png", "--json",
+                      "--position", "99"])
+    assert_one_error_line(code, capsys.readouterr().err, "position 99 is outside")
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_outputs_of_one_file_are_refused(tiny_llama, tmp_path, capsys):
+    path = str(tmp_path / "same")
+    code = exit_code(["generate", "Hi", "-m", tiny_llama, "--save", path, "--html", path])
+    assert_one_error_line(code, capsys.readouterr().err, "is named for two outputs")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [["qk", "--head", "0:0", "--key", "0"], ["routes"]])
+def test_a_text_past_the_model_s_limit_is_refused_naming_the_limit(command, tiny_llama, tmp_path, capsys,
+                                                                   monkeypatch):
+    """qk ran 24,000 tokens past SmolLM2's 8,192 without a word; routes refused. The tiny Llama's limit is its
+    position table (transformers' default config: 2,048)."""
+    text = "The cat sat on the mat. " * 600
+    code = exit_code([command[0], text, "-m", tiny_llama, *command[1:]])
+    assert_one_error_line(code, capsys.readouterr().err, "more than")
+    monkeypatch.chdir(tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_error_starts_its_own_line_after_a_progress_bar(capsys):
+    """A step that fails half-way leaves its bar's line open (the bar is still referenced by the traceback); the
+    error must not run on after it."""
+    from tqdm.auto import tqdm
+
+    from attnscope.cli.main import _fail
+
+    bar = tqdm(range(3), desc="patching", leave=False, file=sys.stderr)
+    running = iter(bar)  # kept, as a failed loop's traceback keeps it: its end would close the bar
+    next(running)
+    assert _fail("something is wrong") == 2
+    err = capsys.readouterr().err
+    assert err.endswith("\nattnscope: error: something is wrong\n"), repr(err)
