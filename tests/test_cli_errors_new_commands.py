@@ -65,3 +65,17 @@ def test_an_error_starts_its_own_line_after_a_progress_bar(capsys):
     assert _fail("something is wrong") == 2
     err = capsys.readouterr().err
     assert err.endswith("\nattnscope: error: something is wrong\n"), repr(err)
+
+
+def test_a_damaged_entity_in_the_select_on_file_is_named_by_that_file(tiny_model_dir, tmp_path, capsys):
+    """With two gold files, the refusal says which one holds the damaged ``Entity=`` value, before the model loads."""
+    from .test_probing_chains import synthetic_document_conllu
+
+    good, damaged = tmp_path / "test.conllu", tmp_path / "dev.conllu"
+    good.write_text(synthetic_document_conllu(8))
+    damaged.write_text(synthetic_document_conllu(8).replace("Entity=(1-thing", "Entity=(1-thing)junk", 1))
+    code = exit_code(["probe", "coref", "--conllu", str(good), "--select-on", str(damaged), "-m",
+                      str(tiny_model_dir("bert")), "-o", str(tmp_path / "out")])
+    expect = f"--select-on: {damaged.name}, sentence 'd1-2', word 1: Entity="
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dev.conllu", "test.conllu"]
