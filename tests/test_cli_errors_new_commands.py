@@ -79,3 +79,17 @@ def test_a_damaged_entity_in_the_select_on_file_is_named_by_that_file(tiny_model
     expect = f"--select-on: {damaged.name}, sentence 'd1-2', word 1: Entity="
     assert_one_error_line(code, capsys.readouterr().err, expect)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dev.conllu", "test.conllu"]
+
+
+@pytest.mark.parametrize(("options", "expect"), [
+    (["--evaluate", "--method", "atp", "--positions", "--verify", "2"], "none of --method, --verify, --positions"),
+    (["--evaluate", "--mlps", "--no-graddrop", "--metric", "prob"], "none of --metric, --mlps, --no-graddrop"),
+    (["--clean", "a b", "--corrupt", "c d", "--target", " e", "--quick", "--prompts", "3"],
+     "--prompts, --quick go with --evaluate"),
+])
+def test_patch_refuses_the_options_its_mode_cannot_use(options, expect, tiny_llama, tmp_path, capsys):
+    """``patch --evaluate`` ran its check and dropped the pairs' options, and patching pairs dropped --evaluate's:
+    both refused before the model loads, leaving no folder."""
+    code = exit_code(["patch", *options, "-m", tiny_llama, "-o", str(tmp_path / "out")])
+    assert_one_error_line(code, capsys.readouterr().err, expect)
+    assert not any(tmp_path.iterdir())
