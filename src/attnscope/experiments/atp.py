@@ -61,7 +61,7 @@ from torch import nn
 
 from ..attribution.dla import last_logits_only
 from ..attribution.terms import blocks_by_layer
-from ..capture.attention import Intervention, capture, intervene
+from ..capture.attention import Intervention, attention_scores, capture, intervene
 from ..capture.extract import as_loaded
 from ..capture.hooks import local_hooks
 from ..capture.recorders import AttentionCall, Recorder, expand_kv_heads
@@ -327,9 +327,10 @@ def _attribute_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, *, mlps
 
 def _scores(query: torch.Tensor, key: torch.Tensor, scaling: float, allowed: torch.Tensor) -> torch.Tensor:
     """``[1, head, q_pos, k_pos]`` pre-softmax scores (float32) of queries ``[1, head, q_pos, d]`` and keys
-    ``[1, kv_head, k_pos, d]``, masked keys at the dtype's minimum."""
-    keys = expand_kv_heads(key.float(), query.shape[1])
-    scores = torch.matmul(query.float(), keys.transpose(-1, -2)) * scaling
+    ``[1, kv_head, k_pos, d]``, masked keys at the float32 minimum. Computed as the attention function computes
+    them, in the model's dtype, then widened: in bfloat16 a score rounds by up to 2^-8 of itself, several hundredths
+    of a probability where scores reach tens, so a float32 recomputation would not be the model's pattern."""
+    scores = attention_scores(query, key, None, scaling).float()
     return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
 
 
