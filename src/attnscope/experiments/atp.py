@@ -64,7 +64,7 @@ from ..attribution.terms import blocks_by_layer
 from ..capture.attention import Intervention, attention_scores, capture, intervene
 from ..capture.extract import as_loaded
 from ..capture.hooks import local_hooks
-from ..capture.recorders import AttentionCall, Recorder, expand_kv_heads
+from ..capture.recorders import AttentionCall, Recorder
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
