@@ -416,7 +416,8 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
         mlps[layer] = float(mlp_out.double() @ w_mlp)
         rebuilt += mlp_out.double() if post_ffn is None else post_ffn(mlp_out[None])[0].double()
         partial_sums += rebuilt.abs()
-    _check_rebuilt(loaded, rebuilt, parts.final[index].double(), rounding=rounding_bound(partial_sums, DTYPES[loaded.dtype]))
+    rounding = rounding_bound(partial_sums, DTYPES[loaded.dtype])
+    _check_rebuilt(loaded, rebuilt, parts.final[index].double(), rounding=rounding)
     return Terms(heads=sources.sum(-1), head_sources=sources, mlps=mlps, attention_bias=biases,
                  embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
                  final_scale=final.scale)

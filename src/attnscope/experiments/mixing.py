@@ -118,7 +118,8 @@ def _norm_facts(module: nn.Module, seen: _Inputs) -> NormFacts:
     assert normed is not None, "a LayerNorm is called with its input as a positional argument"
     normed = normed[0].double()  # [pos, d_model]
     scale = torch.sqrt(normed.var(-1, unbiased=False) + module.eps)
-    return NormFacts(module.weight.detach().double().cpu().numpy(), module.bias.detach().double().cpu().numpy(), scale.cpu().numpy())
+    weight, bias = (parameter.detach().double().cpu().numpy() for parameter in (module.weight, module.bias))
+    return NormFacts(weight, bias, scale.cpu().numpy())
 
 
 _MODULES: weakref.WeakKeyDictionary[nn.Module, Modules] = weakref.WeakKeyDictionary()
