@@ -208,7 +208,7 @@ def value_zeroing_distances(captured: Captured, layers: Iterable[int] | None = N
         for layer in chosen:
             intact = captured.outputs[layer]  # [pos, d_model]
             for start in groups:
-                positions = torch.arange(start, min(n, start + ZEROING_COPIES))
+                positions = torch.arange(start, min(n, start + ZEROING_COPIES), device=intact.device)
                 with intervene(ValueZeroing(layer, positions, captured.kind)):
                     zeroed = run_blocks_from(captured.blocks, captured.kept, layer, 1, len(positions), stop=layer + 1)
                 cosine = nn.functional.cosine_similarity(zeroed.double(), intact.double()[None], dim=-1)  # [copy, pos]
