@@ -347,9 +347,10 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool, single_
         base = _scores(r.query[:1], r.key[:1], r.scaling, allowed)
         probs = r.probs[:1].detach().float()
         if r.sink_mass is not None or (torch.softmax(base, -1) - probs).abs().max() > PATTERN_TOLERANCE:
+            precision = "" if r.query.dtype == torch.float32 else f", scores recomputed in {r.query.dtype} as it runs"
             raise AttnscopeError(f"layer {layer}'s attention is more than softmax(q k^T * scale) (softcapping, a "
-                                 "position bias or sinks); query and key estimates cannot be recomputed for this "
-                                 "model")
+                                 f"position bias or sinks{precision}); query and key estimates cannot be recomputed "
+                                 "for this model")
         out["heads"][layer] = (clean.tap.outputs[layer] - corrupt.tap.outputs[layer][:1].detach()).float()[0]
         for name, patched in (("queries", _scores(c.query, r.key[:1], r.scaling, allowed)),
                               ("keys", _scores(r.query[:1], c.key, r.scaling, allowed))):
