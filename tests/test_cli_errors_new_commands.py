@@ -93,3 +93,14 @@ def test_patch_refuses_the_options_its_mode_cannot_use(options, expect, tiny_lla
     code = exit_code(["patch", *options, "-m", tiny_llama, "-o", str(tmp_path / "out")])
     assert_one_error_line(code, capsys.readouterr().err, expect)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_second_output_refused_takes_away_the_folder_made_for_the_first(tiny_llama, tmp_path, capsys):
+    (tmp_path / "taken.json").mkdir()
+    code = exit_code(["qk", "The cat sat", "--head", "0:0", "--key", "0", "-m", tiny_llama, "--json",
+                      str(tmp_path / "taken.json")])
+    assert_one_error_line(code, capsys.readouterr().err, "taken.json is a folder")
+    code = exit_code(["generate", "Hi", "-m", tiny_llama, "--save", str(tmp_path / "new" / "g.safetensors"),
+                      "--html", str(tmp_path / "taken.json")])
+    assert_one_error_line(code, capsys.readouterr().err, "taken.json is a folder")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["taken.json"]

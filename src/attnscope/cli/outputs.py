@@ -182,14 +182,16 @@ def output_files(*paths: Path | None) -> Iterator[None]:
     (:class:`AttnscopeError`, :class:`OSError`) leaves none of the files it had written that were not there before,
     nor the folders made for them."""
     given = [path for path in paths if path is not None]
-    for path, later in ((path, given[i + 1:]) for i, path in enumerate(given)):
-        if any(os.path.abspath(path) == os.path.abspath(other) for other in later):
+    resolved = [os.path.abspath(path) for path in given]
+    for index, path in enumerate(given):
+        if resolved[index] in resolved[:index]:
             raise AttnscopeError(f"{path} is named for two outputs; give each its own file name")
     made = [folder for path in given for folder in _missing_folders(path.parent)]
-    for path in given:
-        check_output_file(path)
-    new = [path for path in given if not path.exists()]
+    new: list[Path] = []
     try:
+        for path in given:
+            check_output_file(path)  # makes the file's folder: a later file refused takes it away again
+        new = [path for path in given if not path.exists()]
         yield
     except (AttnscopeError, OSError):
         for path in new:
