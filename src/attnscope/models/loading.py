@@ -92,8 +92,8 @@ class LoadedModel:
     def check_length(self, n_tokens: int, what: str = "the text") -> None:
         """Refuse an input of ``n_tokens`` tokens past :attr:`max_length` (commands that cut texts say so instead)."""
         if n_tokens > self.max_length:
-            raise AttnscopeError(f"{what} is {n_tokens:,} tokens, more than {self.name}'s limit of "
-                                 f"{self.max_length:,}; give a shorter text")
+            raise AttnscopeError(f"{what} is {n_tokens} tokens, more than {self.name}'s limit of {self.max_length} "
+                                 "tokens; give a shorter text")
 
     def __repr__(self) -> str:
         return (f"LoadedModel({self.name!r}, type={self.config.model_type!r}, sites={len(self.sites)}, "
