@@ -300,3 +300,19 @@ def test_minilm_on_cuda_matches_the_cpu(minilm, dtype):
         got = extract(on_gpu, *SENTENCES[:2], plan=plan, norms=True).arrays
         for name in ("self.attention", "self.norms"):
             np.testing.assert_allclose(got[name], expected[name], rtol=0.05, atol=1e-4 if dtype == "float32" else 2e-2)
+
+
+@pytest.mark.parametrize("method", ["alti", "value_zeroing"])
+def test_context_mixing_and_its_evaluation_follow_the_device(models, method):
+    """Single-text ``mixing --device cuda`` built its inputs on the CPU (and read its arrays back with ``.numpy()``,
+    which a CUDA tensor refuses); the faithfulness evaluation's erasure and gradient runs did the same."""
+    from attnscope.experiments.faithfulness import prepare_case, sentence_correlations
+    from attnscope.experiments.mixing import mixing
+
+    loaded = models["llama"]
+    case = prepare_case(loaded, SENTENCES[0])
+    assert case is not None
+    with watched(loaded.input_device) as mode:  # one sentence on this thread (evaluate_model's workers are unwatched)
+        mix = mixing(loaded, SENTENCES[0], method=method)
+        row = sentence_correlations(loaded, case, seed=0, methods=[method])
+    assert mode.factories >= 3 and mix.rollout.shape[-1] == len(mix.tokens) and method in row

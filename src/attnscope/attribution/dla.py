@@ -176,10 +176,12 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str | Sequence[in
 
 
 def _ids_of(loaded: LoadedModel, prompt: str | Sequence[int]) -> list[int]:
-    """A prompt's token ids: a text as the tokenizer encodes it, or the ids given."""
+    """A prompt's token ids: a text as the tokenizer encodes it, or the ids given; refused past the model's limit
+    (every analysis built on one forward pass: DLA, the lens, routes, QK attribution)."""
     ids = prompt_ids(loaded, prompt, chat=False) if isinstance(prompt, str) else [int(i) for i in prompt]
     if not ids:
         raise AttnscopeError("the prompt is empty")
+    loaded.check_length(len(ids), "the text" if isinstance(prompt, str) else "the prompt")
     return ids
 
 

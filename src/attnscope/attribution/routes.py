@@ -602,8 +602,6 @@ def routes_and_tensors(model: LoadedModel | str, text: str | Sequence[int], posi
     check_route_model(loaded)
     ids = _ids_of(loaded, text)
     t = _resolve_position(position, len(ids))
-    if len(ids) > loaded.max_length:
-        raise AttnscopeError(f"the text is {len(ids)} tokens, more than {loaded.name}'s limit of {loaded.max_length}")
     tensors, predicted = route_tensors(loaded, ids, t)
     edges = walk(tensors, t, tau)
     n_heads = n_config_heads(loaded)

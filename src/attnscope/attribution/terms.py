@@ -35,11 +35,18 @@ from ..capture.hooks import local_hooks
 from ..capture.recorders import AttentionCall, Recorder, per_head_out_proj
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, ModuleRule, Unembedding, find_modules
-from ..models.loading import LoadedModel
+from ..models.loading import DTYPES, LoadedModel
 
 # The reconstructed last residual stream must equal the model's to this share of its largest value,
-# else the architecture is not the one the adapter describes (a sublayer the sum misses).
+# else the architecture is not the one the adapter describes (a sublayer the sum misses); a model in
+# bfloat16 or float16 is allowed its own rounding on top (see rounding_bound).
 RESIDUAL_TOLERANCE = 1e-3
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """The largest relative error of one rounding to ``dtype`` (round to nearest): half its machine epsilon,
+    2^-8 for bfloat16, 2^-11 for float16, 2^-24 for float32."""
+    return float(torch.finfo(dtype).eps) / 2 if dtype.is_floating_point else 0.0
 
 
 @dataclass
@@ -237,16 +244,26 @@ def freeze_norm(norm: nn.Module, x: torch.Tensor) -> FrozenNorm:
             frozen = FrozenNorm(gain, True, bias, float(scale))
         else:
             eps = _eps(norm)
-            ones = torch.ones((1, x.shape[-1]), dtype=x.dtype, device=x.device)
+            # the gain read in float32 at least: a bfloat16 norm's output of ones would round it (2^-8)
+            ones = torch.ones((1, x.shape[-1]), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
             g = norm(ones)[0].double() * (1.0 + eps) ** 0.5
             scale = torch.rsqrt(x64.pow(2).mean() + eps)
             frozen = FrozenNorm(g * scale, False, None, float(scale))
         expected = norm(x[None])[0].double()
     got = frozen.gain * (x64 - x64.mean() if frozen.centred else x64) + (0 if frozen.bias is None else frozen.bias)
-    if (got - expected).abs().max() > 1e-4 * max(1.0, float(expected.abs().max())):
+    if not _norm_matches(got, expected, x.dtype):
         raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; direct logit "
                              "attribution cannot fix its scale")
     return frozen
+
+
+def _norm_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> bool:
+    """The frozen form ``got`` equals the norm's own output ``expected`` (same shape) to 1e-4 of its largest value,
+    plus, in a half-precision ``dtype``, the norm's own roundings: its normalised input and its output are each
+    rounded to ``dtype`` (Llama's RMS norm), so each value is off by at most ``2u`` of itself (``u``: the unit
+    roundoff), to first order."""
+    allowed = 1e-4 * max(1.0, float(expected.abs().max())) + 2 * unit_roundoff(dtype) * expected.abs()
+    return bool(((got - expected).abs() <= allowed).all())
 
 
 def freeze_norm_rows(norm: nn.Module, x: torch.Tensor) -> tuple[FrozenNorm, torch.Tensor]:
@@ -260,7 +277,7 @@ def freeze_norm_rows(norm: nn.Module, x: torch.Tensor) -> tuple[FrozenNorm, torc
     with torch.no_grad():
         expected = norm(x).double()
     got = scales[:, None] * unit.gain * centred + (0 if unit.bias is None else unit.bias)
-    if (got - expected).abs().max() > 1e-4 * max(1.0, float(expected.abs().max())):
+    if not _norm_matches(got, expected, x.dtype):
         raise AttnscopeError(f"norm {type(norm).__name__} is neither a LayerNorm nor an RMS norm; its scale cannot "
                              "be frozen")
     return unit, scales
@@ -376,6 +393,7 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
     mlps = torch.zeros(len(layers), dtype=torch.float64)
     biases = torch.zeros(len(layers), dtype=torch.float64)
     rebuilt = parts.embeddings[index].double().clone()  # the last residual stream, summed from its parts: a check
+    partial_sums = torch.zeros_like(rebuilt)  # sum over the model's residual additions of |the stream after it|
     for layer in layers:
         site, out = rows.sites[layer], parts.attention[layer][index]
         post = attention_norms.get(layer)
@@ -391,12 +409,15 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
         biases[layer] = (0.0 if bias is None else float(bias.double() @ w_attention)) + (
             0.0 if frozen is None else frozen.bias_term(w))
         rebuilt += out.double() if post is None else post(out[None])[0].double()
+        partial_sums += rebuilt.abs()
         mlp_out = parts.ffn[layer][index]
         post_ffn = ffn_norms.get(layer)
         w_mlp = w if post_ffn is None else freeze_norm(post_ffn, mlp_out).pull_back(w)
         mlps[layer] = float(mlp_out.double() @ w_mlp)
         rebuilt += mlp_out.double() if post_ffn is None else post_ffn(mlp_out[None])[0].double()
-    _check_rebuilt(loaded, rebuilt, parts.final[index].double())
+        partial_sums += rebuilt.abs()
+    rounding = rounding_bound(partial_sums, DTYPES[loaded.dtype])
+    _check_rebuilt(loaded, rebuilt, parts.final[index].double(), rounding=rounding)
     return Terms(heads=sources.sum(-1), head_sources=sources, mlps=mlps, attention_bias=biases,
                  embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
                  final_scale=final.scale)
@@ -420,11 +441,23 @@ def lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tu
     return np.stack(ids, axis=1).astype(np.int64), np.stack(probs, axis=1).astype(np.float32)
 
 
+def rounding_bound(partial_sums: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """How far a residual stream the model summed in ``dtype`` may be from the exact sum of the same parts, per
+    value: each addition ``h_k = round(h_(k-1) + part_k)`` is off by at most ``u |h_k|`` (``u``: the unit
+    roundoff), and the errors add up, so ``u * sum_k |h_k|`` (``partial_sums``), to first order; the factor 1.5
+    covers the second-order terms and ``h_k`` read as the exact partial sums. 2^-8 per addition in bfloat16:
+    after SmolLM2's 60, several units where the stream's largest values are in the hundreds."""
+    return 1.5 * unit_roundoff(dtype) * partial_sums
+
+
 def _check_rebuilt(loaded: LoadedModel, rebuilt: torch.Tensor, actual: torch.Tensor,
-                   what: str = "its last residual stream", use: str = "direct logit attribution") -> None:
-    """Refuse a model whose residual stream (``what``) is not the sum of the parts the adapter names."""
-    error = float((rebuilt - actual).abs().max())
-    if error > RESIDUAL_TOLERANCE * max(1.0, float(actual.abs().max())):
+                   what: str = "its last residual stream", use: str = "direct logit attribution",
+                   rounding: torch.Tensor | float = 0.0) -> None:
+    """Refuse a model whose residual stream (``what``) is not the sum of the parts the adapter names, beyond
+    :data:`RESIDUAL_TOLERANCE` and the model's own ``rounding`` (per value, :func:`rounding_bound`)."""
+    off = (rebuilt - actual).abs()
+    error = float(off.max())
+    if bool((off > RESIDUAL_TOLERANCE * max(1.0, float(actual.abs().max())) + rounding).any()):
         raise AttnscopeError(f"the embeddings and sublayer outputs of {loaded.name!r} do not add up to {what} (off "
                              f"by {error:.3g}): its layers are not the pre-norm form the adapter for "
                              f"{loaded.config.model_type!r} describes, so {use} would be wrong")

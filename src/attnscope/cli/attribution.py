@@ -82,15 +82,19 @@ def _run_routes(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace, out: Path) -> int:
     from ..attribution.routes import routes
     from ..present.routes import save_routes_page
+    from .outputs import output_files
 
-    graph = routes(load_from_args(args), args.text, position=-1 if args.position is None else args.position,
-                   tau=args.tau)
-    written = [save_routes_page(graph, out)]
-    if args.png:
-        graph.plot(out.with_suffix(".png"))
-        written.append(out.with_suffix(".png"))
-    if args.json:
-        written.append(graph.save(out.with_suffix(".json")))
+    png, json_file = (out.with_suffix(suffix) if asked else None for suffix, asked in ((".png", args.png),
+                                                                                     (".json", args.json)))
+    with output_files(out, png, json_file):  # every path checked before the model loads
+        graph = routes(load_from_args(args), args.text, position=-1 if args.position is None else args.position,
+                       tau=args.tau)
+        written = [save_routes_page(graph, out)]
+        if png is not None:
+            graph.plot(png)
+            written.append(png)
+        if json_file is not None:
+            written.append(graph.save(json_file))
     print(repr(graph))
     attention = sorted((e for e in graph.edges if e.via == "attention"), key=lambda e: -e.importance)[:5]
     if attention:
@@ -162,15 +166,20 @@ def _qk_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_qk(args: argparse.Namespace) -> int:
-    from ..attribution.qk import qk_attribution
-    from .outputs import check_output_file, writing
+    from .outputs import output_files
 
     if args.top < 1:
         raise AttnscopeError("--top must be at least 1")
     if not args.text.strip():
         raise AttnscopeError("the text is empty")
-    if args.json is not None:
-        check_output_file(args.json)  # before the model loads
+    with output_files(args.json):  # checked before the model loads
+        return _qk(args)
+
+
+def _qk(args: argparse.Namespace) -> int:
+    from ..attribution.qk import qk_attribution
+    from .outputs import writing
+
     layer, head = args.head
     qk = qk_attribution(load_from_args(args), args.text, layer, head, args.query, args.key)
     tokens = qk.tokens

@@ -19,6 +19,7 @@ from .model_options import add_compute_arguments, add_model_arguments, load_from
 from .plan_options import add_plan_arguments, plan_from_args
 
 if TYPE_CHECKING:
+    from ..experiments.generation import GenerationChanges
     from ..records.attention import AttentionRecord
 
 
@@ -201,14 +202,18 @@ def _step_recorders(attribute: bool, routes: bool = False) -> list:  # type: ign
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ..capture.loading import load_model
-    from .outputs import check_output_file, writing
+    from .outputs import output_files
 
     prompt = _prompt_from_args(args)
     changes = _generation_changes(args)
-    for path in (args.save, args.html):
-        if path:
-            check_output_file(path)  # before the model loads
+    with output_files(args.save, args.html):  # checked before the model loads
+        return _generate(args, prompt, changes)
+
+
+def _generate(args: argparse.Namespace, prompt: str, changes: GenerationChanges) -> int:
+    from ..capture.loading import load_model
+    from .outputs import writing
+
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,

@@ -406,15 +406,29 @@ def _run_patch(args: argparse.Namespace) -> int:
     from .outputs import output_folder
 
     if args.evaluate:
-        given = [name for name in ("clean", "corrupt", "target", "other", "file") if getattr(args, name) is not None]
-        if given:
-            raise AttnscopeError(f"--evaluate runs built-in tasks; leave out --{', --'.join(given)}")
+        _check_evaluate_arguments(args)
         with output_folder(args.out, overwrite=args.overwrite, command="patch"):
             return _check_attribution(args)
+    given = [f"--{name}" for name in ("prompts", "ks") if getattr(args, name) is not None] + ["--quick"] * args.quick
+    if given:
+        raise AttnscopeError(f"{', '.join(given)} go with --evaluate")
     pairs = _read_pairs(args)  # bad pairs, files or folders fail before the model loads
     _check_atp_arguments(args)
     with output_folder(args.out, overwrite=args.overwrite, command="patch"):
         return _patch(args, pairs)
+
+
+def _check_evaluate_arguments(args: argparse.Namespace) -> None:
+    """``--evaluate`` runs its own tasks, metric and ablations: refuse (not drop) the options of patching pairs."""
+    given = [name for name in ("clean", "corrupt", "target", "other", "file") if getattr(args, name) is not None]
+    if given:
+        raise AttnscopeError(f"--evaluate runs built-in tasks; leave out --{', --'.join(given)}")
+    given = [f"--{name}" for name in ("method", "metric", "verify") if getattr(args, name) is not None]
+    given += [f"--{name.replace('_', '-')}" for name in ("mlps", "residual", "positions", "no_qk_fix", "no_graddrop")
+              if getattr(args, name)]
+    if given:
+        raise AttnscopeError(f"--evaluate checks direct logit attribution against mean ablation of heads; it uses "
+                             f"none of {', '.join(given)}: leave them out")
 
 
 def _patch(args: argparse.Namespace, rows: list[dict[str, str | None]]) -> int:

@@ -12,6 +12,7 @@ import sys
 import warnings
 
 from ..errors import AttnscopeError
+from ..progress import end_progress_lines
 from ..version import __version__
 from .analysis import COMMANDS as ANALYSIS_COMMANDS
 from .attribution import COMMANDS as ATTRIBUTION_COMMANDS
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except AttnscopeError as error:
         return _fail(str(error))
     except KeyboardInterrupt:
+        end_progress_lines()
         print("attnscope: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader stopped early (``attnscope ... | head``): no traceback
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
+    end_progress_lines()
     print(f"attnscope: error: {error_line(message)}", file=sys.stderr)
     return EXIT_USER_ERROR
 

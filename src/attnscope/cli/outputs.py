@@ -175,6 +175,31 @@ def check_output_file(path: Path) -> None:
         raise AttnscopeError(f"cannot write {path}: permission denied")
 
 
+@contextmanager
+def output_files(*paths: Path | None) -> Iterator[None]:
+    """Check every file a command will write (None: an output not asked for) before its slow work, with
+    :func:`check_output_file`, and that no two are the same file. A run refused or failing on the way
+    (:class:`AttnscopeError`, :class:`OSError`) leaves none of the files it had written that were not there before,
+    nor the folders made for them."""
+    given = [path for path in paths if path is not None]
+    resolved = [os.path.abspath(path) for path in given]
+    for index, path in enumerate(given):
+        if resolved[index] in resolved[:index]:
+            raise AttnscopeError(f"{path} is named for two outputs; give each its own file name")
+    made = [folder for path in given for folder in _missing_folders(path.parent)]
+    new: list[Path] = []
+    try:
+        for path in given:
+            check_output_file(path)  # makes the file's folder: a later file refused takes it away again
+        new = [path for path in given if not path.exists()]
+        yield
+    except (AttnscopeError, OSError):
+        for path in new:
+            path.unlink(missing_ok=True)
+        _remove_empty_folders(sorted(set(made), key=lambda folder: -len(folder.parts)))
+        raise
+
+
 def record_name(index: int) -> str:
     """The file name of the ``index``-th record (0-based) in an output folder."""
     return f"record_{index:06d}.safetensors"

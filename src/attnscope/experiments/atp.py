@@ -61,10 +61,10 @@ from torch import nn
 
 from ..attribution.dla import last_logits_only
 from ..attribution.terms import blocks_by_layer
-from ..capture.attention import Intervention, capture, intervene
+from ..capture.attention import Intervention, attention_scores, capture, intervene
 from ..capture.extract import as_loaded
 from ..capture.hooks import local_hooks
-from ..capture.recorders import AttentionCall, Recorder, expand_kv_heads
+from ..capture.recorders import AttentionCall, Recorder
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, find_modules
 from ..models.loading import LoadedModel
@@ -327,9 +327,10 @@ def _attribute_pair(loaded: LoadedModel, pair: EncodedPair, metric: str, *, mlps
 
 def _scores(query: torch.Tensor, key: torch.Tensor, scaling: float, allowed: torch.Tensor) -> torch.Tensor:
     """``[1, head, q_pos, k_pos]`` pre-softmax scores (float32) of queries ``[1, head, q_pos, d]`` and keys
-    ``[1, kv_head, k_pos, d]``, masked keys at the dtype's minimum."""
-    keys = expand_kv_heads(key.float(), query.shape[1])
-    scores = torch.matmul(query.float(), keys.transpose(-1, -2)) * scaling
+    ``[1, kv_head, k_pos, d]``, masked keys at the float32 minimum. Computed as the attention function computes
+    them, in the model's dtype, then widened: in bfloat16 a score rounds by up to 2^-8 of itself, several hundredths
+    of a probability where scores reach tens, so a float32 recomputation would not be the model's pattern."""
+    scores = attention_scores(query, key, None, scaling).float()
     return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
 
 
@@ -346,9 +347,10 @@ def _deltas(clean: _Run, corrupt: _Run, layers: list[int], qk_fix: bool, single_
         base = _scores(r.query[:1], r.key[:1], r.scaling, allowed)
         probs = r.probs[:1].detach().float()
         if r.sink_mass is not None or (torch.softmax(base, -1) - probs).abs().max() > PATTERN_TOLERANCE:
+            precision = "" if r.query.dtype == torch.float32 else f", scores recomputed in {r.query.dtype} as it runs"
             raise AttnscopeError(f"layer {layer}'s attention is more than softmax(q k^T * scale) (softcapping, a "
-                                 "position bias or sinks); query and key estimates cannot be recomputed for this "
-                                 "model")
+                                 f"position bias or sinks{precision}); query and key estimates cannot be recomputed "
+                                 "for this model")
         out["heads"][layer] = (clean.tap.outputs[layer] - corrupt.tap.outputs[layer][:1].detach()).float()[0]
         for name, patched in (("queries", _scores(c.query, r.key[:1], r.scaling, allowed)),
                               ("keys", _scores(r.query[:1], c.key, r.scaling, allowed))):

@@ -94,7 +94,7 @@ def model_output(loaded: LoadedModel, case: Case, inputs: torch.Tensor, *, embed
     log-probability ``[batch]`` for a causal LM."""
     given = {"inputs_embeds" if embedded else "input_ids": inputs}
     batch, length = inputs.shape[:2]
-    mask = torch.ones((batch, length), dtype=torch.long)
+    mask = torch.ones((batch, length), dtype=torch.long, device=inputs.device)
     if loaded.causal:
         logits = loaded.model(**given, attention_mask=mask, use_cache=False, logits_to_keep=1).logits[:, -1]
         return _wide(logits).log_softmax(-1)[:, case.target]
@@ -113,8 +113,8 @@ def erasure_scores(loaded: LoadedModel, case: Case) -> np.ndarray:
         keep = [torch.cat([case.ids[:j], case.ids[j + 1 :]]) for j in case.ranked]
         erased = model_output(loaded, case, torch.stack(keep))
     if loaded.causal:
-        return (full - erased).double().numpy()
-    return (1.0 - torch.nn.functional.cosine_similarity(erased, full, dim=-1)).double().numpy()
+        return (full - erased).double().cpu().numpy()
+    return (1.0 - torch.nn.functional.cosine_similarity(erased, full, dim=-1)).double().cpu().numpy()
 
 
 def grad_x_input_scores(loaded: LoadedModel, case: Case) -> np.ndarray:
@@ -126,11 +126,11 @@ def grad_x_input_scores(loaded: LoadedModel, case: Case) -> np.ndarray:
     """
     embedding = loaded.model.get_input_embeddings()
     with torch.no_grad():
-        embeds = _wide(embedding(case.ids[None]))  # [1, pos, d_model]
+        embeds = embedding(case.ids[None])  # [1, pos, d_model], in the model's dtype (its gradient too)
     if loaded.causal:
         embeds.requires_grad_(True)
         (grad,) = torch.autograd.grad(model_output(loaded, case, embeds, embedded=True).sum(), embeds)  # no weight gradients
-        return (grad[0] * embeds[0].detach()).sum(-1).abs()[case.ranked].double().numpy()
+        return (_wide(grad[0]) * _wide(embeds[0].detach())).sum(-1).abs()[case.ranked].double().cpu().numpy()
     from torch.autograd import forward_ad
 
     copies = embeds.repeat(len(case.ranked), 1, 1)  # [copy, pos, d_model]
@@ -139,7 +139,7 @@ def grad_x_input_scores(loaded: LoadedModel, case: Case) -> np.ndarray:
     with FORWARD_AD, torch.no_grad(), forward_ad.dual_level(), intervene(Intervention()):
         output = model_output(loaded, case, forward_ad.make_dual(copies, tangent), embedded=True)
         change = forward_ad.unpack_dual(output).tangent  # [copy, d_model]
-    return change.norm(dim=-1).double().numpy()
+    return change.norm(dim=-1).double().cpu().numpy()
 
 
 def uniform_scores(case: Case, causal: bool, n_layers: int) -> np.ndarray:

@@ -87,12 +87,12 @@ def input_side(loaded: LoadedModel) -> nn.Module:
 
 def encode_text(loaded: LoadedModel, text: str, max_length: int | None = None) -> tuple[Side, dict[str, Any]]:
     """The tokenized input (cut to ``max_length`` tokens, at most the model's limit) and its model
-    inputs (batch of one)."""
+    inputs (batch of one, on the model's input device)."""
     if not text or not text.strip():
         raise AttnscopeError("the text is empty; give a sentence to measure context mixing on")
     limit = min(max_length or loaded.max_length, loaded.max_length)
     side = encode_side(loaded.tokenizer, text, None, limit, 0, loaded.max_length)
-    ids = torch.tensor([side.input_ids])
+    ids = torch.tensor([side.input_ids], device=loaded.input_device)
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if loaded.causal:
         inputs["use_cache"] = False  # a cache would keep keys across calls
@@ -118,7 +118,8 @@ def _norm_facts(module: nn.Module, seen: _Inputs) -> NormFacts:
     assert normed is not None, "a LayerNorm is called with its input as a positional argument"
     normed = normed[0].double()  # [pos, d_model]
     scale = torch.sqrt(normed.var(-1, unbiased=False) + module.eps)
-    return NormFacts(module.weight.detach().double().numpy(), module.bias.detach().double().numpy(), scale.numpy())
+    weight, bias = (parameter.detach().double().cpu().numpy() for parameter in (module.weight, module.bias))
+    return NormFacts(weight, bias, scale.cpu().numpy())
 
 
 _MODULES: weakref.WeakKeyDictionary[nn.Module, Modules] = weakref.WeakKeyDictionary()
@@ -173,13 +174,13 @@ def _layer_tensors(captured: Any, site: AttentionSite, args: tuple[Any, ...], kw
     transformed = transformed_values(site_capture.values, site)[0]  # [head, k_pos, d_model]
     gate = site_capture.gate  # [1, head, q_pos, d_head]: the model's output gate (Qwen3-Next), or None
     gated = {} if gate is None else {
-        "gate": gate[0].double().numpy(), "values": site_capture.values[0].double().numpy(),
-        "out_proj": per_head_out_proj(site, transformed.shape[0]).double().numpy()}
+        "gate": gate[0].double().cpu().numpy(), "values": site_capture.values[0].double().cpu().numpy(),
+        "out_proj": per_head_out_proj(site, transformed.shape[0]).double().cpu().numpy()}
     return LayerTensors(
-        attention=site_capture.attention[0].double().numpy(),
-        transformed=transformed.double().numpy(),
-        out_bias=np.zeros(transformed.shape[-1]) if bias is None else bias.detach().double().numpy(),
-        residual=residual[0].detach().double().numpy(),
+        attention=site_capture.attention[0].double().cpu().numpy(),
+        transformed=transformed.double().cpu().numpy(),
+        out_bias=np.zeros(transformed.shape[-1]) if bias is None else bias.detach().double().cpu().numpy(),
+        residual=residual[0].detach().double().cpu().numpy(),
         after_attention=after_attention,
         after_ffn=after_ffn,
         **gated,
@@ -207,11 +208,11 @@ def value_zeroing_distances(captured: Captured, layers: Iterable[int] | None = N
         for layer in chosen:
             intact = captured.outputs[layer]  # [pos, d_model]
             for start in groups:
-                positions = torch.arange(start, min(n, start + ZEROING_COPIES))
+                positions = torch.arange(start, min(n, start + ZEROING_COPIES), device=intact.device)
                 with intervene(ValueZeroing(layer, positions, captured.kind)):
                     zeroed = run_blocks_from(captured.blocks, captured.kept, layer, 1, len(positions), stop=layer + 1)
                 cosine = nn.functional.cosine_similarity(zeroed.double(), intact.double()[None], dim=-1)  # [copy, pos]
-                distances[layer, :, start : start + len(positions)] = (1.0 - cosine).T.numpy()
+                distances[layer, :, start : start + len(positions)] = (1.0 - cosine).T.cpu().numpy()
                 bar.update()
     if captured.causal:  # a query never sees later keys: what zeroing them "changes" is rounding noise
         distances = np.tril(distances)

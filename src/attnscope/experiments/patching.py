@@ -104,6 +104,7 @@ def _encode(loaded: LoadedModel, pair: PromptPair, metric: str) -> EncodedPair:
     if len(clean) != len(corrupt):
         raise AttnscopeError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupt)}; patching "
                              "needs prompts of the same token length")
+    loaded.check_length(len(clean), "the clean prompt")
     if metric == "logit_diff" and pair.other is None:
         raise AttnscopeError("the logit_diff metric needs the other token (--other, or \"other\" in the file)")
     target = token_id(loaded, pair.target)

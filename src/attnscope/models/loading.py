@@ -89,6 +89,12 @@ class LoadedModel:
         sane = [int(v) for v in limits if isinstance(v, int) and 0 < v < 1_000_000]
         return min(sane) if sane else 512
 
+    def check_length(self, n_tokens: int, what: str = "the text") -> None:
+        """Refuse an input of ``n_tokens`` tokens past :attr:`max_length` (commands that cut texts say so instead)."""
+        if n_tokens > self.max_length:
+            raise AttnscopeError(f"{what} is {n_tokens} tokens, more than {self.name}'s limit of {self.max_length} "
+                                 "tokens; give a shorter text")
+
     def __repr__(self) -> str:
         return (f"LoadedModel({self.name!r}, type={self.config.model_type!r}, sites={len(self.sites)}, "
                 f"dtype={self.dtype}, device={self.device})")

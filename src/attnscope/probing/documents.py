@@ -176,9 +176,18 @@ def mention_head(span: Sequence[int], heads: Sequence[int]) -> int:
 
 
 def require_entities(treebank: Treebank) -> Treebank:
-    """``treebank``, or a clear error when no word carries an ``Entity=`` annotation (no coreference)."""
+    """``treebank``, or a clear error when no word carries an ``Entity=`` annotation (no coreference) or one
+    carries a damaged value: read before the model loads, named by file, sentence and word, so that a user who gave
+    two files (``--conllu`` and ``--select-on``) knows which to mend."""
     if not any(value for sentence in treebank.sentences for value in sentence.entities):
         raise AttnscopeError(f"{treebank.source} has no coreference annotation (MISC Entity=, as in GUM or CorefUD)")
+    for number, sentence in enumerate(treebank.sentences, 1):
+        for word, value in enumerate(sentence.entities, 1):
+            try:
+                parse_entity_field(value) if value else None
+            except AttnscopeError as error:
+                where = f"sentence {sentence.sent_id!r}" if sentence.sent_id else f"sentence {number}"
+                raise AttnscopeError(f"{treebank.source}, {where}, word {word}: {error}") from None
     return treebank
 
 
