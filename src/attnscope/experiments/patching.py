@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..arguments import check_seed
 from ..attribution.dla import last_logits_only, token_id
 from ..attribution.terms import blocks_by_layer, unembedding
 from ..capture.attention import Intervention, capture, intervene
@@ -218,6 +219,7 @@ def activation_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | 
     allows it), ``batched`` or ``naive``. ``n_resamples``: bootstrap resamples (0: no intervals). ``heads``:
     patch only these ``(layer, head)`` (the others' values are NaN; checking estimates of a few heads).
     """
+    check_seed(seed, "seed")
     loaded = as_loaded(model)
     pairs = [pairs] if isinstance(pairs, PromptPair) else list(pairs)
     encoded, metric = prepare_pairs(loaded, pairs, metric)
