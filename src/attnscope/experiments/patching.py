@@ -153,7 +153,9 @@ class PatchingResult:
     ``mlps`` ``[pair, layer]`` and ``residual`` ``[pair, layer, position]`` (NaN-padded to the
     longest pair; the residual after that layer at that position patched) when asked for, else None.
     ``intervals[name]``: ``(mean, low, high)`` over pairs of ``heads``/``mlps``/``residual`` (bounds NaN
-    with fewer than 2 pairs). ``tokens``: each pair's clean tokens.
+    with fewer than 2 pairs). ``tokens``: each pair's clean tokens, each decoded on its own
+    (:func:`~attnscope.capture.tokens.readable_tokens`: WordPiece pieces as they are, ``##berries``; a byte-level
+    piece of a character split over tokens shows as ``"�"``), so joining them need not give the prompt back.
     """
 
     model: str
