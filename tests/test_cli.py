@@ -94,3 +94,15 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     _, err = process.communicate(timeout=120)
     assert process.returncode == 141
     assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+
+
+def test_no_help_shows_a_literal_double_percent():
+    """argparse %-formats an option's help but not a group's description: a "%%" there is printed as is."""
+    from attnscope.cli import build_parser
+
+    from .cli_parsers import parsers
+
+    shown = {name or "attnscope": parser.format_help() for name, parser in parsers(build_parser())}
+    assert {"patch", "routes", "toy train", "probe edges"} <= set(shown)
+    assert not [name for name, text in shown.items() if "%%" in text]
+    assert "bootstrap 95% intervals" in shown["patch"] and "bootstrap 95% intervals" in shown["routes"]

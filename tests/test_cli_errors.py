@@ -142,7 +142,7 @@ CASES = {
                                             expect="not valid JSON: nested too deeply"),
     # numbers past what torch, OpenMP or the toy translator's training take
     "--threads past the maximum": bad("report", "hi", "--threads=99999999999999999999",
-                                      expect="--threads: expected at most 1024 threads"),
+                                      expect="--threads: expected a thread count of at most 1024"),
     "--seed past 64 bits (generate)": bad("generate", "hi", "--sample", "--seed", "99999999999999999999", "-m", "nope",
                                           expect="--seed: expected a seed of at most"),
     "--seed past 64 bits (probe edges)": bad("probe", "edges", "--seed", "99999999999999999999", "-m", "nope",

@@ -255,20 +255,13 @@ def test_a_device_this_machine_lacks_is_one_error_line(command, capsys):
 
 
 def test_every_command_that_takes_a_model_takes_a_device_and_float16():
-    import argparse
-
     from attnscope.cli import all_commands, build_parser
 
-    def parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-        yield name, parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for child, sub in action.choices.items():
-                    yield from parsers(sub, f"{name} {child}".strip())
+    from .cli_parsers import parsers
 
     seen = []
     for command in all_commands():
-        for name, parser in parsers(build_parser(command.name), ""):
+        for name, parser in parsers(build_parser(command.name)):
             options = {option: action for action in parser._actions for option in action.option_strings}
             if name.startswith(command.name) and "--model" in options:
                 seen.append(name)

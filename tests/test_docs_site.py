@@ -72,6 +72,22 @@ def test_the_api_reference_is_generated_from_the_docstrings(site):
     assert 'id="attnscope.extract"' in reference and "extract_corpus" in reference
 
 
+# a reST role as Markdown leaves it: ":func:" before the code span of its target
+LITERAL_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const|type):(?:<code>|`)")
+
+
+def test_no_page_shows_a_literal_rest_role(site):
+    """scripts/griffe_roles.py turns the docstrings' roles into links (where the site documents the target) or code."""
+    shown = {str(page.relative_to(site)): LITERAL_ROLE.findall(page.read_text(encoding="utf-8"))
+             for page in site.rglob("*.html")}
+    assert not {page: roles for page, roles in shown.items() if roles}
+    experiments = (site / "api" / "experiments.html").read_text(encoding="utf-8")
+    # attribution_patching's docstring says :func:`~.patching.activation_patching` (relative, shown short)
+    assert 'href="#attnscope.experiments.activation_patching"><code>activation_patching</code></a>' in experiments
+    # a target the site does not document stays code, with its full path as a tooltip
+    assert '<span title="attnscope.experiments.interventions.head_mask"><code>head_mask</code></span>' in experiments
+
+
 def test_the_site_fetches_nothing_from_the_network(site):
     remote, mermaid = [], []
     for page in site.rglob("*.html"):

@@ -6,6 +6,8 @@ before any forward pass."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,6 +123,39 @@ def test_the_patch_command_writes_the_map_and_the_json(tiny_model_dir, tmp_path,
     data = json.loads((out / "patching.json").read_text())
     assert data["metric"] == "logit_diff" and len(data["heads"]["mean"]) == 3
     assert "layer" in capsys.readouterr().out
+
+
+def documented_patching_json() -> dict[str, set[str] | None]:
+    """docs/attribution.md's table of patching.json: each key, with the keys its ``{...}`` holds (None: a value)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "attribution.md").read_text(encoding="utf-8")
+    section = page.split("### `patching.json`", 1)[1].split("\n#", 1)[0]
+    documented: dict[str, set[str] | None] = {}
+    for row in (line for line in section.splitlines() if line.startswith("| `")):
+        names, _, holds = row.strip("|").split("|")[:3]
+        inner = re.search(r"`\{([^}]*)\}`", holds)
+        for name in re.findall(r"`(\w+)`", names):
+            documented[name] = set(inner[1].split(", ")) if inner else None
+    return documented
+
+
+def test_patching_json_has_the_keys_its_page_documents(tiny_model_dir):
+    """Real patching and AtP* with every part write exactly the keys the docs' table lists, nested ones too (the
+    command writes these objects, with ``verify`` added; its figures are left out here, they cost the time)."""
+    from attnscope.experiments.atp import attribution_patching, verify_estimates
+
+    loaded = attnscope.load_model(str(tiny_model_dir("llama")))
+    pair = PromptPair(CLEAN, CORRUPT, "mat", "cat")
+    real = activation_patching(loaded, pair, mlps=True, residual=True, n_resamples=0)
+    estimated = attribution_patching(loaded, pair, method="atp*", mlps=True, residual=True, positions=True,
+                                     n_resamples=0)
+    written = {**real.to_dict(), **estimated.to_dict(), "verify": verify_estimates(loaded, [pair], estimated, 1).to_dict()}
+    documented = documented_patching_json()
+    assert set(written) == set(documented)
+    for key, inner in documented.items():
+        value = written[key]
+        first = value[0] if isinstance(value, list) else value  # pairs: a list of {...}
+        assert (set(first) if isinstance(first, dict) else None) == inner, key
+    assert set(written["verify"]["heads"][0]) == {"layer", "head", "chosen", "estimate", "real"}
 
 
 def test_the_patch_command_reads_pairs_from_a_file(tiny_model_dir, tmp_path):

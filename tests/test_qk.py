@@ -119,6 +119,22 @@ def test_the_table_has_every_component_once_and_the_bias_where_there_is_one(tiny
     assert set(rows) == set(np.argsort(-np.abs(qk.scores).sum(1))[:4])
 
 
+def shown_components(qk) -> set[str]:
+    """Every component name the table, the JSON and the figure show (query and key sides)."""
+    frame, data, axes = qk.to_frame(), qk.to_dict(), qk.plot(k=100).axes[0]
+    return {*frame.query_component, *frame.key_component, *data["query_components"], *data["key_components"],
+            *(label.get_text() for label in [*axes.get_xticklabels(), *axes.get_yticklabels()])}
+
+
+def test_a_model_without_query_or_key_biases_has_no_bias_component(tiny):
+    loaded, ids, _ = tiny("llama")
+    attention = loaded.model.model.layers[1].self_attn
+    assert attention.q_proj.bias is None and attention.k_proj.bias is None  # nothing a "bias" component could hold
+    qk = qk_attribution(loaded, ids, 1, 2, -1, 3)
+    assert "bias" not in shown_components(qk) and "L0 MLP" in shown_components(qk)
+    assert qk.query_components[-1] == "L0 MLP" and abs(qk.total() - qk.score) < TOLERANCE
+
+
 def test_keys_the_query_cannot_see_are_refused_before_the_forward_pass(tiny):
     loaded, ids, _ = tiny("gemma3")  # layer 0: a sliding window of 4 keys
     with pytest.raises(AttnscopeError, match=r"outside layer 0's sliding window of 4 keys: query 9 sees keys 6\.\.9"):
@@ -234,6 +250,11 @@ def test_real_model_pairs_sum_to_the_score_and_to_eager_log_attention(alias, hea
         assert abs((first.total() - second.total()) - (log_a[layer][head, query, 1] - log_a[layer][head, query, -2])) \
             < TOLERANCE
         assert abs(first.softmax_total() - log_a[layer][head, query, 1]) < TOLERANCE
+        # SmolLM2 and Gemma 3 have no q/k biases: no "bias" component; Qwen's q/k biases add a non-zero one
+        has_bias = loaded.model.model.layers[layer].self_attn.q_proj.bias is not None
+        assert ("bias" in shown_components(first)) == has_bias == (alias == "qwen0.5b")
+        if has_bias:
+            assert np.abs(first.scores[first.query_components.index("bias")]).sum() > 0
 
 
 # ---- the command line ------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .errors import AttnscopeError
@@ -36,21 +37,64 @@ MAX_THREADS = 1024
 
 def thread_count(value: str) -> int:
     """``--threads`` and ``$ATTNSCOPE_THREADS``: torch's CPU threads, 1 to :data:`MAX_THREADS`."""
-    number = positive_int(value)
-    if number > MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads, got {value}")
-    return number
+    return _as_argument(check_threads, positive_int(value))
+
+
+def check_threads(threads: int, option: str = "") -> int:
+    """``threads`` if it is an integer from 1 to :data:`MAX_THREADS`, else one line naming ``option``. The CLI's
+    ``thread_count`` and the library functions that take a thread count share it."""
+    return _bounded_int(threads, 1, MAX_THREADS, "a thread count", option)
 
 
 MAX_SEED = 2**32 - 1  # numpy's classic bound; a training seed times 1000 plus the epoch still fits torch's 64 bits
+# seed lists (toy evaluate --seeds, probe edges --seeds): each toy seed trains a translator first (about 20 s),
+# so 100 take half an hour
+MAX_SEEDS = 100
 
 
 def seed(value: str) -> int:
     """A random seed, 0 to :data:`MAX_SEED` (torch's ``manual_seed`` overflows on larger numbers)."""
-    number = non_negative_int(value)
-    if number > MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed of at most {MAX_SEED}, got {value}")
+    return _as_argument(check_seed, non_negative_int(value))
+
+
+def check_seed(value: int, option: str = "") -> int:
+    """``value`` if it is an integer seed from 0 to :data:`MAX_SEED`, else one line naming ``option``: the CLI's
+    ``seed`` type and every library function that takes a seed check it here, so both refuse alike."""
+    return _bounded_int(value, 0, MAX_SEED, "a seed", option)
+
+
+def check_seeds(values: Iterable[int], option: str = "seeds") -> tuple[int, ...]:
+    """``values`` as a tuple if there are 1 to :data:`MAX_SEEDS` of them, each passing :func:`check_seed`."""
+    seeds = tuple(values)
+    if not 1 <= len(seeds) <= MAX_SEEDS:
+        raise AttnscopeError(f"{option}: expected 1 to {MAX_SEEDS} seeds, got {len(seeds)}")
+    for value in seeds:
+        check_seed(value, option)
+    return seeds
+
+
+def _bounded_int(value: object, low: int, high: int, noun: str, option: str) -> int:
+    """``value`` as an int if it is an integer (bool aside) within ``low..high``, else an AttnscopeError."""
+    prefix = f"{option}: " if option else ""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]  # accepts int and numpy integers, refuses floats
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool):
+        raise AttnscopeError(f"{prefix}expected an integer, got {value!r}")
+    if number < low:
+        raise AttnscopeError(f"{prefix}expected {noun} of at least {low}, got {number}")
+    if number > high:
+        raise AttnscopeError(f"{prefix}expected {noun} of at most {high}, got {number}")
     return number
+
+
+def _as_argument(check: Callable[[int], int], number: int) -> int:
+    """``check(number)`` as an argparse type: its AttnscopeError becomes argparse's one error line."""
+    try:
+        return check(number)
+    except AttnscopeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def finite_float(value: str) -> float:

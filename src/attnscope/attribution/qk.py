@@ -9,7 +9,8 @@ does, :mod:`attnscope.attribution.terms`), ``q_i`` is linear in ``x_i`` plus a c
 of its components: the embeddings, each earlier head's output through its slice of ``W_O`` (and the
 post-attention norm of Gemma 2/3), each earlier MLP, and biases. So the score is the sum of a
 ``[query component, key component]`` table: ``scale · Q(c_i) · K(c'_j)``, the "bias" row and column holding the
-query/key projections' biases (and any norm bias). This is the QK circuit of Elhage et al. 2021 ("A
+query/key projections' biases (and any norm bias); a model without any (Llama, SmolLM2, Gemma) has no "bias"
+component, which would be zeros. This is the QK circuit of Elhage et al. 2021 ("A
 Mathematical Framework for Transformer Circuits") read on one (i, j) of a real model.
 
 What the softmax sees is ``log a_ij = s_ij − LSE_i``. With ``w`` the row's weights over its keys (``a_i``,
@@ -70,7 +71,7 @@ from .terms import (
     unembedding,
 )
 
-BIAS = "bias"  # the component holding the query/key projections' biases (and any norm's)
+BIAS = "bias"  # the component holding the query/key projections' biases (and any norm's), where there are any
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,7 +83,10 @@ class QKAttribution:
     components times each key component at j minus its attention-weighted mean over the row's keys; it sums, plus
     :attr:`row_term`, to :attr:`log_attention`, the model's ``log a_ij`` (None under softcapping).
     ``query_components`` and ``key_components`` name the rows and columns (the same residual components on both
-    sides: ``"embedding"``, ``"L3H2 (head)"``, ``"L3 attention bias"``, ``"L5 MLP"``, ``"bias"``).
+    sides: ``"embedding"``, ``"L3H2 (head)"``, ``"L3 attention bias"``, ``"L5 MLP"``, and ``"bias"`` where the
+    query/key path has a bias, e.g. Qwen2's projections). ``tokens``: the text's tokens, each decoded on its own
+    (:func:`~attnscope.capture.tokens.readable_tokens`: WordPiece pieces as they are, ``##berries``; a byte-level
+    piece of a character split over tokens shows as ``"�"``), so joining them need not give the text back.
     ``capped_score``: Gemma 2's ``cap · tanh(score / cap)``, what its softmax sees (None without a cap).
     ``sink_mass``: the share of the row a learned sink took (0 without one).
     """
@@ -342,8 +346,11 @@ def _sides(loaded: LoadedModel, found: _Head, parts: Any, heads: HeadOutputs, la
     outputs = {layer: output[0, positions] for layer, output in heads.of_kind("self").items()}
     split = layer_input_components(loaded, parts, outputs, found.site.layer, readout, x)
     values = split.values * scales[None, :, None]  # [component, position, 2 d_head]: the input norm's scales
-    queries = torch.cat([values[:, -1:, :d], _bias(q_proj, q_rows, unit.bias).expand(1, 1, d)])
-    keys = torch.cat([values[:, :, d:], _bias(k_proj, k_rows, unit.bias).expand(1, len(positions), d)])
+    queries, keys, names = values[:, -1:, :d], values[:, :, d:], split.names
+    if _has_qk_bias(attention, unit.bias):  # else the bias component would be zeros: left out of every table
+        queries = torch.cat([queries, _bias(q_proj, q_rows, unit.bias).expand(1, 1, d)])
+        keys = torch.cat([keys, _bias(k_proj, k_rows, unit.bias).expand(1, len(positions), d)])
+        names = (*names, BIAS)
     normed = found.norm(x)
     queries = _head_norm(attention, "q_norm", queries, q_proj(normed[-1:])[:, q_rows])
     keys = _head_norm(attention, "k_norm", keys, k_proj(normed)[:, k_rows])
@@ -351,7 +358,14 @@ def _sides(loaded: LoadedModel, found: _Head, parts: Any, heads: HeadOutputs, la
     rotate = _rotary(attention)
     queries = rotate(queries[:, None], queries[:, None], cos[:, -1:], sin[:, -1:])[0][:, 0, 0]
     keys = rotate(keys[:, None], keys[:, None], cos, sin)[0][:, 0]
-    return (*split.names, BIAS), queries, keys
+    return names, queries, keys
+
+
+def _has_qk_bias(attention: nn.Module, norm_bias: torch.Tensor | None) -> bool:
+    """Whether anything on the query/key path adds a constant: the projections' biases (Qwen2's), the input norm's
+    or a per-head norm's bias. Without any, the ``bias`` component is zero in every table (SmolLM2, Gemma)."""
+    parts = [attention.q_proj, attention.k_proj, getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)]
+    return norm_bias is not None or any(getattr(part, "bias", None) is not None for part in parts)
 
 
 def _tables(loaded: LoadedModel, found: _Head, parts: Any, heads: HeadOutputs, layer_input: dict[str, Any],

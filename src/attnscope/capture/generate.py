@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..arguments import check_sampling
+from ..arguments import check_sampling, check_seed
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
@@ -259,6 +259,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
     >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
     """
+    check_seed(seed, "seed")
     loaded = as_loaded(model)
     if max_new_tokens < 1 or candidates < 1:
         raise AttnscopeError("max_new_tokens and candidates must be at least 1")

@@ -46,7 +46,7 @@ def _routes_arguments(parser: argparse.ArgumentParser) -> None:
         "prompt: each head's route score (its shares of the kept attention edges; the unpruned flow through it) "
         "against its effect alone mean-ablated, beside direct logit attribution (Spearman, top-20 overlap); each "
         "input token's route score against erasure, beside the last layer's attention, attention rollout and ALTI "
-        f"(Spearman); means over prompts with bootstrap 95%% intervals; writes {CHECK_FILES}")
+        f"(Spearman); means over prompts with bootstrap 95% intervals; writes {CHECK_FILES}")
     check.add_argument("--evaluate", action="store_true", help="run the check instead of tracing a text")
     check.add_argument("--tasks", default="brown,ioi", help="comma-separated tasks: brown, ioi (default: both)")
     check.add_argument("--prompts", type=positive_int, default=None,

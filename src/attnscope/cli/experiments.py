@@ -340,7 +340,7 @@ def _patch_arguments(parser: argparse.ArgumentParser) -> None:
         "mean-ablating the top-k heads by direct logit attribution (largest positive terms) against k random heads "
         "(k = 1, 5, 20; 10 draws), and each head alone mean-ablated (patching) against its DLA term (Spearman); "
         "mean ablation = the head's output replaced by its mean over every position of the task's prompts; "
-        "means over prompts with bootstrap 95%% intervals; writes attribution_check.json, .png and .svg")
+        "means over prompts with bootstrap 95% intervals; writes attribution_check.json, .png and .svg")
     check.add_argument("--evaluate", action="store_true", help="run the check instead of patching pairs")
     check.add_argument("--tasks", default="brown,ioi", help="comma-separated tasks: brown, ioi (default: both)")
     check.add_argument("--prompts", type=positive_int, default=None,

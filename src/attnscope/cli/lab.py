@@ -6,14 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ..arguments import MAX_SEED, add_output_folder, positive_int, seed
+from ..arguments import MAX_SEED, MAX_SEEDS, add_output_folder, positive_int, seed
 from ..capture.options import bounded_numbers
 from ..errors import AttnscopeError
 from .command import Command
 from .model_options import add_compute_arguments
 
 DEFAULT_SHOWCASE = ("i can eat apples", "he wants to read the letter today", "the children drink milk")
-MAX_SEEDS = 100  # toy evaluate --seeds: each seed trains a translator first (about 20 s), so 100 take half an hour
 
 
 def seed_list(value: str) -> tuple[int, ...]:

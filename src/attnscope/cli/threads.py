@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..arguments import thread_count
+from ..arguments import check_threads, thread_count
 from ..errors import AttnscopeError
 
 THREADS_VARIABLE = "ATTNSCOPE_THREADS"
@@ -27,6 +27,7 @@ def apply_threads(threads: int | None, one_stream: bool = False) -> None:
     if threads is None and one_stream and (os.cpu_count() or 1) <= ONE_STREAM_MAX_CORES:
         threads = 1
     if threads is not None:
+        check_threads(threads, "threads")  # Python callers too: torch overflows past 64 bits
         import torch
 
         torch.set_num_threads(threads)

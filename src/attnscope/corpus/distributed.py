@@ -33,6 +33,7 @@ from typing import Any, cast
 
 from ..analysis.aggregate import HeadsPartial
 from ..analysis.sinks import SinkReport, SinkTotals
+from ..arguments import check_seed
 from ..errors import AttnscopeError
 from .ray_engine import (
     Engine,
@@ -253,6 +254,7 @@ def evaluate_mixing_on_ray(models: Sequence[str], n_sentences: int, *, seed: int
     from ..capture.loading import load_model
     from ..experiments.faithfulness import evaluation_sentences, summarise_sentences
 
+    check_seed(seed, "seed")
     sentences = evaluation_sentences(n_sentences)
     for name in models:
         load_model(name)  # a model the driver cannot load fails here, before Ray starts

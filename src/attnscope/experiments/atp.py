@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..arguments import check_seed
 from ..attribution.dla import last_logits_only
 from ..attribution.terms import blocks_by_layer
 from ..capture.attention import Intervention, attention_scores, capture, intervene
@@ -131,6 +132,7 @@ def attribution_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] |
     """
     if method not in ATP_METHODS:
         raise AttnscopeError(f"unknown method {method!r}; choose one of {', '.join(ATP_METHODS)}")
+    check_seed(seed, "seed")
     star = method == "atp*"
     qk_fix = star if qk_fix is None else qk_fix and star
     grad_drop = star if grad_drop is None else grad_drop and star
@@ -484,6 +486,7 @@ def verify_estimates(model: LoadedModel | str, pairs: Sequence[PromptPair], resu
     """Patch for real (cached, or batched where the model cannot start a run from a middle layer) the ``k`` heads
     with the largest estimated mean share (by magnitude) and ``k`` others drawn at random (seeded), over the
     same pairs; Spearman of estimate vs real over the ``2k`` (fewer random ones where the model has fewer heads)."""
+    check_seed(seed, "seed")
     loaded = as_loaded(model)
     mean = result.intervals["heads"][0]
     check_verify(k, *mean.shape)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..arguments import check_seed
 from ..attribution.dla import direct_logit_attribution
 from ..attribution.terms import blocks_by_layer, unembedding
 from ..capture.attention import intervene
@@ -234,6 +235,7 @@ def check_attribution(model: LoadedModel | str, *, tasks: Sequence[str] = tuple(
                       ks: Sequence[int] = KS, draws: int = RANDOM_DRAWS, n_resamples: int = 1000, seed: int = 0,
                       progress: bool = False) -> AttributionCheck:
     """Run the check (see the module docstring) on ``n_prompts`` prompts of each task."""
+    check_seed(seed, "seed")
     loaded = as_loaded(model)
     unembedding(loaded)
     check_tasks(tasks, n_prompts)

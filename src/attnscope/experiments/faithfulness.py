@@ -36,6 +36,7 @@ import torch
 
 from ..analysis.mixing import METHODS
 from ..analysis.rollout import attention_rollout
+from ..arguments import check_seed
 from ..capture.attention import Intervention, intervene
 from ..capture.concurrency import concurrent_map, default_workers
 from ..capture.extract import as_loaded
@@ -237,6 +238,7 @@ def evaluate_mixing(models: Sequence[str] = EVALUATION_MODELS, n_sentences: int 
                     ) -> dict[str, dict[str, dict[str, Any]]]:
     """``{model: {method: {"spearman_erasure": rho, "ci": [low, high], "spearman_grad_x_input": rho}}}``,
     methods being the five measures and the ``random`` and ``uniform`` baselines."""
+    check_seed(seed, "seed")
     sentences = evaluation_sentences(n_sentences)
     results = {}
     for name in models:

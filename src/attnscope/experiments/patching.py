@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..arguments import check_seed
 from ..attribution.dla import last_logits_only, token_id
 from ..attribution.terms import blocks_by_layer, unembedding
 from ..capture.attention import Intervention, capture, intervene
@@ -153,7 +154,9 @@ class PatchingResult:
     ``mlps`` ``[pair, layer]`` and ``residual`` ``[pair, layer, position]`` (NaN-padded to the
     longest pair; the residual after that layer at that position patched) when asked for, else None.
     ``intervals[name]``: ``(mean, low, high)`` over pairs of ``heads``/``mlps``/``residual`` (bounds NaN
-    with fewer than 2 pairs). ``tokens``: each pair's clean tokens.
+    with fewer than 2 pairs). ``tokens``: each pair's clean tokens, each decoded on its own
+    (:func:`~attnscope.capture.tokens.readable_tokens`: WordPiece pieces as they are, ``##berries``; a byte-level
+    piece of a character split over tokens shows as ``"�"``), so joining them need not give the prompt back.
     """
 
     model: str
@@ -219,6 +222,7 @@ def activation_patching(model: LoadedModel | str, pairs: Sequence[PromptPair] | 
     allows it), ``batched`` or ``naive``. ``n_resamples``: bootstrap resamples (0: no intervals). ``heads``:
     patch only these ``(layer, head)`` (the others' values are NaN; checking estimates of a few heads).
     """
+    check_seed(seed, "seed")
     loaded = as_loaded(model)
     pairs = [pairs] if isinstance(pairs, PromptPair) else list(pairs)
     encoded, metric = prepare_pairs(loaded, pairs, metric)

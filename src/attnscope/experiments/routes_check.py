@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..arguments import check_seed
 from ..attribution.route_scores import route_scores
 from ..attribution.routes import TAU, check_route_model, check_tau
 from ..capture.extract import as_loaded
@@ -179,6 +180,7 @@ def check_routes(model: LoadedModel | str, *, tasks: Sequence[str] = tuple(TASKS
     from tqdm.auto import tqdm
 
     tau = check_tau(tau)
+    check_seed(seed, "seed")
     names = check_tasks(tasks, n_prompts)
     loaded = as_loaded(model)
     check_route_model(loaded)

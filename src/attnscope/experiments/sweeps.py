@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..arguments import check_seed
 from ..capture.attention import intervene
 from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
@@ -186,6 +187,7 @@ def run_sweep(loaded: LoadedModel, task: Task, sweep: str = "heads", *, mode: st
     ``cached``: None = prefix caching where possible, False = the naive loop, True = require it.
     ``mode="mean"`` uses ``means`` or the head outputs averaged over the task's own batches.
     """
+    check_seed(seed, "seed")
     kind, n_layers, n_heads = attention_shape(loaded, kind)
     variants = sweep_variants(sweep, n_layers, n_heads, layers)
     if n_resamples and task.n_examples < 2:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..analysis.evaluate import mean_and_range
+from ..arguments import check_seed, check_seeds
 from ..capture.hooks import local_hooks
 from ..errors import AttnscopeError
 from ..experiments.interventions import Pattern, corrupt_attention, skip_sublayers
@@ -169,12 +170,14 @@ def load_toy_seed(seed: int, progress: bool = True) -> LoadedModel:
 def evaluate_seed(seed: int, progress: bool = True) -> dict[str, Any]:
     """:func:`evaluate_experiments` for the toy translator trained with ``seed``, on that seed's own held-out
     split (another seed's test pairs may be its training pairs): ``{seed, exact_match, test_pairs, corrupted}``."""
+    check_seed(seed, "seed")
     return {"seed": seed, **evaluate_experiments(load_toy_seed(seed, progress), seed)}
 
 
 def evaluate_seeds(seeds: Sequence[int], progress: bool = True) -> dict[str, Any]:
     """:func:`evaluate_seed` for each of ``seeds`` and :func:`summarise_seeds` over them:
     ``{seeds, per_seed, over_seeds}``."""
+    seeds = check_seeds(seeds)
     per_seed = [evaluate_seed(seed, progress) for seed in seeds]
     return {"seeds": seeds, "per_seed": per_seed, "over_seeds": summarise_seeds(per_seed)}
 

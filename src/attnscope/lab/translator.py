@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..arguments import check_seed
 from ..capture.tokens import ids_within
 from .corpus import ToyCorpus, make_corpus
 
@@ -33,6 +34,9 @@ class TrainingSettings:
     layers: int = 2
     heads: int = 4
     ffn: int = 128
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "TrainingSettings.seed")  # torch.manual_seed overflows past 64 bits
 
 
 def build_tokenizer(vocabulary: list[str]) -> Any:
@@ -145,6 +149,7 @@ def build(seed: int = 0, progress: bool = True) -> Path:
     """The cached toy translator folder, trained first if missing (the ``toy-translator`` alias)."""
     from ..models.loading import publish_folder
 
+    check_seed(seed, "seed")  # before the folder is named or made
     folder = cached_folder(seed)
     if not (folder / "model.safetensors").exists():
         publish_folder(folder, lambda staging: train(staging, TrainingSettings(seed=seed), progress=progress))

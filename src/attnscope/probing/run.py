@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..arguments import check_seed, check_seeds
 from ..capture.extract import as_loaded
 from ..errors import AttnscopeError
 from .alignment import MismatchTally, attend_words, word_token_counts
@@ -130,7 +131,7 @@ def probe_edges(model: Any, treebank: Treebank | None = None, *, batch_size: int
     weights come from the first seed). ``seeds``: one split and pair sample per seed, each figure
     reported as its mean and range over them (default: ``seed`` alone). The model runs once.
     """
-    seeds = tuple(seeds) if seeds else (seed,)
+    seeds = check_seeds(seeds) if seeds else (check_seed(seed, "seed"),)
     loaded = as_loaded(model)
     treebank = treebank or shipped_treebank()
     sentences = list(attend_words(loaded, treebank.sentences, batch_size=batch_size, progress=progress))

@@ -320,7 +320,7 @@ class AttentionRecord:
         """A record of attention computed elsewhere: ``outputs.attentions`` of a transformers model
         called with ``output_attentions=True`` (a tuple of ``[batch, head, q_pos, k_pos]``), the whole
         output of an encoder-decoder (with ``target_tokens=``), or a TransformerLens ActivationCache's
-        ``blocks.{layer}.attn.hook_pattern`` entries. Options: see :func:`attnscope.external.record_parts`.
+        ``blocks.{layer}.attn.hook_pattern`` entries. Options: see :func:`attnscope.records.external.record_parts`.
 
         >>> out = hf_model(**inputs, output_attentions=True)                      # doctest: +SKIP
         >>> rec = AttentionRecord.from_attentions(out.attentions, tokens)         # doctest: +SKIP
