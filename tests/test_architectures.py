@@ -29,6 +29,7 @@ from .tiny_architectures import (
     text_model_types,
     tiny_config,
     window_attributes,
+    window_problem,
 )
 
 EQUAL = (
@@ -80,6 +81,9 @@ EQUAL = (
     # windows shorter than the input: the keys a sparse-attention indexer selects (handed to the attention function
     # as indices, not as a mask), Llama 4's chunks, Qwen2's sliding layers (its config turns them on)
     "deepseek_v32", "mistral_large4_text", "llama4_text", "qwen2",
+    # windows their modules do not hold: the call gets config.sliding_window (Mistral-like types), or every layer's
+    # mask slides by it (PhiMoE; Doge and MiniMax above); the record states each (the band check of check_type)
+    "mistral", "mixtral", "phi3", "phimoe", "starcoder2", "ministral3",
 )
 # types whose attention attnscope reproduces only where one window spans the input (the sweep's shorter windows are
 # refused in one line: see REFUSED and the Reformer test below): equal in that setting
@@ -158,6 +162,42 @@ def test_the_comparison_catches_a_missing_layer_or_kind(tiny_bert):
     attention = record.get("self")
     assert compare({"self": attention[:1]}, eager) == (float("inf"), "self: attnscope has 1 layers, eager 2")
     assert compare({"encoder": attention}, eager)[0] == float("inf")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama4(tmp_path_factory):
+    """Llama 4's tiny model (layer 0 in chunks of 4 keys, layer 1 global) and its record of :data:`TEXT`."""
+    loaded = load_model(str(build_folder("llama4_text", tmp_path_factory.mktemp("llama4"))))
+    return loaded, extract(loaded, TEXT)
+
+
+def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
+    loaded, record = tiny_llama4
+    assert (record.model.windows, record.model.chunked) == ((SLIDING_WINDOW, 0), (0,))
+    assert window_problem("llama4_text", record) == ""
+
+
+@pytest.mark.parametrize(("windows", "chunked", "found"), [
+    ((), (), "the record states no window, its weights lie in chunks of 4 keys"),
+    ((4, 0), (), "the record states a sliding window of 4 keys, its weights lie in chunks of 4 keys"),
+    ((8, 0), (0,), "the record states chunks of 8 keys, its weights lie in chunks of 4 keys"),
+    ((4, 4), (0, 1), "self layer 1: the record states chunks of 4 keys, its weights lie in no window"),
+])
+def test_the_band_check_catches_a_misstated_window(tiny_llama4, windows, chunked, found):
+    _, record = tiny_llama4
+    misstated = dataclasses.replace(record, model=dataclasses.replace(record.model, windows=windows, chunked=chunked))
+    assert found in window_problem("llama4_text", misstated)
+
+
+def test_a_call_that_slides_by_another_window_than_its_site_states_is_refused(tmp_path):
+    """Mixtral's calls pass config.sliding_window to the attention function: a site that states another window
+    (as every Mistral-like site did, 0) is refused in one line, not recorded with the wrong window."""
+    loaded = load_model(str(build_folder("mixtral", tmp_path)))
+    assert {site.window for site in loaded.sites.values()} == {SLIDING_WINDOW}
+    for module, site in loaded.sites.items():
+        module.attnscope_site = dataclasses.replace(site, window=0)
+    with pytest.raises(AttnscopeError, match="attention call slides over a window of 4 keys, but attnscope read none"):
+        extract(loaded, TEXT)
 
 
 def test_a_module_that_does_not_say_whether_it_is_causal_is_refused_where_no_mask_settles_it(tmp_path):

@@ -33,6 +33,7 @@ from torch import nn
 from ..models.adapters import (
     AttentionSite,
     attends_over_no_tokens,
+    misstated_window,
     selected_key_blocks,
     unknown_causality,
     unlisted_attention,
@@ -244,6 +245,8 @@ def attnscope_attention(
         raise unlisted_attention(module)  # attention the adapter did not find: a record would miss it
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
+    if recorder is not None and (misstated := misstated_window(module, cast(AttentionSite, site), kwargs)):
+        raise misstated  # the record would state another window than the one this call slides by
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     attention_mask = only_selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
                                         key.shape[2])
