@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attnscope import extract_corpus, load_model
-from attnscope.analysis.sinks import SINK_FACTOR, input_sinks, sink_positions, sink_report, visible_keys
-from attnscope.records.attention import AttentionRecord, ModelInfo
+from attnscope.analysis.sinks import SINK_FACTOR, input_sinks, sink_positions, sink_report
+from attnscope.records.attention import AttentionRecord, ModelInfo, visible_keys
 
 from .conftest import SENTENCES
 from .test_analysis_cli import assert_clear_error, run

@@ -166,13 +166,12 @@ def test_the_comparison_catches_a_missing_layer_or_kind(tiny_bert):
 
 @pytest.fixture(scope="module")
 def tiny_llama4(tmp_path_factory):
-    """Llama 4's tiny model (layer 0 in chunks of 4 keys, layer 1 global) and its record of :data:`TEXT`."""
-    loaded = load_model(str(build_folder("llama4_text", tmp_path_factory.mktemp("llama4"))))
-    return loaded, extract(loaded, TEXT)
+    """The record of :data:`TEXT` by Llama 4's tiny model (layer 0 in chunks of 4 keys, layer 1 global)."""
+    return extract(load_model(str(build_folder("llama4_text", tmp_path_factory.mktemp("llama4")))), TEXT)
 
 
 def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
-    loaded, record = tiny_llama4
+    record = tiny_llama4
     assert (record.model.windows, record.model.chunked) == ((SLIDING_WINDOW, 0), (0,))
     assert window_problem("llama4_text", record) == ""
 
@@ -184,8 +183,8 @@ def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
     ((4, 4), (0, 1), "self layer 1: the record states chunks of 4 keys, its weights lie in no window"),
 ])
 def test_the_band_check_catches_a_misstated_window(tiny_llama4, windows, chunked, found):
-    _, record = tiny_llama4
-    misstated = dataclasses.replace(record, model=dataclasses.replace(record.model, windows=windows, chunked=chunked))
+    misstated = dataclasses.replace(tiny_llama4, model=dataclasses.replace(tiny_llama4.model, windows=windows,
+                                                                           chunked=chunked))
     assert found in window_problem("llama4_text", misstated)
 
 

@@ -476,7 +476,7 @@ def compare(captured: Mapping[str, np.ndarray], eager: Mapping[str, list[np.ndar
 # model types whose keys are bounded by no sliding window or chunk, each with why: the record states none, and the
 # band check (:func:`window_problem`) asks only that it does not
 NO_BAND: dict[str, str] = {
-    **dict.fromkeys(("deepseek_v32", "mistral_large4_text", "glm5_next_text", "qwen4_exp_text"),
+    **dict.fromkeys(("deepseek_v32", "mistral_large4_text", "glm5_next_text", "glm_moe_dsa", "qwen4_exp_text", "axk2"),
                     "an indexer selects each query's keys (index_topk / indexer_budget)"),
     "longt5": "blocks: a query sees its own block of keys and the two beside it",
 }

@@ -51,7 +51,6 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from ..records.attention import AttentionRecord
-from ..records.attention import visible_keys as visible_keys  # where the sinks' callers find it
 
 SINK_FACTOR = 5.0
 MIN_QUERIES = 3
@@ -75,7 +74,7 @@ def sink_positions(attention: np.ndarray, visible: np.ndarray, factor: float = S
                    min_queries: int = MIN_QUERIES, query_positions: np.ndarray | None = None) -> np.ndarray:
     """Bool ``[head, k_pos]``: the other sink positions (never position 0) of each head of one layer.
 
-    ``attention``: ``[head, q, k_pos]``; ``visible``: ``[q, k_pos]`` (see :func:`visible_keys`);
+    ``attention``: ``[head, q, k_pos]``; ``visible``: ``[q, k_pos]`` (see :meth:`~attnscope.records.attention.ModelInfo.visible_keys`);
     ``query_positions``: the position of each of the ``q`` rows (default: every position, ``0..k_pos - 1``),
     for the rows a generation kept.
     """
