@@ -165,9 +165,15 @@ def test_the_comparison_catches_a_missing_layer_or_kind(tiny_bert):
 
 
 @pytest.fixture(scope="module")
-def tiny_llama4(tmp_path_factory):
-    """The record of :data:`TEXT` by Llama 4's tiny model (layer 0 in chunks of 4 keys, layer 1 global)."""
-    return extract(load_model(str(build_folder("llama4_text", tmp_path_factory.mktemp("llama4")))), TEXT)
+def llama4(tmp_path_factory):
+    """Llama 4's tiny model: layer 0 in chunks of 4 keys, layer 1 global."""
+    return load_model(str(build_folder("llama4_text", tmp_path_factory.mktemp("llama4"))))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama4(llama4):
+    """The record of :data:`TEXT` by Llama 4's tiny model."""
+    return extract(llama4, TEXT)
 
 
 def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
@@ -186,6 +192,38 @@ def test_the_band_check_catches_a_misstated_window(tiny_llama4, windows, chunked
     misstated = dataclasses.replace(tiny_llama4, model=dataclasses.replace(tiny_llama4.model, windows=windows,
                                                                            chunked=chunked))
     assert found in window_problem("llama4_text", misstated)
+
+
+def test_qk_attribution_refuses_a_key_outside_the_querys_chunk(llama4):
+    from attnscope.attribution.qk import qk_attribution
+
+    with pytest.raises(AttnscopeError, match=r"outside layer 0's chunks of 4 keys: query 10 sees keys 8\.\.10 only"):
+        qk_attribution(llama4, TEXT, 0, 0, 10, 7)
+
+
+def test_views_mark_the_chunks_of_chunked_layers(tiny_llama4, browser, tmp_path):
+    """Real Chromium, as test_gemma3's sliding windows: hovering query 10 of layer 0 (chunks of 4) greys every key
+    outside its chunk 8..10, the head view draws no line out of it, and the model view names the chunk."""
+    from attnscope.present import view
+
+    from .test_views_browser import APP, Page
+
+    page = Page(browser, view(tiny_llama4).save(tmp_path / "llama4.html"))
+    texts = f"{APP}.views.head.scene.ofType('text')"
+    caption = f"{texts}.find(t => t.text.includes('\u00b7 layer ')).text"
+    assert "layer 0 \u00b7 chunks of 4 keys" in page.js(caption)
+    query = 10
+    page.hover_token("query", query)
+    greyed = page.js(f"{texts}.filter(t => t.meta && t.meta.side === 'key' && t.style.color === '#bbb')"
+                     ".map(t => t.meta.pos)")
+    assert sorted(greyed) == [k for k in range(len(tiny_llama4.tokens)) if k > query or k < 8]
+    lines = page.js(f"{APP}.views.head.drawnLines()")
+    assert lines and all(8 <= line["k_pos"] <= query for line in lines)
+    page.page.click("button[data-view=model]")
+    page.wait_view("model")
+    labels = page.js(f"{APP}.views.model.scene.ofType('text').map(t => t.text)")
+    assert labels.count(f"chunk {SLIDING_WINDOW}") == 1 and "window" not in " ".join(labels)
+    page.close()
 
 
 def test_a_call_that_slides_by_another_window_than_its_site_states_is_refused(tmp_path):
