@@ -206,18 +206,14 @@ def test_views_mark_the_chunks_of_chunked_layers(tiny_llama4, browser, tmp_path)
     outside its chunk 8..10, the head view draws no line out of it, and the model view names the chunk."""
     from attnscope.present import view
 
+    from .test_gemma3 import hover_query
     from .test_views_browser import APP, Page
 
     page = Page(browser, view(tiny_llama4).save(tmp_path / "llama4.html"))
-    texts = f"{APP}.views.head.scene.ofType('text')"
-    caption = f"{texts}.find(t => t.text.includes('\u00b7 layer ')).text"
-    assert "layer 0 \u00b7 chunks of 4 keys" in page.js(caption)
     query = 10
-    page.hover_token("query", query)
-    greyed = page.js(f"{texts}.filter(t => t.meta && t.meta.side === 'key' && t.style.color === '#bbb')"
-                     ".map(t => t.meta.pos)")
-    assert sorted(greyed) == [k for k in range(len(tiny_llama4.tokens)) if k > query or k < 8]
-    lines = page.js(f"{APP}.views.head.drawnLines()")
+    caption, greyed, lines = hover_query(page, query)
+    assert "layer 0 \u00b7 chunks of 4 keys" in caption
+    assert greyed == [k for k in range(len(tiny_llama4.tokens)) if k > query or k < 8]
     assert lines and all(8 <= line["k_pos"] <= query for line in lines)
     page.page.click("button[data-view=model]")
     page.wait_view("model")
