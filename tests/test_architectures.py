@@ -179,7 +179,7 @@ def tiny_llama4(llama4):
 def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
     record = tiny_llama4
     assert (record.model.windows, record.model.chunked) == ((SLIDING_WINDOW, 0), (0,))
-    assert window_problem("llama4_text", record) == ""
+    assert window_problem(record) == ""
 
 
 @pytest.mark.parametrize(("windows", "chunked", "found"), [
@@ -191,7 +191,7 @@ def test_a_chunked_layer_is_recorded_as_chunks(tiny_llama4):
 def test_the_band_check_catches_a_misstated_window(tiny_llama4, windows, chunked, found):
     misstated = dataclasses.replace(tiny_llama4, model=dataclasses.replace(tiny_llama4.model, windows=windows,
                                                                            chunked=chunked))
-    assert found in window_problem("llama4_text", misstated)
+    assert found in window_problem(misstated)
 
 
 def test_qk_attribution_refuses_a_key_outside_the_querys_chunk(llama4):

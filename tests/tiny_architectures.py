@@ -473,20 +473,26 @@ def compare(captured: Mapping[str, np.ndarray], eager: Mapping[str, list[np.ndar
     return worst, ""
 
 
-# model types whose keys are bounded by no sliding window or chunk, each with why: the record states none, and the
-# band check (:func:`window_problem`) asks only that it does not
-NO_BAND: dict[str, str] = {
-    **dict.fromkeys(("deepseek_v32", "mistral_large4_text", "glm5_next_text", "glm_moe_dsa", "qwen4_exp_text", "axk2"),
-                    "an indexer selects each query's keys (index_topk / indexer_budget)"),
-    "longt5": "blocks: a query sees its own block of keys and the two beside it",
-}
+# keys bounded by no sliding window or chunk: the record states none, and the band check (:func:`window_problem`) asks
+# only that it does not. Keys a sparse-attention indexer selects per query (a config with one of INDEXERS set: DeepSeek
+# V3.2, GLM-5, HunYuan V4, AXK2, ...), and the model types named here, each with why
+INDEXERS = ("index_topk", "indexer_budget", "index_topk_blocks")
+NO_BAND: dict[str, str] = {"longt5": "blocks: a query sees its own block of keys and the two beside it"}
 
 
-def window_problem(model_type: str, record: Any) -> str:
+def banded(model_type: str, config: Any) -> bool:
+    """Whether the keys of ``model_type`` (built from ``config``) lie in a band a record can state."""
+    selected = any(value is not None for name, value in window_attributes(config).items()
+                   if name.rpartition(".")[2] in INDEXERS)
+    return model_type not in NO_BAND and not selected
+
+
+def window_problem(record: Any, band: bool = True) -> str:
     """What is wrong with the window ``record`` states for each input-side layer ("" when nothing is): it must be the
     narrowest band of keys that holds every nonzero weight of that layer (any head), a sliding window
     (``|q - k| < w``) or a chunk (``q // c == k // c``), or none (0) where no band narrower than the input does;
-    computed from the weights alone, on an input longer than every window (:data:`WINDOWS`)."""
+    computed from the weights alone, on an input longer than every window (:data:`WINDOWS`). Without a ``band``
+    (:func:`banded`), only none."""
     attention = record.get(record.model.main_kind)  # [layer, head, q_pos, k_pos]
     n = attention.shape[-1]
     for layer in range(attention.shape[0]):
@@ -494,7 +500,7 @@ def window_problem(model_type: str, record: Any) -> str:
         stated = (record.model.window(layer), layer in record.model.chunked)
         if stated[0] >= n:  # a window as long as the input is none on it
             stated = (0, False)
-        narrowest = (0, False) if model_type in NO_BAND else _narrowest_band(support)
+        narrowest = _narrowest_band(support) if band else (0, False)
         if not _band(n, *stated)[support].all() or stated != narrowest:
             return (f"{record.model.main_kind} layer {layer}: the record states {_band_name(*stated)}, its weights "
                     f"lie in {_band_name(*narrowest)}")
@@ -646,6 +652,6 @@ def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict
     if model_type in EAGER_WITHOUT_SINK and record.sink_mass is not None:
         eager = {**eager, "self": _with_sink_share(eager["self"], record.sink_mass)}
     error, reason = compare(captured, eager)
-    window = window_problem(model_type, record) if error <= TOLERANCE else ""
+    window = window_problem(record, banded(model_type, config)) if error <= TOLERANCE else ""
     outcome = "equal" if error <= TOLERANCE and not window else "differs"
     return {"outcome": outcome, "error": error if np.isfinite(error) else None, "reason": reason or window}
