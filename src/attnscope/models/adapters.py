@@ -30,7 +30,10 @@ whatever cannot be read with certainty is refused (:func:`find_sites`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,7 +260,7 @@ def layer_window(module: nn.Module, attribute: str) -> tuple[int, bool]:
     one (None on a layer that sees every key); else, where ``attribute`` names a window at all, what its config says:
     the chunk of a layer it names ``chunked_attention`` (Llama 4), or the sliding window of every layer (the
     Mistral-like types pass ``config.sliding_window`` to the attention function, PhiMoE and Doge build it into
-    every layer's mask)."""
+    every layer's mask: :func:`_slides_every_layer`)."""
     if not attribute:
         return 0, False
     if hasattr(module, attribute):
@@ -267,7 +270,22 @@ def layer_window(module: nn.Module, attribute: str) -> tuple[int, bool]:
     if isinstance(layer_types, list | tuple) and isinstance(index, int) and 0 <= index < len(layer_types) \
             and layer_types[index] == "chunked_attention":
         return _keys(getattr(config, "attention_chunk_size", None)), True
-    return _keys(getattr(config, attribute, None)), False
+    return (_keys(getattr(config, attribute, None)) if _slides_every_layer(type(module).__module__) else 0), False
+
+
+@functools.cache
+def _slides_every_layer(modeling: str) -> bool:
+    """Whether the modeling module ``modeling`` masks every layer by its config's sliding window (transformers'
+    Mistral-like models: ``create_causal_mask if config.sliding_window is None else
+    create_sliding_window_causal_mask``), rather than per layer type or not at all (Qwen2-MoE, Qwen3-VL-MoE: their
+    configs carry a window the full layers ignore)."""
+    module = sys.modules.get(modeling)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return False
+    return re.search(r"create_causal_mask if (?:self\.)?config\.sliding_window is None\s+else "
+                     r"create_sliding_window_causal_mask", source) is not None
 
 
 def _keys(window: object) -> int:
