@@ -110,7 +110,16 @@ def tiny_config_with(model_type: str, setting: dict):
     return config
 
 
-@pytest.mark.parametrize("model_type", EQUAL)
+# equal weights, but a window the record misstates (the band check of check_type), each with why: left open
+WINDOW_MISSTATED = {
+    "t5gemma": "its encoder's sliding layers see |q - k| <= sliding_window (transformers' bidirectional sliding mask), "
+               "one key more each side than the window records state (|q - k| < window)",
+}
+
+
+@pytest.mark.parametrize("model_type", [
+    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=WINDOW_MISSTATED[t])) if t in WINDOW_MISSTATED else t
+    for t in EQUAL])
 def test_captured_attention_equals_eager(model_type, tmp_path):
     result = check_type(model_type, tmp_path, tiny_config_with(model_type, WHOLE_INPUT.get(model_type, {})))
     assert result["outcome"] == "equal", result
