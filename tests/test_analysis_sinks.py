@@ -9,18 +9,20 @@ import numpy as np
 import pytest
 
 from attnscope import extract_corpus, load_model
-from attnscope.analysis.sinks import SINK_FACTOR, input_sinks, sink_positions, sink_report, visible_keys
-from attnscope.records.attention import AttentionRecord, ModelInfo
+from attnscope.analysis.sinks import SINK_FACTOR, input_sinks, sink_positions, sink_report
+from attnscope.records.attention import AttentionRecord, ModelInfo, visible_keys
 
 from .conftest import SENTENCES
 from .test_analysis_cli import assert_clear_error, run
 
 
-def record_of(maps: np.ndarray, causal: bool = True, windows: tuple[int, ...] = ()) -> AttentionRecord:
+def record_of(maps: np.ndarray, causal: bool = True, windows: tuple[int, ...] = (),
+              chunked: tuple[int, ...] = ()) -> AttentionRecord:
     """``maps`` ``[layer, head, q_pos, k_pos]`` as a record of a made-up model."""
     n_layers, n_heads, n, _ = maps.shape
     info = ModelInfo(name="hand-built", model_type="hand", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
-                     d_head=1, causal=causal, is_encoder_decoder=False, scaling=1.0, windows=windows)
+                     d_head=1, causal=causal, is_encoder_decoder=False, scaling=1.0, windows=windows,
+                     chunked=chunked)
     arrays = {"self.attention": maps.astype(np.float32), "input.token_ids": np.arange(n),
               "input.special_mask": np.zeros(n, bool), "input.sentence_ids": np.zeros(n, int),
               "input.word_ids": np.arange(n)}
@@ -99,6 +101,22 @@ def test_a_sliding_layer_judges_keys_only_inside_its_window():
     measured = input_sinks(record_of(np.stack(maps)[:, None], windows=(4, 0)))
     assert measured.measures["other_rate"][:, 0].tolist() == [0.0, 1.0]
     assert measured.sink_tokens == {"t2": 1}
+
+
+def test_a_chunked_layer_sees_only_its_own_chunk():
+    """Llama 4's chunked layers: query q sees keys (q // 8) * 8 .. q. A head uniform over what it sees has no sink
+    when the record says so; read as a global layer (what records of chunked layers said before they named their
+    chunks), the first keys of the last, short chunk (24..29) take 5 x more than 1 / (q + 1) and look like sinks
+    (24 and 25: the later ones have fewer than 3 queries two positions on)."""
+    n, chunk = 30, 8
+    literal = np.array([[k <= q and q // chunk == k // chunk for k in range(n)] for q in range(n)])
+    visible = visible_keys(n, True, chunk, chunked=True)
+    np.testing.assert_array_equal(visible, literal)
+    uniform = (visible / visible.sum(-1, keepdims=True))[None, None]  # [layer, head, q_pos, k_pos]
+    as_chunks = input_sinks(record_of(uniform, windows=(chunk,), chunked=(0,)))
+    assert as_chunks.measures["other_rate"].tolist() == [[0.0]] and not as_chunks.sink_tokens
+    as_global = input_sinks(record_of(uniform))
+    assert as_global.measures["other_rate"].tolist() == [[1.0]] and set(as_global.sink_tokens) == {"t24", "t25"}
 
 
 def test_norm_weighted_shares_of_a_tiny_llama(tiny_model_dir):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from attnscope import load_model
 from attnscope.capture.extract import extract, extract_corpus
@@ -278,3 +279,73 @@ def test_histogram_of_selected_rows_equals_the_full_matrix(model):
         record = extract(model, TEXTS[0], plan=plan)
         expected = reference_histogram(full.attention, record.query_positions)
         np.testing.assert_allclose(record.held("distance_histogram"), expected, atol=1e-5, err_msg=spec)
+
+
+def selected_keys_call(n: int = 40, top_k: int = 6) -> tuple[torch.Tensor, ...]:
+    """Queries, keys, values ``[1, 4, n, 16]`` and an indexer's selection ``[1, n, top_k]`` (keys at or before each
+    query, -1 where it has fewer), seeded."""
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn((1, 4, n, 16), generator=generator) for _ in range(3))
+    scores = torch.rand((n, n), generator=generator).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -1.0)
+    chosen = scores.topk(top_k, dim=-1)
+    return query, key, value, chosen.indices.masked_fill(chosen.values < 0, -1)[None]
+
+
+def planned_call(query, key, value, mask, plan, **kwargs):
+    """One call of the attention function on a bare causal site under a planned capture: ``(output, rows kept)``."""
+    from torch import nn
+
+    from attnscope.capture.attention import attnscope_attention, capture
+    from attnscope.capture.rows import BatchFacts
+    from attnscope.models.adapters import AttentionSite
+
+    n = query.shape[2]
+    module, site = nn.Module(), AttentionSite("self", 0, "layers.0.self_attn", True, None)
+    module.attnscope_site = site
+    facts = BatchFacts([n], torch.zeros((1, n), dtype=torch.bool), [np.arange(n)])
+    with torch.inference_mode(), capture({module: site}, plan=plan, facts=facts) as session:
+        output, _ = attnscope_attention(module, query, key, value, mask, scaling=0.25, **kwargs)
+    return output, session.captured[("self", 0)]
+
+
+def test_selected_keys_are_masked_one_chunk_at_a_time_with_the_same_result(monkeypatch):
+    """DeepSeek sparse attention hands the attention function each query's selected keys (``indices``): under planned
+    capture their mask is built for one chunk of queries at a time (never ``[q_pos, k_pos]``), and the output and
+    the rows kept equal, bit for bit, those of the same call given the whole mask (built here by hand), and the
+    softmax of the masked scores computed directly."""
+    from attnscope.capture import attention
+
+    query, key, value, indices = selected_keys_call()
+    n, chunk = query.shape[2], 8
+    seen = torch.zeros((n, n), dtype=torch.bool)
+    for q in range(n):
+        seen[q, [k for k in indices[0, q].tolist() if k >= 0]] = True
+    built = []
+    rows = attention.SelectedKeys.rows
+    monkeypatch.setattr(attention.SelectedKeys, "rows", lambda self, start, end: built.append(end - start) or
+                        rows(self, start, end))
+    plan = CapturePlan(chunk=chunk)
+    output, kept = planned_call(query, key, value, None, plan, indices=indices)
+    assert built == [chunk] * (n // chunk)  # one mask per chunk of queries, none of every row
+    whole_output, whole_kept = planned_call(query, key, value, seen[None, None], plan)
+    assert torch.equal(output, whole_output) and torch.equal(kept.attention, whole_kept.attention)
+    scores = (query @ key.transpose(-1, -2) * 0.25).masked_fill(~seen, float("-inf"))  # [1, head, q_pos, k_pos]
+    torch.testing.assert_close(kept.attention, torch.softmax(scores, dim=-1), atol=1e-6, rtol=0)
+
+
+def test_a_sparse_attention_model_under_planned_capture_equals_its_full_record(tmp_path, monkeypatch):
+    """A tiny DeepSeek V3.2 (its indexer selects 4 keys per query): a planned capture in chunks of 4 queries builds
+    no selection mask of more than 4 rows and records what the full capture records."""
+    from attnscope.capture import attention
+
+    from .tiny_architectures import TEXT, build_folder
+
+    loaded = load_model(str(build_folder("deepseek_v32", tmp_path)))
+    full = extract(loaded, TEXT).get("self")  # [layer, head, q_pos, k_pos]
+    built = []
+    rows = attention.SelectedKeys.rows
+    monkeypatch.setattr(attention.SelectedKeys, "rows", lambda self, start, end: built.append(end - start) or
+                        rows(self, start, end))
+    planned = extract(loaded, TEXT, plan=CapturePlan(chunk=4, statistics=True)).get("self")  # not a full capture
+    assert built and max(built) == 4
+    np.testing.assert_allclose(planned, full, atol=1e-6, rtol=0)

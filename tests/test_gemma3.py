@@ -205,6 +205,20 @@ def test_real_gemma3_capture_equals_eager_across_its_window(gemma3):
 
 
 # ---- the views mark the window (real Chromium, as in test_views_browser) ----
+HEAD = 'AttnscopeViews.instances["attnscope-view"].views.head'  # test_views_browser's APP's head view
+HEAD_TEXTS = f"{HEAD}.scene.ofType('text')"
+CAPTION = f"{HEAD_TEXTS}.find(t => t.text.includes('\u00b7 layer ')).text"
+
+
+def hover_query(page, query: int) -> tuple[str, list[int], list[dict]]:
+    """The head view's caption, the keys it greys and the lines it draws while ``query`` is hovered."""
+    page.hover_token("query", query)
+    greyed = page.js(f"{HEAD_TEXTS}.filter(t => t.meta && t.meta.side === 'key' && t.style.color === '#bbb')"
+                     ".map(t => t.meta.pos)")
+    lines = page.js(f"{HEAD}.drawnLines()")
+    return page.js(CAPTION), sorted(greyed), lines
+
+
 def test_views_mark_the_window_of_sliding_layers(tiny_gemma, browser, tmp_path):
     from attnscope.present import view
 
@@ -213,18 +227,13 @@ def test_views_mark_the_window_of_sliding_layers(tiny_gemma, browser, tmp_path):
     _, _, loaded = tiny_gemma
     record = extract(loaded, SENTENCES[2])
     page = Page(browser, view(record).save(tmp_path / "gemma.html"))
-    texts = f"{APP}.views.head.scene.ofType('text')"
-    caption = f"{texts}.find(t => t.text.includes('\u00b7 layer ')).text"
-    assert "layer 0 \u00b7 sliding window: 4 keys" in page.js(caption)
     query = 10
-    page.hover_token("query", query)
-    greyed = page.js(f"{texts}.filter(t => t.meta && t.meta.side === 'key' && t.style.color === '#bbb')"
-                     ".map(t => t.meta.pos)")
-    assert sorted(greyed) == [k for k in range(len(record.tokens)) if k > query or query - k >= WINDOW]
-    lines = page.js(f"{APP}.views.head.drawnLines()")
+    caption, greyed, lines = hover_query(page, query)
+    assert "layer 0 \u00b7 sliding window: 4 keys" in caption
+    assert greyed == [k for k in range(len(record.tokens)) if k > query or query - k >= WINDOW]
     assert lines and all(query - WINDOW < line["k_pos"] <= query for line in lines)
     page.page.select_option("[data-role=layer]", "1")  # the global layer
-    assert "layer 1 \u00b7" in page.js(caption) and "sliding" not in page.js(caption)
+    assert "layer 1 \u00b7" in page.js(CAPTION) and "sliding" not in page.js(CAPTION)
     page.page.click("button[data-view=model]")
     page.wait_view("model")
     labels = page.js(f"{APP}.views.model.scene.ofType('text').map(t => t.text)")

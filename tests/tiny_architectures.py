@@ -473,6 +473,61 @@ def compare(captured: Mapping[str, np.ndarray], eager: Mapping[str, list[np.ndar
     return worst, ""
 
 
+# keys bounded by no sliding window or chunk: the record states none, and the band check (:func:`window_problem`) asks
+# only that it does not. Keys a sparse-attention indexer selects per query (a config with one of INDEXERS set: DeepSeek
+# V3.2, GLM-5, HunYuan V4, AXK2, ...), and the model types named here, each with why
+INDEXERS = ("index_topk", "indexer_budget", "index_topk_blocks")
+NO_BAND: dict[str, str] = {"longt5": "blocks: a query sees its own block of keys and the two beside it"}
+
+
+def banded(model_type: str, config: Any) -> bool:
+    """Whether the keys of ``model_type`` (built from ``config``) lie in a band a record can state."""
+    selected = any(value is not None for name, value in window_attributes(config).items()
+                   if name.rpartition(".")[2] in INDEXERS)
+    return model_type not in NO_BAND and not selected
+
+
+def window_problem(record: Any, band: bool = True) -> str:
+    """What is wrong with the window ``record`` states for each input-side layer ("" when nothing is): it must be the
+    narrowest band of keys that holds every nonzero weight of that layer (any head), a sliding window
+    (``|q - k| < w``) or a chunk (``q // c == k // c``), or none (0) where no band narrower than the input does;
+    computed from the weights alone, on an input longer than every window (:data:`WINDOWS`). Without a ``band``
+    (:func:`banded`), only none."""
+    attention = record.get(record.model.main_kind)  # [layer, head, q_pos, k_pos]
+    n = attention.shape[-1]
+    for layer in range(attention.shape[0]):
+        support = (attention[layer] != 0).any(axis=0)  # [q_pos, k_pos]: keys some head weighs
+        stated = (record.model.window(layer), layer in record.model.chunked)
+        if stated[0] >= n:  # a window as long as the input is none on it
+            stated = (0, False)
+        narrowest = _narrowest_band(support) if band else (0, False)
+        if not _band(n, *stated)[support].all() or stated != narrowest:
+            return (f"{record.model.main_kind} layer {layer}: the record states {_band_name(*stated)}, its weights "
+                    f"lie in {_band_name(*narrowest)}")
+    return ""
+
+
+def _band(n: int, window: int, chunked: bool) -> np.ndarray:
+    """Bool ``[q_pos, k_pos]``: the pairs a band of ``window`` keys holds (every pair where ``window`` is 0)."""
+    queries, keys = np.arange(n)[:, None], np.arange(n)[None, :]
+    if not window:
+        return np.ones((n, n), dtype=bool)
+    return queries // window == keys // window if chunked else np.abs(queries - keys) < window
+
+
+def _narrowest_band(support: np.ndarray) -> tuple[int, bool]:
+    """The band narrower than the input that holds every pair of ``support`` ``[q_pos, k_pos]`` and the fewest pairs,
+    ``(window, chunked)``; ``(0, False)`` where none does."""
+    n = support.shape[0]
+    holding = [(int(_band(n, w, chunked).sum()), w, chunked) for chunked in (False, True) for w in range(1, n)
+               if _band(n, w, chunked)[support].all()]
+    return min(holding)[1:] if holding else (0, False)
+
+
+def _band_name(window: int, chunked: bool) -> str:
+    return "no window" if not window else f"chunks of {window} keys" if chunked else f"a sliding window of {window} keys"
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:600] if text else ""
@@ -547,7 +602,8 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict[str, Any]:
     """Build, capture and compare one model type in ``folder``: ``{"outcome": ..., ...}``.
 
-    Outcomes: ``equal`` and ``differs`` (``error``, ``reason``), ``refused`` (attnscope's one-line
+    Outcomes: ``equal`` (the weights equal eager's and each input-side layer's stated window is the band its weights
+    lie in: :func:`window_problem`) and ``differs`` (``error``, ``reason``), ``refused`` (attnscope's one-line
     :class:`~attnscope.errors.AttnscopeError`, ``reason``), ``crash`` (any other exception from attnscope,
     ``reason``), ``no_eager`` (transformers' eager forward returns no attentions) and ``unbuilt`` (the
     tiny model could not be built or eager could not run it: not attnscope's doing).
@@ -596,5 +652,6 @@ def check_type(model_type: str, folder: Path, config: Any | None = None) -> dict
     if model_type in EAGER_WITHOUT_SINK and record.sink_mass is not None:
         eager = {**eager, "self": _with_sink_share(eager["self"], record.sink_mass)}
     error, reason = compare(captured, eager)
-    outcome = "equal" if error <= TOLERANCE else "differs"
-    return {"outcome": outcome, "error": error if np.isfinite(error) else None, "reason": reason}
+    window = window_problem(record, banded(model_type, config)) if error <= TOLERANCE else ""
+    outcome = "equal" if error <= TOLERANCE and not window else "differs"
+    return {"outcome": outcome, "error": error if np.isfinite(error) else None, "reason": reason or window}

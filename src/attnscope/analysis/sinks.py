@@ -8,7 +8,8 @@ the vector a head adds for key j is ``alpha_ij f(x_j)``, and sink keys tend to c
 ``||f(x_j)||``. This report measures both, per layer and head, over a corpus.
 
 **Definitions** (``q``: a query, ``k``: a key it may see; causal models see ``k <= q``, sliding
-layers only the last ``window`` keys; layers and heads 0-indexed):
+layers only the last ``window`` keys, chunked layers (Llama 4's) only their own chunk's; layers and heads
+0-indexed):
 
 * *scored queries*: every query but the first (in a causal model the first query sees only
   itself, so its weight 1.0 on position 0 says nothing).
@@ -69,20 +70,11 @@ def definition(factor: float = SINK_FACTOR, min_queries: int = MIN_QUERIES) -> s
 DEFINITION = definition()
 
 
-def visible_keys(n: int, causal: bool, window: int = 0) -> np.ndarray:
-    """Bool ``[q_pos, k_pos]``: which keys each query may see (causal: ``k <= q``; a window: ``q - k < window``)."""
-    distance = np.arange(n)[:, None] - np.arange(n)[None, :]  # q_pos - k_pos
-    visible = distance >= 0 if causal else np.ones((n, n), dtype=bool)
-    if window:
-        visible &= distance < window
-    return visible
-
-
 def sink_positions(attention: np.ndarray, visible: np.ndarray, factor: float = SINK_FACTOR,
                    min_queries: int = MIN_QUERIES, query_positions: np.ndarray | None = None) -> np.ndarray:
     """Bool ``[head, k_pos]``: the other sink positions (never position 0) of each head of one layer.
 
-    ``attention``: ``[head, q, k_pos]``; ``visible``: ``[q, k_pos]`` (see :func:`visible_keys`);
+    ``attention``: ``[head, q, k_pos]``; ``visible``: ``[q, k_pos]`` (see :meth:`~attnscope.records.attention.ModelInfo.visible_keys`);
     ``query_positions``: the position of each of the ``q`` rows (default: every position, ``0..k_pos - 1``),
     for the rows a generation kept.
     """
@@ -124,7 +116,7 @@ def input_sinks(record: AttentionRecord, factor: float = SINK_FACTOR, min_querie
     measures = {name: np.full((n_layers, n_heads), np.nan) for name in MEASURES}
     tokens: Counter[str] = Counter()
     for layer in range(n_layers):
-        visible = visible_keys(n, record.model.causal, record.model.window(layer))
+        visible = record.model.visible_keys(layer, n)
         sinks = sink_positions(attention[layer], visible, factor, min_queries)  # [head, k_pos]
         for head in range(n_heads):
             tokens.update(record.tokens[k] for k in np.flatnonzero(sinks[head]))

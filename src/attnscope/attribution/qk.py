@@ -23,8 +23,8 @@ there is no sink). A key's share therefore rises with what its components add ov
 Handled or refused, each in one line:
 
 * grouped key/value heads: the key side reads kv head ``h // group``;
-* sliding windows: a key outside the query's window is masked (it has no score) and refused before the forward
-  pass; the centred table averages over the window's keys only;
+* sliding windows and chunks (Llama 4's chunked layers): a key outside the query's window or chunk is masked (it
+  has no score) and refused before the forward pass; the centred table averages over the keys it sees only;
 * learned sinks (gpt-oss): the sink logit is no key, so the score table is unchanged; it enters the LSE only,
   so :attr:`QKAttribution.row_term` includes it;
 * Gemma 2's logit softcapping (``cap · tanh(s / cap)``): the table splits the score *before* the cap, which is
@@ -236,13 +236,18 @@ def _head(loaded: LoadedModel, layer: int, head: int) -> _Head:
 
 
 def _visible_keys(site: AttentionSite, query: int, key: int) -> int:
-    """The first key query ``query`` sees (the window's start, or 0); a key it does not see is refused."""
-    first = max(0, query - site.window + 1) if site.window else 0
+    """The first key query ``query`` sees (the window's or the chunk's start, or 0); a key it does not see is
+    refused."""
+    if not site.window:
+        first = 0
+    else:
+        first = (query // site.window) * site.window if site.chunked else max(0, query - site.window + 1)
     if key > query:
         raise AttnscopeError(f"key {key} is after query {query}: layer {site.layer} is causal, so that key is masked "
                              f"and has no score (keys 0..{query})")
     if key < first:
-        raise AttnscopeError(f"key {key} is outside layer {site.layer}'s sliding window of {site.window} keys: query "
+        band = "chunks" if site.chunked else "sliding window"
+        raise AttnscopeError(f"key {key} is outside layer {site.layer}'s {band} of {site.window} keys: query "
                              f"{query} sees keys {first}..{query} only; the others are masked and have no score")
     return first
 

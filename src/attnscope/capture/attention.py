@@ -33,6 +33,7 @@ from torch import nn
 from ..models.adapters import (
     AttentionSite,
     attends_over_no_tokens,
+    misstated_window,
     selected_key_blocks,
     unknown_causality,
     unlisted_attention,
@@ -244,9 +245,13 @@ def attnscope_attention(
         raise unlisted_attention(module)  # attention the adapter did not find: a record would miss it
     if site is None or (recorder is not None and not recorder.wants(site)):
         recorder = None
+    if recorder is not None and (misstated := misstated_window(module, cast(AttentionSite, site), kwargs)):
+        raise misstated  # the record would state another window than the one this call slides by
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
-    attention_mask = only_selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
-                                        key.shape[2])
+    selection = selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
+                              key.shape[2])
+    if recorder is None or interventions or getattr(recorder, "wants_inputs", False):  # paths that take a whole mask
+        attention_mask, selection = whole_mask(attention_mask, selection, query.shape[2]), None
     if recorder is not None:
         assert site is not None
         hand_inputs(recorder, site, CallInputs(query, key, value, attention_mask,
@@ -262,14 +267,15 @@ def attnscope_attention(
                                       **kwargs)
     # an intervention changes every row, so only a recorder alone may skip rows or take them in chunks
     only = None if interventions else recorder
-    if site is not None and attention_mask is None and call_causal(site, kwargs) is None and query.shape[2] > 1:
+    if site is not None and attention_mask is None and selection is None and call_causal(site, kwargs) is None \
+            and query.shape[2] > 1:
         raise unknown_causality(module)  # no mask and a module that does not say: which keys are seen is unknown
     n_queries = query.shape[2]
     unwanted = 0 if only is None or site is None else min(only.rows_not_wanted(site, n_queries), n_queries)
     if unwanted and sdpa_exact:
         assert only is not None and site is not None
-        output, _ = _fused_with_last_rows(module, only, site, query, key, value, attention_mask, scaling, unwanted,
-                                          kwargs)
+        output, _ = _fused_with_last_rows(module, only, site, query, key, value,
+                                          whole_mask(attention_mask, selection, n_queries), scaling, unwanted, kwargs)
         return delivered(only, site, output), None
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     n_heads, n_keys = query.shape[1], key.shape[2]
@@ -279,10 +285,11 @@ def attnscope_attention(
     if collector is not None:
         assert only is not None and site is not None
         output = chunked_attention(collector, causal, query, expand_kv_heads(key, n_heads),
-                                   expand_kv_heads(value, n_heads), attention_mask, scaling, kwargs)
+                                   expand_kv_heads(value, n_heads), attention_mask, scaling, kwargs, selection)
         only.keep_rows(site, collector.finish(n_heads=n_heads, n_kv_heads=key.shape[1], d_head=query.shape[-1],
                                               scaling=scaling))
         return delivered(only, site, output), None
+    attention_mask = whole_mask(attention_mask, selection, n_queries)
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], n_keys, 0, query.device)
     scores = attention_scores(query, key, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
@@ -336,25 +343,50 @@ def _fused_with_last_rows(module: nn.Module, recorder: Recorder, site: Attention
     return output, None
 
 
-def only_selected_keys(module: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any],
-                       causal: bool | None, n_queries: int, n_keys: int) -> torch.Tensor | None:
-    """The call's mask with only the keys a sparse-attention indexer selected left visible, where the model hands
-    the attention function its selection instead of folding it into the mask (DeepSeek sparse attention's
-    ``indices`` ``[batch, q_pos, top_k]``, -1 for none: transformers folds them in for its eager and SDPA
-    implementations only, and passes them to any other, a sparse kernel's); takes ``indices`` out of ``kwargs``.
-    Returns a bool mask ``[batch, 1, q_pos, k_pos]`` (True = seen), or the mask as it was without a selection.
-    Selected key blocks (MiniMax M3's ``block_indices``) are refused: the call does not carry their size."""
+@dataclass(frozen=True)
+class SelectedKeys:
+    """The keys a sparse-attention indexer selected, where the model hands the attention function its selection
+    instead of folding it into the mask (DeepSeek sparse attention's ``indices`` ``[batch, q_pos, top_k]``, -1 for
+    none), over the call's ``mask`` (``[batch, 1, q_pos or 1, k_pos]``, or None: then every key, or the causal ones
+    where ``causal``). Its bool mask is built for the rows asked (:meth:`rows`), so chunked attention holds one
+    chunk's ``[chunk, k_pos]``, never the whole ``[q_pos, k_pos]``."""
+
+    indices: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool | None
+    n_queries: int
+    n_keys: int
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Bool ``[batch, 1, end - start, k_pos]``: the keys queries ``start..end-1`` see (True = seen)."""
+        indices = self.indices[:, start:end]
+        slots = indices.long().masked_fill(indices < 0, self.n_keys)  # -1 lands in a column dropped below
+        selected = torch.zeros((*indices.shape[:2], self.n_keys + 1), dtype=torch.bool, device=indices.device)
+        selected = selected.scatter_(-1, slots, True)[..., :self.n_keys].unsqueeze(1)  # [batch, 1, rows, k_pos]
+        if self.mask is None and self.causal:
+            first = self.n_keys - self.n_queries + start  # the position of query start
+            return causal_mask(end - start, first, self.n_keys, indices.device) & selected
+        mask = self.mask if self.mask is None or self.mask.shape[-2] == 1 else self.mask[:, :, start:end]
+        return allowed_keys(mask, end - start, self.n_keys, indices.device) & selected
+
+
+def selected_keys(module: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any],
+                  causal: bool | None, n_queries: int, n_keys: int) -> SelectedKeys | None:
+    """The keys a sparse-attention indexer selected for this call (:class:`SelectedKeys`: transformers folds DeepSeek
+    sparse attention's ``indices`` into the mask for its eager and SDPA implementations only, and passes them to
+    any other, a sparse kernel's), or None without a selection; takes ``indices`` out of ``kwargs``. Selected key
+    blocks (MiniMax M3's ``block_indices``) are refused: the call does not carry their size."""
     if kwargs.get("block_indices") is not None:
         raise selected_key_blocks(module)
     indices = kwargs.pop("indices", None)
-    if indices is None:
-        return attention_mask
-    slots = indices.long().masked_fill(indices < 0, n_keys)  # -1 lands in a column dropped below
-    selected = torch.zeros((*indices.shape[:2], n_keys + 1), dtype=torch.bool, device=indices.device)
-    selected = selected.scatter_(-1, slots, True)[..., :n_keys].unsqueeze(1)  # [batch, 1, q_pos, k_pos]
-    if attention_mask is None and causal:
-        return causal_mask(n_queries, n_keys - n_queries, n_keys, indices.device) & selected
-    return allowed_keys(attention_mask, n_queries, n_keys, indices.device) & selected
+    return None if indices is None else SelectedKeys(indices, attention_mask, causal, n_queries, n_keys)
+
+
+def whole_mask(attention_mask: torch.Tensor | None, selection: SelectedKeys | None,
+               n_queries: int) -> torch.Tensor | None:
+    """The call's mask for a path that takes it whole: with a selection, its every row (``[batch, 1, q_pos,
+    k_pos]``)."""
+    return attention_mask if selection is None else selection.rows(0, n_queries)
 
 
 def sink_logits(kwargs: Mapping[str, Any]) -> torch.Tensor | None:
@@ -413,9 +445,10 @@ def causal_mask(q_len: int, start: int, k_len: int, device: torch.device | None 
 
 def chunked_attention(collector: ChunkCollector, causal: bool | None, query: torch.Tensor, keys: torch.Tensor,
                       values: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
-                      kwargs: Mapping[str, Any]) -> torch.Tensor:
+                      kwargs: Mapping[str, Any], selection: SelectedKeys | None = None) -> torch.Tensor:
     """Attention of one site ``collector.chunk`` queries at a time, each chunk handed to the
-    ``collector``; returns the output ``[batch, q_pos, head, d_head]``. ``causal``: the call's (:func:`call_causal`).
+    ``collector``; returns the output ``[batch, q_pos, head, d_head]``. ``causal``: the call's (:func:`call_causal`);
+    ``selection``: the keys an indexer selected, over ``attention_mask``, whose mask is built one chunk at a time.
 
     ``keys``/``values`` are expanded to the query heads. Each chunk computes only the keys some of its
     queries may see: up to its last query for causal attention without a mask, and within the mask's
@@ -423,13 +456,14 @@ def chunked_attention(collector: ChunkCollector, causal: bool | None, query: tor
     """
     batch, n_heads, q_len, _ = query.shape
     k_len = keys.shape[2]
-    implicit_causal = attention_mask is None and causal and q_len == k_len
+    implicit_causal = attention_mask is None and selection is None and causal and q_len == k_len
     output = query.new_empty((batch, q_len, n_heads, values.shape[-1]))
     bias = kwargs.get("position_bias")
     takes_window = "first_key" in inspect.signature(collector.add).parameters
     for start in range(0, q_len, collector.chunk):
         end = min(start + collector.chunk, q_len)
-        mask = None if attention_mask is None else attention_mask[:, :, start:end]
+        mask = selection.rows(start, end) if selection is not None else \
+            None if attention_mask is None else attention_mask[:, :, start:end]
         first, k_seen = (0, end) if implicit_causal else seen_keys(mask, k_len)
         mask = None if mask is None else mask[..., first:k_seen]
         scores = attention_scores(query[:, :, start:end] * scaling, keys[:, :, first:k_seen], mask, 1.0,

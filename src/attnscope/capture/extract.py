@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import AttnscopeError
-from ..models.adapters import HOW_TO_ADD
+from ..models.adapters import HOW_TO_ADD, AttentionSite
 from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord, ModelInfo
 from .attention import CaptureSession, capture
@@ -477,14 +477,21 @@ def model_info_from(loaded: LoadedModel, first: SiteCapture | RowCapture) -> Mod
         dtype=loaded.dtype,
         windows=layer_windows(loaded),
         learned_sinks=any(site.learned_sinks for site in loaded.sites.values()),
+        chunked=tuple(site.layer for site in main_sites(loaded) if site.window and site.chunked),
     )
 
 
 def layer_windows(loaded: LoadedModel) -> tuple[int, ...]:
-    """The input side's sliding window per layer (0 = global), or () when no layer slides."""
-    main = main_kind(loaded.sites.values())
-    windows = tuple(site.window for site in sorted(loaded.sites.values(), key=lambda s: s.layer) if site.kind == main)
+    """The input side's window per layer (0 = global; sliding, or a chunk: ``ModelInfo.chunked``), or () when no
+    layer has one."""
+    windows = tuple(site.window for site in main_sites(loaded))
     return windows if any(windows) else ()
+
+
+def main_sites(loaded: LoadedModel) -> list[AttentionSite]:
+    """The input side's sites, ordered by layer."""
+    main = main_kind(loaded.sites.values())
+    return [site for site in sorted(loaded.sites.values(), key=lambda s: s.layer) if site.kind == main]
 
 
 def _record(loaded: LoadedModel, info: ModelInfo, encoded: Encoded, row: int,

@@ -17,9 +17,12 @@ qualified name of an attention module (``re.search``; group 1 is the layer index
 * ``layer_attribute``: where set, the record's layer is this attribute of the module rather than group 1
   (LongCat-Flash runs two attention modules per block, its ``layer_idx`` numbering them in order);
 * ``window``: the attention module's attribute that holds its sliding window (each query sees
-  itself and the ``window - 1`` keys before it; None or absent on a layer that sees every key),
-  e.g. Gemma 3 slides on 5 of every 6 layers. transformers builds the window into the mask the
-  attention function receives; the site only carries the fact, for records and views.
+  itself and the ``window - 1`` keys before it; None on a layer that sees every key),
+  e.g. Gemma 3 slides on 5 of every 6 layers. A module without that attribute slides by its config's
+  (Mistral, Mixtral, Phi-3, Starcoder2, MiniMax, PhiMoE, Doge: their calls pass ``config.sliding_window``, or
+  their masks slide by it on every layer), and a layer its config names ``chunked_attention`` sees the keys of
+  its own chunk of ``attention_chunk_size`` (Llama 4). transformers builds the window into the mask the
+  attention function receives; the site only carries the fact, for records and views (:func:`layer_window`).
 
 A model type in no row is read from the model itself (:mod:`attnscope.models.architectures.generic`);
 whatever cannot be read with certainty is refused (:func:`find_sites`).
@@ -27,8 +30,13 @@ whatever cannot be read with certainty is refused (:func:`find_sites`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -154,7 +162,8 @@ class AttentionSite:
 
     ``out_proj`` is the module whose weight maps the concatenated heads back to the residual
     stream (``[d_model, n_heads * d_head]`` for ``nn.Linear``). ``window``: the sliding window in
-    keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key.
+    keys (query ``q`` sees keys ``q - window + 1 .. q``), 0 when the layer sees every key; with ``chunked``,
+    the window is a chunk instead (query ``q`` sees keys ``(q // window) * window .. q``: Llama 4's chunked layers).
     ``learned_sinks``: the module has a learned sink logit per head in its softmax's denominator (gpt-oss's
     ``sinks``, passed to the attention function as ``s_aux``): its rows over the real keys sum to less than 1.
     ``causal_known``: False for a module that does not say whether it is causal (no ``is_causal``) of a type
@@ -169,6 +178,7 @@ class AttentionSite:
     out_proj: nn.Module | None = field(repr=False)
     conv1d: bool = False
     window: int = 0
+    chunked: bool = False  # the window is a chunk of keys, not a sliding window
     causal_known: bool = True
     learned_sinks: bool = False  # its softmax has one learned sink logit per head (gpt-oss's ``sinks``)
 
@@ -240,10 +250,47 @@ def _site(model: nn.Module, name: str, module: nn.Module, rule: SiteRule, layer:
         causal = rule.kind == "decoder" or (rule.kind == "self" and _is_causal_lm(model))
     out_proj = next((found for path in rule.out_proj.split("|")
                      if (found := resolve_relative(model, name, path)) is not None), None)
-    window = getattr(module, rule.window, None) if rule.window else None
-    return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d,
-                         window=int(window) if isinstance(window, int) else 0, causal_known=known,
-                         learned_sinks=_has_sinks(module))
+    window, chunked = layer_window(module, rule.window)
+    return AttentionSite(rule.kind, layer, name, causal, out_proj, rule.conv1d, window=window, chunked=chunked,
+                         causal_known=known, learned_sinks=_has_sinks(module))
+
+
+def layer_window(module: nn.Module, attribute: str) -> tuple[int, bool]:
+    """``(window, chunked)``: the keys a call of ``module`` sees (0 = every key): its own ``attribute`` where it has
+    one (None on a layer that sees every key); else, where ``attribute`` names a window at all, what its config says:
+    the chunk of a layer it names ``chunked_attention`` (Llama 4), or the sliding window of every layer (the
+    Mistral-like types pass ``config.sliding_window`` to the attention function, PhiMoE and Doge build it into
+    every layer's mask: :func:`_slides_every_layer`)."""
+    if not attribute:
+        return 0, False
+    if hasattr(module, attribute):
+        return _keys(getattr(module, attribute)), False
+    config = getattr(module, "config", None)
+    layer_types, index = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if isinstance(layer_types, list | tuple) and isinstance(index, int) and 0 <= index < len(layer_types) \
+            and layer_types[index] == "chunked_attention":
+        return _keys(getattr(config, "attention_chunk_size", None)), True
+    return (_keys(getattr(config, attribute, None)) if _slides_every_layer(type(module).__module__) else 0), False
+
+
+@functools.cache
+def _slides_every_layer(modeling: str) -> bool:
+    """Whether the modeling module ``modeling`` masks every layer by its config's sliding window (transformers'
+    Mistral-like models: ``create_causal_mask if config.sliding_window is None else
+    create_sliding_window_causal_mask``), rather than per layer type or not at all (Qwen2-MoE, Qwen3-VL-MoE: their
+    configs carry a window the full layers ignore)."""
+    module = sys.modules.get(modeling)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return False
+    return re.search(r"create_causal_mask if (?:self\.)?config\.sliding_window is None\s+else "
+                     r"create_sliding_window_causal_mask", source) is not None
+
+
+def _keys(window: object) -> int:
+    """A window attribute's value in keys: 0 where it names none (None, or not a number of keys)."""
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
 
 
 def _has_sinks(module: nn.Module) -> bool:
@@ -263,6 +310,21 @@ def unknown_causality(module: nn.Module) -> AttnscopeError:
         f"model type {model_type_of(module)!r}: its {type(module).__name__} modules do not say whether they are "
         f"causal (no is_causal attribute) and the model gave one of them no mask, so attnscope cannot tell which keys "
         f"each query sees; the type needs an adapter row that says ({HOW_TO_ADD})")
+
+
+def misstated_window(module: nn.Module, site: AttentionSite, kwargs: Mapping[str, Any]) -> AttnscopeError | None:
+    """The refusal for a call that passes the attention function a sliding window (``sliding_window``, what flash
+    kernels slide by) other than the one its site states, which records and views would then misstate; None
+    where the call passes none or the same."""
+    if "sliding_window" not in kwargs or site.chunked:
+        return None
+    used = _keys(kwargs["sliding_window"])
+    if used == site.window:
+        return None
+    return AttnscopeError(
+        f"model type {model_type_of(module)!r}: {site.name}'s attention call slides over a window of {used or 'all'} "
+        f"keys, but attnscope read {site.window or 'none'} from the module, so its record would state the wrong "
+        f"window; the type needs an adapter row that names its window ({HOW_TO_ADD})")
 
 
 def selected_key_blocks(module: nn.Module) -> AttnscopeError:

@@ -97,22 +97,41 @@ class ModelInfo:
     dtype: str = "float32"
     windows: tuple[int, ...] = ()  # per input-side layer: its sliding window in keys, 0 = global; () = none slide
     learned_sinks: bool = False  # a learned sink logit per head (gpt-oss): rows sum to 1 - sink_mass
+    chunked: tuple[int, ...] = ()  # input-side layers whose window is a chunk (Llama 4's), not a sliding window
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "windows", tuple(int(w) for w in self.windows))  # JSON gives a list
+        for name in ("windows", "chunked"):  # JSON gives lists
+            object.__setattr__(self, name, tuple(int(w) for w in getattr(self, name)))
 
     def to_json(self) -> dict[str, Any]:
-        """The facts as JSON types (``windows`` a list), for record files and view payloads."""
-        return {**asdict(self), "windows": list(self.windows)}
+        """The facts as JSON types (``windows`` and ``chunked`` lists), for record files and view payloads."""
+        return {**asdict(self), "windows": list(self.windows), "chunked": list(self.chunked)}
 
     def window(self, layer: int) -> int:
-        """The sliding window of input-side ``layer`` in keys (query q sees q - window + 1 .. q); 0 = all keys."""
+        """The window of input-side ``layer`` in keys, 0 = all keys: sliding (query q sees q - window + 1 .. q), or
+        a chunk where ``layer`` is in ``chunked`` (query q sees (q // window) * window .. q)."""
         return self.windows[layer] if self.windows else 0
+
+    def visible_keys(self, layer: int, n: int) -> np.ndarray:
+        """Bool ``[q_pos, k_pos]``: the keys each query of input-side ``layer`` may see on ``n`` tokens."""
+        return visible_keys(n, self.causal, self.window(layer), layer in self.chunked)
 
     @property
     def main_kind(self) -> str:
         """The kind of attention of the input side: ``encoder`` or ``self``."""
         return "encoder" if self.is_encoder_decoder else "self"
+
+
+def visible_keys(n: int, causal: bool, window: int = 0, chunked: bool = False) -> np.ndarray:
+    """Bool ``[q_pos, k_pos]``: which keys each query may see (causal: ``k <= q``; a sliding window: ``|q - k| <
+    window``, the keys before a query in a causal model; a chunk: ``q // window == k // window``)."""
+    queries, keys = np.arange(n)[:, None], np.arange(n)[None, :]
+    visible = keys <= queries if causal else np.ones((n, n), dtype=bool)
+    if window and chunked:
+        visible &= queries // window == keys // window
+    elif window:
+        visible &= np.abs(queries - keys) < window
+    return visible
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -20,12 +20,13 @@ from .bridging import Bridge, attend, heads, inner_replaced
 
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("longformer", ("longformer",), (SiteRule("self", r"encoder\.layer\.(\d+)\.attention\.self$",
-                                                     "../output.dense"),),
+                                                     "../output.dense", window="sliding_window"),),
             note="local attention: each query sees the keys within half its attention_window on either side (the "
             "record holds zeros outside that band); global attention is refused; Longformer computes attention "
             "itself: attnscope bridges it"),
     Adapter("led", ("led",),
-            (SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn\.longformer_self_attn$", "../output"),
+            (SiteRule("encoder", r"encoder\.layers\.(\d+)\.self_attn\.longformer_self_attn$", "../output",
+                      window="sliding_window"),
              *BART_LIKE[1:]),
             note="its encoder attends locally: each query sees the keys within half its attention_window on either "
             "side (the record holds zeros outside that band); global attention is refused; LED computes its "
@@ -158,7 +159,9 @@ def _reformer_local_forward(self: Any, hidden_states: torch.Tensor, attention_ma
 
 BRIDGES: dict[str, Bridge] = {
     **dict.fromkeys(("LongformerSelfAttention", "LEDEncoderSelfAttention"),
-                    inner_replaced("forward", _longformer_forward, is_causal=False)),
+                    inner_replaced("forward", _longformer_forward, is_causal=False,
+                                   # the window records state: |q - k| < window (its own counts one side)
+                                   sliding_window=property(lambda self: self.one_sided_attn_window_size + 1))),
     "LEDDecoderAttention": LEDDecoderAttentionBridge,
     "BigBirdPegasusEncoderAttention": inner_replaced("forward", _bigbird_pegasus_encoder_forward, is_causal=False),
     "transformers.models.reformer.modeling_reformer.LSHSelfAttention": inner_replaced(

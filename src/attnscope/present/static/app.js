@@ -85,13 +85,16 @@
       const index = this.payload.layers ? this.payload.layers.indexOf(number) : number;
       return index >= 0 && index < this.kind().attention.shape[0] ? index : null;
     }
-    /* The sliding window of shipped layer `index` in keys (query q sees q - window + 1 .. q), 0 when it sees
-       every key; only the input side's self-attention slides (model.windows, one per model layer, empty when
-       none does). */
+    /* The window of shipped layer `index` in keys, 0 when it sees every key: sliding (query q sees q - window + 1
+       .. q) or a chunk (chunked below); only the input side's self-attention has one (model.windows, one per
+       model layer, empty when none does). */
     window(index) {
       const windows = this.payload.model.windows || [];
       return ["self", "encoder"].includes(this.kind().kind) ? windows[this.layerName(index)] || 0 : 0;
     }
+    /* Whether shipped layer `index`'s window is a chunk (query q sees (q // window) * window .. q: Llama 4's
+       chunked layers, model.chunked) rather than a sliding window. */
+    chunked(index) { return this.window(index) > 0 && (this.payload.model.chunked || []).includes(this.layerName(index)); }
     grid() { return this.ready.get(`${this.state.kind}:${this.field()}`); }
     /* Learned sinks (gpt-oss): the current kind's sink mass of `head` at `query` in shipped layer `layer`
      * (the share of the softmax on the sink logit), or null when the model has none. */
@@ -127,8 +130,11 @@
       header.append(el("div", "as-title", p.title));
       const m = p.model;
       const kv = m.n_kv_heads !== m.n_heads ? ` (${m.n_kv_heads} key/value heads)` : "";
-      const sliding = (m.windows || []).filter((w) => w > 0);
-      const slide = sliding.length ? `; ${sliding.length} layers slide over a window of ${Math.max(...sliding)} keys (grey beyond it)` : "";
+      const chunked = m.chunked || [];
+      const sliding = (m.windows || []).filter((w, layer) => w > 0 && !chunked.includes(layer));
+      const chunks = chunked.map((layer) => m.windows[layer]);
+      const slide = (sliding.length ? `; ${sliding.length} layers slide over a window of ${Math.max(...sliding)} keys (grey beyond it)` : "")
+        + (chunks.length ? `; ${chunks.length} layers see chunks of ${Math.max(...chunks)} keys (grey beyond them)` : "");
       header.append(el("div", "as-subtitle",
         `${m.model_type}: ${m.n_layers} layers x ${m.n_heads} heads${kv}${m.d_head ? `, d_head ${m.d_head}` : ""}${slide}; layers and heads are 0-indexed`));
       for (const note of p.notes) header.append(el("div", "as-note", note));

@@ -28,6 +28,22 @@
     return alone ? new Set(Array.from({ length: count }, (_, h) => h)) : new Set([head]);
   };
 
+  /* Whether no query of firstQuery..lastQuery sees any key of firstKey..lastKey through a window of `window` keys
+     (causality aside): a sliding one (|q - k| < window) or, `chunked`, a chunk (q // window == k // window). */
+  NS.outsideWindow = function outsideWindow(window, chunked, firstQuery, lastQuery, firstKey, lastKey) {
+    if (!window) return false;
+    if (chunked) {
+      const chunk = (pos) => Math.floor(pos / window);
+      return chunk(lastKey) < chunk(firstQuery) || chunk(firstKey) > chunk(lastQuery);
+    }
+    return firstQuery - lastKey >= window || firstKey - lastQuery >= window;
+  };
+
+  /* The caption of a layer's window: "sliding window: 4 keys", "chunks of 4 keys", "" without one. */
+  NS.windowText = function windowText(window, chunked) {
+    return !window ? "" : chunked ? `chunks of ${window} keys` : `sliding window: ${window} keys`;
+  };
+
   class HeadView {
     constructor(app, container) {
       this.app = app;
@@ -184,8 +200,8 @@
       const heads = [...app.state.heads].sort((a, b) => a - b).map((head) => this.headName(head));
       const shownHeads = this.layerLevel() ? "no heads (a layer-level measure), grey" : heads.length === app.nHeads() ? "all heads"
         : heads.length === 1 ? `head ${heads[0]}` : `heads ${heads.join(", ") || "none"}`;
-      const window = app.window(app.state.layer);
-      const slide = window ? ` \u00b7 sliding window: ${window} keys` : "";
+      const window = NS.windowText(app.window(app.state.layer), app.chunked(app.state.layer));
+      const slide = window ? ` \u00b7 ${window}` : "";
       return `${app.kind().label} \u00b7 layer ${app.layerName(app.state.layer)}${slide} \u00b7 ${shownHeads} (0-indexed) \u00b7 ${app.weightName()}`;
     }
 
@@ -202,7 +218,9 @@
 
     drawTokens(scene, layout) {
       const causal = this.app.kind().causal;
-      const window = this.app.window(this.app.state.layer);
+      const layer = this.app.state.layer;
+      const window = this.app.window(layer);
+      const chunked = this.app.chunked(layer);
       const hover = this.focus();
       const columns = [["query", layout.left, layout.leftEdge, "right"], ["key", layout.right, layout.rightStart, "left"]];
       for (const [which, column, x, align] of columns) {
@@ -214,10 +232,11 @@
             scene.rect(align === "right" ? x - width + 3 : x - 3, y - layout.rowHeight / 2 + 1, width, layout.rowHeight - 2,
               { fill: "#ffe9a8" });
           }
-          // in causal attention a query sees no later key, on a sliding layer none beyond its window:
+          // in causal attention a query sees no later key, on a sliding or chunked layer none beyond its window:
           // grey those out while hovering
-          const distance = hover ? (which === "key" ? hover.pos - pos : pos - hover.pos) : 0; // q_pos - k_pos
-          const masked = hover && hover.side !== which && ((causal && distance < 0) || (window > 0 && distance >= window));
+          const [query, key] = hover ? (which === "key" ? [hover.pos, pos] : [pos, hover.pos]) : [0, 0];
+          const masked = hover && hover.side !== which
+            && ((causal && query < key) || NS.outsideWindow(window, chunked, query, query, key, key));
           scene.text(x, y, NS.label(column.side.tokens[pos], 24),
             { size: layout.size, align, color: masked ? "#bbb" : column.side.special[pos] ? "#777" : "#222" },
             { role: "token", side: which, pos });

@@ -595,6 +595,7 @@
     headName(head) { return this.app.payload.heads[head]; }
     layerName(layer) { return layer; } // state.layer already holds the model's number (see fill)
     window() { return 0; } // the long view's payload names no sliding windows: the head view greys no keys
+    chunked() { return false; }
     grid() { return this.windowGrid; }
     weightName() { return `\u03b1, top ${this.app.payload.top_k.k} keys per query`; }
     formatWeight(value) { return value.toFixed(3); }

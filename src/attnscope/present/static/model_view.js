@@ -86,8 +86,9 @@
         const y = TOP + layer * (layout.size + GAP);
         const window = app.window(layer);
         scene.text(LEFT - 8, y + layout.size / 2 - (window ? 6 : 0), `layer ${app.layerName(layer)}`, { size: 11, align: "right", color: "#555" });
-        // a sliding layer: its window under the name (thumbnails are >= 36 px high, room for two lines)
-        if (window) scene.text(LEFT - 8, y + layout.size / 2 + 7, `window ${window}`, { size: 9, align: "right", color: "#8a4b00" });
+        // a sliding or chunked layer: its window under the name (thumbnails are >= 36 px high, room for two lines)
+        const band = app.chunked(layer) ? "chunk" : "window";
+        if (window) scene.text(LEFT - 8, y + layout.size / 2 + 7, `${band} ${window}`, { size: 9, align: "right", color: "#8a4b00" });
         for (let head = 0; head < layout.heads; head++) {
           const x = LEFT + head * (layout.size + GAP);
           scene.image(x, y, layout.size, layout.size, this.thumbnail(columns[head], layer, layout),
@@ -138,6 +139,7 @@
       const data = new Uint8ClampedArray(w * h * 4);
       const causal = this.app.kind().causal;
       const window = this.app.window(layer);
+      const chunked = this.app.chunked(layer);
       for (let y = 0; y < h; y++) {
         const firstQuery = Math.ceil((y * queries) / h); // earliest and latest query this pixel row covers
         const lastQuery = Math.ceil(((y + 1) * queries) / h) - 1;
@@ -145,7 +147,8 @@
           const at = (y * w + x) * 4;
           const firstKey = Math.ceil((x * keys) / w);
           const lastKey = Math.ceil(((x + 1) * keys) / w) - 1;
-          const unseen = (causal && firstKey > lastQuery) || (window > 0 && firstQuery - lastKey >= window);
+          const unseen = (causal && firstKey > lastQuery)
+            || NS.outsideWindow(window, chunked, firstQuery, lastQuery, firstKey, lastKey);
           const color = unseen ? MASKED : [r, g, b, peak[y * w + x]];
           data.set(color, at);
         }
