@@ -16,9 +16,9 @@ import torch
 
 import attnscope
 from attnscope.attribution import logit_lens, qk_attribution
-from attnscope.attribution.routes import routes
 from attnscope.attribution.dla import direct_logit_attribution
 from attnscope.attribution.generation_routes import StepRoutes
+from attnscope.attribution.routes import routes
 from attnscope.attribution.steps import StepAttribution
 from attnscope.capture.attention import capture, register_attention_function
 from attnscope.errors import AttnscopeError
@@ -117,10 +117,9 @@ def test_every_analysis_refuses_a_switched_smollm2_before_its_first_forward_pass
 def test_an_intervention_block_in_which_no_call_arrived_is_refused_after_the_pass(tiny_llama):
     """``ablate_heads`` does not know the model, so only the pass tells: it changed nothing."""
     ids = tiny_llama.tokenizer("the cat sat on the mat", return_tensors="pt")["input_ids"]
-    with eager_config(tiny_llama.model.config):
-        with pytest.raises(AttnscopeError, match="no call reached attnscope's attention function inside this "
-                                                 "intervene"), ablate_heads({0: [0]}), torch.inference_mode():
-            tiny_llama.model(input_ids=ids, use_cache=False)
+    refused = pytest.raises(AttnscopeError, match="no call reached attnscope's attention function inside this intervene")
+    with eager_config(tiny_llama.model.config), refused, ablate_heads({0: [0]}), torch.inference_mode():
+        tiny_llama.model(input_ids=ids, use_cache=False)
     with ablate_heads({0: [0]}), torch.inference_mode():  # wired again: the same block is fine
         tiny_llama.model(input_ids=ids, use_cache=False)
 

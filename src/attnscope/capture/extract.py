@@ -29,8 +29,8 @@ from .loading import load_model
 from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
 from .recorders import CaptureComplete, PerSite, SiteCapture, main_kind
-from .running import check_attention_function
 from .rows import RowCapture
+from .running import check_attention_function
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
