@@ -152,9 +152,7 @@ def direct_logit_attribution(model: LoadedModel | str, prompt: str | Sequence[in
     rows = PositionRows((t,))
     input_ids = torch.tensor([ids], device=loaded.input_device)
     with torch.inference_mode(), capture(loaded.sites, recorder=rows), residual_parts(loaded, [t]) as parts:
-        logits = logits_at(loaded, input_ids, t)
-    if not rows.rows:
-        raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
+        logits = logits_at(loaded, input_ids, t)  # capture() refuses a pass that never called attnscope's function
     target_id = int(logits.argmax()) if wanted is None else wanted
     contrast_id = _runner_up(logits, target_id) if contrast == RUNNER_UP else wanted_contrast
     direction, head_bias = logit_direction(loaded, target_id)

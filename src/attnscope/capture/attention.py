@@ -53,8 +53,7 @@ from .recorders import (
     hand_output,
 )
 from .rows import BatchFacts
-
-ATTN_IMPLEMENTATION = "attnscope"
+from .running import ATTN_IMPLEMENTATION, call_heard, calls_heard, check_attention_function
 
 
 class Intervention:
@@ -109,11 +108,14 @@ _ACTIVE_INTERVENTIONS: ContextVar[tuple[Intervention, ...]] = ContextVar("attnsc
 def intervene(*interventions: Intervention) -> Iterator[None]:
     """Apply ``interventions`` to every forward pass inside the block (nested blocks add up).
 
-    Local to the current thread / async task, and always removed on exit, even after an error.
+    Local to the current thread / async task, and always removed on exit, even after an error. A block in which
+    no call reached attnscope's attention function changed nothing: it is refused when it ends
+    (:func:`~attnscope.capture.running.calls_heard`).
     """
     token = _ACTIVE_INTERVENTIONS.set(_ACTIVE_INTERVENTIONS.get() + interventions)
     try:
-        yield
+        with calls_heard(None, "intervene"):
+            yield
     finally:
         _ACTIVE_INTERVENTIONS.reset(token)
 
@@ -147,15 +149,19 @@ def capture(
 
     A ``recorder`` (:class:`~attnscope.capture.recorders.Recorder`) records its own way instead
     (generation's :class:`~attnscope.capture.generate.StepRows`); the options above then do not apply.
+
+    A model whose attention no longer runs attnscope's function is refused on entry where its config says so,
+    and on exit where a site's module ran but no call arrived (:mod:`attnscope.capture.running`).
     """
     if recorder is None:
         recorder = built_in_recorder(sites, record=record, qkv=qkv, norms=norms,
                                      stop_when_complete=stop_when_complete, plan=plan, facts=facts, sink=sink)
     elif not record or qkv or norms or stop_when_complete or plan is not None or facts is not None or sink is not None:
         raise ValueError("capture takes either a recorder or the options of the built-in records, not both")
+    check_attention_function(sites)
     token = _ACTIVE_RECORDER.set(recorder)
     try:
-        with gates_heard(sites, recorder):
+        with calls_heard(sites, "capture"), gates_heard(sites, recorder):
             yield CaptureSession(sites, recorder)
     finally:
         _ACTIVE_RECORDER.reset(token)
@@ -240,6 +246,8 @@ def attnscope_attention(
     ``[batch, head, q_pos, k_pos]`` (None on the fused path).
     """
     site: AttentionSite | None = getattr(module, "attnscope_site", None)  # on the nn.Module: set by load_model
+    if site is not None:
+        call_heard()  # the blocks open in this context know the function ran
     recorder = _ACTIVE_RECORDER.get()
     if site is None and recorder is not None and not attends_over_no_tokens(module):
         raise unlisted_attention(module)  # attention the adapter did not find: a record would miss it

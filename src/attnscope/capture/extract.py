@@ -30,6 +30,7 @@ from .plan import FULL_PLAN, CapturePlan, check_memory, estimate_capture_memory
 from .planned import StreamingSink, batch_facts, planned_records
 from .recorders import CaptureComplete, PerSite, SiteCapture, main_kind
 from .rows import RowCapture
+from .running import check_attention_function
 from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
@@ -39,7 +40,12 @@ HELD_RECORD_BYTES = 1 << 30
 
 
 def as_loaded(model: LoadedModel | str) -> LoadedModel:
-    return model if isinstance(model, LoadedModel) else load_model(model)
+    """``model`` loaded by :func:`load_model` (a name is loaded), refused before any pass where its attention no
+    longer runs attnscope's function (:func:`~attnscope.capture.running.check_attention_function`)."""
+    if not isinstance(model, LoadedModel):
+        return load_model(model)
+    check_attention_function(model.sites)
+    return model
 
 
 def extract(

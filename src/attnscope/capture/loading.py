@@ -17,6 +17,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str = "float32", device: str
     both from float32. ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or ``"auto"``:
     transformers' ``device_map="auto"`` (accelerate) spreads the layers over every GPU, then the
     CPU, so a model larger than one device runs; capture follows each layer where it runs.
+
+    The model's config names attnscope's attention function: build other models from a copy of it
+    (``copy.deepcopy(loaded.model.config)``), since ``from_config(config, attn_implementation=...)`` changes the
+    config in place, after which every analysis refuses the model (see ``attnscope.capture.running``).
     """
     register_attention_function()
     source, model, tokenizer = load_weights(name, dtype=dtype, device=device, attn_implementation=ATTN_IMPLEMENTATION,

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..capture.attention import intervene
 from ..capture.loading import load_model
+from ..capture.running import check_attention_function
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite, HeadProjections, find_sites
 from ..models.loading import LoadedModel
@@ -82,6 +83,7 @@ def head_importance(loaded: LoadedModel, task: Task, masks: Masks | None = None,
     """
     from tqdm.auto import tqdm
 
+    check_attention_function(loaded.sites)
     values = masks if masks is not None else full_masks(loaded)
     total = {kind: torch.zeros_like(mask) for kind, mask in values.items()}
     with _frozen_parameters(loaded.model), torch.enable_grad():
@@ -101,6 +103,7 @@ def head_importance(loaded: LoadedModel, task: Task, masks: Masks | None = None,
 
 def masked_metric(loaded: LoadedModel, task: Task, masks: Masks) -> float:
     """The metric with the heads where ``masks`` is 0 removed (their outputs zeroed)."""
+    check_attention_function(loaded.sites)
     with intervene(HeadGates(masks)):
         return float(task.summarise(task.evaluate_all(loaded)))
 

@@ -33,6 +33,7 @@ from torch import nn
 from ..arguments import check_seed
 from ..capture.attention import intervene
 from ..capture.hooks import local_hooks
+from ..capture.running import check_attention_function
 from ..errors import AttnscopeError
 from ..models.adapters import find_modules
 from ..models.loading import LoadedModel
@@ -188,6 +189,7 @@ def run_sweep(loaded: LoadedModel, task: Task, sweep: str = "heads", *, mode: st
     ``mode="mean"`` uses ``means`` or the head outputs averaged over the task's own batches.
     """
     check_seed(seed, "seed")
+    check_attention_function(loaded.sites)
     kind, n_layers, n_heads = attention_shape(loaded, kind)
     variants = sweep_variants(sweep, n_layers, n_heads, layers)
     if n_resamples and task.n_examples < 2:
