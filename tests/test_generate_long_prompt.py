@@ -99,9 +99,9 @@ def test_prefill_rows_before_first_row_are_dropped_as_each_call_arrives(tiny_lla
         def __call__(self, site, captured):  # type: ignore[no-untyped-def]
             computed.append((tuple(captured.attention.shape), captured.first_query))
             super().__call__(site, captured)
-            kept_per_layer.append(sum(piece.size for piece in self.segments.get(site.layer, [])))
+            kept_per_layer.append(self.kept_elements(site.layer))
 
-    rows = Watching(first_row=len(ids) - 1)
+    rows = Watching(first_row=len(ids) - 1, n_layers=3, n_positions=len(ids))
     with torch.inference_mode(), capture(tiny_llama.sites, recorder=rows):
         tiny_llama.model(input_ids=torch.tensor([ids]), use_cache=True)
     assert kept_per_layer == [6 * len(ids)] * 3, "each layer keeps one row of every head, not [head, P, P]"

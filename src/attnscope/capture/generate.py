@@ -48,16 +48,21 @@ class StepRows(Recorder):
 
     The prompt arrives as one ``[head, P, P]`` block per layer, then each step as ``[head, 1, k]``;
     keys are the last ``k`` positions up to the call's last query (a sliding-window cache may hold
-    fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
-    are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
-    ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
+    fewer than all). Each call's rows from ``first_row`` on are written, as they arrive, into one array
+    made for ``n_layers`` layers and ``n_positions`` positions (a call's rows are one stretch of the
+    packed axis) and the call's block is let go: a prompt's rows before ``first_row`` are never kept, so
+    at most one layer's prefill block is in memory at a time. One array, not a piece per call: pieces
+    joined at the end were held twice, and thousands of small long-lived pieces between each step's
+    short-lived tensors fragmented the heap (SmolLM2, 256 tokens after 512: 6.3 GB peak for 305 MB kept).
     ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``); a model that gates
     its heads' output (Qwen3-Next) keeps none, since what a head adds per key then depends on the query.
     """
 
     first_row: int = 0
     with_norms: bool = False
-    segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
+    n_layers: int = 1
+    n_positions: int = 1  # the most positions the generation can reach (prompt + max_new_tokens)
+    kept: np.ndarray | None = None  # [layer, head, packed] from first_row, made at the first call
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
     sink_masses: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, row], learned sinks
     learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
@@ -107,7 +112,7 @@ class StepRows(Recorder):
         self.positions[site.layer] = start + block.shape[1]
         kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
         if kept < block.shape[1]:
-            self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
+            self.write_rows(site.layer, start + kept, block[:, kept:])
             self.sink_masses.setdefault(site.layer, []).append(
                 np.zeros((block.shape[0], block.shape[1] - kept), np.float32) if captured.sink_mass is None
                 else captured.sink_mass[0, :, kept:].float().cpu().numpy())  # [head, row]
@@ -120,15 +125,32 @@ class StepRows(Recorder):
         fused and computes the probabilities of the others only (a long prompt's prefill)."""
         return max(0, self.first_row - self.positions.get(site.layer, 0))
 
+    def write_rows(self, layer: int, start: int, block: torch.Tensor) -> None:
+        """Write rows ``start..`` (``block``: ``[head, q_pos, k_pos]``) into the kept array at their packed place."""
+        if self.kept is None:  # untouched pages cost nothing: a generation that stops early never fills them
+            length = packed_length(self.n_positions) - row_offset(self.first_row)
+            self.kept = np.empty((self.n_layers, block.shape[0], length), dtype=np.float32)
+        if start + block.shape[1] > self.n_positions:
+            raise AttnscopeError(f"a generation call reached position {start + block.shape[1] - 1}, past the "
+                                 f"{self.n_positions} positions its rows were made for")
+        offset = row_offset(start) - row_offset(self.first_row)
+        pack_rows(start, block, self.kept[layer, :, offset : offset + packed_length(start + block.shape[1])
+                                          - row_offset(start)])
+
+    def kept_elements(self, layer: int) -> int:
+        """How many numbers of ``layer`` are kept so far (its rows up to the last position it has seen)."""
+        if self.kept is None:
+            return 0
+        return self.kept.shape[1] * max(0, packed_length(self.positions.get(layer, 0)) - row_offset(self.first_row))
+
     def packed(self, n_positions: int) -> np.ndarray:
         """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
-        :func:`attnscope.records.generation.row_offset`); the per-call pieces are let go layer by layer."""
-        layers = sorted(self.segments)
-        n_heads = self.segments[layers[0]][0].shape[0]
-        rows = np.empty((len(layers), n_heads, packed_length(n_positions) - row_offset(self.first_row)),
-                        dtype=np.float32)
-        for index, layer in enumerate(layers):
-            np.concatenate(self.segments.pop(layer), axis=-1, out=rows[index])
+        :func:`attnscope.records.generation.row_offset`): the kept array itself, or a copy of its start where the
+        generation stopped early."""
+        assert self.kept is not None
+        length = packed_length(n_positions) - row_offset(self.first_row)
+        rows = self.kept if length == self.kept.shape[-1] else np.ascontiguousarray(self.kept[..., :length])
+        self.kept = None
         return rows
 
     def sink_mass(self) -> np.ndarray | None:
@@ -144,21 +166,24 @@ class StepRows(Recorder):
         return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
 
 
-def pack_rows(start: int, block: torch.Tensor) -> np.ndarray:
-    """``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) as
-    rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]``
-    float32; keys before the block's first key (outside a sliding window's cache) hold 0."""
+def pack_rows(start: int, block: torch.Tensor, out: np.ndarray) -> None:
+    """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) into ``out``,
+    rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]`` float32;
+    keys before the block's first key (outside a sliding window's cache) hold 0."""
     n_queries, n_keys = block.shape[1], block.shape[2]
     first_key = start + n_queries - n_keys  # absolute position of the block's key 0
-    if first_key > 0:  # a step of a sliding-window layer ([head, 1, window]): small, pad it to every key
+    target = torch.from_numpy(out)  # the same memory
+    if n_queries == 1:  # a decoding step: its one row sees every key up to itself, already in packed order
+        target[:, :first_key] = 0.0  # keys a sliding window's cache no longer holds
+        target[:, first_key:] = block[:, 0]
+        return
+    if first_key > 0:  # several queries of a sliding-window layer: pad them to every key
         padded = block.new_zeros((block.shape[0], n_queries, start + n_queries))
         padded[:, :, first_key:] = block
         block = padded
-    if n_queries == 1:  # a decoding step: its one row sees every key up to itself, already in packed order
-        return block[:, 0].float().cpu().numpy().copy()  # a copy: the record must not hold the call's tensor
     queries = torch.arange(start, start + n_queries, device=block.device)[:, None]
     causal = torch.arange(start + n_queries, device=block.device)[None, :] <= queries  # [q, key]
-    return block[:, causal].float().cpu().numpy()  # row-major over [q, key]: the packed order
+    target.copy_(block[:, causal])  # row-major over [q, key]: the packed order
 
 
 def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
@@ -270,7 +295,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    rows = StepRows(first_row=first_row, with_norms=norms)
+    rows = StepRows(first_row=first_row, with_norms=norms, n_layers=n_main_layers(loaded),
+                    n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
     with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),
           torch.random.fork_rng(devices=[]), _quiet_transformers(), ExitStack() as recording):
@@ -347,6 +373,24 @@ def returned_cache(output: Any) -> tuple[str, Any]:
     return "past_key_values", output.past_key_values
 
 
+CANDIDATE_STEPS = 64  # steps' logits turned into probabilities at once: [64, vocab] float32 (a Qwen vocabulary: 39 MB)
+
+
+def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int], k: int) -> tuple[Any, torch.Tensor]:
+    """The top ``k`` next tokens of each step (``topk`` of ``[step, vocab]``) and the chosen tokens' probabilities
+    ``[step]``, ``CANDIDATE_STEPS`` steps at a time: every step's probabilities at once were two more copies of
+    the logits (1,024 steps of SmolLM2: 400 MB)."""
+    values, indices, chosen_probs = [], [], []
+    for start in range(0, len(logits), CANDIDATE_STEPS):
+        probs = torch.softmax(torch.cat(logits[start : start + CANDIDATE_STEPS]).float(), dim=-1)  # [step, vocab]
+        top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        ids = torch.tensor(chosen[start : start + len(probs)], device=probs.device)
+        values.append(top.values)
+        indices.append(top.indices)
+        chosen_probs.append(probs[torch.arange(len(ids), device=probs.device), ids])
+    return torch.return_types.topk((torch.cat(values), torch.cat(indices))), torch.cat(chosen_probs)
+
+
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
             rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
             additions: Sequence[RecordAdditions]) -> GenerationRecord:
@@ -355,10 +399,7 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     tokens = readable_tokens(tokenizer, sequence)
     special_ids = set(tokenizer.all_special_ids)
     special = [token_id in special_ids for token_id in sequence]
-    probs = torch.softmax(torch.cat(logits).float(), dim=-1)  # [step, vocab], on the model's device
-    chosen = torch.tensor(sequence[n_prompt:], device=probs.device)
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    chosen_probs = probs[torch.arange(len(chosen), device=probs.device), chosen]
+    top, chosen_probs = _candidates(logits, sequence[n_prompt:], k)
     arrays: dict[str, np.ndarray] = {
         "rows": rows.packed(len(sequence)),
         "token_ids": np.array(sequence, dtype=np.int64),
