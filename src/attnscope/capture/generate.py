@@ -166,6 +166,35 @@ class StepRows(Recorder):
         return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
 
 
+class GrowingTensor:
+    """A float32 tensor that grows along ``axis`` as pieces are appended, in a buffer that grows by half when full:
+    :meth:`view` is every piece so far without a copy per append (a list of pieces joined at the end is held twice,
+    and joining at every step copies the whole each time)."""
+
+    GROWTH = 1.5
+
+    def __init__(self, axis: int = 0) -> None:
+        self.axis, self.length = axis, 0
+        self.buffer: torch.Tensor | None = None
+
+    def append(self, piece: torch.Tensor) -> None:
+        n = piece.shape[self.axis]
+        if self.buffer is None or self.length + n > self.buffer.shape[self.axis]:
+            shape = list(piece.shape)
+            shape[self.axis] = max(16, int(self.GROWTH * (self.length + n)))
+            grown = torch.empty(shape, dtype=torch.float32, device=piece.device)
+            if self.buffer is not None:
+                grown.narrow(self.axis, 0, self.length).copy_(self.view())
+            self.buffer = grown
+        self.buffer.narrow(self.axis, self.length, n).copy_(piece.detach())
+        self.length += n
+
+    def view(self, length: int | None = None) -> torch.Tensor:
+        """The first ``length`` entries along the axis (default: all appended)."""
+        assert self.buffer is not None, "nothing appended yet"
+        return self.buffer.narrow(self.axis, 0, self.length if length is None else length)
+
+
 def pack_rows(start: int, block: torch.Tensor, out: np.ndarray) -> None:
     """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) into ``out``,
     rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]`` float32;
@@ -376,9 +405,10 @@ def returned_cache(output: Any) -> tuple[str, Any]:
 CANDIDATE_STEPS = 64  # steps' logits turned into probabilities at once: [64, vocab] float32 (a Qwen vocabulary: 39 MB)
 
 
-def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int], k: int) -> tuple[Any, torch.Tensor]:
-    """The top ``k`` next tokens of each step (``topk`` of ``[step, vocab]``) and the chosen tokens' probabilities
-    ``[step]``, ``CANDIDATE_STEPS`` steps at a time: every step's probabilities at once were two more copies of
+def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int],
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top ``k`` next tokens of each step: ids and probabilities ``[step, k]``, and the chosen tokens'
+    probabilities ``[step]``, ``CANDIDATE_STEPS`` steps at a time: every step's probabilities at once were two more copies of
     the logits (1,024 steps of SmolLM2: 400 MB)."""
     values, indices, chosen_probs = [], [], []
     for start in range(0, len(logits), CANDIDATE_STEPS):
@@ -388,7 +418,7 @@ def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int], k: int) -> 
         values.append(top.values)
         indices.append(top.indices)
         chosen_probs.append(probs[torch.arange(len(ids), device=probs.device), ids])
-    return torch.return_types.topk((torch.cat(values), torch.cat(indices))), torch.cat(chosen_probs)
+    return torch.cat(indices), torch.cat(values), torch.cat(chosen_probs)
 
 
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
@@ -399,14 +429,14 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     tokens = readable_tokens(tokenizer, sequence)
     special_ids = set(tokenizer.all_special_ids)
     special = [token_id in special_ids for token_id in sequence]
-    top, chosen_probs = _candidates(logits, sequence[n_prompt:], k)
+    top_ids, top_probs, chosen_probs = _candidates(logits, sequence[n_prompt:], k)
     arrays: dict[str, np.ndarray] = {
         "rows": rows.packed(len(sequence)),
         "token_ids": np.array(sequence, dtype=np.int64),
         "special_mask": np.array(special, dtype=bool),
         "word_ids": np.array(guess_word_ids(tokens, special), dtype=np.int64),
-        "candidate_ids": top.indices.cpu().numpy().astype(np.int64),
-        "candidate_probs": top.values.cpu().numpy().astype(np.float32),
+        "candidate_ids": top_ids.cpu().numpy().astype(np.int64),
+        "candidate_probs": top_probs.cpu().numpy().astype(np.float32),
         "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
     for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
@@ -414,7 +444,7 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
             arrays[name] = values
     for added in additions:
         arrays.update(added.arrays)
-    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
+    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top_ids)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
                             changes=changes, first_row=rows.first_row,
