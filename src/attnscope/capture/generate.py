@@ -10,10 +10,12 @@ around the call apply at every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import ctypes
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -272,16 +274,31 @@ def keeps_prompt_rows(prompt_rows: bool | None, n_layers: int, n_heads: int, n_p
     return n_layers * n_heads * packed_length(n_prompt) * 4 <= PROMPT_ROWS_BUDGET
 
 
+def _heap_trimmer() -> Callable[[], Any]:
+    """glibc's ``malloc_trim(0)`` (nothing elsewhere): hands the heap's free pages back to the system."""
+    try:
+        return cast(Callable[[], Any], partial(ctypes.CDLL("libc.so.6").malloc_trim, 0))
+    except (OSError, AttributeError):
+        return lambda: None
+
+
 class _Progress:
-    """A transformers streamer that advances a progress bar once per generated token."""
+    """A transformers streamer that advances a progress bar once per generated token, and trims the heap.
+
+    Why trim: after the prompt's pass frees its large blocks, glibc raises its mmap threshold (up to 32 MiB), so
+    each step's tensors (the key/value cache grown by one key, the step's scores) come from the heap, a little
+    larger every step; the holes they leave are never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for
+    a record of 305 MB and a model of 1 GB)."""
 
     def __init__(self, bar: Any) -> None:
         self.bar, self.prompt_seen = bar, False
+        self.trim = _heap_trimmer()
 
     def put(self, value: torch.Tensor) -> None:
         if self.prompt_seen:
             self.bar.update(1)
         self.prompt_seen = True
+        self.trim()
 
     def end(self) -> None:
         self.bar.close()
