@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.generate import GenerationRecorder, GrowingTensor, RecordAdditions
+from ..capture.generate import GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
+from ..capture.plan import MemoryEstimate
 from ..capture.recorders import AttentionCall, expand_kv_heads
 from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
@@ -70,6 +71,21 @@ class StepAttribution(GenerationRecorder):
         self.fed: list[int] = []  # the token each pass after the prompt's was fed: the one the pass before chose
         self.steps: list[tuple[np.ndarray, float, np.ndarray, np.ndarray]] = []  # per step: heads, logit, top, split
         self.weights: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
+
+    option = "leave out the attribution (recorders=[StepAttribution()], --attribute)"
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
+        buffer up to half again as large), each pass's block outputs for the lens, one step's rows and values
+        expanded to the query heads for every layer, and the lens's logits of ``LENS_STEPS`` steps."""
+        steps, positions = shape.max_new_tokens, shape.n_positions
+        kept = steps * (shape.n_layers * shape.n_heads * 4 + self.top_heads * (positions * 4 + 16)
+                        + shape.n_layers * self.lens_top * 12)
+        values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
+        blocks = steps * shape.n_layers * shape.d_model * 4
+        one_step = shape.n_layers * shape.n_heads * positions * (shape.d_head + 1) * 4 * 2  # float32, then float64
+        lens = LENS_STEPS * shape.vocab * 4 * 3
+        return MemoryEstimate(kept=int(kept), working=int(values + blocks + one_step + lens))
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"

@@ -169,14 +169,14 @@ class StepRows(Recorder):
 
 
 class GrowingTensor:
-    """A float32 tensor that grows along ``axis`` as pieces are appended, in a buffer that grows by half when full:
+    """A tensor (float32 unless ``dtype``) that grows along ``axis`` as pieces are appended, in a buffer that grows by half when full:
     :meth:`view` is every piece so far without a copy per append (a list of pieces joined at the end is held twice,
     and joining at every step copies the whole each time)."""
 
     GROWTH = 1.5
 
-    def __init__(self, axis: int = 0) -> None:
-        self.axis, self.length = axis, 0
+    def __init__(self, axis: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        self.axis, self.length, self.dtype = axis, 0, dtype
         self.buffer: torch.Tensor | None = None
 
     def append(self, piece: torch.Tensor) -> None:
@@ -184,7 +184,7 @@ class GrowingTensor:
         if self.buffer is None or self.length + n > self.buffer.shape[self.axis]:
             shape = list(piece.shape)
             shape[self.axis] = max(16, int(self.GROWTH * (self.length + n)))
-            grown = torch.empty(shape, dtype=torch.float32, device=piece.device)
+            grown = torch.empty(shape, dtype=self.dtype, device=piece.device)
             if self.buffer is not None:
                 grown.narrow(self.axis, 0, self.length).copy_(self.view())
             self.buffer = grown
@@ -231,9 +231,41 @@ def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
-def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0) -> None:
+@dataclass(frozen=True)
+class GenerationShape:
+    """What a generation's memory depends on: the model's sizes (0-indexed layers, query and key/value heads) and
+    the positions it can reach."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    vocab: int
+    n_prompt: int
+    max_new_tokens: int
+
+    @property
+    def n_positions(self) -> int:
+        return self.n_prompt + self.max_new_tokens
+
+
+def generation_shape(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) -> GenerationShape:
+    """The :class:`GenerationShape` of ``loaded`` generating ``max_new_tokens`` after ``n_prompt`` tokens (sizes the
+    config does not name are guessed from those it does)."""
+    config = getattr(loaded.config, "text_config", None) or loaded.config
+    heads = n_config_heads(loaded)
+    d_model = int(getattr(config, "hidden_size", 0) or 64 * heads)
+    d_head = int(getattr(config, "head_dim", 0) or d_model // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    return GenerationShape(n_main_layers(loaded), heads, kv_heads, d_head, d_model,
+                           int(getattr(config, "vocab_size", 0) or 0), n_prompt, max_new_tokens)
+
+
+def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0,
+                     recorders: Sequence[GenerationRecorder] = ()) -> None:
     """Refuse models that do not generate this way, too long texts, and rows that would not fit
-    (``first_row``: the first position whose row is kept)."""
+    (``first_row``: the first position whose row is kept), with what the ``recorders`` keep and need."""
     if loaded.is_encoder_decoder or not loaded.causal:
         raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; generate needs one "
                              "(the toy translator has its own step view: attnscope toy translate --html)")
@@ -245,7 +277,12 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
     # an intervention changes every row, so the prompt runs eagerly whatever rows are kept
     estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row,
                                  fused_prompt=not interventions_active())
+    shape = generation_shape(loaded, n_prompt, max_new_tokens)
+    for extra in (*recorders, _Logits()):
+        more = extra.memory(shape)
+        estimate = MemoryEstimate(kept=estimate.kept + more.kept, working=estimate.working + more.working)
     advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
+    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
     check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
 
 
@@ -337,7 +374,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     ids = prompt_ids(loaded, prompt, chat=chat)
     keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
     first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token
-    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row)
+    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -387,9 +424,23 @@ class GenerationRecorder(Recorder):
         one after the other) and holds whatever else it needs (forward hooks on the sublayers)."""
         yield
 
+    option = ""  # how to leave it out, said when a generation would not fit ("leave out --routes")
+
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """What it adds to the record of ``sequence`` (prompt, then generated ids; ``n_prompt`` prompt tokens)."""
         raise NotImplementedError
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        """Bytes it keeps and needs at its peak over a generation of ``shape`` (an upper bound, float32)."""
+        return MemoryEstimate(kept=0, working=0)
+
+
+class _Logits(GenerationRecorder):
+    """Not a recorder: the logits transformers' ``generate`` returns for every step (``[step, vocab]`` float32,
+    turned into candidates ``CANDIDATE_STEPS`` at a time), counted like one."""
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        return MemoryEstimate(kept=shape.max_new_tokens * shape.vocab * 4, working=CANDIDATE_STEPS * shape.vocab * 4 * 3)
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
