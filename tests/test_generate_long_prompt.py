@@ -99,9 +99,9 @@ def test_prefill_rows_before_first_row_are_dropped_as_each_call_arrives(tiny_lla
         def __call__(self, site, captured):  # type: ignore[no-untyped-def]
             computed.append((tuple(captured.attention.shape), captured.first_query))
             super().__call__(site, captured)
-            kept_per_layer.append(sum(piece.size for piece in self.segments.get(site.layer, [])))
+            kept_per_layer.append(self.kept_elements(site.layer))
 
-    rows = Watching(first_row=len(ids) - 1)
+    rows = Watching(first_row=len(ids) - 1, n_layers=3, n_positions=len(ids))
     with torch.inference_mode(), capture(tiny_llama.sites, recorder=rows):
         tiny_llama.model(input_ids=torch.tensor([ids]), use_cache=True)
     assert kept_per_layer == [6 * len(ids)] * 3, "each layer keeps one row of every head, not [head, P, P]"
@@ -168,7 +168,10 @@ def test_the_memory_estimate_follows_the_rows_kept_and_one_layers_prefill(tiny_l
     layers, heads = len(tiny_llama.sites), tiny_llama.model.config.num_attention_heads
     fused = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1)
     eager = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1, fused_prompt=False)
-    monkeypatch.setattr("attnscope.capture.plan.available_memory", lambda: int((fused.total + eager.total) / 2 / 0.8))
+    vocab = tiny_llama.model.config.vocab_size
+    logits = 2 * vocab * 4 + 3 * 64 * vocab * 4  # generate's logits, and 64 steps' candidates at once
+    monkeypatch.setattr("attnscope.capture.plan.available_memory",
+                        lambda: int(((fused.total + eager.total) / 2 + logits) / 0.8))
     attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)
     with pytest.raises(AttnscopeError, match="needs about"), attnscope.intervene(HeadAblation("zero", layers=[0])):
         attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)

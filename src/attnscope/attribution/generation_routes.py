@@ -3,11 +3,13 @@
 :class:`StepRoutes` is a :class:`~attnscope.capture.generate.GenerationRecorder`:
 ``attnscope.generate(model, prompt, recorders=[StepRoutes()])`` (``attnscope generate --routes``). Step s chose token
 ``n_prompt + s`` at position ``t = n_prompt - 1 + s``. Every pass (the prompt's, then one per token on the key/value
-cache) hands the attention function its new queries and the keys and values it added; kept in order, with each
-block's input residual at the pass's positions, they are what :mod:`attnscope.attribution.routes` keeps of one
-forward pass of the final text, so no pass is added. Keys a sliding-window cache later drops stay known, and the
-band of keys each query saw is read from its own call's mask (shifted to absolute positions). Once the text is final,
-each step's route is walked top-down from ``t`` and only its kept edges are stored. Layers and heads are 0-indexed.
+cache) hands the attention function its new queries and the keys and values it added; appended in order to one
+buffer per layer (:class:`~attnscope.capture.generate.GrowingTensor`), with each block's input residual at the pass's
+positions, they are what :mod:`attnscope.attribution.routes` keeps of one forward pass of the text up to ``t``, so no
+pass is added. Keys a sliding-window cache later drops stay known, and the band of keys each query saw is read from
+its own call's mask (shifted to absolute positions). Each step's route is walked top-down from ``t`` as soon as its
+pass is over (when the next pass begins), so the walks run while the text is generated (the progress bar counts
+them) and only the kept edges are stored; nothing is walked or re-run at the end. Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -20,16 +22,31 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture.generate import GenerationRecorder, RecordAdditions
-from ..capture.hooks import local_hooks
+from ..capture.generate import GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
+from ..capture.hooks import hooks_paused, local_hooks
+from ..capture.plan import MemoryEstimate
 from ..capture.recorders import CallInputs
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from ..records import attribution as names
 from ..records.generation import GenerationRecord
-from .routes import TAU, Edge, LayerInputs, Node, Routes, RouteTensors, check_route_model, check_tau, key_band, walk
+from .routes import (
+    PARTS_BUDGET,
+    TAU,
+    Edge,
+    LayerInputs,
+    Node,
+    Routes,
+    RouteTensors,
+    check_route_model,
+    check_tau,
+    key_band,
+    walk,
+)
 from .terms import _first, _output_norms, blocks_by_layer, unembedding
+
+EDGES_PER_STEP = 2048  # a step's kept edges assumed by the memory estimate (SmolLM2 at tau 0.04: a few hundred)
 
 
 class StepRoutes(GenerationRecorder):
@@ -40,9 +57,35 @@ class StepRoutes(GenerationRecorder):
 
     def __init__(self, tau: float = TAU) -> None:
         self.tau = check_tau(tau)
-        self.calls: dict[int, list[tuple[CallInputs, int]]] = {}  # per layer: each pass's inputs, keys seen before
+        self.norms: dict[int, nn.Module] = {}
+        self._start()
+
+    def _start(self) -> None:
+        """Nothing kept yet (a recorder may serve several generations, one after the other)."""
+        self.queries: dict[int, GrowingTensor] = {}  # per layer: [head, pos, d_head]
+        self.keys: dict[int, GrowingTensor] = {}  # per layer: [kv_head, pos, d_head]
+        self.values: dict[int, GrowingTensor] = {}
+        self.bands: dict[int, tuple[GrowingTensor, GrowingTensor]] = {}  # per layer: first and last key [pos]
+        # per layer: its calls' scaling, softcap and learned sinks (the same at every call)
+        self.calls: dict[int, tuple[float, float | None, torch.Tensor | None]] = {}
         self.sites: dict[int, AttentionSite] = {}
-        self.residuals: dict[int, list[torch.Tensor]] = {}
+        self.residuals: dict[int, GrowingTensor] = {}  # block inputs [pos, d_model], then the last block's output
+        self.ends: list[int] = []  # each pass's last position
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per walked step: codes, importance, heads
+
+    option = "leave out the routes (recorders=[StepRoutes()], --routes)"
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        """Kept: each step's edges (``EDGES_PER_STEP`` assumed: their number depends on the text and ``tau``).
+        Working: every position's queries, keys, values, key bands and residual streams (in buffers up to half
+        again as large), and one layer's walk (every head's output at every key, ``[head, key, d_model]``, and
+        three blocks of :data:`~attnscope.attribution.routes.PARTS_BUDGET` parts)."""
+        positions = shape.n_positions
+        per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16)
+                        + (shape.n_layers + 1) * shape.d_model * 4)
+        walk = shape.n_heads * positions * shape.d_model * 4 * 2 + 3 * PARTS_BUDGET * 4
+        kept = shape.max_new_tokens * EDGES_PER_STEP * (8 * 8 + 4 + 4 * shape.n_heads)
+        return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk))
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -51,29 +94,45 @@ class StepRoutes(GenerationRecorder):
         return n_queries
 
     def keep_inputs(self, site: AttentionSite, inputs: CallInputs) -> None:
+        """Append the call's new queries, keys, values and key bands; the first layer's call begins a pass, so the
+        passes before it are over and their routes are walked first."""
         if inputs.position_bias is not None or (inputs.sinks is not None and inputs.sinks.dim() == 4):
             raise AttnscopeError(f"{site.name} adds a position bias or per-query sinks; routes do not support them")
-        calls = self.calls.setdefault(site.layer, [])
-        seen = sum(call.query.shape[1] for call, _ in calls)  # one key per query ([head, q_pos, d_head]) of each pass
-        calls.append((CallInputs(inputs.query[0].detach().float(), inputs.key[0].detach().float(),
-                                 inputs.value[0].detach().float(), inputs.attention_mask, inputs.scaling, inputs.causal,
-                                 inputs.softcap, None if inputs.sinks is None else inputs.sinks.detach().float()), seen))
+        if site.layer == 0:
+            self.walk_finished(len(self.ends))
+        query, key, value = inputs.query[0], inputs.key[0], inputs.value[0]  # [head, q_pos, d_head], [kv_head, k, d]
+        n_new, n_keys = query.shape[1], key.shape[1]
+        if site.layer == 0:
+            self.ends.append((self.ends[-1] if self.ends else -1) + n_new)
+        seen = self.queries[site.layer].length if site.layer in self.queries else 0
+        first, last = key_band(inputs.attention_mask, inputs.causal, n_new, n_keys)
+        start = seen + n_new - n_keys  # absolute position of the call's key 0 (a window's cache holds the last ones)
+        self.queries.setdefault(site.layer, GrowingTensor(axis=1)).append(query)
+        self.keys.setdefault(site.layer, GrowingTensor(axis=1)).append(key[:, n_keys - n_new :])
+        self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(value[:, n_keys - n_new :])
+        firsts, lasts = self.bands.setdefault(site.layer, (GrowingTensor(dtype=torch.long),
+                                                           GrowingTensor(dtype=torch.long)))
+        firsts.append(first + start)
+        lasts.append(last + start)
+        self.calls[site.layer] = (inputs.scaling, inputs.softcap,
+                                  None if inputs.sinks is None else inputs.sinks.detach().float())
         self.sites[site.layer] = site
 
     @contextmanager
     def recording(self, loaded: LoadedModel) -> Iterator[None]:
         check_route_model(loaded)
-        self.calls, self.sites, self.residuals = {}, {}, {}
+        self._start()
+        self.norms = _output_norms(loaded, unembedding(loaded).attention_norm)
         blocks = blocks_by_layer(loaded)
 
         def block_input(layer: int) -> Any:
             def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
                 hidden = args[0] if args else kwargs["hidden_states"]
-                self.residuals.setdefault(layer, []).append(hidden[0].detach().float())
+                self.residuals.setdefault(layer, GrowingTensor()).append(hidden[0])
             return hook
 
         def last_output(module: nn.Module, inputs: Any, output: Any) -> None:
-            self.residuals.setdefault(len(blocks), []).append(_first(output)[0].detach().float())
+            self.residuals.setdefault(len(blocks), GrowingTensor()).append(_first(output)[0])
 
         with ExitStack() as stack:
             for layer, block in enumerate(blocks):
@@ -81,46 +140,46 @@ class StepRoutes(GenerationRecorder):
             stack.enter_context(local_hooks([blocks[-1]], last_output))
             yield
 
-    def tensors(self, loaded: LoadedModel) -> RouteTensors:
-        """What the passes kept, joined as one forward pass of the whole text (:class:`RouteTensors`)."""
-        inputs = {layer: _joined(calls) for layer, calls in self.calls.items()}
-        residuals = [torch.cat(self.residuals[layer]) for layer in range(len(self.residuals))]
-        norms = _output_norms(loaded, unembedding(loaded).attention_norm)
-        return RouteTensors(inputs, residuals, self.sites, norms, position=-1)
+    def tensors(self, t: int) -> RouteTensors:
+        """What the passes up to position ``t`` kept, as one forward pass of the text ``0..t`` (views, no copy)."""
+        n = t + 1
+        inputs = {}
+        for layer, (scaling, softcap, sinks) in self.calls.items():
+            firsts, lasts = self.bands[layer]
+            inputs[layer] = LayerInputs(self.queries[layer].view(n), self.keys[layer].view(n),
+                                        self.values[layer].view(n), scaling, firsts.view(n), lasts.view(n), softcap,
+                                        sinks)
+        residuals = [self.residuals[layer].view(n) for layer in range(len(self.residuals))]
+        return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1)
+
+    def walk_finished(self, n_passes: int) -> None:
+        """Walk the route of every pass before ``n_passes`` not walked yet."""
+        while len(self.steps) < n_passes:
+            self.walk_step(len(self.steps))
+
+    def walk_step(self, index: int) -> None:
+        """Step ``index``'s route (its pass ended at position ``t``), kept as arrays of its edges."""
+        with hooks_paused():  # the walk runs the post-attention norms: no hook may keep their inputs
+            edges = walk(self.tensors(self.ends[index]), self.ends[index], self.tau)
+        n_heads = self.queries[0].view().shape[0]
+        codes = [[index, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)]
+                 for edge in edges]
+        self.steps.append((np.array(codes, dtype=np.int64).reshape(-1, 8),
+                           np.array([edge.importance for edge in edges], dtype=np.float32),
+                           np.array([edge.heads or (0.0,) * n_heads for edge in edges],
+                                    dtype=np.float32).reshape(-1, n_heads)))
 
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
-        """Walk each step's route (outside the hooks: the walk runs the post-attention norms)."""
-        tensors = self.tensors(loaded)
-        rows, importance, heads = [], [], []
-        n_heads = tensors.inputs[0].query.shape[0]
-        for step, position in enumerate(range(n_prompt - 1, len(sequence) - 1)):
-            for edge in walk(tensors, position, self.tau):
-                rows.append([step, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)])
-                importance.append(edge.importance)
-                heads.append(edge.heads or (0.0,) * n_heads)
+        """The steps' edges as arrays (a step whose pass was never followed by another is walked here)."""
+        n_steps = len(sequence) - n_prompt
+        self.walk_finished(n_steps)
+        kept = self.steps[:n_steps]
         arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
-        arrays = {names.ROUTE_EDGES: np.array(rows, dtype=np.int64).reshape(-1, 8),
-                  names.ROUTE_IMPORTANCE: np.array(importance, dtype=np.float32),
-                  names.ROUTE_HEADS: np.array(heads, dtype=np.float32).reshape(-1, n_heads)}
+        arrays = {names.ROUTE_EDGES: np.concatenate([step[0] for step in kept]),
+                  names.ROUTE_IMPORTANCE: np.concatenate([step[1] for step in kept]),
+                  names.ROUTE_HEADS: np.concatenate([step[2] for step in kept])}
+        self._start()
         return RecordAdditions(arrays)
-
-
-def _joined(calls: list[tuple[CallInputs, int]]) -> LayerInputs:
-    """One layer's passes as the inputs of one pass over the whole text: the queries of every pass, the keys and
-    values each pass added, and each query's band of keys in absolute positions."""
-    queries, keys, values, firsts, lasts = [], [], [], [], []
-    for call, seen in calls:
-        n_new, n_keys = call.query.shape[1], call.key.shape[1]
-        first, last = key_band(call.attention_mask, call.causal, n_new, n_keys)
-        start = seen + n_new - n_keys  # absolute position of the call's key 0 (a window's cache holds the last ones)
-        queries.append(call.query)
-        keys.append(call.key[:, n_keys - n_new :])
-        values.append(call.value[:, n_keys - n_new :])
-        firsts.append(first + start)
-        lasts.append(last + start)
-    last_call = calls[-1][0]
-    return LayerInputs(torch.cat(queries, dim=1), torch.cat(keys, dim=1), torch.cat(values, dim=1), last_call.scaling,
-                       torch.cat(firsts), torch.cat(lasts), last_call.softcap, last_call.sinks)
 
 
 def _coded(node: Node) -> list[int]:

@@ -92,6 +92,9 @@ class ResidualParts:
     ffn: dict[int, torch.Tensor] = field(default_factory=dict)
     blocks: dict[int, torch.Tensor] = field(default_factory=dict)
     final: torch.Tensor | None = None
+    # what the hooks keep as they run, ``(part, layer)`` -> one ``[position, d_model]`` piece per pass: a generation's
+    # recorder reads (and lets go of) each pass's pieces while the next pass runs
+    pieces: dict[tuple[str, int], list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
 
     def fill(self, pieces: dict[tuple[str, int], list[torch.Tensor]]) -> None:
         """Join what the hooks kept (``(part, layer)`` -> one ``[position, d_model]`` piece per pass)."""
@@ -160,7 +163,7 @@ def residual_parts(loaded: LoadedModel, positions: Sequence[int] | None, *, subl
     index = None if positions is None else torch.as_tensor(list(positions), dtype=torch.long,
                                                             device=loaded.input_device)
     parts = ResidualParts(index)
-    pieces: dict[tuple[str, int], list[torch.Tensor]] = defaultdict(list)
+    pieces = parts.pieces
     layer_blocks = blocks_by_layer(loaded)
 
     def keep(key: tuple[str, int], tensor: torch.Tensor) -> None:

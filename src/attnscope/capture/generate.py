@@ -10,10 +10,12 @@ around the call apply at every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import ctypes
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -48,16 +50,21 @@ class StepRows(Recorder):
 
     The prompt arrives as one ``[head, P, P]`` block per layer, then each step as ``[head, 1, k]``;
     keys are the last ``k`` positions up to the call's last query (a sliding-window cache may hold
-    fewer than all). Each call's rows from ``first_row`` on are packed as they arrive (a call's rows
-    are one stretch of the packed axis) and the call's block is let go: a prompt's rows before
-    ``first_row`` are never kept, so at most one layer's prefill block is in memory at a time.
+    fewer than all). Each call's rows from ``first_row`` on are written, as they arrive, into one array
+    made for ``n_layers`` layers and ``n_positions`` positions (a call's rows are one stretch of the
+    packed axis) and the call's block is let go: a prompt's rows before ``first_row`` are never kept, so
+    at most one layer's prefill block is in memory at a time. One array, not a piece per call: pieces
+    joined at the end were held twice, and thousands of small long-lived pieces between each step's
+    short-lived tensors fragmented the heap (SmolLM2, 256 tokens after 512: 6.3 GB peak for 305 MB kept).
     ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``); a model that gates
     its heads' output (Qwen3-Next) keeps none, since what a head adds per key then depends on the query.
     """
 
     first_row: int = 0
     with_norms: bool = False
-    segments: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, stretch]
+    n_layers: int = 1
+    n_positions: int = 1  # the most positions the generation can reach (prompt + max_new_tokens)
+    kept: np.ndarray | None = None  # [layer, head, packed] from first_row, made at the first call
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
     sink_masses: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, row], learned sinks
     learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
@@ -107,7 +114,7 @@ class StepRows(Recorder):
         self.positions[site.layer] = start + block.shape[1]
         kept = max(0, self.first_row - start)  # the call's queries before first_row are dropped here
         if kept < block.shape[1]:
-            self.segments.setdefault(site.layer, []).append(pack_rows(start + kept, block[:, kept:]))
+            self.write_rows(site.layer, start + kept, block[:, kept:])
             self.sink_masses.setdefault(site.layer, []).append(
                 np.zeros((block.shape[0], block.shape[1] - kept), np.float32) if captured.sink_mass is None
                 else captured.sink_mass[0, :, kept:].float().cpu().numpy())  # [head, row]
@@ -120,15 +127,32 @@ class StepRows(Recorder):
         fused and computes the probabilities of the others only (a long prompt's prefill)."""
         return max(0, self.first_row - self.positions.get(site.layer, 0))
 
+    def write_rows(self, layer: int, start: int, block: torch.Tensor) -> None:
+        """Write rows ``start..`` (``block``: ``[head, q_pos, k_pos]``) into the kept array at their packed place."""
+        if self.kept is None:  # untouched pages cost nothing: a generation that stops early never fills them
+            length = packed_length(self.n_positions) - row_offset(self.first_row)
+            self.kept = np.empty((self.n_layers, block.shape[0], length), dtype=np.float32)
+        if start + block.shape[1] > self.n_positions:
+            raise AttnscopeError(f"a generation call reached position {start + block.shape[1] - 1}, past the "
+                                 f"{self.n_positions} positions its rows were made for")
+        offset = row_offset(start) - row_offset(self.first_row)
+        pack_rows(start, block, self.kept[layer, :, offset : offset + packed_length(start + block.shape[1])
+                                          - row_offset(start)])
+
+    def kept_elements(self, layer: int) -> int:
+        """How many numbers of ``layer`` are kept so far (its rows up to the last position it has seen)."""
+        if self.kept is None:
+            return 0
+        return self.kept.shape[1] * max(0, packed_length(self.positions.get(layer, 0)) - row_offset(self.first_row))
+
     def packed(self, n_positions: int) -> np.ndarray:
         """The rows of positions ``first_row..n_positions-1``, ``[layer, head, packed]`` (see
-        :func:`attnscope.records.generation.row_offset`); the per-call pieces are let go layer by layer."""
-        layers = sorted(self.segments)
-        n_heads = self.segments[layers[0]][0].shape[0]
-        rows = np.empty((len(layers), n_heads, packed_length(n_positions) - row_offset(self.first_row)),
-                        dtype=np.float32)
-        for index, layer in enumerate(layers):
-            np.concatenate(self.segments.pop(layer), axis=-1, out=rows[index])
+        :func:`attnscope.records.generation.row_offset`): the kept array itself, or a copy of its start where the
+        generation stopped early."""
+        assert self.kept is not None
+        length = packed_length(n_positions) - row_offset(self.first_row)
+        rows = self.kept if length == self.kept.shape[-1] else np.ascontiguousarray(self.kept[..., :length])
+        self.kept = None
         return rows
 
     def sink_mass(self) -> np.ndarray | None:
@@ -144,21 +168,53 @@ class StepRows(Recorder):
         return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
 
 
-def pack_rows(start: int, block: torch.Tensor) -> np.ndarray:
-    """``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) as
-    rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]``
-    float32; keys before the block's first key (outside a sliding window's cache) hold 0."""
+class GrowingTensor:
+    """A tensor (float32 unless ``dtype``) that grows along ``axis`` as pieces are appended, in a buffer that grows by half when full:
+    :meth:`view` is every piece so far without a copy per append (a list of pieces joined at the end is held twice,
+    and joining at every step copies the whole each time)."""
+
+    GROWTH = 1.5
+
+    def __init__(self, axis: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        self.axis, self.length, self.dtype = axis, 0, dtype
+        self.buffer: torch.Tensor | None = None
+
+    def append(self, piece: torch.Tensor) -> None:
+        n = piece.shape[self.axis]
+        if self.buffer is None or self.length + n > self.buffer.shape[self.axis]:
+            shape = list(piece.shape)
+            shape[self.axis] = max(16, int(self.GROWTH * (self.length + n)))
+            grown = torch.empty(shape, dtype=self.dtype, device=piece.device)
+            if self.buffer is not None:
+                grown.narrow(self.axis, 0, self.length).copy_(self.view())
+            self.buffer = grown
+        self.buffer.narrow(self.axis, self.length, n).copy_(piece.detach())
+        self.length += n
+
+    def view(self, length: int | None = None) -> torch.Tensor:
+        """The first ``length`` entries along the axis (default: all appended)."""
+        assert self.buffer is not None, "nothing appended yet"
+        return self.buffer.narrow(self.axis, 0, self.length if length is None else length)
+
+
+def pack_rows(start: int, block: torch.Tensor, out: np.ndarray) -> None:
+    """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) into ``out``,
+    rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]`` float32;
+    keys before the block's first key (outside a sliding window's cache) hold 0."""
     n_queries, n_keys = block.shape[1], block.shape[2]
     first_key = start + n_queries - n_keys  # absolute position of the block's key 0
-    if first_key > 0:  # a step of a sliding-window layer ([head, 1, window]): small, pad it to every key
+    target = torch.from_numpy(out)  # the same memory
+    if n_queries == 1:  # a decoding step: its one row sees every key up to itself, already in packed order
+        target[:, :first_key] = 0.0  # keys a sliding window's cache no longer holds
+        target[:, first_key:] = block[:, 0]
+        return
+    if first_key > 0:  # several queries of a sliding-window layer: pad them to every key
         padded = block.new_zeros((block.shape[0], n_queries, start + n_queries))
         padded[:, :, first_key:] = block
         block = padded
-    if n_queries == 1:  # a decoding step: its one row sees every key up to itself, already in packed order
-        return block[:, 0].float().cpu().numpy().copy()  # a copy: the record must not hold the call's tensor
     queries = torch.arange(start, start + n_queries, device=block.device)[:, None]
     causal = torch.arange(start + n_queries, device=block.device)[None, :] <= queries  # [q, key]
-    return block[:, causal].float().cpu().numpy()  # row-major over [q, key]: the packed order
+    target.copy_(block[:, causal])  # row-major over [q, key]: the packed order
 
 
 def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
@@ -175,9 +231,41 @@ def prompt_ids(loaded: LoadedModel, prompt: str, *, chat: bool) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
-def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0) -> None:
+@dataclass(frozen=True)
+class GenerationShape:
+    """What a generation's memory depends on: the model's sizes (0-indexed layers, query and key/value heads) and
+    the positions it can reach."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    vocab: int
+    n_prompt: int
+    max_new_tokens: int
+
+    @property
+    def n_positions(self) -> int:
+        return self.n_prompt + self.max_new_tokens
+
+
+def generation_shape(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) -> GenerationShape:
+    """The :class:`GenerationShape` of ``loaded`` generating ``max_new_tokens`` after ``n_prompt`` tokens (sizes the
+    config does not name are guessed from those it does)."""
+    config = getattr(loaded.config, "text_config", None) or loaded.config
+    heads = n_config_heads(loaded)
+    d_model = int(getattr(config, "hidden_size", 0) or 64 * heads)
+    d_head = int(getattr(config, "head_dim", 0) or d_model // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    return GenerationShape(n_main_layers(loaded), heads, kv_heads, d_head, d_model,
+                           int(getattr(config, "vocab_size", 0) or 0), n_prompt, max_new_tokens)
+
+
+def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0,
+                     recorders: Sequence[GenerationRecorder] = ()) -> None:
     """Refuse models that do not generate this way, too long texts, and rows that would not fit
-    (``first_row``: the first position whose row is kept)."""
+    (``first_row``: the first position whose row is kept), with what the ``recorders`` keep and need."""
     if loaded.is_encoder_decoder or not loaded.causal:
         raise AttnscopeError(f"model {loaded.name!r} is not a decoder-only language model; generate needs one "
                              "(the toy translator has its own step view: attnscope toy translate --html)")
@@ -189,7 +277,12 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
     # an intervention changes every row, so the prompt runs eagerly whatever rows are kept
     estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row,
                                  fused_prompt=not interventions_active())
+    shape = generation_shape(loaded, n_prompt, max_new_tokens)
+    for extra in (*recorders, _Logits()):
+        more = extra.memory(shape)
+        estimate = MemoryEstimate(kept=estimate.kept + more.kept, working=estimate.working + more.working)
     advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
+    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
     check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
 
 
@@ -218,16 +311,31 @@ def keeps_prompt_rows(prompt_rows: bool | None, n_layers: int, n_heads: int, n_p
     return n_layers * n_heads * packed_length(n_prompt) * 4 <= PROMPT_ROWS_BUDGET
 
 
+def _heap_trimmer() -> Callable[[], Any]:
+    """glibc's ``malloc_trim(0)`` (nothing elsewhere): hands the heap's free pages back to the system."""
+    try:
+        return cast(Callable[[], Any], partial(ctypes.CDLL("libc.so.6").malloc_trim, 0))
+    except (OSError, AttributeError):
+        return lambda: None
+
+
 class _Progress:
-    """A transformers streamer that advances a progress bar once per generated token."""
+    """A transformers streamer that advances a progress bar once per generated token, and trims the heap.
+
+    Why trim: after the prompt's pass frees its large blocks, glibc raises its mmap threshold (up to 32 MiB), so
+    each step's tensors (the key/value cache grown by one key, the step's scores) come from the heap, a little
+    larger every step; the holes they leave are never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for
+    a record of 305 MB and a model of 1 GB)."""
 
     def __init__(self, bar: Any) -> None:
         self.bar, self.prompt_seen = bar, False
+        self.trim = _heap_trimmer()
 
     def put(self, value: torch.Tensor) -> None:
         if self.prompt_seen:
             self.bar.update(1)
         self.prompt_seen = True
+        self.trim()
 
     def end(self) -> None:
         self.bar.close()
@@ -267,11 +375,12 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     ids = prompt_ids(loaded, prompt, chat=chat)
     keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
     first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token
-    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row)
+    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    rows = StepRows(first_row=first_row, with_norms=norms)
+    rows = StepRows(first_row=first_row, with_norms=norms, n_layers=n_main_layers(loaded),
+                    n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
     with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),
           torch.random.fork_rng(devices=[]), _quiet_transformers(), ExitStack() as recording):
@@ -316,9 +425,23 @@ class GenerationRecorder(Recorder):
         one after the other) and holds whatever else it needs (forward hooks on the sublayers)."""
         yield
 
+    option = ""  # how to leave it out, said when a generation would not fit ("leave out --routes")
+
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """What it adds to the record of ``sequence`` (prompt, then generated ids; ``n_prompt`` prompt tokens)."""
         raise NotImplementedError
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        """Bytes it keeps and needs at its peak over a generation of ``shape`` (an upper bound, float32)."""
+        return MemoryEstimate(kept=0, working=0)
+
+
+class _Logits(GenerationRecorder):
+    """Not a recorder: the logits transformers' ``generate`` returns for every step (``[step, vocab]`` float32,
+    turned into candidates ``CANDIDATE_STEPS`` at a time), counted like one."""
+
+    def memory(self, shape: GenerationShape) -> MemoryEstimate:
+        return MemoryEstimate(kept=shape.max_new_tokens * shape.vocab * 4, working=CANDIDATE_STEPS * shape.vocab * 4 * 3)
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
@@ -348,6 +471,25 @@ def returned_cache(output: Any) -> tuple[str, Any]:
     return "past_key_values", output.past_key_values
 
 
+CANDIDATE_STEPS = 64  # steps' logits turned into probabilities at once: [64, vocab] float32 (a Qwen vocabulary: 39 MB)
+
+
+def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int],
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top ``k`` next tokens of each step: ids and probabilities ``[step, k]``, and the chosen tokens'
+    probabilities ``[step]``, ``CANDIDATE_STEPS`` steps at a time: every step's probabilities at once were two more copies of
+    the logits (1,024 steps of SmolLM2: 400 MB)."""
+    values, indices, chosen_probs = [], [], []
+    for start in range(0, len(logits), CANDIDATE_STEPS):
+        probs = torch.softmax(torch.cat(logits[start : start + CANDIDATE_STEPS]).float(), dim=-1)  # [step, vocab]
+        top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        ids = torch.tensor(chosen[start : start + len(probs)], device=probs.device)
+        values.append(top.values)
+        indices.append(top.indices)
+        chosen_probs.append(probs[torch.arange(len(ids), device=probs.device), ids])
+    return torch.cat(indices), torch.cat(values), torch.cat(chosen_probs)
+
+
 def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
             rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
             additions: Sequence[RecordAdditions]) -> GenerationRecord:
@@ -356,17 +498,14 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
     tokens = readable_tokens(tokenizer, sequence)
     special_ids = set(tokenizer.all_special_ids)
     special = [token_id in special_ids for token_id in sequence]
-    probs = torch.softmax(torch.cat(logits).float(), dim=-1)  # [step, vocab], on the model's device
-    chosen = torch.tensor(sequence[n_prompt:], device=probs.device)
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    chosen_probs = probs[torch.arange(len(chosen), device=probs.device), chosen]
+    top_ids, top_probs, chosen_probs = _candidates(logits, sequence[n_prompt:], k)
     arrays: dict[str, np.ndarray] = {
         "rows": rows.packed(len(sequence)),
         "token_ids": np.array(sequence, dtype=np.int64),
         "special_mask": np.array(special, dtype=bool),
         "word_ids": np.array(guess_word_ids(tokens, special), dtype=np.int64),
-        "candidate_ids": top.indices.cpu().numpy().astype(np.int64),
-        "candidate_probs": top.values.cpu().numpy().astype(np.float32),
+        "candidate_ids": top_ids.cpu().numpy().astype(np.int64),
+        "candidate_probs": top_probs.cpu().numpy().astype(np.float32),
         "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
     for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
@@ -374,7 +513,7 @@ def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int]
             arrays[name] = values
     for added in additions:
         arrays.update(added.arrays)
-    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top.indices)
+    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top_ids)
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
                             changes=changes, first_row=rows.first_row,

@@ -110,3 +110,16 @@ def local_hooks(modules: Iterable[nn.Module], hook: ForwardHook | PreHook, *, pr
             active.reset(token)
     finally:
         _INSTALLED.release(modules, phase)
+
+
+@contextmanager
+def hooks_paused() -> Iterator[None]:
+    """No local hook runs inside the block (this thread / async task): a recorder that computes from a finished
+    pass while the next one runs (a generation's step) calls the model's norms without its own hooks keeping
+    their inputs."""
+    tokens = [(active, active.set(_NO_HOOKS)) for active in _ACTIVE.values()]
+    try:
+        yield
+    finally:
+        for active, token in reversed(tokens):
+            active.reset(token)
