@@ -8,6 +8,7 @@ one line."""
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict, deque
 from dataclasses import replace
 
@@ -159,7 +160,7 @@ def chunked_vs_naive_error(loaded, text: str) -> float:
         got = tensors.importance(layer, range(len(ids)))
         for name in ("heads", "residual", "ffn", "ffn_residual"):
             difference = float((getattr(got, name).double() - reference[name]).abs().max())
-            error = max(error, difference if difference == difference else float("inf"))  # a NaN fails the bound
+            error = max(error, float("inf") if math.isnan(difference) else difference)  # a NaN fails the bound
     return error
 
 
