@@ -8,13 +8,16 @@ one line."""
 from __future__ import annotations
 
 import json
+import math
+from collections import defaultdict, deque
+from dataclasses import replace
 
 import pytest
 import torch
 
 import attnscope
 from attnscope import cli, load_model
-from attnscope.attribution.routes import TAU, Node, route_tensors, routes
+from attnscope.attribution.routes import TAU, Node, route_tensors, routes, routes_and_tensors, walk
 from attnscope.attribution.terms import blocks_by_layer
 from attnscope.capture.attention import capture
 from attnscope.cli.attribution import DEFAULT_TAU
@@ -106,13 +109,20 @@ def naive_importance(loaded, ids: list[int]) -> list[dict[str, torch.Tensor]]:
         total = heads.sum((1, 2)) + residual
         ffn = (l1(after) - l1(y)).clamp_min(0)  # the ffn part is after - y: ||after - part|| = ||y||
         kept_y = (l1(after) - l1(after - y)).clamp_min(0)
-        result.append({"heads": heads / total[:, None, None], "residual": residual / total,
-                       "ffn": ffn / (ffn + kept_y), "ffn_residual": kept_y / (ffn + kept_y)})
+        result.append({"heads": _share(heads, total[:, None, None]), "residual": _share(residual, total),
+                       "ffn": _share(ffn, ffn + kept_y), "ffn_residual": _share(kept_y, ffn + kept_y)})
     return result
 
 
+def _share(proximity: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """Proximity over the row's total; a row whose proximities are all 0 (0/0) has importances 0 (the documented
+    rule: no edge of it is kept)."""
+    return torch.where(total > 0, proximity / total, torch.zeros_like(proximity))
+
+
 def naive_walk(rows: list[dict[str, torch.Tensor]], position: int, tau: float) -> set[tuple]:
-    """The edges (source, target, via) kept top-down from ``position`` over the naive importances."""
+    """The edges (source, target, via) kept top-down from ``position`` over the naive importances, following kept
+    edges only: a row's attention node is expanded when one of its feed-forward block's edges is kept."""
     kept: set[tuple] = set()
     reached = {position}
     for layer in reversed(range(len(rows))):
@@ -124,6 +134,8 @@ def naive_walk(rows: list[dict[str, torch.Tensor]], position: int, tau: float) -
                 kept |= {(attention, Node(layer, i, "ffn"), "ffn"), (Node(layer, i, "ffn"), out, "ffn")}
             if r["ffn_residual"][i] > tau:
                 kept.add((attention, out, "residual"))
+            if r["ffn"][i] <= tau and r["ffn_residual"][i] <= tau:
+                continue  # nothing kept leaves this attention node upward
             if r["residual"][i] > tau:
                 kept.add((Node(layer, i, "residual"), attention, "residual"))
                 below.add(i)
@@ -147,7 +159,8 @@ def chunked_vs_naive_error(loaded, text: str) -> float:
     for layer, reference in enumerate(expected):
         got = tensors.importance(layer, range(len(ids)))
         for name in ("heads", "residual", "ffn", "ffn_residual"):
-            error = max(error, float((getattr(got, name).double() - reference[name]).abs().max()))
+            difference = float((getattr(got, name).double() - reference[name]).abs().max())
+            error = max(error, float("inf") if math.isnan(difference) else difference)  # a NaN fails the bound
     return error
 
 
@@ -169,11 +182,55 @@ def test_chunked_importance_equals_the_naive_parts_on_shipped_models(name):
 def test_the_walk_keeps_the_naive_walks_edges(tiny, kind):
     loaded = tiny(kind)
     ids = _ids(loaded, TEXT)
-    for tau in (0.02, TAU, 0.1):
+    for tau in (0.02, TAU, 0.1, 0.3, 0.6):
         graph = routes(loaded, TEXT, tau=tau)
         got = {(e.source, e.target, e.via) for e in graph.edges}
         assert got == naive_walk(naive_importance(loaded, ids), len(ids) - 1, tau), tau
         assert all(e.importance > tau for e in graph.edges)
+
+
+def reachable_from_output(graph) -> tuple[set[tuple], set[Node]]:
+    """The edges ``(source, target, via)`` and nodes from which a path of ``graph``'s edges leads to its output node:
+    a breadth-first search down from the output over the edges alone (not the walk's code)."""
+    into = defaultdict(list)
+    for edge in graph.edges:
+        into[edge.target].append(edge)
+    nodes, edges, queue = {graph.output}, set(), deque([graph.output])
+    while queue:
+        for edge in into[queue.popleft()]:
+            edges.add((edge.source, edge.target, edge.via))
+            if edge.source not in nodes:
+                nodes.add(edge.source)
+                queue.append(edge.source)
+    return edges, nodes
+
+
+# the issue's cases (SmolLM2: a 0/0 row at layer 10 of " the" at tau 0.04; position 7 at tau 0.6), and the last of IOI
+ROUTED = (("The keys to the cabinet that my grandmother left in the old house", -1),
+          ("When Mary and John went to the store, John gave a drink to", 7),
+          ("When Mary and John went to the store, John gave a drink to", -1))
+ROUTED_TAUS = (0.6, 0.5, 0.1, TAU, 0.02)  # >= 0.5 (one part at most per row) down to below the paper's
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    if not ALIASES["qwen0.5b"].installed:
+        pytest.skip("qwen0.5b is not installed")
+    return load_model("qwen0.5b")
+
+
+@pytest.mark.parametrize("model", ["smollm2", pytest.param("qwen", marks=pytest.mark.slow)])
+def test_every_edge_and_node_of_a_route_leads_to_the_prediction(request, model):
+    loaded = request.getfixturevalue(model)
+    for text, position in ROUTED:
+        graph, tensors = routes_and_tensors(loaded, text, position, tau=ROUTED_TAUS[0])
+        for tau in ROUTED_TAUS:  # routes()'s walk again over the same pass (one forward pass per prompt)
+            if tau != graph.tau:
+                graph = replace(graph, tau=tau, edges=tuple(walk(tensors, graph.position, tau)))
+            edges, nodes = reachable_from_output(graph)
+            assert edges == {(e.source, e.target, e.via) for e in graph.edges}, (text, position, tau)
+            assert len(edges) == len(graph.edges) and nodes == set(graph.nodes), (text, position, tau)
+            assert all(e.importance > tau for e in graph.edges)
 
 
 def test_each_rows_importance_sums_to_one_and_heads_split_the_edge(tiny):
@@ -212,17 +269,15 @@ TOKENS, POSITIONS, PREV, OUT = 0, 8, 16, 24  # where each kind of information li
 SHARP, WRITE = 4.0, 0.2  # query scale (attention nearly one-hot) and the output projection's scale
 
 
-def _planted_gpt2(folder):
-    """Two layers, two heads each (head 1 silent), no MLP. Layer 0 head 0 is a previous-token head: it reads the
-    position, attends to the one before and writes that token's identity into PREV. Layer 1 head 0 is an induction
-    head: a query with token t attends to the position whose PREV holds t and writes that position's token into OUT."""
+def _hand_built_gpt2(folder, set_weights):
+    """A two-layer GPT-2 (48 wide, two heads, 8 tokens) whose weights are all 0 but the norms' gains (1) and the
+    token embeddings (token t is the unit vector at TOKENS + t), then ``set_weights(model)``; saved to ``folder``."""
     import transformers
 
     config = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=2, vocab_size=8, n_positions=16, n_inner=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
                                      pad_token_id=0, architectures=["GPT2LMHeadModel"])
     model = transformers.GPT2LMHeadModel(config)
-    d = 48
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.zero_()
@@ -231,22 +286,35 @@ def _planted_gpt2(folder):
             block.ln_2.weight.fill_(1.0)
         model.transformer.ln_f.weight.fill_(1.0)
         model.transformer.wte.weight[:, TOKENS:TOKENS + 8] = torch.eye(8)
-        model.transformer.wpe.weight[:8, POSITIONS:POSITIONS + 8] = torch.eye(8)
-        previous, induction = (block.attn for block in model.transformer.h)
-        for p in range(1, 8):  # query at p looks for key p - 1
-            previous.c_attn.weight[POSITIONS + p, p - 1] = SHARP
-        for p in range(8):
-            previous.c_attn.weight[POSITIONS + p, d + p] = 1.0
-        for t in range(8):
-            previous.c_attn.weight[TOKENS + t, 2 * d + t] = 1.0  # value: the token
-            previous.c_proj.weight[t, PREV + t] = WRITE
-            induction.c_attn.weight[TOKENS + t, t] = SHARP  # query: my token
-            induction.c_attn.weight[PREV + t, d + t] = 1.0  # key: the token before you
-            induction.c_attn.weight[TOKENS + t, 2 * d + t] = 1.0  # value: your token
-            induction.c_proj.weight[t, OUT + t] = WRITE
+        set_weights(model)
     model.save_pretrained(folder)
     transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(folder)
     return folder
+
+
+def _planted_gpt2(folder):
+    """Two layers, two heads each (head 1 silent), no MLP. Layer 0 head 0 is a previous-token head: it reads the
+    position, attends to the one before and writes that token's identity into PREV. Layer 1 head 0 is an induction
+    head: a query with token t attends to the position whose PREV holds t and writes that position's token into OUT."""
+    return _hand_built_gpt2(folder, _plant_induction)
+
+
+def _plant_induction(model) -> None:
+    """The previous-token head (layer 0, head 0) and the induction head (layer 1, head 0) of :func:`_planted_gpt2`."""
+    d = 48
+    model.transformer.wpe.weight[:8, POSITIONS:POSITIONS + 8] = torch.eye(8)
+    previous, induction = (block.attn for block in model.transformer.h)
+    for p in range(1, 8):  # query at p looks for key p - 1
+        previous.c_attn.weight[POSITIONS + p, p - 1] = SHARP
+    for p in range(8):
+        previous.c_attn.weight[POSITIONS + p, d + p] = 1.0
+    for t in range(8):
+        previous.c_attn.weight[TOKENS + t, 2 * d + t] = 1.0  # value: the token
+        previous.c_proj.weight[t, PREV + t] = WRITE
+        induction.c_attn.weight[TOKENS + t, t] = SHARP  # query: my token
+        induction.c_attn.weight[PREV + t, d + t] = 1.0  # key: the token before you
+        induction.c_attn.weight[TOKENS + t, 2 * d + t] = 1.0  # value: your token
+        induction.c_proj.weight[t, OUT + t] = WRITE
 
 
 def test_a_planted_induction_circuit_is_the_route(tmp_path):
@@ -261,6 +329,32 @@ def test_a_planted_induction_circuit_is_the_route(tmp_path):
         edge = attention[key]
         assert edge.heads[0] > 0.99 * edge.importance and edge.importance > 0.1, (key, edge)
     assert not any(e.via == "ffn" for e in graph.edges)  # no MLP: its output is zero
+
+
+CANCELLED = 3  # the token whose stream layer 0's feed-forward block cancels past zero
+
+
+def _cancel_token(model) -> None:
+    """Layer 0's feed-forward output is its bias, the constant ``-1.5 e_k`` (k: token CANCELLED's coordinate); the
+    attention blocks and layer 1's feed-forward block stay silent (zero weights: every part is 0)."""
+    model.transformer.h[0].mlp.c_proj.bias[TOKENS + CANCELLED] = -1.5
+
+
+def test_a_row_whose_importance_is_undefined_ends_the_route(tmp_path):
+    # No position embedding, silent attention: at token CANCELLED layer 0 turns y = e_k into y + ffn = -0.5 e_k,
+    # nearer 0 than to either part (||y + ffn||_1 = 0.5 <= ||y||_1 = 1, ||ffn||_1 = 1.5): both proximities are 0.
+    loaded = load_model(str(_hand_built_gpt2(tmp_path / "cancelling", _cancel_token)))
+    graph, tensors = routes_and_tensors(loaded, [5, 1, CANCELLED], tau=TAU)
+    rows = tensors.importance(0, [0, 1, 2])
+    # tokens 5 and 1 (y = e_t): ||e_t - 1.5 e_k||_1 = 2.5, so proximities 2.5 - 1 (ffn) and 2.5 - 1.5 (residual)
+    torch.testing.assert_close(rows.ffn[:2], torch.full((2,), 0.6), atol=1e-6, rtol=0)
+    torch.testing.assert_close(rows.ffn_residual[:2], torch.full((2,), 0.4), atol=1e-6, rtol=0)
+    assert float(rows.ffn[2]) == 0.0 and float(rows.ffn_residual[2]) == 0.0  # 0/0: read as 0, nothing kept
+    # layer 1 carries the last stream up unchanged (residual shares 1); layer 0's 0/0 row ends the route there
+    attention, entering = Node(1, 2, "attention"), Node(1, 2, "residual")
+    assert {(e.source, e.target, e.via) for e in graph.edges} == {(entering, attention, "residual"),
+                                                                  (attention, graph.output, "residual")}
+    assert set(graph.nodes) == {entering, attention, graph.output}
 
 
 # ---- refusals ------------------------------------------------------------------------------------------------

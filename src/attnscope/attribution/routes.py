@@ -6,11 +6,14 @@ gives ``y_i = x_i + Σ_j Σ_h z_ijh (+ the output projection's bias)`` with ``z_
 the post-attention norm where the model has one); the feed-forward block gives ``x'_i = y_i + ffn(y_i)``. Each part
 ``z`` of a sum ``y`` gets the paper's proximity ``max(0, ||y||_1 − ||y − z||_1)``, normalised over the parts of
 ``y``: the attention block's parts are every (source token j, head h) pair and the residual ``x_i``; the
-feed-forward block's are its output and the residual ``y_i``. An attention edge j -> i carries the sum of its
+feed-forward block's are its output and the residual ``y_i``; a row whose parts all have proximity 0 has no
+importances (0/0), read as 0 (:func:`shares`). An attention edge j -> i carries the sum of its
 heads' importances, split per head as the authors' tool does (``llm-transparency-tool``, ``routes/
 contributions.py``: parts per token and head, summed over heads for the edge); an edge is kept when its importance
 exceeds ``tau`` (default :data:`TAU`, 0.04). The walk starts at the last residual stream of the chosen position and
-goes down one layer at a time, following only kept edges, so only the rows a route reaches are computed.
+goes down one layer at a time, following only kept edges (an attention node is expanded only when an edge kept
+above it leaves it), so every edge returned lies on a path of kept edges to the prediction, and only the rows a route
+reaches are computed.
 
 What one forward pass keeps (hooks; the attention itself runs fused, with SDPA's lazy mask): each block's input
 residual ``[pos, d_model]`` and the arguments it was called with, and the last block's output. The walk then needs
@@ -231,6 +234,16 @@ def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     return (2 * whole - parts).mul_(parts).div_(denominator).sum(-1).clamp_min_(0.0)
 
 
+def shares(proximities: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The importances of parts: their ``proximities`` over their sum's ``total`` (broadcast), 0 where the total is 0.
+
+    A total of 0 (every part as far from the sum as the sum is from 0, ``||y − z||_1 >= ||y||_1``: e.g. a feed-forward
+    output that cancels most of a large residual) leaves the row's importances undefined (0/0). They are read as 0,
+    so no edge of that row is kept and a route that reaches it ends there; the authors' tool instead floors each
+    proximity at 1e-5, which splits such a row evenly (docs/routes.md)."""
+    return proximities / total.where(total > 0, 1.0)
+
+
 @dataclass(frozen=True, eq=False)
 class RouteTensors:
     """What one forward pass kept for the walk: ``inputs[layer]`` (:class:`LayerInputs`), ``residuals`` ``[layer +
@@ -298,11 +311,12 @@ class RouteTensors:
             z = probs[h][:, :, None] * heads_out[h][None]  # [row, key, d_model]
             parts[:, :, h] = proximity(_linear_parts(frozen, z) if frozen else z, y[:, None, :])
         residual = proximity(x, y)
-        total = (parts.sum((1, 2)) + residual).clamp_min(torch.finfo(torch.float32).tiny)
+        total = parts.sum((1, 2)) + residual
         ffn_out = after - y
         ffn, kept = proximity(ffn_out, after), proximity(y, after)
-        ffn_total = (ffn + kept).clamp_min(torch.finfo(torch.float32).tiny)
-        return parts / total[:, None, None], residual / total, ffn / ffn_total, kept / ffn_total
+        ffn_total = ffn + kept
+        return (shares(parts, total[:, None, None]), shares(residual, total), shares(ffn, ffn_total),
+                shares(kept, ffn_total))
 
     def _frozen(self, layer: int, projected: torch.Tensor) -> list[FrozenNorm]:
         """The post-attention norm of each row frozen at its input (none without one)."""
@@ -421,15 +435,20 @@ class Edge:
 
 
 def walk(tensors: RouteTensors, position: int, tau: float) -> list[Edge]:
-    """The edges kept top-down from the last residual stream at ``position``: at each layer, the rows reached
-    above (feed-forward block, then attention block) and the sources whose edges exceed ``tau``."""
+    """The edges kept top-down from the last residual stream at ``position``, following kept edges only: at each
+    layer, the rows whose stream entering ``layer + 1`` is reached, their feed-forward block's edges that exceed
+    ``tau``, and, where one of those is kept (the attention node is then reached), the attention block's edges that
+    exceed ``tau``. So every edge returned lies on a path of kept edges to the output node."""
     edges: list[Edge] = []
     reached = [position]
     for layer in reversed(range(tensors.n_layers)):
         rows = tensors.importance(layer, reached)
         below: set[int] = set()
         for r, i in enumerate(rows.positions):
-            edges += _ffn_edges(layer, i, float(rows.ffn[r]), float(rows.ffn_residual[r]), tau)
+            upward = _ffn_edges(layer, i, float(rows.ffn[r]), float(rows.ffn_residual[r]), tau)
+            if not upward:  # nothing kept leads up from this attention node (tau >= 0.5, or a 0/0 row: shares())
+                continue
+            edges += upward
             attention = Node(layer, i, "attention")
             if float(rows.residual[r]) > tau:
                 edges.append(Edge(Node(layer, i, "residual"), attention, float(rows.residual[r]), "residual"))
@@ -446,7 +465,8 @@ def walk(tensors: RouteTensors, position: int, tau: float) -> list[Edge]:
 
 
 def _ffn_edges(layer: int, i: int, ffn: float, kept: float, tau: float) -> list[Edge]:
-    """The feed-forward block's kept edges at row ``i`` into the stream entering ``layer + 1``."""
+    """The feed-forward block's kept edges at row ``i`` into the stream entering ``layer + 1`` (each leaves the
+    attention node, directly or through the feed-forward node)."""
     attention, ffn_node, out = Node(layer, i, "attention"), Node(layer, i, "ffn"), Node(layer + 1, i, "residual")
     edges = []
     if ffn > tau:
