@@ -79,6 +79,7 @@ def _attribution(rng: np.random.Generator, layers: int, heads: int, prompt: int,
                  lens_k: int) -> tuple[dict[str, np.ndarray], tuple[tuple[tuple[str, ...], ...], ...]]:
     """The arrays ``StepAttribution`` keeps, and the lens's tokens ``[step][layer][k]``."""
     terms = rng.standard_normal((steps, layers, heads)).astype(np.float32)  # [step, layer, head]
+    ranks = min(ranks, layers * heads)  # a small model has fewer heads than ranks kept
     order = np.argsort(-np.abs(terms).reshape(steps, -1), axis=1)[:, :ranks]
     top = np.stack(np.unravel_index(order, (layers, heads)), axis=-1)  # [step, rank, 2]
     sources = np.zeros((steps, ranks, prompt + steps - 1), dtype=np.float32)
