@@ -351,6 +351,8 @@
       this.drawAttention();
       if (p.attribution) this.drawAttribution();
       if (p.routes) this.drawRoute();
+      // show the newest tokens; after every part is drawn, so that the page is laid out once, not once per part
+      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;
       this.root.dataset.step = String(s.step);
       this.root.dataset.drawn = String(++this.drawCount);
     }
@@ -425,7 +427,6 @@
       const sink = this.currentSinkMass();
       if (sink !== null && !s.weighted) parts.push(this.sinkLine(sink));
       this.attention.replaceChildren(...parts);
-      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;  // the newest tokens
       this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
         + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
     }
