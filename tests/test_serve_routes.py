@@ -153,6 +153,8 @@ def test_clicking_a_generated_token_draws_its_route(browser, explorer_server, sm
         expected = step_routes(record, step).edges
         drawn = drawn_edges(page, "#gen-steps [data-role=route]")
         assert len(drawn) == len(expected) > 0
-        assert [(d["via"], d["importance"]) for d in drawn] == [(e.via, round(e.importance, 7)) for e in expected]
+        assert [d["via"] for d in drawn] == [e.via for e in expected]
+        shipped = np.array([d["importance"] for d in drawn])  # the step page ships importances as float16
+        assert np.allclose(shipped, [e.importance for e in expected], rtol=2.0**-11, atol=1e-7)
     assert errors == []
     page.close()
