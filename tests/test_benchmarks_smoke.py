@@ -20,7 +20,7 @@ from attnscope.browser import why_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted(path for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "bench_json")
-BROWSER = ("render", "long", "long_view")  # these drive Debian's chromium
+BROWSER = ("render", "long", "long_view", "steps_page")  # these drive Debian's chromium
 SMOKE_TIMEOUT_S = 900  # seconds on a loaded 2-core machine; a smoke run takes well under a minute alone
 
 

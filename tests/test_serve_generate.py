@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnscope import generate
 from attnscope.attribution import StepAttribution
 from attnscope.models.registry import ALIASES
+from attnscope.present.payload import unpack
 from attnscope.present.steps import generation_payload, steps_schema
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
@@ -46,8 +48,11 @@ def test_generate_with_attribution_returns_the_attribution_of_what_generate_writ
     with explorer_app.state.pool.use("smollm2") as smollm2:
         record = generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepAttribution()])
     want = generation_payload(record)["attribution"]
-    assert payload["attribution"]["heads"] == want["heads"]
-    assert payload["attribution"]["lens"]["tokens"] == want["lens"]["tokens"]
+    got = payload["attribution"]
+    assert unpack(got["heads"]).tolist() == unpack(want["heads"]).tolist()
+    assert np.allclose(unpack(got["terms"]), unpack(want["terms"]), rtol=2.0**-10, atol=1e-6)
+    assert got["lens"]["vocabulary"] == want["lens"]["vocabulary"]
+    assert unpack(got["lens"]["tokens"]).tolist() == unpack(want["lens"]["tokens"]).tolist()
     refused = explorer_client.post("/api/generate", json={**body, "attribute": "yes please"})
     assert refused.status_code == 422 and "attribute" in refused.json()["detail"]
 

@@ -77,17 +77,21 @@ def test_the_payload_carries_the_records_attribution_and_follows_the_schema(attr
     payload = generation_payload(gen)
     jsonschema.validate(payload, steps_schema())
     shown = payload["attribution"]
-    assert shown is not None and len(shown["heads"]) == gen.n_steps
-    for step in range(gen.n_steps):
-        assert [(layer, head) for layer, head, _ in shown["heads"][step]] == \
-            [tuple(pair) for pair in gen.arrays["attribution_top"][step].tolist()]
-        terms = [term for _, _, term in shown["heads"][step]]
-        assert terms == sorted(terms, key=abs, reverse=True)
-        np.testing.assert_allclose(terms, [gen.arrays["attribution_heads"][step, layer, head]
-                                           for layer, head in gen.arrays["attribution_top"][step]], atol=1e-5)
+    assert shown is not None
+    top = gen.arrays["attribution_top"]
+    np.testing.assert_array_equal(unpack(shown["heads"]), top)  # [step, rank, 2]: (layer, head), exact
+    terms = unpack(shown["terms"])  # [step, rank]
+    want_terms = np.array([[gen.arrays["attribution_heads"][step, layer, head] for layer, head in top[step]]
+                           for step in range(gen.n_steps)])
+    assert np.all(np.abs(terms - want_terms) <= np.abs(want_terms) * FLOAT16 + 1e-7)
+    assert all(list(row) == sorted(row, key=abs, reverse=True) for row in terms.tolist())
+    want_logits = gen.arrays["attribution_logits"]
+    assert np.all(np.abs(unpack(shown["logits"]) - want_logits) <= np.abs(want_logits) * FLOAT16)
     want = gen.arrays["attribution_sources"]
     assert np.all(np.abs(unpack(shown["sources"]) - want) <= np.abs(want) * FLOAT16 + 1e-7)
-    assert shown["lens"]["tokens"] == [[list(layer) for layer in step] for step in gen.lens_tokens]
+    vocabulary, indices = shown["lens"]["vocabulary"], unpack(shown["lens"]["tokens"]).astype(int)
+    assert [[[vocabulary[i] for i in layer] for layer in step] for step in indices.tolist()] == \
+        [[list(layer) for layer in step] for step in gen.lens_tokens]
 
 
 def test_without_attribute_nothing_more_runs_or_is_kept(smollm2, monkeypatch):

@@ -30,14 +30,17 @@ layers x 9 heads) are ~43 M weights per copy: one byte each, deflated (rows are 
 and 16 levels leave deflate little to keep), not 43 M JSON floats.
 
 A generation made with its steps' attribution (``--attribute``) also ships ``attribution``: per step, the heads with the
-largest direct-logit-attribution terms of the chosen token (signed), their terms split over the
-source tokens (float16 ``[step, rank, source_pos]``) and the logit lens (each layer's top tokens);
-the page draws them as ranked signed bars, the text shaded by the clicked head's shares, and a
-layers x tokens strip. Without it ``attribution`` is null and nothing more is computed or shipped.
+largest direct-logit-attribution terms of the chosen token (signed), their terms split over the source tokens and the
+logit lens (each layer's top tokens); the page draws them as ranked signed bars, the text shaded by the clicked head's
+shares, and a layers x tokens strip. Without it ``attribution`` is null and nothing more is computed or shipped.
 
-A generation made with its steps' routes (``--routes``) also ships ``routes``: per step, the edges of the route of the
-position that chose the token, as :meth:`~attnscope.attribution.routes.Routes.to_dict` writes them (``static/routes.js``
-draws one under the view when its step is shown). Without it ``routes`` is null.
+A generation made with its steps' routes (``--routes``) also ships ``routes``: the kept edges of every step's route (of
+the position that chose the token) as the record keeps them, one row per edge (``static/routes.js`` draws a step's
+edges under the view when its step is shown). Without it ``routes`` is null.
+
+Attribution and routes are packed arrays like the rows (float16 numbers, uint16 codes and indices, deflated), never
+JSON numbers: 1,024 steps of SmolLM2 with both are a few MB, not ten times that. Strings (the lens's tokens) are
+shipped once each in a ``vocabulary`` and indexed by uint16.
 
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
@@ -66,14 +69,19 @@ from ..records.attribution import (
     ATTRIBUTION_TOP,
     LENS_PROBS,
     ROUTE_EDGES,
+    ROUTE_HEADS,
+    ROUTE_IMPORTANCE,
+    ROUTE_NODE_KINDS,
+    ROUTE_VIAS,
 )
 from ..records.decoding import DecodeTrace, Step
 from ..records.generation import Candidate, GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
-from .payload import PackedArray, pack_bytes, pack_float16, packed_bytes, to_json, unpack
+from .payload import PackedArray, pack_bytes, pack_float16, pack_uint16, packed_bytes, to_json, unpack
 
 STEPS_FORMAT = "attnscope.steps"
-STEPS_VERSION = 1
+STEPS_VERSION = 2  # 2: attribution and routes packed (1 shipped them as JSON numbers)
+UINT16_MAX = 65535
 # Shades per row: every head's and layer's row gets 16 (0..15; finer steps cannot be seen and cost
 # bytes: every head of 500 steps is ~43 M weights); the one mean of all gets 256.
 HEAD_LEVELS = 15
@@ -123,33 +131,41 @@ class WeightedRows(TypedDict):
 
 
 class LensStrip(TypedDict):
-    """The logit lens of every step: ``tokens[step][layer][k]`` and their probabilities ``probs``
-    float16 ``[step, layer, k]``, best first (the last layer's are the model's own)."""
+    """The logit lens of every step: ``tokens`` uint16 ``[step, layer, k]`` indices into ``vocabulary`` (each
+    distinct token once) and their probabilities ``probs`` float16 ``[step, layer, k]``, best first (the last
+    layer's are the model's own)."""
 
-    tokens: list[list[list[str]]]
+    vocabulary: list[str]
+    tokens: PackedArray
     probs: PackedArray
 
 
 class StepAttribution(TypedDict):
     """Direct logit attribution of each step's chosen token (a generation made with ``--attribute``).
 
-    ``logits[step]``: the chosen token's logit (the sum of every term); ``heads[step][rank]``:
-    ``[layer, head, term]`` of the heads with the largest ``|term|``, largest first; ``sources``
-    float16 ``[step, rank, source_pos]``: those terms split over the tokens each head read (0 past
-    the step's last key)."""
+    ``logits`` float16 ``[step]``: the chosen token's logit (the sum of every term); ``heads`` uint16
+    ``[step, rank, 2]``: (layer, head) of the heads with the largest ``|term|``, largest first; ``terms`` float16
+    ``[step, rank]``: their signed terms; ``sources`` float16 ``[step, rank, source_pos]``: those terms split over
+    the tokens each head read (0 past the step's last key)."""
 
-    logits: list[float]
-    heads: list[list[list[int | float]]]  # [step][rank]: [layer, head, term]
+    logits: PackedArray
+    heads: PackedArray
+    terms: PackedArray
     sources: PackedArray
     lens: LensStrip
 
 
 class RouteSteps(TypedDict):
-    """Each step's route (a generation made with ``--routes``): ``steps[step]`` its edges as
-    :meth:`Routes.to_dict <attnscope.attribution.routes.Routes.to_dict>` writes them (source and target
-    ``[layer, position, kind]``, ``importance``, ``via``, ``heads``: an attention edge's per-head split)."""
+    """Every step's route (a generation made with ``--routes``), one row per kept edge, grouped by step in step
+    order: ``edges`` uint16 ``[edge, 8]`` (step, source layer, position and kind, target layer, position and kind,
+    via; kinds index ``node_kinds``, vias ``vias``), ``importance`` float16 ``[edge]`` and ``heads`` float16
+    ``[edge, head]`` (an attention edge's per-head split; 0 on the other edges)."""
 
-    steps: list[list[dict[str, Any]]]
+    node_kinds: list[str]
+    vias: list[str]
+    edges: PackedArray
+    importance: PackedArray
+    heads: PackedArray
 
 
 class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models with learned sinks only
@@ -341,7 +357,7 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
         rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
         attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen),
-        routes=generation_routes(gen))
+        routes=generation_routes(gen, compress))
 
 
 def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:
@@ -358,22 +374,44 @@ def generation_attribution(gen: GenerationRecord, compress: bool = True) -> Step
     arrays = gen.arrays
     if ATTRIBUTION_SOURCES not in arrays:
         return None
-    terms, top = arrays[ATTRIBUTION_HEADS], arrays[ATTRIBUTION_TOP]  # [step, layer, head], [step, rank, 2]
-    heads = [[[int(layer), int(head), round(float(terms[step, layer, head]), 5)] for layer, head in top[step]]
-             for step in range(gen.n_steps)]
-    lens = LensStrip(tokens=[[list(layer) for layer in step] for step in gen.lens_tokens],
-                     probs=pack_float16(arrays[LENS_PROBS], compress))
-    return StepAttribution(logits=[round(float(v), 5) for v in arrays[ATTRIBUTION_LOGITS]], heads=heads,
-                           sources=pack_float16(arrays[ATTRIBUTION_SOURCES], compress), lens=lens)
+    top = arrays[ATTRIBUTION_TOP]  # [step, rank, 2]: (layer, head)
+    steps = np.arange(gen.n_steps)[:, None]
+    terms = arrays[ATTRIBUTION_HEADS][steps, top[..., 0], top[..., 1]]  # [step, rank]
+    return StepAttribution(logits=pack_float16(arrays[ATTRIBUTION_LOGITS], compress),
+                           heads=pack_uint16(_checked_uint16(top, "attribution heads"), compress),
+                           terms=pack_float16(terms, compress),
+                           sources=pack_float16(arrays[ATTRIBUTION_SOURCES], compress),
+                           lens=_lens_strip(gen, compress))
 
 
-def generation_routes(gen: GenerationRecord) -> RouteSteps | None:
-    """The step view's routes of a generation made with ``--routes`` (None without)."""
+def _lens_strip(gen: GenerationRecord, compress: bool) -> LensStrip:
+    """The lens's tokens ``[step][layer][k]`` as uint16 indices into a vocabulary of each distinct one."""
+    index: dict[str, int] = {}
+    codes = [[[index.setdefault(token, len(index)) for token in layer] for layer in step] for step in gen.lens_tokens]
+    shape = gen.arrays[LENS_PROBS].shape  # [step, layer, k]
+    tokens = np.array(codes, dtype=np.int64).reshape(shape)
+    return LensStrip(vocabulary=list(index), tokens=pack_uint16(_checked_uint16(tokens, "distinct lens tokens"), compress),
+                     probs=pack_float16(gen.arrays[LENS_PROBS], compress))
+
+
+def generation_routes(gen: GenerationRecord, compress: bool = True) -> RouteSteps | None:
+    """The step view's routes of a generation made with ``--routes`` (None without): the record's edges, in step
+    order."""
     if ROUTE_EDGES not in gen.arrays:
         return None
-    from ..attribution.generation_routes import step_routes
+    codes = gen.arrays[ROUTE_EDGES]  # [edge, 8]
+    order = np.argsort(codes[:, 0], kind="stable")  # the page finds a step's edges as one run of rows
+    return RouteSteps(node_kinds=list(ROUTE_NODE_KINDS), vias=list(ROUTE_VIAS),
+                      edges=pack_uint16(_checked_uint16(codes[order], "route steps and positions"), compress),
+                      importance=pack_float16(gen.arrays[ROUTE_IMPORTANCE][order], compress),
+                      heads=pack_float16(gen.arrays[ROUTE_HEADS][order], compress))
 
-    return RouteSteps(steps=[step_routes(gen, step).to_dict()["edges"] for step in range(gen.n_steps)])
+
+def _checked_uint16(values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` if they fit the page's uint16 codes, else one line saying they do not."""
+    if values.size and (values.min() < 0 or values.max() > UINT16_MAX):
+        raise AttnscopeError(f"the step view ships {what} as uint16; {int(values.max())} is past {UINT16_MAX}")
+    return values
 
 
 def _generation_step(gen: GenerationRecord, step: int) -> StepInfo:

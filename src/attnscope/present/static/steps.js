@@ -14,6 +14,7 @@
  * chosen token's logit up or down most (signed bars, ranked by size; click one to see which tokens
  * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
  * A generation made with --routes also draws, under the view, the chosen step's information-flow route (routes.js).
+ * Attribution and routes arrive packed like the rows (decode.js unpacks them once; a step's edges are one run of rows).
  * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack) and routes.js (AttnscopeRoutes).
  */
 (function (NS, V, R) {
@@ -47,12 +48,40 @@
     return { layers, all, norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
   }
 
-  /* The attribution (payload $defs/attribution): per-source terms [step, rank, source] and lens probabilities. */
+  /* The attribution (payload $defs/attribution), unpacked: logits [step], the ranked heads' (layer, head) [step, rank, 2]
+   * and terms [step, rank], per-source terms [step, rank, source], the lens's token indices and probabilities. */
   async function decodeAttribution(attribution) {
-    const [sources, lens] = await Promise.all([attribution.sources, attribution.lens.probs].map(V.unpackNumbers));
+    const packed = [attribution.logits, attribution.heads, attribution.terms, attribution.sources,
+      attribution.lens.tokens, attribution.lens.probs];
+    const [logits, heads, terms, sources, lensTokens, lens] = await Promise.all(packed.map(V.unpackNumbers));
     const [, ranks, nSources] = attribution.sources.shape;
     const [, nLayers, k] = attribution.lens.probs.shape;
-    return { sources, ranks, nSources, lens, nLayers, k };
+    return { logits, heads, terms, sources, ranks, nSources, lensTokens, vocabulary: attribution.lens.vocabulary,
+      lens, nLayers, k };
+  }
+
+  /* The routes (payload $defs/routes), unpacked: edge codes [edge, 8], importance [edge], head shares [edge, head],
+   * and where each step's run of edges starts (the payload groups them by step, in step order). */
+  async function decodeRoutes(routes, nSteps) {
+    const [codes, importance, heads] = await Promise.all([routes.edges, routes.importance, routes.heads].map(V.unpackNumbers));
+    const nEdges = routes.edges.shape[0];
+    const starts = new Int32Array(nSteps + 1);
+    for (let e = 0; e < nEdges; e++) starts[codes[8 * e] + 1]++;
+    for (let step = 0; step < nSteps; step++) starts[step + 1] += starts[step];
+    return { codes, importance, heads, nHeads: routes.heads.shape[1], starts, kinds: routes.node_kinds, vias: routes.vias };
+  }
+
+  /* One step's edges as routes.js draws them (Routes.to_dict's edges). */
+  function stepEdges(routes, step) {
+    const { codes, importance, heads, nHeads, kinds, vias } = routes;
+    const edges = [];
+    for (let e = routes.starts[step]; e < routes.starts[step + 1]; e++) {
+      const c = codes.subarray(8 * e, 8 * e + 8);
+      const via = vias[c[7]];
+      edges.push({ source: [c[1], c[2], kinds[c[3]]], target: [c[4], c[5], kinds[c[6]]], importance: importance[e], via,
+        heads: via === "attention" ? Array.from(heads.subarray(e * nHeads, (e + 1) * nHeads)) : [] });
+    }
+    return edges;
   }
 
   /* A signed term as a colour: green pushed the chosen token up, purple pushed it down. */
@@ -70,7 +99,7 @@
       this.state = { step: 0, layer: -1, head: -1, weighted: false, brighten: false, rank: 0 };
       this.offsets = [0];
       for (const n of payload.keys) this.offsets.push(this.offsets.at(-1) + n);
-      this.decoded = { attention: null, weighted: null, attribution: null };
+      this.decoded = { attention: null, weighted: null, attribution: null, routes: null };
       this.drawCount = 0;
     }
 
@@ -79,9 +108,12 @@
       // learned sinks (gpt-oss): [layer, head, step], each step's share of the softmax on the sink logit
       this.sinkMass = this.payload.sink_mass ? await V.unpackNumbers(this.payload.sink_mass) : null;
       if (this.payload.attribution) this.decoded.attribution = await decodeAttribution(this.payload.attribution);
+      if (this.payload.routes) this.decoded.routes = await decodeRoutes(this.payload.routes, this.nSteps);
       this.build();
       if (this.options.hash) await this.fromAddress();
       this.draw();
+      // the time from navigation to the first step drawn, for the page benchmarks (benchmarks/steps_page.py)
+      if (this.root.id) performance.mark(`attnscope:${this.root.id}:drawn`);
       if (this.options.focus) this.root.focus();
       return this;
     }
@@ -146,6 +178,24 @@
     /* The current row's weights as numbers [keys] (for tests and tools). */
     row() {
       return Array.from(this.currentRow().weights);
+    }
+
+    /* The current step's ranked heads as [layer, head, signed term], largest |term| first (attribution only). */
+    rankedHeads() {
+      const d = this.decoded.attribution;
+      const step = this.state.step;
+      return Array.from({ length: d.ranks }, (_, r) => {
+        const at = step * d.ranks + r;
+        return [d.heads[2 * at], d.heads[2 * at + 1], d.terms[at]];
+      });
+    }
+
+    /* The current step's logit lens tokens [layer][k], best first (attribution only). */
+    lensTokens() {
+      const d = this.decoded.attribution;
+      const base = this.state.step * d.nLayers * d.k;
+      return Array.from({ length: d.nLayers }, (_, l) => Array.from({ length: d.k },
+        (_, r) => d.vocabulary[d.lensTokens[base + l * d.k + r]]));
     }
 
     /* The selected head's term of the current step split over the tokens it read [keys] (attribution only). */
@@ -301,6 +351,8 @@
       this.drawAttention();
       if (p.attribution) this.drawAttribution();
       if (p.routes) this.drawRoute();
+      // show the newest tokens; after every part is drawn, so that the page is laid out once, not once per part
+      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;
       this.root.dataset.step = String(s.step);
       this.root.dataset.drawn = String(++this.drawCount);
     }
@@ -375,7 +427,6 @@
       const sink = this.currentSinkMass();
       if (sink !== null && !s.weighted) parts.push(this.sinkLine(sink));
       this.attention.replaceChildren(...parts);
-      for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;  // the newest tokens
       this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
         + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
     }
@@ -386,11 +437,11 @@
     drawAttribution() {
       const p = this.payload;
       const { step, rank } = this.state;
-      const heads = p.attribution.heads[step];
+      const heads = this.rankedHeads();
       const largest = Math.max(...heads.map((h) => Math.abs(h[2])), 1e-9);
       const chosen = JSON.stringify(p.steps[step].chosen);
       const title = el("p", "st-note", `what the heads did to the logit of ${chosen} `
-        + `(${p.attribution.logits[step].toFixed(2)}, the sum of every head, MLP, embedding and bias term): `
+        + `(${this.decoded.attribution.logits[step].toFixed(2)}, the sum of every head, MLP, embedding and bias term): `
         + "the heads that pushed it most, up (green) or down (purple); click one to see which tokens it pushed through");
       const bars = el("div", "st-heads");
       bars.dataset.role = "heads";
@@ -441,7 +492,7 @@
       const step = this.state.step;
       const holder = el("div");
       R.draw(holder, { tokens: p.text, position: p.first_step - 1 + step, predicted: p.steps[step].chosen,
-        n_layers: p.n_layers, n_heads: p.n_heads, edges: p.routes.steps[step] });
+        n_layers: p.n_layers, n_heads: p.n_heads, edges: stepEdges(this.decoded.routes, step) });
       this.route.replaceChildren(el("h4", "st-subtitle", "route"), holder);
       this.route.dataset.step = String(step);
       this.route.dataset.edges = holder.dataset.edges;
@@ -452,7 +503,7 @@
       const p = this.payload;
       const d = this.decoded.attribution;
       const step = this.state.step;
-      const tokens = p.attribution.lens.tokens[step];
+      const tokens = this.lensTokens();
       const table = el("table", "st-lens");
       table.dataset.role = "lens";
       const header = el("tr");
