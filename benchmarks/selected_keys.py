@@ -5,6 +5,8 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/selected_keys.py                  # 8,192 tokens
     .venv/bin/python benchmarks/selected_keys.py --tokens 2048    # a quick look
+    .venv/bin/python benchmarks/selected_keys.py --record         # kept in docs/bench/selected_keys.json
+    .venv/bin/python benchmarks/selected_keys.py --smoke          # 256 tokens, seconds (make test runs it)
 
 A call of the attention function (4 heads of 16 dims, causal, no mask: what the lazy mask gives planned capture)
 that hands it the ``top_k`` (default 64) keys each query's indexer selected, recorded by a planned capture of
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json, long
-from bench_json import cpu_name, emit
+from bench_json import add_smoke_flag, cpu_name, emit
 from long import peak_mb, reset_peak
 
 from attnscope.capture.attention import attnscope_attention, capture
@@ -75,7 +77,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--top-k", type=int, default=64)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens, args.top_k = 256, 16
     torch.set_num_threads(1)
     print(f"cpu: {cpu_name()}", flush=True)
     peak = planned_call_peak(args.tokens, args.top_k)
