@@ -129,7 +129,7 @@ NOT_MEASURED = (
     (r"(?:et al\.|Zuidema|Voita) \(?\d{4}\)?", "a citation's year"),
     (r"\b[01]-indexed", "indexing convention"),
     (r"Python >= [\d.]+|torch [\d.]+", "requirements"),
-    ((r"MiniLM-L6-v2|SmolLM2(?:-135M-Instruct)?|Gemma [23](?: and 3| 270M)?|GPT-2|\bT5\b|\b[45]xx\b"
+    ((r"MiniLM-L6-v2|SmolLM2(?:-135M-Instruct)?|Gemma [23](?: and 3| 270M)?|GPT-2|Phi-3|Ministral 3|Llama 4|\bT5\b|\b[45]xx\b"
      r"|Qwen2\.5-Coder-[\d.]+B"), "names"),
     (r"\d+ layers x \d+ heads(?: \(\d+ kv heads\))?|\d+\+\d+ layers x \d+ heads|\d+ query heads, \d+ kv heads",
      "the architecture of a shipped model (its config)"),
