@@ -51,6 +51,7 @@ from .recorders import (
     expand_kv_heads,
     hand_inputs,
     hand_output,
+    wants_inputs,
 )
 from .rows import BatchFacts
 from .running import ATTN_IMPLEMENTATION, call_heard, calls_heard, check_attention_function
@@ -258,7 +259,7 @@ def attnscope_attention(
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
     selection = selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
                               key.shape[2])
-    if recorder is None or interventions or getattr(recorder, "wants_inputs", False):  # paths that take a whole mask
+    if recorder is None or interventions or wants_inputs(recorder):  # paths that take a whole mask
         attention_mask, selection = whole_mask(attention_mask, selection, query.shape[2]), None
     if recorder is not None:
         assert site is not None

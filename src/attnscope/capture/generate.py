@@ -63,6 +63,7 @@ class StepRows(Recorder):
     first_row: int = 0
     with_norms: bool = False
     n_layers: int = 1
+    layers: tuple[int, ...] = ()  # the self-attention sites' layer numbers, ascending (hybrids skip some): row order
     n_positions: int = 1  # the most positions the generation can reach (prompt + max_new_tokens)
     kept: np.ndarray | None = None  # [layer, head, packed] from first_row, made at the first call
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
@@ -136,8 +137,13 @@ class StepRows(Recorder):
             raise AttnscopeError(f"a generation call reached position {start + block.shape[1] - 1}, past the "
                                  f"{self.n_positions} positions its rows were made for")
         offset = row_offset(start) - row_offset(self.first_row)
-        pack_rows(start, block, self.kept[layer, :, offset : offset + packed_length(start + block.shape[1])
+        pack_rows(start, block, self.kept[self.row_of(layer), :, offset : offset + packed_length(start + block.shape[1])
                                           - row_offset(start)])
+
+    def row_of(self, layer: int) -> int:
+        """Where ``layer``'s rows sit on the kept array's first axis: its rank among the attention layers (a hybrid
+        such as Qwen3-Next has attention at some layers only)."""
+        return self.layers.index(layer) if self.layers else layer
 
     def kept_elements(self, layer: int) -> int:
         """How many numbers of ``layer`` are kept so far (its rows up to the last position it has seen)."""
@@ -379,7 +385,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    rows = StepRows(first_row=first_row, with_norms=norms, n_layers=n_main_layers(loaded),
+    layers = tuple(sorted(site.layer for site in loaded.sites.values() if site.kind == "self"))
+    rows = StepRows(first_row=first_row, with_norms=norms, n_layers=len(layers), layers=layers,
                     n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
     with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),

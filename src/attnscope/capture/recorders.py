@@ -206,10 +206,15 @@ def hand_output(recorder: Recorder, site: AttentionSite, output: torch.Tensor) -
     return output
 
 
+def wants_inputs(recorder: Recorder | None) -> bool:
+    """Whether ``recorder`` asks for what each wanted call was given (:attr:`Recorder.wants_inputs`; a recorder
+    written before it has no such flag)."""
+    return recorder is not None and bool(getattr(recorder, "wants_inputs", False))
+
+
 def hand_inputs(recorder: Recorder, site: AttentionSite, inputs: CallInputs) -> None:
-    """Give ``recorder`` what a wanted call was given where it asks for it (:attr:`Recorder.wants_inputs`; a
-    recorder written before it has no such flag)."""
-    if getattr(recorder, "wants_inputs", False):
+    """Give ``recorder`` what a wanted call was given where it asks for it (:func:`wants_inputs`)."""
+    if wants_inputs(recorder):
         recorder.keep_inputs(site, inputs)
 
 
