@@ -101,7 +101,7 @@ def test_prefill_rows_before_first_row_are_dropped_as_each_call_arrives(tiny_lla
             super().__call__(site, captured)
             kept_per_layer.append(self.kept_elements(site.layer))
 
-    rows = Watching(first_row=len(ids) - 1, n_layers=3, n_positions=len(ids))
+    rows = Watching(first_row=len(ids) - 1, layers=(0, 1, 2), n_positions=len(ids))
     with torch.inference_mode(), capture(tiny_llama.sites, recorder=rows):
         tiny_llama.model(input_ids=torch.tensor([ids]), use_cache=True)
     assert kept_per_layer == [6 * len(ids)] * 3, "each layer keeps one row of every head, not [head, P, P]"

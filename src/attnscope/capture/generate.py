@@ -51,7 +51,7 @@ class StepRows(Recorder):
     The prompt arrives as one ``[head, P, P]`` block per layer, then each step as ``[head, 1, k]``;
     keys are the last ``k`` positions up to the call's last query (a sliding-window cache may hold
     fewer than all). Each call's rows from ``first_row`` on are written, as they arrive, into one array
-    made for ``n_layers`` layers and ``n_positions`` positions (a call's rows are one stretch of the
+    made for its ``layers`` and ``n_positions`` positions (a call's rows are one stretch of the
     packed axis) and the call's block is let go: a prompt's rows before ``first_row`` are never kept, so
     at most one layer's prefill block is in memory at a time. One array, not a piece per call: pieces
     joined at the end were held twice, and thousands of small long-lived pieces between each step's
@@ -62,8 +62,7 @@ class StepRows(Recorder):
 
     first_row: int = 0
     with_norms: bool = False
-    n_layers: int = 1
-    layers: tuple[int, ...] = ()  # the self-attention sites' layer numbers, ascending (hybrids skip some): row order
+    layers: tuple[int, ...] = (0,)  # the self-attention sites' layer numbers, ascending (hybrids skip some): row order
     n_positions: int = 1  # the most positions the generation can reach (prompt + max_new_tokens)
     kept: np.ndarray | None = None  # [layer, head, packed] from first_row, made at the first call
     norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
@@ -132,7 +131,7 @@ class StepRows(Recorder):
         """Write rows ``start..`` (``block``: ``[head, q_pos, k_pos]``) into the kept array at their packed place."""
         if self.kept is None:  # untouched pages cost nothing: a generation that stops early never fills them
             length = packed_length(self.n_positions) - row_offset(self.first_row)
-            self.kept = np.empty((self.n_layers, block.shape[0], length), dtype=np.float32)
+            self.kept = np.empty((len(self.layers), block.shape[0], length), dtype=np.float32)
         if start + block.shape[1] > self.n_positions:
             raise AttnscopeError(f"a generation call reached position {start + block.shape[1] - 1}, past the "
                                  f"{self.n_positions} positions its rows were made for")
@@ -143,7 +142,7 @@ class StepRows(Recorder):
     def row_of(self, layer: int) -> int:
         """Where ``layer``'s rows sit on the kept array's first axis: its rank among the attention layers (a hybrid
         such as Qwen3-Next has attention at some layers only)."""
-        return self.layers.index(layer) if self.layers else layer
+        return self.layers.index(layer)
 
     def kept_elements(self, layer: int) -> int:
         """How many numbers of ``layer`` are kept so far (its rows up to the last position it has seen)."""
@@ -386,8 +385,7 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     layers = tuple(sorted(site.layer for site in loaded.sites.values() if site.kind == "self"))
-    rows = StepRows(first_row=first_row, with_norms=norms, n_layers=len(layers), layers=layers,
-                    n_positions=len(ids) + max_new_tokens)
+    rows = StepRows(first_row=first_row, with_norms=norms, layers=layers, n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
     with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),
           torch.random.fork_rng(devices=[]), _quiet_transformers(), ExitStack() as recording):
