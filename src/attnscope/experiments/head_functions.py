@@ -20,7 +20,9 @@ Every premise (a causal decoder, lengths within the model's limit, known scores 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ from ..analysis.head_functions import (
 from ..analysis.sentences import sentence_attention
 from ..capture.extract import as_loaded, extract, extract_ids
 from ..capture.plan import CapturePlan, QuerySelection
+from ..capture.tokens import TruncationWarning
 from ..data import document, documents
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
@@ -103,6 +106,14 @@ def repeated_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress
     return RepeatedEvidence(np.stack([record.attention for record in records]), layout), records[0].model
 
 
+@contextmanager
+def cut_quietly() -> Iterator[None]:
+    """Documents are cut at ``max_tokens`` by the settings' choice: no warning for each."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncationWarning)
+        yield
+
+
 def document_texts(settings: HeadScoreSettings) -> list[str]:
     """Each document's text: a shipped document's by name, else the string itself."""
     return [document(name) if name in documents() else name for name in settings.documents]
@@ -112,8 +123,9 @@ def locality_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress
     """Planned records holding only the locality grid, one per document."""
     plan = CapturePlan(attention=False, locality=settings.pairs, queries=QuerySelection("every", n=settings.every),
                        chunk=settings.chunk)
-    records = [extract(loaded, text, plan=plan, max_length=settings.document_tokens(loaded), progress=progress)
-               for text in document_texts(settings)]
+    with cut_quietly():
+        records = [extract(loaded, text, plan=plan, max_length=settings.document_tokens(loaded), progress=progress)
+                   for text in document_texts(settings)]
     return LocalityEvidence(records, settings.pairs, settings.share), records[0].model
 
 
@@ -121,9 +133,10 @@ def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress
     """Sentence attention of each document, from planned records that keep only ``[layer, head, S, S]``."""
     found, records = [], []
     for text in document_texts(settings):
-        sentences = text_sentences(loaded, text, settings.document_tokens(loaded))
-        records.append(sentence_record(loaded, text, sentences, chunk=settings.chunk,
-                                       max_length=settings.document_tokens(loaded), progress=progress))
+        with cut_quietly():
+            sentences = text_sentences(loaded, text, settings.document_tokens(loaded))
+            records.append(sentence_record(loaded, text, sentences, chunk=settings.chunk,
+                                           max_length=settings.document_tokens(loaded), progress=progress))
         found.append(sentence_attention(records[-1], sentences))
     return found, records[0].model
 
