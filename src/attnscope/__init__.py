@@ -19,6 +19,7 @@ from .version import __version__ as __version__
 
 # each public name once: the imports below, served on first use (``_lazy``)
 if TYPE_CHECKING:
+    from .analysis.head_functions import HeadScores as HeadScores
     from .analysis.mixing import Mixing as Mixing
     from .analysis.partial import partial_statistics as partial_statistics
     from .analysis.patterns import classify_heads as classify_heads
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from .capture.plan import CapturePlan as CapturePlan
     from .capture.plan import QuerySelection as QuerySelection
     from .errors import AttnscopeError as AttnscopeError
+    from .experiments.head_functions import HeadScoreSettings as HeadScoreSettings
+    from .experiments.head_functions import head_scores as head_scores
     from .experiments.mixing import mixing as mixing
     from .experiments.patching import activation_patching as activation_patching
     from .experiments.sentences import SuppressionResult as SuppressionResult

@@ -31,7 +31,17 @@ from .planned import StreamingSink, batch_facts, planned_records
 from .recorders import CaptureComplete, PerSite, SiteCapture, main_kind
 from .rows import RowCapture
 from .running import check_attention_function
-from .tokens import Encoded, Item, encode_side, encode_sides, ids_within, side_arrays, split_item, target_side
+from .tokens import (
+    Encoded,
+    Item,
+    encode_side,
+    encode_sides,
+    ids_side,
+    ids_within,
+    side_arrays,
+    split_item,
+    target_side,
+)
 
 SORT_WINDOW_BATCHES = 16  # inputs are sorted by length within windows of this many batches
 # a sort window's records are all held until its first can be yielded in order: windows are cut where their records
@@ -76,6 +86,33 @@ def extract(
     with layer_progress(loaded, progress):
         return next(extract_corpus(loaded, [(text, pair)], batch_size=1, qkv=qkv, norms=norms, progress=False,
                                    onednn=onednn, plan=plan, max_length=max_length))
+
+
+def extract_ids(model: LoadedModel | str, sequences: list[list[int]], *, plan: CapturePlan | None = None,
+                batch_size: int = 8) -> list[AttentionRecord]:
+    """Capture token id ``sequences`` exactly as given (no tokenizer pass, no special tokens added): one record
+    per sequence, in order. For tasks built from ids (repeated random tokens); ``plan`` as :func:`extract`.
+    Ids the model has no embedding for, or a sequence longer than its context, are refused before any pass."""
+    loaded = as_loaded(model)
+    check_ids(loaded, sequences)
+    encoded = [Encoded(index, (loaded.tokenizer.decode(ids),), ids_side(loaded.tokenizer, ids))
+               for index, ids in enumerate(sequences)]
+    return [record for start in range(0, len(encoded), batch_size)
+            for record in run_batch(loaded, encoded[start:start + batch_size], False, False, plan=plan)]
+
+
+def check_ids(loaded: LoadedModel, sequences: list[list[int]]) -> None:
+    """One line for an empty sequence, an id outside the model's embedding or a sequence beyond its context."""
+    vocabulary = loaded.model.get_input_embeddings().num_embeddings
+    for index, ids in enumerate(sequences):
+        if not ids:
+            raise AttnscopeError(f"sequence {index} holds no token id")
+        outside = next((i for i in ids if not 0 <= i < vocabulary), None)
+        if outside is not None:
+            raise AttnscopeError(f"token id {outside} is outside {loaded.name}'s vocabulary (ids 0..{vocabulary - 1})")
+        if len(ids) > loaded.max_length:
+            raise AttnscopeError(f"sequence {index} is {len(ids)} tokens long; {loaded.name}'s limit is "
+                                 f"{loaded.max_length} tokens")
 
 
 PROGRESS_DELAY_S = 1.0  # a capture done sooner shows no bar: a short text's would only flash

@@ -16,7 +16,10 @@ square of the input's length. A :class:`CapturePlan` says what to keep instead:
   ``[batch, head, chunk, k_pos]``;
 * ``sentences``: token spans ``[(start, stop), ...]`` (0-indexed, sorted, disjoint) of ONE input: the
   matrix averaged to sentence x sentence as it goes (each block's mean over its query and key tokens,
-  :mod:`attnscope.analysis.sentences`), ``[layer, head, S, S]`` whatever the input's length.
+  :mod:`attnscope.analysis.sentences`), ``[layer, head, S, S]`` whatever the input's length;
+* ``locality``: ``(sink, window)`` pairs ``(k, w)``: per head, the mean over the selected rows of the
+  attention a first-``k`` + most-recent-``w`` key cache keeps (StreamingLLM's and DuoAttention's
+  streaming heads; :mod:`attnscope.capture.rows`), ``[layer, head, pair]`` whatever the input's length.
 
 Layers and heads are 0-indexed. The plan is passed into the one attention function
 (:mod:`attnscope.capture.attention`); without a plan, capture keeps everything as before.
@@ -136,14 +139,16 @@ class CapturePlan:
     overview: int = 0
     chunk: int = DEFAULT_CHUNK
     sentences: tuple[tuple[int, int], ...] = ()
+    locality: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.top_k < 0 or self.overview < 0 or self.chunk < 1:
             raise AttnscopeError("top-k and overview must be >= 0 and the query chunk >= 1")
-        if not (self.attention or self.statistics or self.top_k or self.overview or self.sentences):
-            raise AttnscopeError("the capture plan keeps nothing: ask for attention, statistics, top-k, an overview "
-                                 "or sentences")
+        if not (self.attention or self.statistics or self.top_k or self.overview or self.sentences or self.locality):
+            raise AttnscopeError("the capture plan keeps nothing: ask for attention, statistics, top-k, an overview, "
+                                 "sentences or locality")
         _check_spans(self.sentences)
+        _check_locality(self.locality)
         for name in ("layers", "heads"):
             chosen = getattr(self, name)
             if chosen is not None and (not chosen or min(chosen) < 0):
@@ -153,7 +158,7 @@ class CapturePlan:
     def keeps_everything(self) -> bool:
         """True for the plan that equals a plain full capture (nothing selected, nothing extra)."""
         return (self.layers is None and self.heads is None and self.queries.is_all and self.attention
-                and not (self.statistics or self.top_k or self.overview or self.sentences))
+                and not (self.statistics or self.top_k or self.overview or self.sentences or self.locality))
 
     def wants_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -183,7 +188,8 @@ class CapturePlan:
                 "heads": None if self.heads is None else list(self.heads),
                 "queries": self.queries.describe(), "attention": self.attention, "statistics": self.statistics,
                 "top_k": self.top_k, "overview": self.overview,
-                **({"sentences": [list(span) for span in self.sentences]} if self.sentences else {})}
+                **({"sentences": [list(span) for span in self.sentences]} if self.sentences else {}),
+                **({"locality": [list(pair) for pair in self.locality]} if self.locality else {})}
 
     def check_sentences(self, n_tokens: int) -> None:
         """Refuse sentence spans beyond an input of ``n_tokens`` tokens (one line)."""
@@ -198,6 +204,14 @@ def _check_spans(spans: tuple[tuple[int, int], ...]) -> None:
         if not previous <= start < stop:
             raise AttnscopeError(f"sentence spans must be sorted, disjoint and non-empty; ({start}, {stop}) is not")
         previous = stop
+
+
+def _check_locality(pairs: tuple[tuple[int, int], ...]) -> None:
+    """Each ``(sink, window)`` pair keeps at least the query's own key (``window >= 1``) and no negative sink."""
+    for sink, window in pairs:
+        if sink < 0 or window < 1:
+            raise AttnscopeError(f"locality (sink, window) pairs need sink >= 0 and window >= 1; ({sink}, {window}) "
+                                 "is not")
 
 
 FULL_PLAN = CapturePlan()
@@ -261,6 +275,7 @@ def estimate_capture_memory(plan: CapturePlan | None, *, n_layers: int, n_heads:
         kept += batch * layers * heads * math.ceil(length / plan.overview) ** 2 * 4
     if plan.sentences:  # block sums, one extra row and column for tokens in no sentence
         kept += batch * layers * heads * (len(plan.sentences) + 1) ** 2 * 4
+    kept += batch * layers * heads * len(plan.locality) * 4
     chunked = not plan.keeps_everything
     query_rows = min(length, plan.chunk) if chunked else length
     # scores, probabilities and one temporary of the same size for one layer's chunk; the additive

@@ -16,7 +16,7 @@ import torch
 
 from ..models.adapters import AttentionSite
 from ..records.attention import AttentionRecord, ModelInfo, Selection, record_metadata
-from ..records.format import ROW_STATISTICS, SENTENCE_ATTENTION, RecordWriter, distance_bin_edges
+from ..records.format import LOCALITY, ROW_STATISTICS, SENTENCE_ATTENTION, RecordWriter, distance_bin_edges
 from .plan import CapturePlan
 from .rows import Allocate, BatchFacts, RowCapture
 from .tokens import Encoded, side_arrays
@@ -77,6 +77,8 @@ def item_arrays(kind: str, layers: list[RowCapture], row: int, facts: BatchFacts
         arrays[f"{kind}.overview"] = stacked(lambda c: c.overview, lambda a: a[:, :blocks, :blocks])
     if plan.sentences:
         arrays[f"{kind}.{SENTENCE_ATTENTION}"] = stacked(lambda c: c.sentences, lambda a: a)
+    if plan.locality:
+        arrays[f"{kind}.{LOCALITY}"] = stacked(lambda c: c.locality, lambda a: a)
     if learned_sinks:  # a layer without learned sinks (some of MiMo's) gives them no mass
         arrays[f"{kind}.sink_mass"] = np.stack([np.zeros((len(layer.heads), len(layer.rows)), np.float32)
                                                 if layer.sink_mass is None else layer.sink_mass[row].numpy()
@@ -123,6 +125,8 @@ class StreamingSink:
             layout[f"{kind}.overview"] = ("float32", (*lead, blocks, blocks))
         if plan.sentences:
             layout[f"{kind}.{SENTENCE_ATTENTION}"] = ("float32", (*lead, len(plan.sentences), len(plan.sentences)))
+        if plan.locality:
+            layout[f"{kind}.{LOCALITY}"] = ("float32", (*lead, len(plan.locality)))
         if self.learned_sinks:
             layout[f"{kind}.sink_mass"] = ("float32", (*lead, rows))
         for name, values in self.input_arrays().items():
@@ -167,6 +171,8 @@ class StreamingSink:
             writer.write_layer(f"{self.kind}.overview", index, captured.overview[0].cpu().numpy())
         if captured.sentences is not None:
             writer.write_layer(f"{self.kind}.{SENTENCE_ATTENTION}", index, captured.sentences[0].cpu().numpy())
+        if captured.locality is not None:
+            writer.write_layer(f"{self.kind}.{LOCALITY}", index, captured.locality[0].cpu().numpy())
         if captured.sink_mass is not None:  # a layer without learned sinks keeps the file's zeros
             writer.write_layer(f"{self.kind}.sink_mass", index, captured.sink_mass[0].cpu().numpy())
         for array in writer.maps.values():

@@ -17,6 +17,11 @@ position):
   key; ``next`` is NaN for causal attention, as in :mod:`attnscope.analysis.stats`);
 * ``entropy``: ``-sum p log p`` in nats; ``distance``: ``sum p |q - k|``; ``max_weight``: ``max p``.
 
+Locality, per ``(sink, window)`` pair ``(k, w)`` of the plan and per head: the mean over each item's selected
+rows of ``1 - sum p[j]`` over the keys ``k <= j <= q - w``, the share of the row that a cache of the first
+``k`` keys and the ``w`` most recent ones (the query's own key included) keeps. A learned sink (gpt-oss) is
+not a key: it is never evicted, so its mass counts as kept.
+
 The distance histogram sums, per head, each selected row's mass at distances ``|q - k|`` in the
 bins of :func:`distance_bin_edges` (0, 1, 2, 3-4, 5-8, ...).
 """
@@ -68,7 +73,8 @@ class RowCapture:
     ``topk_indices`` (int32, -1 where the row has fewer keys) / ``topk_weights``: ``[batch, head, row, k]``;
     ``overview``: ``[batch, head, q_block, k_block]``; ``sentences``: ``[batch, head, q_sentence, k_sentence]``, each
     block's mean over its query and key tokens (the plan's sentence spans); ``sink_mass``: ``[batch, head, row]``, learned sinks' share
-    of each row (gpt-oss; None without sinks).
+    of each row (gpt-oss; None without sinks); ``locality``: ``[batch, head, pair]``, the mean kept share of each
+    item's selected rows per ``(sink, window)`` pair of the plan.
     """
 
     rows: np.ndarray
@@ -86,6 +92,7 @@ class RowCapture:
     overview: torch.Tensor | None = None
     sentences: torch.Tensor | None = None
     sink_mass: torch.Tensor | None = None
+    locality: torch.Tensor | None = None
 
     def cpu(self) -> RowCapture:
         """The same capture with every tensor on the CPU (itself when they already are): one copy per
@@ -97,7 +104,8 @@ class RowCapture:
                        statistics={name: value.cpu() for name, value in self.statistics.items()},
                        distance_histogram=moved(self.distance_histogram), topk_indices=moved(self.topk_indices),
                        topk_weights=moved(self.topk_weights), overview=moved(self.overview),
-                       sentences=moved(self.sentences), sink_mass=moved(self.sink_mass))
+                       sentences=moved(self.sentences), sink_mass=moved(self.sink_mass),
+                       locality=moved(self.locality))
 
 
 Allocate = Callable[[str, tuple[int, ...], torch.dtype, float], torch.Tensor]
@@ -196,6 +204,8 @@ class RowCollector:
         if plan.sentences:
             plan.check_sentences(n_keys)
             self.sentence_sum = SentenceSums(plan.sentences, n_keys, (batch, n_kept_heads), device)
+        if plan.locality:
+            self.locality_sum = LocalitySums(plan.locality, (batch, n_kept_heads), device)
 
     # ---- per chunk ---------------------------------------------------------------------------
     def add(self, start: int, probs: torch.Tensor, logits: torch.Tensor | None = None, *,
@@ -227,6 +237,9 @@ class RowCollector:
             self._add_statistics(slots, torch.tensor(positions, device=probs.device), rows, row_logits, first_key)
         if self.plan.top_k:
             self._add_top_k(slots, rows, first_key)
+        if self.plan.locality:
+            self.locality_sum.add(rows, torch.tensor(positions, device=probs.device), self.membership[:, slots],
+                                  first_key)
 
     def _add_sink_mass(self, slots: torch.Tensor, sink_mass: torch.Tensor) -> None:
         """Keep the selected rows' sink mass ``[batch, head, n]`` (every row a sink capture holds)."""
@@ -336,7 +349,34 @@ class RowCollector:
             result.overview = self.overview_sum / self.overview_rows.clamp(min=1)
         if self.plan.sentences:
             result.sentences = self.sentence_sum.means()
+        if self.plan.locality:
+            result.locality = self.locality_sum.sums / self.membership.sum(1)[:, None, None]
         return result
+
+
+class LocalitySums:
+    """Per ``(sink, window)`` pair, the kept share of selected rows (module docstring), summed per item as query
+    chunks arrive: ``sums`` ``[batch, head, pair]``."""
+
+    def __init__(self, pairs: tuple[tuple[int, int], ...], lead: tuple[int, int],
+                 device: torch.device | None) -> None:
+        self.sinks = torch.tensor([sink for sink, _ in pairs], device=device)  # [pair]
+        self.windows = torch.tensor([window for _, window in pairs], device=device)  # [pair]
+        self.offsets = torch.unique(-self.windows)  # sorted, as prefix_sums_at needs
+        self.column = torch.searchsorted(self.offsets, -self.windows)  # [pair]: each pair's offset
+        self.sums = torch.zeros((*lead, len(pairs)), device=device)
+
+    def add(self, rows: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor, first_key: int = 0) -> None:
+        """Rows ``[batch, head, n, k]`` of keys ``first_key ..`` at query ``positions`` ``[n]``; ``weights``
+        ``[batch, n]``: 1 where the row is one of that item's selected rows."""
+        k_seen = rows.shape[-1]
+        # mass on keys <= q - w (keys before first_key were never computed: they are 0)
+        up_to_recent = prefix_sums_at(rows, positions - first_key, self.offsets)[..., self.column]  # [b, h, n, pair]
+        before_sink = torch.stack([rows[..., : min(max(int(sink) - first_key, 0), k_seen)].sum(-1)
+                                   for sink in self.sinks], dim=-1)  # [b, h, n, pair]: keys < k
+        evicted = (positions[:, None] - self.windows[None, :]) >= self.sinks[None, :]  # [n, pair]: keys k .. q - w
+        outside = torch.where(evicted, up_to_recent - before_sink, 0.0)
+        self.sums += torch.einsum("bhnm,bn->bhm", 1.0 - outside, weights)
 
 
 class SentenceSums:

@@ -194,6 +194,15 @@ def target_side(tokenizer: Any, decoder_ids: list[int], decoder_start_id: int | 
     return Side(list(decoder_ids), tokens, special, [0] * len(decoder_ids), guess_word_ids(tokens, special))
 
 
+def ids_side(tokenizer: Any, ids: list[int]) -> Side:
+    """A :class:`Side` of token ``ids`` as given (no tokenizer pass: random-token tasks): one sentence, special
+    tokens marked by the tokenizer's own list, words guessed from the readable tokens."""
+    special_ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    tokens = readable_tokens(tokenizer, ids)
+    special = [i in special_ids for i in ids]
+    return Side(list(ids), tokens, special, [0] * len(ids), guess_word_ids(tokens, special))
+
+
 def side_arrays(prefix: str, side: Side) -> dict[str, Any]:
     """A record's token arrays of one side: ``<prefix>.token_ids``, ``.special_mask``, ``.sentence_ids``, ``.word_ids``."""
     return {

@@ -45,7 +45,7 @@ ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
 QKV_FIELDS = ("queries", "keys", "values")
 HELD_LABELS = {"attention": "attention rows", "norms": "norm-weighted rows", "stat_": "row statistics",
                "distance_histogram": "distance histograms", "topk_": "top-k keys", "overview": "an overview",
-               "sentence_attention": "sentence averages"}
+               "sentence_attention": "sentence averages", "locality": "locality shares"}
 
 
 @dataclass(frozen=True)

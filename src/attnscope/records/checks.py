@@ -42,7 +42,7 @@ from .attribution import (
     ROUTE_HEADS,
     ROUTE_IMPORTANCE,
 )
-from .format import ROW_STATISTICS, SENTENCE_ATTENTION, distance_bin_edges
+from .format import LOCALITY, ROW_STATISTICS, SENTENCE_ATTENTION, distance_bin_edges
 
 TOKEN_FIELDS = {"token_ids": "i", "special_mask": "b", "sentence_ids": "i", "word_ids": "i"}  # name -> dtype kind
 ATTENTION_FIELDS = ("attention", "norms")  # [layer, head, q_pos, k_pos]
@@ -321,6 +321,7 @@ def _partial_shapes(meta: dict[str, Any], n_tokens: int) -> dict[str, tuple[str,
     shapes[f"{kind}.overview"] = ("f", (*lead, blocks, blocks))
     sentences = len(selection["plan"].get("sentences") or ()) or "sentences"
     shapes[f"{kind}.{SENTENCE_ATTENTION}"] = ("f", (*lead, sentences, sentences))
+    shapes[f"{kind}.{LOCALITY}"] = ("f", (*lead, len(selection["plan"].get("locality") or ()) or "pairs"))
     return shapes
 
 
@@ -344,6 +345,7 @@ _AXES = {"attention": ("layers", "heads", "queries", "keys"), "norms": ("layers"
          "topk_indices": ("layers", "heads", "rows", "keys kept"), "topk_weights": ("layers", "heads", "rows", "keys kept"),
          "overview": ("layers", "heads", "query blocks", "key blocks"),
          SENTENCE_ATTENTION: ("layers", "heads", "query sentences", "key sentences"),
+         LOCALITY: ("layers", "heads", "(sink, window) pairs"),
          "distance_histogram": ("layers", "heads", "distance bins"), "query_positions": ("rows",),
          "sink_mass": ("layers", "heads", "rows"),
          # generation records

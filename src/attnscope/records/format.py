@@ -42,6 +42,7 @@ NUMPY_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items()}
 HEADER_SLACK = 64 * 1024  # room for the final metadata, which grows a little after the layout is fixed
 METADATA_KEY = "attnscope"  # the header's metadata entry: the record's JSON
 SENTENCE_ATTENTION = "sentence_attention"  # a planned record's sentence x sentence block means
+LOCALITY = "locality"  # a planned record's kept share per (sink, window) pair, [layer, head, pair]
 # per-row statistics a capture plan can keep, [layer, head, row] each (``<kind>.stat_<name>``)
 ROW_STATISTICS = ("first", "special", "self", "prev", "next", "entropy", "distance", "max_weight")
 

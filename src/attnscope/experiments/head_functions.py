@@ -1,0 +1,207 @@
+"""Head-function scores that run a model: the tasks that feed the registered scores of
+:mod:`attnscope.analysis.head_functions`, and :func:`head_scores`, which runs the tasks the asked-for scores
+need and returns a :class:`~attnscope.analysis.head_functions.HeadScores` table.
+
+Tasks (name -> builder, :func:`register_task` adds one, e.g. needle trials):
+
+* ``repeated_tokens``: :func:`~attnscope.experiments.tasks.repeated_random_tokens`, captured whole (the
+  sequences are short: ``[layer, head, T, T]`` each);
+* ``document``: each long document (shipped names, :func:`attnscope.data.document`, or a text) captured with
+  ``CapturePlan(attention=False, locality=...)``: only ``[layer, head, pair]`` is kept, and a layer's scores
+  are computed ``chunk`` queries at a time, never the whole query x key matrix;
+* ``sentences``: each document averaged to sentence x sentence by a planned capture
+  (:func:`~attnscope.experiments.sentences.sentence_record`); receiver scores are the mean over
+  documents of each head's kurtosis.
+
+Every premise (a causal decoder, lengths within the model's limit, known scores and documents, a share in
+``(0, 1]``) is checked before the model runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..analysis.head_functions import (
+    HeadScores,
+    LocalityEvidence,
+    RepeatedEvidence,
+    RepeatedLayout,
+    get_head_function,
+)
+from ..analysis.sentences import sentence_attention
+from ..capture.extract import as_loaded, extract, extract_ids
+from ..capture.plan import CapturePlan, QuerySelection
+from ..capture.tokens import TruncationWarning
+from ..data import document, documents
+from ..errors import AttnscopeError
+from ..models.loading import LoadedModel
+from ..records.attention import ModelInfo
+from .sentences import sentence_record, text_sentences
+from .tasks import repeated_random_tokens
+
+DEFAULT_SCORES = ("induction", "previous_token", "duplicate_token", "echo", "locality")
+DEFAULT_WINDOWS = (16, 32, 64, 128, 256, 512, 1024)
+DOCUMENT_TOKENS = 2048  # documents are cut here unless asked otherwise (or at a shorter model limit)
+
+
+@dataclass(frozen=True)
+class HeadScoreSettings:
+    """The tasks' settings. Repeated tokens: ``period`` random tokens repeated ``repeats`` times, ``sequences``
+    draws from ``seed``. Documents (shipped names or texts), cut to ``max_tokens`` (None: :data:`DOCUMENT_TOKENS`
+    or the model's limit, the smaller): locality for every pair of
+    ``sinks`` x ``windows`` over every ``every``-th query, ``chunk`` queries at a time; ``share``: what the
+    smallest window must keep."""
+
+    period: int = 64
+    repeats: int = 2
+    sequences: int = 4
+    seed: int = 0
+    documents: tuple[str, ...] = ("sotu-1912-william-h-taft",)
+    max_tokens: int | None = None
+    sinks: tuple[int, ...] = (4,)
+    windows: tuple[int, ...] = DEFAULT_WINDOWS
+    share: float = 0.9
+    every: int = 1
+    chunk: int = 256
+
+    def document_tokens(self, loaded: LoadedModel) -> int:
+        """Where documents are cut for ``loaded``."""
+        return self.max_tokens if self.max_tokens is not None else min(DOCUMENT_TOKENS, loaded.max_length)
+
+    @property
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple(itertools.product(self.sinks, self.windows))
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready settings; a document given as text is named by its length."""
+        described = asdict(self)
+        described["documents"] = [name if name in documents() else f"text of {len(name)} characters"
+                                  for name in self.documents]
+        return described
+
+
+Evidence = tuple[Any, ModelInfo]
+TASKS: dict[str, Callable[[LoadedModel, HeadScoreSettings, bool], Evidence]] = {}
+
+
+def register_task(name: str, builder: Callable[[LoadedModel, HeadScoreSettings, bool], Evidence]) -> None:
+    """Add the task ``name``: ``builder(loaded, settings, progress)`` -> (the evidence its scores compute from,
+    the model's facts)."""
+    TASKS[name] = builder
+
+
+def repeated_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+    """Whole records of the repeated random-token sequences: ``[sequence, layer, head, T, T]``."""
+    sequences = repeated_random_tokens(loaded, settings.period, repeats=settings.repeats,
+                                       sequences=settings.sequences, seed=settings.seed)
+    records = extract_ids(loaded, sequences)
+    layout = RepeatedLayout(len(sequences[0]) - settings.period * settings.repeats, settings.period, settings.repeats)
+    return RepeatedEvidence(np.stack([record.attention for record in records]), layout), records[0].model
+
+
+@contextmanager
+def cut_quietly() -> Iterator[None]:
+    """Documents are cut at ``max_tokens`` by the settings' choice: no warning for each."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncationWarning)
+        yield
+
+
+def document_texts(settings: HeadScoreSettings) -> list[str]:
+    """Each document's text: a shipped document's by name, else the string itself."""
+    return [document(name) if name in documents() else name for name in settings.documents]
+
+
+def locality_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+    """Planned records holding only the locality grid, one per document."""
+    plan = CapturePlan(attention=False, locality=settings.pairs, queries=QuerySelection("every", n=settings.every),
+                       chunk=settings.chunk)
+    with cut_quietly():
+        records = [extract(loaded, text, plan=plan, max_length=settings.document_tokens(loaded), progress=progress)
+                   for text in document_texts(settings)]
+    return LocalityEvidence(records, settings.pairs, settings.share), records[0].model
+
+
+def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+    """Sentence attention of each document, from planned records that keep only ``[layer, head, S, S]``."""
+    found, records = [], []
+    for text in document_texts(settings):
+        with cut_quietly():
+            sentences = text_sentences(loaded, text, settings.document_tokens(loaded))
+            records.append(sentence_record(loaded, text, sentences, chunk=settings.chunk,
+                                           max_length=settings.document_tokens(loaded), progress=progress))
+        found.append(sentence_attention(records[-1], sentences))
+    return found, records[0].model
+
+
+register_task("repeated_tokens", repeated_evidence)
+register_task("document", locality_evidence)
+register_task("sentences", sentence_evidence)
+
+
+def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
+    """Every premise of :func:`head_scores`, one line each, before the model runs."""
+    if not names:
+        raise AttnscopeError("no head score asked for")
+    functions = [get_head_function(name) for name in names]
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"head-function scores need a decoder (causal self-attention); {loaded.name} is "
+                             f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'an encoder'}")
+    missing = [f.task for f in functions if f.task not in TASKS]
+    if missing:
+        raise AttnscopeError(f"no task {missing[0]!r} is registered (import its module first)")
+    uses_documents = any(f.task in ("document", "sentences") for f in functions)
+    if uses_documents:
+        _check_documents(loaded, settings)
+    if any(f.task == "repeated_tokens" for f in functions):
+        n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
+        loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
+
+
+def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
+    if not settings.documents:
+        raise AttnscopeError("locality and receiver scores need at least one document")
+    for name in settings.documents:
+        if not name.strip():
+            raise AttnscopeError("a document is empty")
+        if name not in documents() and len(name) < 200 and "\n" not in name and " " not in name.strip():
+            document(name)  # a name that is no shipped document: one line listing them
+    tokens = settings.document_tokens(loaded)
+    if tokens > loaded.max_length:
+        raise AttnscopeError(f"max_tokens {tokens} is above {loaded.name}'s limit of {loaded.max_length} tokens")
+    if not 0 < settings.share <= 1:
+        raise AttnscopeError(f"the share a window must keep is in (0, 1], got {settings.share}")
+    if settings.every < 1 or tokens < 1:
+        raise AttnscopeError("every and max_tokens must be at least 1")
+    CapturePlan(attention=False, locality=settings.pairs)  # refuses a negative sink or a window below 1
+
+
+def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES,
+                settings: HeadScoreSettings | None = None, *, progress: bool = False) -> HeadScores:
+    """The registered head-function ``scores`` of every layer and head of ``model`` (0-indexed), each task they
+    need run once; see :mod:`attnscope.analysis.head_functions` for the definitions.
+
+    >>> found = head_scores("smollm2", ["induction", "previous_token"])          # doctest: +SKIP
+    >>> found.ranked("induction", 3)                                              # doctest: +SKIP
+    """
+    loaded = as_loaded(model)
+    settings = settings or HeadScoreSettings()
+    names = list(dict.fromkeys(scores))
+    check_settings(loaded, names, settings)
+    functions = [get_head_function(name) for name in names]
+    evidence: dict[str, Evidence] = {}
+    columns: dict[str, np.ndarray] = {}
+    for function in functions:
+        if function.task not in evidence:
+            evidence[function.task] = TASKS[function.task](loaded, settings, progress)
+        found = evidence[function.task][0]
+        columns.update(function.compute(found))
+    info = next(iter(evidence.values()))[1]
+    return HeadScores.of(info, columns, settings.describe())
