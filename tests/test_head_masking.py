@@ -270,6 +270,8 @@ def test_bad_input_is_one_line_before_the_model_runs(planted):
         check_heads(loaded, np.zeros((2, 4)), task, masking=AblationMasking("nonsense"), ks=(1,))
     with pytest.raises(AttnscopeError, match="no masking check"):
         check_score(loaded, "nonsense", np.zeros((2, 4)))
+    with pytest.raises(AttnscopeError, match="window >= 1"):
+        check_score(loaded, "streaming", np.zeros((2, 4)), masking_options={"sink": 4, "window": 0})
 
 
 # ---- the metrics count what they say -----------------------------------------------------------------------

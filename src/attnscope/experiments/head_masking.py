@@ -128,8 +128,11 @@ class WindowMasking:
         return (f"each head restricted to the first {self.sink} keys and the {self.window} most recent (a mask "
                 "before the softmax, over the model's own), per query head")
 
+    def __post_init__(self) -> None:
+        SinkWindow({}, self.sink, self.window, self.kind)  # bad sizes fail now, before the metric's data is built
+
     def prepare(self, loaded: LoadedModel, task: Task) -> None:
-        SinkWindow({}, self.sink, self.window, self.kind)  # bad sizes fail now
+        pass
 
     def __call__(self, heads: Sequence[Head]) -> list[Intervention]:
         return [SinkWindow(by_layer(heads), self.sink, self.window, self.kind)]
