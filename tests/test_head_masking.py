@@ -28,9 +28,9 @@ from attnscope.experiments.metrics import (
     LanguageModelTask,
     RepeatedHalfLoss,
     Task,
-    repeated_tokens,
     token_batches,
 )
+from attnscope.experiments.tasks import repeated_random_tokens
 
 from .tiny_architectures import VOCAB, build_folder
 
@@ -275,15 +275,6 @@ def test_bad_input_is_one_line_before_the_model_runs(planted):
 
 
 # ---- the metrics count what they say -----------------------------------------------------------------------
-def test_repeated_tokens_are_seeded_halves_without_special_tokens(planted):
-    loaded, _ = planted
-    ids = repeated_tokens(loaded.tokenizer, 10, 3, seed=4)
-    assert ids.shape == (3, 20) and torch.equal(ids[:, :10], ids[:, 10:])
-    assert torch.equal(ids, repeated_tokens(loaded.tokenizer, 10, 3, seed=4))
-    assert not set(ids.ravel().tolist()) & set(loaded.tokenizer.all_special_ids)
-    assert int(repeated_tokens(7, 5, 2).max()) < 7
-
-
 def direct_loss(loaded, ids: torch.Tensor, first: int) -> float:
     """Mean cross-entropy of the predictions of tokens ``first..`` (0-indexed positions of ``ids``)."""
     with torch.inference_mode():
@@ -294,10 +285,8 @@ def direct_loss(loaded, ids: torch.Tensor, first: int) -> float:
 def test_the_repeated_half_loss_counts_the_repeat_but_its_first_token(planted):
     loaded, _ = planted
     task = RepeatedHalfLoss(loaded, length=6, n=5, seed=2, batch_size=2)
-    bos = loaded.tokenizer.bos_token_id
-    prefix = torch.full((5, 0 if bos is None else 1), 0 if bos is None else bos)
-    ids = torch.cat([prefix, repeated_tokens(loaded.tokenizer, 6, 5, 2)], dim=1)  # ([bos]) + half + half
-    first = prefix.shape[1] + 6 + 1  # the repeat's second token
+    ids = torch.tensor(repeated_random_tokens(loaded, 6, sequences=5, seed=2))  # ([bos]) + half + half
+    first = ids.shape[1] - 6 + 1  # the repeat's second token
     assert float(task.summarise(task.evaluate_all(loaded))) == pytest.approx(direct_loss(loaded, ids, first), abs=1e-9)
 
 

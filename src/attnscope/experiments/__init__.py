@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from .metrics import list_metrics as list_metrics
     from .metrics import prepare_metric as prepare_metric
     from .metrics import register_metric as register_metric
-    from .metrics import repeated_tokens as repeated_tokens
     from .patching import PatchHeads as PatchHeads
     from .patching import PatchingResult as PatchingResult
     from .patching import PromptPair as PromptPair

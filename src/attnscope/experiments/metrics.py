@@ -336,29 +336,13 @@ def token_batches(ids: torch.Tensor, scored: torch.Tensor, batch_size: int, devi
     return batches
 
 
-def repeated_tokens(source: Any, length: int, batch: int, seed: int = 0) -> torch.Tensor:
-    """``[batch, 2 * length]`` token ids: ``batch`` sequences of ``length`` random tokens, each said twice
-    (seeded, uniform with replacement). ``source``: a tokenizer (its vocabulary less its special tokens) or a
-    vocabulary size (ids ``0 .. size - 1``)."""
-    if length < 2 or batch < 1:
-        raise AttnscopeError(f"repeated random tokens need length >= 2 and at least one sequence, got {batch} of "
-                             f"{length}")
-    if isinstance(source, int):
-        vocabulary = np.arange(source)
-    else:
-        special = set(source.all_special_ids)
-        vocabulary = np.array([i for i in range(len(source)) if i not in special])
-    if len(vocabulary) < 2:
-        raise AttnscopeError("repeated random tokens need a vocabulary of at least 2 tokens")
-    half = np.random.default_rng(seed).choice(vocabulary, size=(batch, length))
-    return torch.from_numpy(np.concatenate([half, half], axis=1)).long()
-
-
 class RepeatedHalfLoss(LanguageModelTask):
     """Next-token loss on the repeated half of random-token sequences (Olsson et al. 2022's in-context test of
     induction heads): each example is ``[bos] + half + half``, and the loss counts the second half's tokens but its
     first (the first token of a repeat has no earlier copy of its predecessor to follow, so nothing can predict
-    it). ``ids`` ``[example, 2 * length]`` (default: :func:`repeated_tokens`)."""
+    it). ``ids`` ``[example, T]``: sequences whose last ``length`` tokens repeat the ``length`` before them
+    (default: ``n`` of :func:`~attnscope.experiments.tasks.repeated_random_tokens`, BOS first where the model has
+    one, as its texts start)."""
 
     name = "repeated-half-loss"
     label = "loss on the repeated half (nats per token)"
@@ -367,11 +351,12 @@ class RepeatedHalfLoss(LanguageModelTask):
     def __init__(self, loaded: LoadedModel, ids: torch.Tensor | None = None, *, length: int = 50, n: int = 32,
                  seed: int = 0, batch_size: int = 8) -> None:
         require_language_model(loaded, self.name)
-        ids = repeated_tokens(loaded.tokenizer, length, n, seed) if ids is None else ids
-        length = ids.shape[1] // 2
-        bos = loaded.tokenizer.bos_token_id
-        if bos is not None:  # a sequence starts as the model's texts do
-            ids = torch.cat([torch.full((len(ids), 1), bos, dtype=ids.dtype), ids], dim=1)
+        from .tasks import repeated_random_tokens  # tasks imports this module (through patching)
+
+        if ids is None:
+            ids = torch.tensor(repeated_random_tokens(loaded, length, sequences=n, seed=seed))
+        if ids.shape[1] < 2 * length:
+            raise AttnscopeError(f"sequences of {ids.shape[1]} tokens cannot hold a {length}-token half said twice")
         scored = torch.zeros(len(ids), ids.shape[1] - 1, dtype=torch.bool)
         scored[:, ids.shape[1] - length :] = True  # predictions of tokens 2..length of the repeat
         Task.__init__(self, loaded, token_batches(ids, scored, batch_size, loaded.input_device))
