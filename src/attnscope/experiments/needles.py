@@ -6,6 +6,11 @@ tokens, at a depth 0..1 and a sentence boundary, asks its question after the hay
 greedily through :func:`attnscope.generate` (decode-step rows only: ``prompt_rows=False``). Each head's most-attended
 key at each step gives the retrieval score (:mod:`attnscope.analysis.retrieval` states the rule).
 
+The needle tokens scored are those the answer must copy: the needle from its ``answer`` to its end ("8528848." of
+"The secret pass key is 8528848."). Wu et al.'s model repeats the whole needle sentence; here the plain prompt ends
+with the sentence's start (``answer_prefix``), which the model therefore never generates, so scoring the whole needle
+would cap every head below 1 by the prefix's share. The chat form scores the same span, for comparable scores.
+
 Which trials count: those the model answered, i.e. whose decoded answer contains the needle's ``answer``
 (case-insensitive; for a pass key, its seven digits in a row). Wu et al. count trials whose ROUGE against the needle
 exceeds 50; a containment test is the same idea for short answers and needs no extra package.
@@ -32,6 +37,7 @@ from ..capture.generate import check_generation, generate, prompt_ids
 from ..data import Needle, document, needle
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from ..progress import say_slow_step
 
 PROMPT_FORMS = {"smollm2": "chat"}  # SmolLM2-135M-Instruct restates a plain prompt's question instead of answering
 FORMS = ("plain", "chat")
@@ -48,7 +54,8 @@ SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")  # the whitespace after a s
 @dataclass(frozen=True)
 class NeedlePrompt:
     """One trial's prompt: ``text`` as :func:`attnscope.generate` takes it (``chat``: wrapped in the chat template),
-    ``ids`` the tokens it runs (0-indexed positions), ``needle_span`` the needle's tokens ``[start, end)`` in ``ids``.
+    ``ids`` the tokens it runs (0-indexed positions), ``needle_span`` the needle's tokens ``[start, end)`` in ``ids``,
+    ``answer_span`` those of the part the answer copies (from the needle's answer to its end: the span scored).
     ``context_tokens``: the haystack with the needle, in the model's tokens (at most ``length``); ``placed_depth``: where
     the needle starts in it, 0 (first) to 1 (last), at a sentence boundary near ``depth``."""
 
@@ -60,6 +67,7 @@ class NeedlePrompt:
     text: str
     ids: tuple[int, ...]
     needle_span: tuple[int, int]
+    answer_span: tuple[int, int]
     context_tokens: int
     placed_depth: float
 
@@ -93,8 +101,11 @@ def needle_prompt(model: LoadedModel | str, needle_item: Needle | str, *, length
     text = template.format(context=context, question=item.question, answer_prefix=item.answer_prefix)
     ids = prompt_ids(loaded, text, chat=chosen == "chat")
     needle_chars = text.index(context) + needle_start
-    span = token_span(loaded, text, chosen == "chat", ids, (needle_chars, needle_chars + len(item.text)))
-    return NeedlePrompt(item, document_name, length, depth, chosen, text, tuple(ids), span, context_tokens, placed)
+    needle_end = needle_chars + len(item.text)
+    span = token_span(loaded, text, chosen == "chat", ids, (needle_chars, needle_end))
+    answer = token_span(loaded, text, chosen == "chat", ids, (needle_chars + item.text.index(item.answer), needle_end))
+    return NeedlePrompt(item, document_name, length, depth, chosen, text, tuple(ids), span, answer, context_tokens,
+                        placed)
 
 
 def check_decoder(loaded: LoadedModel) -> None:
@@ -123,8 +134,8 @@ def hide_needle(tokenizer: Any, text: str, needle_text: str, length: int, depth:
     if n_needle >= length:
         raise AttnscopeError(f"the needle is {n_needle} tokens, as long as the haystack of {length} tokens or longer; "
                              "ask for a longer haystack")
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     budget = length - n_needle
+    offsets = first_token_offsets(tokenizer, text, budget)
     while budget > 0:
         if budget > len(offsets):
             raise AttnscopeError(f"the document has {len(offsets)} tokens, fewer than the {budget} a haystack of "
@@ -139,14 +150,31 @@ def hide_needle(tokenizer: Any, text: str, needle_text: str, length: int, depth:
     raise AttnscopeError(f"no haystack of {length} tokens holds the needle")
 
 
+CHARS_PER_TOKEN = 16  # more than any English text's average: a prefix this long holds the tokens asked for
+
+
+def first_token_offsets(tokenizer: Any, text: str, n_tokens: int) -> list[tuple[int, int]]:
+    """The character offsets of ``text``'s tokens, at least its first ``n_tokens`` + 1 where it has them: a prefix is
+    tokenised first (a whole address is 40,000 tokens, and a trial needs 1,000), the whole text where that falls
+    short. The token after the last one used is kept so that a word cut by the prefix is never used."""
+    prefix = text[: (n_tokens + 2) * CHARS_PER_TOKEN]
+    offsets = tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) > n_tokens + 1 or len(prefix) == len(text):
+        return list(offsets)
+    return list(tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+
+
 def token_counter(tokenizer: Any) -> Callable[[str], int]:
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def sentence_boundary(haystack: str, depth: float, token_ends: Sequence[int]) -> tuple[int, float]:
-    """The character where a sentence of ``haystack`` starts (or its end) nearest ``depth`` of its tokens
-    (``token_ends``: each token's last character + 1), and that boundary's depth in tokens."""
-    starts = [0, *(match.end() for match in SENTENCE_END.finditer(haystack)), len(haystack)]
+    """The character where a sentence of ``haystack`` starts nearest ``depth`` of its tokens (``token_ends``: each
+    token's last character + 1), and that boundary's depth in tokens. The haystack's end is a boundary only where a
+    sentence ends there: a haystack cut mid-sentence keeps its last piece after the needle, so depth 1 is that
+    piece's start."""
+    ends_a_sentence = SENTENCE_END.search(haystack + " ", len(haystack) - 2 if haystack else 0) is not None
+    starts = [0, *(match.end() for match in SENTENCE_END.finditer(haystack)), *([len(haystack)] * ends_a_sentence)]
     n_tokens = len(token_ends)
     token_of = [bisect_right(token_ends, start) for start in starts]  # tokens wholly before each boundary
     best = min(range(len(starts)), key=lambda index: abs(token_of[index] - depth * n_tokens))
@@ -182,13 +210,17 @@ def token_span(loaded: LoadedModel, text: str, chat: bool, ids: Sequence[int], c
 @dataclass(frozen=True)
 class NeedleTrial:
     """One trial's outcome: its prompt, the decoded ``answer``, whether it ``counted`` (the answer holds the needle's
-    answer), seconds it took, and each head's retrieval score ``[layer, head]`` for this trial."""
+    answer), seconds it took, each head's retrieval score ``[layer, head]`` for this trial, each step's most-attended
+    key ``top_keys`` ``[step, layer, head]`` (what the score was computed from) and the whole sequence's
+    ``token_ids`` (prompt, then the answer)."""
 
     prompt: NeedlePrompt
     answer: str
     counted: bool
     seconds: float
-    scores: np.ndarray
+    scores: np.ndarray = field(repr=False)
+    top_keys: np.ndarray = field(repr=False)
+    token_ids: np.ndarray = field(repr=False)
 
     def summary(self) -> dict[str, Any]:
         """One row of the trials table (the scores left out)."""
@@ -248,9 +280,11 @@ def run_trial(loaded: LoadedModel, prompt: NeedlePrompt, *, max_new_tokens: int 
                    prompt_rows=False, candidates=1)
     if list(gen.token_ids[: gen.prompt_length]) != list(prompt.ids):
         raise AttnscopeError("the generation ran other prompt tokens than the trial located its needle in")
-    scores = retrieval_score(step_top_keys(gen), gen.token_ids, gen.prompt_length, prompt.needle_span)
+    top_keys = step_top_keys(gen)
+    scores = retrieval_score(top_keys, gen.token_ids, gen.prompt_length, prompt.answer_span)
     answer = loaded.tokenizer.decode(gen.token_ids[gen.prompt_length:].tolist(), skip_special_tokens=True)
-    return NeedleTrial(prompt, answer, answered(prompt.needle, answer), time.perf_counter() - started, scores)
+    return NeedleTrial(prompt, answer, answered(prompt.needle, answer), time.perf_counter() - started, scores,
+                       top_keys, gen.token_ids)
 
 
 def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
@@ -278,8 +312,9 @@ def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
     check_generation(loaded, longest, max_new_tokens, first_row=longest - 1)
     trials = []
     for index, prompt in enumerate(prompts):
-        trials.append(run_trial(loaded, prompt, max_new_tokens=max_new_tokens))
         if progress:
-            print(f"needle trial {index + 1}/{len(prompts)}: {trials[-1].summary()}", flush=True)
+            say_slow_step(f"needle trial {index + 1} of {len(prompts)} ({prompt.needle.id}, {prompt.length} tokens, "
+                          f"depth {prompt.depth})")
+        trials.append(run_trial(loaded, prompt, max_new_tokens=max_new_tokens))
     scores = mean_retrieval_score([trial.scores for trial in trials], [trial.counted for trial in trials])
     return NeedleTrials(loaded.name, tuple(trials), scores)
