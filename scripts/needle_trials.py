@@ -15,7 +15,13 @@ import time
 import numpy as np
 
 import attnscope
-from attnscope.experiments.needles import DEFAULT_DEPTHS, DEFAULT_DOCUMENT, DEFAULT_NEEDLES, MAX_NEW_TOKENS, needle_trials
+from attnscope.experiments.needles import (
+    DEFAULT_DEPTHS,
+    DEFAULT_DOCUMENT,
+    DEFAULT_NEEDLES,
+    MAX_NEW_TOKENS,
+    needle_trials,
+)
 
 
 def main() -> None:
