@@ -34,6 +34,7 @@ from attnscope.experiments.needles import (
 from attnscope.models.loading import resolve_source
 
 from .conftest import VOCAB
+from .test_generate import eager_attention
 
 
 # ---- the rule on hand-built steps --------------------------------------------------------------------------------
@@ -135,15 +136,7 @@ def test_a_planted_copy_head_scores_1_and_uniform_heads_0(planted):
 def eager_top_keys(loaded, token_ids: np.ndarray, n_prompt: int) -> np.ndarray:
     """The argmax key of transformers' eager rows that chose each generated token, ``[step, layer, head]``: one
     forward pass over the whole sequence, teacher-forced, ``output_attentions=True``."""
-    model = loaded.model
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor([token_ids.tolist()]), output_attentions=True, use_cache=False)
-    finally:
-        model.set_attn_implementation(previous)
-    rows = torch.stack([layer[0] for layer in out.attentions]).float().numpy()  # [layer, head, q_pos, k_pos]
+    rows = eager_attention(loaded, token_ids)  # [layer, head, q_pos, k_pos]
     return top_keys_of_rows([rows[:, :, position] for position in range(n_prompt - 1, len(token_ids) - 1)])
 
 
