@@ -29,7 +29,7 @@ from attnscope.experiments.needles import (
     needle_prompt,
     needle_trials,
     run_trial,
-    token_span,
+    token_spans,
 )
 from attnscope.models.loading import resolve_source
 
@@ -112,7 +112,7 @@ def planted_gpt2(folder):
 def planted_prompt(loaded) -> NeedlePrompt:
     ids = attnscope.capture.generate.prompt_ids(loaded, PLANTED_TEXT, chat=False)
     start = PLANTED_TEXT.index(NEEDLE)
-    span = token_span(loaded, PLANTED_TEXT, False, ids, (start, start + len(NEEDLE)))
+    [span] = token_spans(loaded, PLANTED_TEXT, False, ids, [(start, start + len(NEEDLE))])
     item = Needle("planted", "sentence", NEEDLE, "what came after the mark?", "", NEEDLE)
     return NeedlePrompt(item, "planted", len(ids), 0.5, "plain", PLANTED_TEXT, tuple(ids), span, span, len(ids), 0.5)
 
@@ -261,3 +261,12 @@ def test_an_encoder_is_refused(tiny_model_dir):
     bert = attnscope.load_model(str(tiny_model_dir("bert")))
     with pytest.raises(AttnscopeError, match="not a decoder-only language model"):
         needle_trials(bert)
+
+
+@pytest.mark.parametrize("form", ["chat", "plain"])
+def test_the_needle_is_located_in_a_real_tokenizer_and_its_chat_template(smollm2, form):
+    prompt = needle_prompt(smollm2, "passkey-2", length=400, depth=0.5, form=form)
+    decode = smollm2.tokenizer.decode
+    assert decode(list(prompt.ids[slice(*prompt.needle_span)])).strip() == "The secret pass key is 3622173."
+    assert decode(list(prompt.ids[slice(*prompt.answer_span)])).strip() == "3622173."
+    assert decode(list(prompt.ids)).startswith("<|im_start|>") == (form == "chat")  # the template wraps the chat form

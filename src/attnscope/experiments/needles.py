@@ -87,7 +87,7 @@ def prompt_form(loaded: LoadedModel, form: str | None) -> str:
 def needle_prompt(model: LoadedModel | str, needle_item: Needle | str, *, length: int, depth: float,
                   document_name: str = DEFAULT_DOCUMENT, form: str | None = None) -> NeedlePrompt:
     """The prompt of one trial: ``document_name`` cut to ``length`` tokens with the needle in them (the context), the
-    needle at the sentence boundary nearest ``depth`` (0: before the first sentence, 1: after the last), then the
+    needle at the sentence boundary nearest ``depth`` (0: before the first sentence, 1: after the last whole one), then the
     question (see the module's prompt forms). Refuses a depth outside 0..1, a needle as long as the haystack, a
     document too short, a length past the model's window."""
     loaded = as_loaded(model)
@@ -102,8 +102,8 @@ def needle_prompt(model: LoadedModel | str, needle_item: Needle | str, *, length
     ids = prompt_ids(loaded, text, chat=chosen == "chat")
     needle_chars = text.index(context) + needle_start
     needle_end = needle_chars + len(item.text)
-    span = token_span(loaded, text, chosen == "chat", ids, (needle_chars, needle_end))
-    answer = token_span(loaded, text, chosen == "chat", ids, (needle_chars + item.text.index(item.answer), needle_end))
+    span, answer = token_spans(loaded, text, chosen == "chat", ids,
+                               [(needle_chars, needle_end), (needle_chars + item.text.index(item.answer), needle_end)])
     return NeedlePrompt(item, document_name, length, depth, chosen, text, tuple(ids), span, answer, context_tokens,
                         placed)
 
@@ -189,9 +189,11 @@ def insert_at(haystack: str, boundary: int, needle_text: str) -> tuple[str, int]
     return head + needle_text + (f" {after}" if after else ""), len(head)
 
 
-def token_span(loaded: LoadedModel, text: str, chat: bool, ids: Sequence[int], chars: tuple[int, int]) -> tuple[int, int]:
-    """The tokens of ``ids`` (the prompt as generate runs it) that overlap characters ``chars`` of ``text``:
-    ``[start, end)``. The chat form's characters are those of the template's text, whose tokens must be ``ids``."""
+def token_spans(loaded: LoadedModel, text: str, chat: bool, ids: Sequence[int],
+                chars: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """For each character range of ``text`` in ``chars``, the tokens of ``ids`` (the prompt as generate runs it) that
+    overlap it: ``[start, end)``. The chat form's characters are those of the template's text, whose tokens must be
+    ``ids``."""
     tokenizer = loaded.tokenizer
     full, shift, special = text, 0, True
     if chat:
@@ -202,9 +204,12 @@ def token_span(loaded: LoadedModel, text: str, chat: bool, ids: Sequence[int], c
     if list(encoded["input_ids"]) != list(ids):
         raise AttnscopeError(f"{loaded.name}'s tokenizer gives the prompt other tokens with character offsets than "
                              "without; the needle cannot be located")
-    first, last = chars[0] + shift, chars[1] + shift
-    inside = [index for index, (start, end) in enumerate(encoded["offset_mapping"]) if end > first and start < last]
-    return inside[0], inside[-1] + 1
+    spans = []
+    for first, last in chars:
+        inside = [index for index, (start, end) in enumerate(encoded["offset_mapping"])
+                  if end > first + shift and start < last + shift]
+        spans.append((inside[0], inside[-1] + 1))
+    return spans
 
 
 @dataclass(frozen=True)
