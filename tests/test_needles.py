@@ -35,6 +35,7 @@ from attnscope.models.loading import resolve_source
 
 from .conftest import VOCAB
 from .test_generate import eager_attention
+from .test_routes import zeroed_gpt2
 
 
 # ---- the rule on hand-built steps --------------------------------------------------------------------------------
@@ -76,19 +77,9 @@ def planted_gpt2(folder):
     always the needle token it is generating. Heads 1 of both layers are silent: uniform attention."""
     import transformers
 
-    config = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=N_POSITIONS,
-                                     n_inner=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                     eos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
-                                     architectures=["GPT2LMHeadModel"])
-    model = transformers.GPT2LMHeadModel(config)
-    d = config.n_embd
+    model = zeroed_gpt2(n_embd=128, vocab_size=VOCAB, n_positions=N_POSITIONS, tie_word_embeddings=False)
+    d = model.config.n_embd
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-        for block in model.transformer.h:
-            block.ln_1.weight.fill_(1.0)
-            block.ln_2.weight.fill_(1.0)
-        model.transformer.ln_f.weight.fill_(1.0)
         model.transformer.wpe.weight[:, POSITIONS : POSITIONS + N_POSITIONS] = torch.eye(N_POSITIONS)
         previous, copy = (block.attn for block in model.transformer.h)
         for p in range(1, N_POSITIONS):  # a query at p looks for key p - 1 (head 0: columns 0..63 of each block)
