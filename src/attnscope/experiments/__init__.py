@@ -60,6 +60,10 @@ if TYPE_CHECKING:
     from .metrics import list_metrics as list_metrics
     from .metrics import prepare_metric as prepare_metric
     from .metrics import register_metric as register_metric
+    from .needles import NeedlePrompt as NeedlePrompt
+    from .needles import NeedleTrials as NeedleTrials
+    from .needles import needle_prompt as needle_prompt
+    from .needles import needle_trials as needle_trials
     from .patching import PatchHeads as PatchHeads
     from .patching import PatchingResult as PatchingResult
     from .patching import PromptPair as PromptPair
