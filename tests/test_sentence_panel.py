@@ -6,6 +6,7 @@ its row's values for the chosen layer and head. Layers, heads, sentences and pos
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,16 @@ def test_the_panel_equals_the_analysis_and_eager_block_means(smollm2, generation
     assert close16(shipped["vertical_all"], vertical_scores(analysis.matrix.mean(axis=(0, 1))[None])[0])
     assert close16(shipped["kurtosis"], receivers.kurtosis.astype(np.float32))
     assert shipped["receivers"].tolist() == [[layer, head] for layer, head, _ in receivers.ranked(10)]
+
+
+def test_a_text_too_short_for_vertical_scores_ships_a_panel_without_receivers_and_warns_of_nothing(smollm2):
+    record = generate(smollm2, "The sea is", max_new_tokens=3, progress=False)  # two sentences: nothing 4 below
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" would print under every generate --html
+        panel = generation_payload(record)["sentences"]
+    shipped = decoded_panel(panel)
+    assert shipped["spans"].tolist() == [[0, 3], [3, 6]] and shipped["receivers"].shape == (0, 2)
+    assert np.isnan(shipped["vertical_all"]).all() and np.isnan(shipped["kurtosis"]).all()
 
 
 def test_the_panel_refuses_one_sentence_and_more_than_it_draws():
