@@ -2,7 +2,7 @@
 the explorer (schema: ``steps.schema.json``, ``$defs/sentences``; drawn by ``static/sentences.js``).
 
 Every number is the analysis's (:mod:`attnscope.analysis.sentences`), packed as the step view packs its rows
-(:class:`~attnscope.present.steps.RowPacker`): query sentence ``i`` is a "row" of ``i + 1`` keys (the key sentences
+(:class:`~attnscope.present.rows.RowPacker`): query sentence ``i`` is a "row" of ``i + 1`` keys (the key sentences
 ``0..i``: the block means at and below the diagonal; the cells above it are the future), rows placed back to back,
 uint8 scaled per row by its maximum (``SENTENCE_LEVELS`` levels, so a cell is at most ``row_max / 510`` plus the
 float16 rounding of ``row_max`` off). Three sets, as the page chooses them:
@@ -30,11 +30,12 @@ import numpy as np
 from ..analysis.sentences import PROXIMITY, SentenceAttention, vertical_scores
 from ..errors import AttnscopeError
 from .payload import PackedArray, pack_float16, pack_uint16, unpack
-from .steps import UINT16_MAX, RowPacker, Rows, _decoded
+from .rows import RowPacker, Rows, row_values
 
 if TYPE_CHECKING:
     from ..records.generation import GenerationRecord
 
+UINT16_MAX = int(np.iinfo(np.uint16).max)
 SENTENCE_LEVELS = 255  # S x S cells are few next to the token rows: every set gets 256 shades
 MAX_PANEL_SENTENCES = 256  # beyond this the heatmap's cells are under a pixel and the heads' set grows with S^2
 TOP_RECEIVERS = 10
@@ -147,7 +148,7 @@ def decoded_panel(panel: SentencePanel) -> dict[str, np.ndarray]:
     decoded: dict[str, np.ndarray] = {"spans": spans, "kurtosis": unpack(panel["kurtosis"]).astype(np.float32),
                                       "receivers": unpack(panel["receivers"]).astype(np.int64)}
     for name in ("heads", "layers", "all"):
-        values, row_max, levels = _decoded(panel["attention"][name])  # uint8 [*lead, sum keys], [*lead, S]
+        values, row_max, levels = row_values(panel["attention"][name])  # uint8 [*lead, sum keys], [*lead, S]
         matrix = np.full((*row_max.shape[:-1], n, n), np.nan, dtype=np.float32)
         start = 0
         for query in range(n):  # row i: the key sentences 0..i

@@ -83,7 +83,8 @@ from ..records.attribution import (
 from ..records.decoding import DecodeTrace, Step
 from ..records.generation import Candidate, GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
-from .payload import PackedArray, pack_bytes, pack_float16, pack_uint16, packed_bytes, to_json, unpack
+from .payload import PackedArray, pack_float16, pack_uint16, to_json, unpack
+from .rows import RowPacker, Rows, row_values
 
 if TYPE_CHECKING:
     from .sentence_panel import SentencePanel
@@ -115,15 +116,6 @@ class StepInfo(TypedDict):
     probability: float | None
     candidates: list[StepCandidate]
     beams: NotRequired[list[tuple[str, float]]]
-
-
-class Rows(TypedDict):
-    """Rows of every step back to back: ``values`` uint8 ``[..., sum(keys)]`` in ``0..levels``,
-    ``row_max`` float16 ``[..., step]``; a weight is ``value / levels * row_max``."""
-
-    levels: int
-    values: PackedArray
-    row_max: PackedArray
 
 
 class AttentionRows(TypedDict):
@@ -262,29 +254,6 @@ def pack_attention_rows(rows: RowsOf, keys: Sequence[int], *, heads: bool = True
     return packers
 
 
-class RowPacker:
-    """Rows ``[*lead, keys_s]`` of each step -> uint8 ``[*lead, sum keys]`` in ``0..levels``, scaled per
-    row by its maximum."""
-
-    def __init__(self, lead: tuple[int, ...], keys: Sequence[int], levels: int) -> None:
-        self.levels = levels
-        self.values = np.zeros((*lead, sum(keys)), dtype=np.uint8)
-        self.row_max = np.zeros((*lead, len(keys)), dtype=np.float16)
-        self.starts = np.concatenate([[0], np.cumsum(keys)]).astype(int)
-
-    def put(self, step: int, block: np.ndarray) -> None:
-        start, end = self.starts[step], self.starts[step + 1]
-        if end == start or self.values.size == 0:
-            return
-        top = block.max(axis=-1).astype(np.float16)
-        self.row_max[..., step] = top
-        scale = np.where(top > 0, top.astype(np.float32), 1.0)[..., None]  # quantize against the max as decoded
-        self.values[..., start:end] = np.rint(np.clip(block / scale, 0.0, 1.0) * self.levels)
-
-    def packed(self, compress: bool) -> Rows:
-        return Rows(levels=self.levels, values=pack_bytes(self.values, compress), row_max=pack_float16(self.row_max, compress))
-
-
 def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[int], tuple[np.ndarray, ...]]:
     """What the page draws, decoded (for tests and tools): a function of the step giving every head's
     row ``[layer, head, keys]``, each layer's mean over heads ``[layer, keys]`` and the mean of all
@@ -294,7 +263,7 @@ def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[
     starts = np.concatenate([[0], np.cumsum(payload["keys"])]).astype(int)
     attention = payload["attention"]
     means = payload["weighted"] if weighted and payload["weighted"] is not None else attention
-    sets = [_decoded(rows) for rows in (attention["heads"], means["layers"], means["all"])]
+    sets = [row_values(rows) for rows in (attention["heads"], means["layers"], means["all"])]
     norms = unpack(payload["weighted"]["value_norms"]) if weighted and payload["weighted"] is not None else None
 
     def rows_of(step: int) -> tuple[np.ndarray, ...]:
@@ -305,11 +274,6 @@ def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[
         return heads, layers, overall[0]
 
     return rows_of
-
-
-def _decoded(rows: Rows) -> tuple[np.ndarray, np.ndarray, int]:
-    values = np.frombuffer(packed_bytes(rows["values"]), dtype=np.uint8).reshape(rows["values"]["shape"])
-    return values, unpack(rows["row_max"]), rows["levels"]
 
 
 @cache
