@@ -38,6 +38,12 @@ A generation made with its steps' routes (``--routes``) also ships ``routes``: t
 the position that chose the token) as the record keeps them, one row per edge (``static/routes.js`` draws a step's
 edges under the view when its step is shown). Without it ``routes`` is null.
 
+A generation also ships ``sentences``: the sentence panel (``present/sentence_panel.py``, ``static/sentences.js``):
+the prompt and the generated text split into sentences, the attention averaged to sentence x sentence from the kept
+rows (per head, per layer and overall), each sentence's attention from later sentences and the receiver heads
+(Bogdan et al. 2025); clicking a sentence marks its tokens in the text. Null for a decoding (cross-attention) and for a
+text of fewer than two sentences or more than the panel draws.
+
 Attribution and routes are packed arrays like the rows (float16 numbers, uint16 codes and indices, deflated), never
 JSON numbers: 1,024 steps of SmolLM2 with both are a few MB, not ten times that. Strings (the lens's tokens) are
 shipped once each in a ``vocabulary`` and indexed by uint16.
@@ -57,7 +63,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from string import Template
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -77,7 +83,11 @@ from ..records.attribution import (
 from ..records.decoding import DecodeTrace, Step
 from ..records.generation import Candidate, GenerationRecord
 from .html import CONTENT_POLICY, DOCUMENT, static_text, write_page
-from .payload import PackedArray, pack_bytes, pack_float16, pack_uint16, packed_bytes, to_json, unpack
+from .payload import PackedArray, pack_float16, pack_uint16, to_json, unpack
+from .rows import RowPacker, Rows, row_values
+
+if TYPE_CHECKING:
+    from .sentence_panel import SentencePanel
 
 STEPS_FORMAT = "attnscope.steps"
 STEPS_VERSION = 2  # 2: attribution and routes packed (1 shipped them as JSON numbers)
@@ -87,8 +97,9 @@ UINT16_MAX = 65535
 HEAD_LEVELS = 15
 MEAN_LEVELS = 255
 # decode.js: unpacking of packed arrays (AttnscopeViews.unpack); routes.js: the drawing of one route (AttnscopeRoutes)
-STEPS_SCRIPTS = ("decode.js", "routes.js", "steps.js")
-STEPS_STYLES = ("steps.css",)
+# sentences.js: the sentence panel (AttnscopeSentences)
+STEPS_SCRIPTS = ("decode.js", "routes.js", "sentences.js", "steps.js")
+STEPS_STYLES = ("steps.css", "sentences.css")
 
 
 class StepCandidate(TypedDict):
@@ -105,15 +116,6 @@ class StepInfo(TypedDict):
     probability: float | None
     candidates: list[StepCandidate]
     beams: NotRequired[list[tuple[str, float]]]
-
-
-class Rows(TypedDict):
-    """Rows of every step back to back: ``values`` uint8 ``[..., sum(keys)]`` in ``0..levels``,
-    ``row_max`` float16 ``[..., step]``; a weight is ``value / levels * row_max``."""
-
-    levels: int
-    values: PackedArray
-    row_max: PackedArray
 
 
 class AttentionRows(TypedDict):
@@ -187,6 +189,7 @@ class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models
     weighted: WeightedRows | None
     attribution: StepAttribution | None
     routes: RouteSteps | None
+    sentences: SentencePanel | None
     notes: list[str]
     sink_mass: NotRequired[PackedArray]
 
@@ -201,7 +204,7 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
                         notes: Sequence[str] = (), attribution: StepAttribution | None = None,
                         compress: bool = True, sink_mass: np.ndarray | None = None,
-                        routes: RouteSteps | None = None) -> StepsPayload:
+                        routes: RouteSteps | None = None, sentences: SentencePanel | None = None) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
@@ -209,7 +212,8 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
     tokens; step ``s`` chose ``text[first_step + s]``. ``attribution``: the chosen tokens' direct logit
     attribution and logit lens (:func:`generation_attribution`), or None. ``sink_mass``: ``[layer, head, step]``
     for a model with learned sinks (each step's row sums to 1 minus it), else None. ``routes``: each step's route
-    (:func:`generation_routes`), or None.
+    (:func:`generation_routes`), or None. ``sentences``: the sentence panel of the text
+    (:func:`~attnscope.present.sentence_panel.generation_sentences`), or None.
     """
     if not steps:
         raise AttnscopeError("nothing was decoded: the step view needs at least one step")
@@ -228,7 +232,7 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
         n_layers=int(first.shape[0]), n_heads=int(first.shape[1]), steps=steps,
         attention=AttentionRows(heads=heads.packed(compress), layers=layers.packed(compress),
                                 all=overall.packed(compress)),
-        weighted=weighted, attribution=attribution, routes=routes, notes=list(notes))
+        weighted=weighted, attribution=attribution, routes=routes, sentences=sentences, notes=list(notes))
     if sink_mass is not None:
         payload["sink_mass"] = pack_float16(sink_mass, compress)
     return payload
@@ -250,29 +254,6 @@ def pack_attention_rows(rows: RowsOf, keys: Sequence[int], *, heads: bool = True
     return packers
 
 
-class RowPacker:
-    """Rows ``[*lead, keys_s]`` of each step -> uint8 ``[*lead, sum keys]`` in ``0..levels``, scaled per
-    row by its maximum."""
-
-    def __init__(self, lead: tuple[int, ...], keys: Sequence[int], levels: int) -> None:
-        self.levels = levels
-        self.values = np.zeros((*lead, sum(keys)), dtype=np.uint8)
-        self.row_max = np.zeros((*lead, len(keys)), dtype=np.float16)
-        self.starts = np.concatenate([[0], np.cumsum(keys)]).astype(int)
-
-    def put(self, step: int, block: np.ndarray) -> None:
-        start, end = self.starts[step], self.starts[step + 1]
-        if end == start or self.values.size == 0:
-            return
-        top = block.max(axis=-1).astype(np.float16)
-        self.row_max[..., step] = top
-        scale = np.where(top > 0, top.astype(np.float32), 1.0)[..., None]  # quantize against the max as decoded
-        self.values[..., start:end] = np.rint(np.clip(block / scale, 0.0, 1.0) * self.levels)
-
-    def packed(self, compress: bool) -> Rows:
-        return Rows(levels=self.levels, values=pack_bytes(self.values, compress), row_max=pack_float16(self.row_max, compress))
-
-
 def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[int], tuple[np.ndarray, ...]]:
     """What the page draws, decoded (for tests and tools): a function of the step giving every head's
     row ``[layer, head, keys]``, each layer's mean over heads ``[layer, keys]`` and the mean of all
@@ -282,7 +263,7 @@ def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[
     starts = np.concatenate([[0], np.cumsum(payload["keys"])]).astype(int)
     attention = payload["attention"]
     means = payload["weighted"] if weighted and payload["weighted"] is not None else attention
-    sets = [_decoded(rows) for rows in (attention["heads"], means["layers"], means["all"])]
+    sets = [row_values(rows) for rows in (attention["heads"], means["layers"], means["all"])]
     norms = unpack(payload["weighted"]["value_norms"]) if weighted and payload["weighted"] is not None else None
 
     def rows_of(step: int) -> tuple[np.ndarray, ...]:
@@ -293,11 +274,6 @@ def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[
         return heads, layers, overall[0]
 
     return rows_of
-
-
-def _decoded(rows: Rows) -> tuple[np.ndarray, np.ndarray, int]:
-    values = np.frombuffer(packed_bytes(rows["values"]), dtype=np.uint8).reshape(rows["values"]["shape"])
-    return values, unpack(rows["row_max"]), rows["levels"]
 
 
 @cache
@@ -350,14 +326,16 @@ class StepsView:
 def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: str | None = None) -> StepsPayload:
     """The step view's payload of a generation: every step's candidates and its query's attention over
     the prompt and the text so far, per head, per layer and overall, raw and (with value norms)
-    norm-weighted."""
+    norm-weighted, and the sentence panel of the prompt and the generated text."""
+    from .sentence_panel import generation_sentences
+
     return build_steps_payload(
         title=title or f"{gen.model.name}: {gen.prompt[:120]}", model=gen.model.name, method=gen.method,
         kind="self", text=gen.tokens, first_step=gen.prompt_length,
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
         rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
         attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen),
-        routes=generation_routes(gen, compress))
+        routes=generation_routes(gen, compress), sentences=generation_sentences(gen, compress))
 
 
 def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:

@@ -15,7 +15,9 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/qk``: why a decoder's head scores a key for a query (QK attribution of one attention cell:
   the score and its largest [query component x key component] terms; the views' cell click asks it);
 * ``POST /api/routes``: the information-flow route of one prediction of a decoder (``attnscope.routes``:
-  the graph as ``Routes.to_dict`` writes it; the Routes tab draws it).
+  the graph as ``Routes.to_dict`` writes it; the Routes tab draws it);
+* ``POST /api/sentences``: sentence-level attention of a text (``attnscope.experiments.sentences.sentence_report``,
+  Bogdan et al. 2025): its tokens and the sentence panel the step view draws (the Sentences tab draws it).
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -65,12 +67,16 @@ DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload
 MAX_QK_TOP = 100  # pairs per table in an /api/qk answer (the page draws one bar each)
 DEFAULT_TAU = 0.04  # attribution.routes.TAU, repeated so that importing the app imports no torch (a test holds them equal)
 MAX_NEW_TOKENS = 256  # per /api/generate request: the model is held (other requests on it wait) while it writes
+# /api/sentences reads a few paragraphs at least (a planned capture: memory grows with the sentences, not the tokens);
+# the server's --max-tokens raises it
+SENTENCE_TOKENS = 2048
+MAX_RECEIVERS = 50
 
 # name -> (package, folder) of every asset the page may load
 ASSETS = {
     **{name: ("attnscope.present", "static") for name in
        ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
-        "routes.js", "steps.js", "steps.css")},
+        "routes.js", "steps.js", "steps.css", "sentences.js", "sentences.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
@@ -222,6 +228,21 @@ class RoutesRequest(StrictRequest):
                                "the end; default: the last)")
     tau: float = Field(DEFAULT_TAU, ge=0.0, lt=1.0, allow_inf_nan=False,
                        description="the importance an edge must exceed to be kept (Ferrando & Voita 2024's default)")
+
+    _check_text = field_validator("text")(_utf8)
+
+
+class SentencesRequest(StrictRequest):
+    model: str | None = Field(None, description="a model name from GET /api/models (default: the server's first "
+                              "decoder-only model, else its first)")
+    text: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,
+                      description="the text: at least two sentences (one ends at . ! ? before a space, or at a new "
+                      "line); not only spaces",
+                      examples=["The cat sat on the mat. It was happy! Then it left.\nThe dog came in. It barked."])
+    proximity: Annotated[int, Field(ge=1, le=64), BeforeValidator(_whole_number)] = Field(
+        4, description="a sentence's vertical score averages the sentences at least this many later (Bogdan et al.: 4)")
+    top: Annotated[int, Field(ge=1, le=MAX_RECEIVERS), BeforeValidator(_whole_number)] = Field(
+        10, description=f"receiver heads listed (1 to {MAX_RECEIVERS})")
 
     _check_text = field_validator("text")(_utf8)
 
@@ -415,6 +436,15 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             graph = service.routes_of(loaded, request.text, request.position, request.tau, max_tokens)
         return JSONResponse(graph.to_dict())
+
+    @app.post("/api/sentences", summary="sentence-level attention of a text: sentence x sentence block means, "
+              "vertical scores and receiver heads (Bogdan et al. 2025)", responses=ERRORS)
+    def sentences(request: SentencesRequest) -> JSONResponse:
+        name = _named(request.model, pool.generator or pool.default)
+        with pool.use(name) as loaded:
+            report = service.sentences_of(loaded, request.text, request.proximity, max(max_tokens, SENTENCE_TOKENS))
+        # packing needs no model: let the next request in
+        return JSONResponse(service.describe_sentences(report, name, request.top))
 
     def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:

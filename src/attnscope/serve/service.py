@@ -7,7 +7,8 @@
   step view for encoder-decoders);
 * :func:`record_json`: the record's attention as plain JSON, for scripts;
 * :func:`qk` and :func:`describe_qk`: why a decoder's head scores a key for a query (QK attribution);
-* :func:`routes_of`: the information-flow route of one prediction of a decoder.
+* :func:`routes_of`: the information-flow route of one prediction of a decoder;
+* :func:`sentences_of` and :func:`describe_sentences`: sentence-level attention of a text (the sentence panel).
 
 Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
 layer answers 4xx) for input the user can fix.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
     from ..attribution.qk import QKAttribution
     from ..attribution.routes import Routes
+    from ..experiments.sentences import SentenceReport
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
 # attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
@@ -411,3 +413,27 @@ def routes_of(loaded: LoadedModel, text: str, position: int, tau: float, max_tok
     check_route_model(loaded)
     check_input(loaded, text, None, max_tokens)
     return routes(loaded, text, position, tau)
+
+
+# ---- sentences -------------------------------------------------------------------------------
+def sentences_of(loaded: LoadedModel, text: str, proximity: int, max_tokens: int) -> SentenceReport:
+    """Sentence attention and receiver heads of ``text`` (``sentence_report``: a planned capture), after the checks
+    that need no forward pass: the text as :func:`check_input` checks it, and a number of sentences the panel draws."""
+    from ..experiments.sentences import sentence_report, text_sentences
+    from ..present.sentence_panel import check_panel_sentences
+
+    check_input(loaded, text, None, max_tokens)
+    check_panel_sentences(len(text_sentences(loaded, text)))
+    return sentence_report(loaded, text, proximity=proximity)
+
+
+def describe_sentences(report: SentenceReport, model: str, top: int) -> dict[str, Any]:
+    """``/api/sentences``' answer: the text's tokens and the sentence panel (``steps.schema.json``'s
+    ``$defs/sentences``) with the ``top`` receiver heads; needs no model, so the web layer runs it after releasing
+    the model for the next request."""
+    from ..present.sentence_panel import sentence_panel
+
+    attention = report.attention
+    return {"model": model, "tokens": list(report.tokens),
+            "n_layers": len(attention.layers), "n_heads": len(attention.heads),
+            "sentences": sentence_panel(attention, proximity=report.receivers.proximity, top=top)}

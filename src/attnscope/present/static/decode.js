@@ -124,7 +124,15 @@
     value(layer, byte) { return byte * this.scale[layer]; }
   }
 
+  /* Rows quantized per row (steps.schema.json $defs/rows): the bytes [..., total], the rows' maxima [..., rows]
+   * (float32); a weight is byte / levels * its row's maximum. */
+  async function unpackRows(rows) {
+    const [values, max] = await Promise.all([bytesOf(rows.values), unpackNumbers(rows.row_max)]);
+    return { bytes: values, max, total: rows.values.shape.at(-1), rows: rows.row_max.shape.at(-1), levels: rows.levels };
+  }
+
   NS.LayerGrid = LayerGrid;
   NS.unpack = unpack;
+  NS.unpackRows = unpackRows;
   NS.unpackNumbers = unpackNumbers;
 })((window.AttnscopeViews = window.AttnscopeViews || {}));

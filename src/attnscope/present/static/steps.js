@@ -15,9 +15,11 @@
  * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
  * A generation made with --routes also draws, under the view, the chosen step's information-flow route (routes.js).
  * Attribution and routes arrive packed like the rows (decode.js unpacks them once; a step's edges are one run of rows).
- * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack) and routes.js (AttnscopeRoutes).
+ * A generation's sentence panel (sentences.js) follows the chosen layer and head and marks a clicked sentence's tokens.
+ * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack), routes.js (AttnscopeRoutes) and
+ * sentences.js (AttnscopeSentences).
  */
-(function (NS, V, R) {
+(function (NS, V, R, S) {
   "use strict";
 
   const el = (tag, cls, text) => {
@@ -110,6 +112,7 @@
       if (this.payload.attribution) this.decoded.attribution = await decodeAttribution(this.payload.attribution);
       if (this.payload.routes) this.decoded.routes = await decodeRoutes(this.payload.routes, this.nSteps);
       this.build();
+      if (this.payload.sentences) this.sentences = await S.attach(this, this.sentenceBox);
       if (this.options.hash) await this.fromAddress();
       this.draw();
       // the time from navigation to the first step drawn, for the page benchmarks (benchmarks/steps_page.py)
@@ -274,10 +277,13 @@
       this.attribution.dataset.role = "attribution";
       this.route = el("div", "st-route");
       this.route.dataset.role = "route";
+      this.sentenceBox = el("div", "st-sentences");
+      this.sentenceBox.dataset.role = "sentence-panel";
       const parts = [el("h3", "st-title", p.title), meta, ...p.notes.map((n) => el("p", "st-note", n)), controls,
         el("p", "st-note", p.kind === "cross" ? "the decoded tokens (click one, or use \u2190 \u2192):"
           : "the generated tokens (click one, or use \u2190 \u2192):"), this.strip, body, this.caption,
-        ...(p.attribution ? [this.attribution] : []), ...(p.routes ? [this.route] : [])];
+        ...(p.attribution ? [this.attribution] : []), ...(p.routes ? [this.route] : []),
+        ...(p.sentences ? [this.sentenceBox] : [])];
       this.root.replaceChildren(...parts);
       this.root.classList.add("attnscope-steps", `st-${p.kind}`);
       if (!this.root.hasAttribute("tabindex")) this.root.tabIndex = 0;  // takes the arrow keys once focused
@@ -351,6 +357,7 @@
       this.drawAttention();
       if (p.attribution) this.drawAttribution();
       if (p.routes) this.drawRoute();
+      if (this.sentences) this.sentences.draw();
       // show the newest tokens; after every part is drawn, so that the page is laid out once, not once per part
       for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;
       this.root.dataset.step = String(s.step);
@@ -535,4 +542,5 @@
     if (container.id) NS.instances[container.id] = view;
     return view;
   };
-})((window.AttnscopeSteps = window.AttnscopeSteps || {}), window.AttnscopeViews, window.AttnscopeRoutes);
+})((window.AttnscopeSteps = window.AttnscopeSteps || {}), window.AttnscopeViews, window.AttnscopeRoutes,
+  window.AttnscopeSentences);

@@ -10,10 +10,11 @@
  * token, then a key token, with one head shown; the step view: a token of a step's row, with one layer
  * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
  * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
- * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js).
+ * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js); the Sentences tab asks
+ * POST /api/sentences for a text's sentence-level attention and draws its panel (sentences.js).
  * Layers and heads are 0-indexed.
  */
-(function (V, Steps, Routes) {
+(function (V, Steps, Routes, Sentences) {
   "use strict";
 
   const el = V.element;
@@ -602,22 +603,19 @@
     $("generate-form").addEventListener("submit", (event) => { event.preventDefault(); generate(); });
   }
 
-  // ---- routes tab ----------------------------------------------------------------------------
-  /* POST /api/routes and draw the route; the server's one line where it refuses (the last drawing is cleared). */
-  async function route() {
-    const status = $("routes-status");
-    const box = $("routes-graph");
-    $("routes-run").disabled = true;
+  // ---- routes and sentences tabs --------------------------------------------------------------
+  /* A tab's one request: `ask()` gives the answer, `draw(box, answer)` draws it in the element `boxId`; the server's
+   * one line where it refuses (the last drawing is cleared). The box's data-state says busy, done or error. */
+  async function runTab(name, boxId, working, ask, draw) {
+    const status = $(`${name}-status`);
+    const box = $(boxId);
+    $(`${name}-run`).disabled = true;
     status.classList.remove("ex-error");
-    status.textContent = "routing…";
+    status.textContent = working;
     box.dataset.state = "busy";
     try {
-      const position = $("routes-position").value.trim();
-      const tau = $("routes-tau").value.trim();
-      const body = { model: $("routes-model").value, text: $("routes-text").value,
-        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) };
-      const data = await api("/api/routes", body);
-      Routes.draw(box, data);
+      const data = await ask();
+      await draw(box, data);
       box.dataset.state = "done";
       markLoaded(data.model);
       status.textContent = "";
@@ -627,13 +625,32 @@
       status.textContent = error.message;
       status.classList.add("ex-error");
     } finally {
-      $("routes-run").disabled = false;
+      $(`${name}-run`).disabled = false;
     }
   }
 
-  function setupRoutes(config) {
-    $("routes-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
-    $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
+  /* POST /api/routes and draw the route. */
+  function route() {
+    return runTab("routes", "routes-graph", "routing…", () => {
+      const position = $("routes-position").value.trim();
+      const tau = $("routes-tau").value.trim();
+      return api("/api/routes", { model: $("routes-model").value, text: $("routes-text").value,
+        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) });
+    }, (box, data) => Routes.draw(box, data));
+  }
+
+  /* POST /api/sentences and draw the sentence panel over the text's tokens. */
+  function sentences() {
+    return runTab("sentences", "sentences-view", "averaging by sentence…", () => {
+      const proximity = $("sentences-proximity").value.trim();
+      return api("/api/sentences", { model: $("sentences-model").value, text: $("sentences-text").value,
+        proximity: proximity === "" ? 4 : Number(proximity) });
+    }, (box, data) => Sentences.render(box, { ...data, title: `${data.model}: sentence-level attention` }));
+  }
+
+  function setupTab(name, run) {
+    $(`${name}-model`).replaceChildren(...page.config.models.map((m) => new Option(m.name, m.name)));
+    $(`${name}-form`).addEventListener("submit", (event) => { event.preventDefault(); run(); });
   }
 
   // ---- start -------------------------------------------------------------------------------
@@ -677,7 +694,8 @@
     $("run-change").addEventListener("click", runChange);
     $("json-link").addEventListener("click", downloadRecord);
     setupGeneration(config);
-    setupRoutes(config);
+    setupTab("routes", route);
+    setupTab("sentences", sentences);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));
@@ -702,4 +720,4 @@
   }
 
   start();
-})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes);
+})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeSentences);
