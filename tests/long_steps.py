@@ -130,14 +130,19 @@ def opened_ms(page: Any, path: Path) -> float:
 
 
 def click_ms(page: Any, step: int) -> float:
-    """Click the generated token of ``step`` in the strip: ms until the step has drawn and the browser has laid out
-    and painted it (the next animation frame)."""
+    """Click the generated token of ``step`` in the strip: ms until the step has drawn (at once, or once the blocks it
+    draws are decoded) and the browser has laid out and painted it (the next animation frame)."""
     return float(page.evaluate(f"""async () => {{
         const root = document.getElementById('{PAGE_ID}');
         const cell = root.querySelector("[data-role=strip] .st-step[data-step='{step}']");
+        const drawn = () => root.dataset.step === '{step}';
         const start = performance.now();
         cell.click();
+        if (!drawn()) await new Promise((done, fail) => {{
+          const watch = new MutationObserver(() => {{ if (drawn()) {{ watch.disconnect(); done(); }} }});
+          watch.observe(root, {{ attributes: true, attributeFilter: ['data-drawn'] }});
+          setTimeout(() => fail(new Error('step {step} was not drawn')), 30000);
+        }});
         await new Promise((done) => requestAnimationFrame(() => setTimeout(done)));
-        if (root.dataset.step !== '{step}') throw new Error('step {step} was not drawn');
         return performance.now() - start;
     }}"""))
