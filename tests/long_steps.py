@@ -35,6 +35,7 @@ from attnscope.records.attribution import (
 from attnscope.records.generation import GenerationRecord, packed_length, row_offset
 
 CANDIDATES = 10
+FLOAT16 = 2.0**-11  # relative rounding of a float16
 LENS_VOCABULARY = 400  # distinct lens tokens: shipped once each, indexed per step
 
 
@@ -114,6 +115,15 @@ def _routes(rng: np.random.Generator, layers: int, heads: int, prompt: int, step
     return {ROUTE_EDGES: np.array(edges, dtype=np.int64).reshape(-1, 8),
             ROUTE_IMPORTANCE: np.array(importance, dtype=np.float32),
             ROUTE_HEADS: np.array(shares, dtype=np.float32).reshape(-1, heads)}
+
+
+def shipped_sources(got: np.ndarray, want: np.ndarray) -> bool:
+    """``got`` is the source terms ``want`` ``[..., source_pos]`` as a step page ships them: each to float16, except
+    terms under 1/2048 of the largest |term| of their row, which may be 0 (the page draws them unshaded either way)."""
+    floor = np.abs(want).max(axis=-1, keepdims=True) * 2.0**-11
+    # float16 rounding may move a term past the floor (relatively, or by a step of 6e-8 under float16's normal range)
+    dropped = (got == 0) & (np.abs(want) <= floor * (1 + 4 * FLOAT16) + 6e-8)
+    return bool(np.all((np.abs(got - want) <= np.abs(want) * FLOAT16 + 1e-7) | dropped))
 
 
 # ---- the page in Chromium (Playwright) ----------------------------------------------------------------------

@@ -26,14 +26,13 @@ from attnscope.records.attribution import (
     ROUTE_HEADS,
     ROUTE_IMPORTANCE,
 )
-from tests.long_steps import click_ms, opened_ms, synthetic_generation
+from tests.long_steps import FLOAT16, click_ms, opened_ms, shipped_sources, synthetic_generation
 
 jsonschema = pytest.importorskip("jsonschema")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 STEPS = 1024
 LAYERS, HEADS, PROMPT, RANKS, EDGES = 2, 2, 6, 3, 10
 CLICKED = (1023, 0, 1, 511, 700, 1022, 37)
-FLOAT16 = 2.0**-11  # relative rounding of a float16
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +48,6 @@ def payload(record):
 
 def close_to_float16(got: np.ndarray, want: np.ndarray) -> bool:
     return bool(np.all(np.abs(np.asarray(got) - want) <= np.abs(want) * FLOAT16 + 1e-7))
-
-
-def shipped_sources(got: np.ndarray, want: np.ndarray) -> bool:
-    """``got`` is ``want`` [step, rank, source_pos] to float16, except terms under 1/2048 of their (step, rank)'s
-    largest |term|, which may be 0 (the page draws them unshaded either way)."""
-    floor = np.abs(want).max(axis=-1, keepdims=True) * 2.0**-11
-    # float16 rounding may move a term past the floor (relatively, or by a step of 6e-8 under float16's normal range)
-    dropped = (got == 0) & (np.abs(want) <= floor * (1 + 4 * FLOAT16) + 6e-8)
-    return bool(np.all((np.abs(got - want) <= np.abs(want) * FLOAT16 + 1e-7) | dropped))
 
 
 def loose_numbers(part, where: str = "") -> list[str]:
