@@ -278,6 +278,16 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
     if total > loaded.max_length:
         raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
                              f"{loaded.name}'s limit of {loaded.max_length} tokens")
+    estimate = generation_estimate(loaded, n_prompt, max_new_tokens, first_row=first_row, recorders=recorders)
+    advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
+    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
+    check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
+
+
+def generation_estimate(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0,
+                        recorders: Sequence[GenerationRecorder] = ()) -> MemoryEstimate:
+    """Bytes a generation of ``max_new_tokens`` after ``n_prompt`` tokens needs at its peak besides the model: its
+    rows from ``first_row`` on, what the ``recorders`` keep and need, and the logits ``generate`` returns."""
     layers, heads = n_main_layers(loaded), n_config_heads(loaded)  # decoder-only: the main side is "self"
     # an intervention changes every row, so the prompt runs eagerly whatever rows are kept
     estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row,
@@ -286,9 +296,7 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
     for extra in (*recorders, _Logits()):
         more = extra.memory(shape)
         estimate = MemoryEstimate(kept=estimate.kept + more.kept, working=estimate.working + more.working)
-    advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
-    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
-    check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
+    return estimate
 
 
 def generation_memory(n_layers: int, n_heads: int, n_prompt: int, max_new_tokens: int, *,
