@@ -8,7 +8,7 @@ import pytest
 
 import attnscope
 from attnscope.attribution import StepAttribution, StepRoutes
-from attnscope.capture.generate import check_generation, generation_memory, generation_shape
+from attnscope.capture.generate import StepCandidates, check_generation, generation_memory, generation_shape
 from attnscope.errors import AttnscopeError
 
 PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat"
@@ -35,9 +35,9 @@ def test_a_generation_that_would_not_fit_with_its_recorders_is_refused_in_one_li
     new = 400
     rows_only = generation_memory(len(tiny_llama.sites), tiny_llama.model.config.num_attention_heads, len(ids), new)
     shape = generation_shape(tiny_llama, len(ids), new)
-    logits = new * shape.vocab * 4 + 3 * 64 * shape.vocab * 4  # generate's logits, and 64 steps' candidates at once
+    candidates = StepCandidates().memory(shape)  # every step's top candidates, one step's probabilities at a time
     routed = StepRoutes().memory(shape)
-    available = int((rows_only.total + logits + routed.total * 0.5) / 0.8)  # room for the rows, not the routes
+    available = int((rows_only.total + candidates.total + routed.total * 0.5) / 0.8)  # room for the rows, not the routes
     monkeypatch.setattr("attnscope.capture.plan.available_memory", lambda: available)
     check_generation(tiny_llama, len(ids), new)  # the rows alone fit
     with pytest.raises(AttnscopeError, match=r"needs about .* GiB .*leave out the routes \(.*--routes\)") as refused:
