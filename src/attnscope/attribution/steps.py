@@ -100,7 +100,8 @@ class StepAttribution(GenerationRecorder):
         if site.layer == 0:
             self.split_finished(len(self.ends))
             self.ends.append((self.ends[-1] if self.ends else -1) + added)
-        self.rows.setdefault(len(self.ends) - 1, {})[site.layer] = call.probs[0, :, -1].detach().float()
+        # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
+        self.rows.setdefault(len(self.ends) - 1, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
 

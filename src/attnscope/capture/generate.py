@@ -122,6 +122,8 @@ class StepRows(Recorder):
             self.learned_sinks = self.learned_sinks or captured.sink_mass is not None
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
+        if block.shape[1] > 1:  # the prompt's pass: hand each layer's freed blocks back before the next (see trim_heap)
+            trim_heap()
 
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
         """How many of a call's first queries have no row kept: the attention function then runs them
@@ -335,17 +337,22 @@ def _heap_trimmer() -> Callable[[], Any]:
         return lambda: None
 
 
-class _Progress:
-    """A transformers streamer that advances a progress bar once per generated token, and trims the heap.
+# glibc's malloc_trim(0), where there is one: hands the heap's free pages back to the system. Why: once a large block is
+# freed, glibc raises its mmap threshold (up to 32 MiB), so later large blocks (each step's tensors, a long prompt's
+# per-layer scores, the logit lens's [step, vocab] logits) come from the heap, where the small long-lived pieces
+# allocated between them split their holes, so the next block of the same size no longer fits and the heap grows:
+# never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for a record of 305 MB and a model of 1 GB), and
+# within one pass, layer after layer (the prompt's pass of 512 tokens: 0.5 GB more than it holds).
+trim_heap = _heap_trimmer()
 
-    Why trim: after the prompt's pass frees its large blocks, glibc raises its mmap threshold (up to 32 MiB), so
-    each step's tensors (the key/value cache grown by one key, the step's scores) come from the heap, a little
-    larger every step; the holes they leave are never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for
-    a record of 305 MB and a model of 1 GB)."""
+
+class _Progress:
+    """A transformers streamer that advances a progress bar once per generated token, and trims the heap
+    (:data:`trim_heap`)."""
 
     def __init__(self, bar: Any) -> None:
         self.bar, self.prompt_seen = bar, False
-        self.trim = _heap_trimmer()
+        self.trim = trim_heap
 
     def put(self, value: torch.Tensor) -> None:
         if self.prompt_seen:
