@@ -25,6 +25,18 @@ forward pass included (it dominates at these lengths). ``estimate_gib`` is what 
 now expects (b) to need besides the model; ``old_estimate_gib`` what it expected before prompt rows
 could be dropped (every position's row kept, and every layer's prompt block, so it refused);
 ``keep_all_estimate_gib`` the estimate today with ``prompt_rows=True``.
+
+The long generation (issue 47), in the same run (``--only trace`` alone): SmolLM2 writes 1,024 tokens greedily after
+512 tokens of the same address, side by side: ``attnscope.generate`` keeping every row (``rows``), with
+``StepAttribution`` (``attribute``) and with ``StepRoutes`` (``routes``), then plain ``model.generate``. For each:
+``trace_s_per_token`` (the whole call over its tokens; ``capture_over_plain``, ``attribute_over_plain``,
+``routes_over_plain``: ratios to plain), ``trace_peak_mb`` (VmHWM reset before it), ``trace_start_mb`` (RSS just before,
+garbage collected and heap trimmed: the model's weights and what the process held, the model's share),
+``trace_record_mb`` (the ``nbytes`` of the record's arrays), ``peak_rss_over_model_and_record`` = peak / (start +
+record), ``trace_estimate_mb`` (``check_generation``'s estimate above the start), ``trace_same_tokens`` (as plain) and
+``trace_rows_max_abs_err`` (kept rows of a few positions against a teacher-forced capture). ``--model qwen1.5b`` runs
+Qwen2.5 1.5B for 2,048 tokens with ``attribute`` only (``qwen1.5b_trace_2048_peak_mb``). ``--quick``: prompts of 1,024
+tokens and 64 tokens after 128.
 The last line is one JSON object of figures.
 """
 
@@ -50,7 +62,7 @@ import attnscope
 from attnscope.attribution import StepAttribution, StepRoutes
 from attnscope.capture.attention import capture
 from attnscope.capture.extract import n_config_heads, n_main_layers
-from attnscope.capture.generate import GenerationRecorder, generation_estimate, generation_memory, keeps_prompt_rows
+from attnscope.capture.generate import GenerationRecorder, generation_estimate, generation_memory
 from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.capture.rows import BatchFacts
 from attnscope.data import document

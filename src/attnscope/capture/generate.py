@@ -513,6 +513,7 @@ class StepCandidates(GenerationRecorder):
         n_steps = len(sequence) - n_prompt
         if len(self.chosen_probs) < n_steps:
             raise AttnscopeError(f"the candidates saw {len(self.chosen_probs)} of {n_steps} steps' chosen tokens")
+        arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
         arrays = {"candidate_ids": torch.stack(self.top_ids[:n_steps]).cpu().numpy().astype(np.int64),
                   "candidate_probs": torch.stack(self.top_probs[:n_steps]).cpu().numpy().astype(np.float32),
                   "chosen_probs": torch.stack(self.chosen_probs[:n_steps]).cpu().numpy().astype(np.float32)}
