@@ -99,7 +99,8 @@ class StepAttribution(GenerationRecorder):
         first layer's call begins a pass, so the passes before it are over and are split first."""
         added = call.first_query + call.query.shape[2]  # one key per query of the pass
         self.passes.heard(site.layer, added)
-        self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float()
+        # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
+        self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
 
