@@ -112,9 +112,9 @@ class _Watching(StepAttribution):
         super().__init__()
         self.held: list[int] = []  # across the generation (finish starts the recorder afresh)
 
-    def split(self, index: int, token: int) -> None:
+    def split(self, index: int) -> None:
         self.held.append(max(row.untyped_storage().nbytes() // row.nbytes for row in self.rows[index].values()))
-        super().split(index, token)
+        super().split(index)
 
 
 def test_step_attribution_keeps_each_calls_last_row_not_its_block(tiny_llama):
