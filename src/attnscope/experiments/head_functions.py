@@ -42,6 +42,7 @@ from ..capture.tokens import TruncationWarning
 from ..data import document, documents
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from ..progress import say_slow_step
 from ..records.attention import ModelInfo
 from .sentences import sentence_record, text_sentences
 from .tasks import repeated_random_tokens
@@ -219,6 +220,9 @@ def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES
     columns: dict[str, np.ndarray] = {}
     for function in functions:
         if function.task not in evidence:
+            if progress:
+                say_slow_step(f"head scores of {loaded.name}: the {function.task} task, for "
+                              f"{', '.join(f.name for f in functions if f.task == function.task)}")
             evidence[function.task] = TASKS[function.task](loaded, settings, progress)
         found = evidence[function.task][0]
         columns.update(function.compute(found))
