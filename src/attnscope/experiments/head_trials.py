@@ -10,7 +10,9 @@ changes here. Built in:
   echo every ``q - r * period``, previous-token ``q - 1``;
 * ``document``: the first document, cut as the task cuts it; the row of its last query, with the first ``k``
   (the settings' first sink size) and the ``w`` most recent keys marked, ``w`` the smallest window of the grid
-  whose cache keeps ``share`` of this row (the largest where none does).
+  whose cache keeps ``share`` of this row (the largest where none does);
+* ``sentences``: the first document's sentences (each named by its first characters); the last sentence's
+  row of block means, with the sentence of the largest vertical score marked (the receiver's column).
 
 Only that one row of one layer and head is captured (a capture plan), never the whole matrix. Layers, heads and
 positions are 0-indexed.
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.head_functions import get_head_function
+from ..analysis.sentences import PROXIMITY, sentence_attention
 from ..capture.extract import as_loaded, extract, extract_ids
 from ..capture.plan import CapturePlan, QuerySelection
 from ..errors import AttnscopeError
@@ -32,6 +35,7 @@ from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord
 from .interventions import check_layers_and_heads
 from .head_functions import HeadScoreSettings, check_settings, cut_quietly, document_texts
+from .sentences import sentence_record, text_sentences
 from .tasks import repeated_random_tokens
 
 
@@ -68,7 +72,7 @@ def register_trial(task: str, builder: TrialBuilder) -> None:
 
 
 def one_row_plan(layer: int, head: int, query: int) -> CapturePlan:
-    """Keep one row: ``[1, 1, 1, k_pos]``."""
+    """Keep one row (``query``: negative counts from the end): ``[1, 1, 1, k_pos]``."""
     return CapturePlan(layers=(layer,), heads=(head,), queries=QuerySelection("list", given=(query,)))
 
 
@@ -113,12 +117,10 @@ def smallest_kept_window(row: np.ndarray, sink: int, windows: tuple[int, ...], s
 
 
 def document_trial(loaded: LoadedModel, settings: HeadScoreSettings, score: str, layer: int, head: int) -> HeadTrial:
-    text = document_texts(settings)[0]
     with cut_quietly():
-        ids = extract(loaded, text, plan=CapturePlan(attention=False, statistics=True),
-                      max_length=settings.document_tokens(loaded)).token_ids.tolist()
-    query = len(ids) - 1
-    record = extract_ids(loaded, [ids], plan=one_row_plan(layer, head, query))[0]
+        record = extract(loaded, document_texts(settings)[0], plan=one_row_plan(layer, head, -1),
+                         max_length=settings.document_tokens(loaded))
+    query = len(record.tokens) - 1
     row = held_row(record, layer, head, query)
     sink = settings.sinks[0]
     window, kept = smallest_kept_window(row, sink, settings.windows, settings.share)
@@ -130,8 +132,32 @@ def document_trial(loaded: LoadedModel, settings: HeadScoreSettings, score: str,
                      note)
 
 
+# ---- sentences ------------------------------------------------------------------------------------------
+SENTENCE_CHARACTERS = 60  # a sentence stands in a trial's row by its first characters
+
+
+def sentence_trial(loaded: LoadedModel, settings: HeadScoreSettings, score: str, layer: int, head: int) -> HeadTrial:
+    text = document_texts(settings)[0]
+    with cut_quietly():
+        sentences = text_sentences(loaded, text, settings.document_tokens(loaded))
+        record = sentence_record(loaded, text, sentences, chunk=settings.chunk, layers=(layer,), heads=(head,),
+                                 max_length=settings.document_tokens(loaded))
+    found = sentence_attention(record, sentences)
+    matrix = found.matrix[0, 0]  # [q_sentence, k_sentence]
+    vertical = found.vertical_scores()[0, 0]  # [sentence]
+    query = len(sentences) - 1
+    marked = () if np.isnan(vertical).all() else (int(np.nanargmax(vertical)),)
+    names = tuple(" ".join(part.split())[:SENTENCE_CHARACTERS] for part in sentences.texts)
+    note = (f"the first document's {len(sentences)} sentences; the row: the last sentence's mean attention to each "
+            f"(block means); marked: the sentence with the largest vertical score (what sentences at least "
+            f"{PROXIMITY} later give it)")
+    return HeadTrial(record.model.name, score, "sentences", layer, head, names, query,
+                     np.asarray(matrix[query, : query + 1], dtype=np.float64), marked, note)
+
+
 register_trial("repeated_tokens", repeated_trial)
 register_trial("document", document_trial)
+register_trial("sentences", sentence_trial)
 
 
 def head_trial(model: LoadedModel | str, score: str, layer: int, head: int,

@@ -15,7 +15,11 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/qk``: why a decoder's head scores a key for a query (QK attribution of one attention cell:
   the score and its largest [query component x key component] terms; the views' cell click asks it);
 * ``POST /api/routes``: the information-flow route of one prediction of a decoder (``attnscope.routes``:
-  the graph as ``Routes.to_dict`` writes it; the Routes tab draws it).
+  the graph as ``Routes.to_dict`` writes it; the Routes tab draws it);
+* ``POST /api/head-scores``: one registered head-function score of every layer and head of a decoder
+  (``attnscope.head_scores`` at small settings, ``HeadScores.to_dict``; the Head functions tab's grid);
+* ``POST /api/head-trial``: one head's attention row on one trial of that score's task, the keys the score reads
+  marked (``head_trial``; what the tab shows for a clicked head).
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -226,6 +230,23 @@ class RoutesRequest(StrictRequest):
     _check_text = field_validator("text")(_utf8)
 
 
+def head_score_request() -> type[StrictRequest]:
+    """``/api/head-scores``' request model, its ``score`` choices read from the head-function registry now (built
+    when an app is created: a score registered later is offered by the next app)."""
+    choices: Any = Literal[tuple(f["name"] for f in service.head_function_choices())]  # type: ignore[misc]
+    model = (str | None, Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+                               "first decoder-only model)"))
+    score = (choices, Field(..., description="a registered head-function score (GET /api/models: head_functions)"))
+    return create_model("HeadScoreRequest", __base__=StrictRequest, __module__=__name__, model=model, score=score)
+
+
+def head_trial_request(scores: type[StrictRequest]) -> type[StrictRequest]:
+    """``/api/head-trial``'s request model: a score request and one 0-indexed head."""
+    return create_model("HeadTrialRequest", __base__=scores, __module__=__name__,
+                        layer=(Index, Field(..., description="0-indexed layer")),
+                        head=(Index, Field(..., description="0-indexed head")))
+
+
 class Problem(BaseModel):
     detail: str
 
@@ -366,6 +387,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def models() -> dict[str, Any]:
         return {"default": pool.default, "max_tokens": max_tokens, "max_new_tokens": MAX_NEW_TOKENS, "modes": service.MODES,
                 "classes": service.pattern_classes(), "measures": service.mixing_methods(),
+                "head_functions": service.head_function_choices(),
                 "models": [{"name": c.name, "source": c.source, "description": c.description,
                             "loaded": pool.loaded(c.name)} for c in pool.choices.values()]}
 
@@ -415,6 +437,24 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             graph = service.routes_of(loaded, request.text, request.position, request.tau, max_tokens)
         return JSONResponse(graph.to_dict())
+
+    def head_scores(request: Any) -> JSONResponse:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            found = service.head_function_scores(loaded, request.score)
+        return JSONResponse(found.to_dict())
+
+    def head_trial(request: Any) -> JSONResponse:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            found = service.head_function_trial(loaded, request.score, request.layer, request.head)
+        return JSONResponse(found.to_dict())
+
+    score_request = head_score_request()  # the scores registered now, not at import
+    head_scores.__annotations__["request"] = score_request
+    head_trial.__annotations__["request"] = head_trial_request(score_request)
+    app.post("/api/head-scores", summary="one head-function score of every layer and head of a decoder (small "
+             "settings)", responses=ERRORS)(head_scores)
+    app.post("/api/head-trial", summary="one head's attention on one trial of a head-function score's task, the keys "
+             "it reads marked", responses=ERRORS)(head_trial)
 
     def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:
