@@ -59,7 +59,12 @@ class HeadTrial:
         """JSON-ready (the row as a list of floats)."""
         return {"model": self.model, "score": self.score, "task": self.task, "layer": self.layer, "head": self.head,
                 "tokens": list(self.tokens), "query": self.query, "row": [float(v) for v in self.row],
-                "marked": list(self.marked), "note": self.note}
+                "marked": list(self.marked), "marked_share": self.marked_share, "note": self.note}
+
+    @property
+    def marked_share(self) -> float:
+        """The share of the row on the marked keys."""
+        return float(self.row[list(self.marked)].sum())
 
 
 TrialBuilder = Callable[[LoadedModel, HeadScoreSettings, str, int, int], HeadTrial]

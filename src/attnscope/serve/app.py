@@ -75,7 +75,7 @@ ASSETS = {
     **{name: ("attnscope.present", "static") for name in
        ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
         "routes.js", "steps.js", "steps.css")},
-    **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
+    **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css", "head_functions.js")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
 # Swagger UI's files, from the swagger-ui-bundle-v2 package (FastAPI's default /docs loads them from a CDN)

@@ -11,9 +11,12 @@
  * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
  * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
  * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js).
+ * The Head functions tab offers the registered head-function scores of GET /api/models, asks POST /api/head-scores
+ * for one score of every head and draws the grid; a click on a head asks POST /api/head-trial for that head's row on
+ * one trial of the score's task (head_functions.js draws both).
  * Layers and heads are 0-indexed.
  */
-(function (V, Steps, Routes) {
+(function (V, Steps, Routes, Heads) {
   "use strict";
 
   const el = V.element;
@@ -636,6 +639,80 @@
     $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
   }
 
+  // ---- head functions tab --------------------------------------------------------------------
+  const headScores = { data: null, score: null }; // the last /api/head-scores answer and the score it is of
+
+  /* Run `work` for the tab with its button disabled; the server's one line where it refuses. */
+  async function headsBusy(message, box, work) {
+    const status = $("hf-status");
+    $("hf-run").disabled = true;
+    status.classList.remove("ex-error");
+    status.textContent = message;
+    box.dataset.state = "busy";
+    try {
+      await work();
+      box.dataset.state = "done";
+      status.textContent = "";
+    } catch (error) {
+      box.replaceChildren();
+      box.dataset.state = "error";
+      status.textContent = error.message;
+      status.classList.add("ex-error");
+    } finally {
+      $("hf-run").disabled = false;
+    }
+  }
+
+  function describeScore() {
+    const found = page.config.head_functions.find((f) => f.name === $("hf-score").value);
+    $("hf-definition").textContent = found ? `${found.label} (${found.cited}; task: ${found.task.replace(/_/g, " ")}): ` +
+      `${found.reference}.` : "";
+  }
+
+  function drawHeadGrid() {
+    Heads.drawGrid($("hf-grid"), headScores.data, $("hf-column").value, openHeadTrial);
+  }
+
+  async function scoreHeads() {
+    const body = { model: $("hf-model").value, score: $("hf-score").value };
+    $("hf-trial").replaceChildren();
+    await headsBusy("scoring every head\u2026", $("hf-grid"), async () => {
+      const data = await api("/api/head-scores", body);
+      headScores.data = data;
+      headScores.score = body.score;
+      $("hf-column").replaceChildren(...data.columns.map((name) => new Option(name, name)));
+      $("hf-column-field").hidden = data.columns.length < 2;
+      drawHeadGrid();
+      markLoaded(data.model);
+    });
+  }
+
+  async function openHeadTrial(layer, head) {
+    Heads.open($("hf-grid"), layer, head);
+    const found = page.config.head_functions.find((f) => f.name === headScores.score);
+    if (found && !found.trial) {
+      $("hf-trial").replaceChildren(el("p", "ex-note", `no trial view for the ${found.task} task`));
+      return;
+    }
+    const body = { model: headScores.data.model, score: headScores.score, layer, head };
+    await headsBusy(`layer ${layer}, head ${head}\u2026`, $("hf-trial"), async () => {
+      Heads.drawTrial($("hf-trial"), await api("/api/head-trial", body));
+    });
+  }
+
+  function setupHeadFunctions(config) {
+    $("hf-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
+    $("hf-score").replaceChildren(...config.head_functions.map((f) => {
+      const option = new Option(f.label, f.name);
+      option.title = `${f.reference} (${f.cited})`;
+      return option;
+    }));
+    $("hf-score").addEventListener("change", describeScore);
+    $("hf-column").addEventListener("change", drawHeadGrid);
+    $("hf-form").addEventListener("submit", (event) => { event.preventDefault(); scoreHeads(); });
+    describeScore();
+  }
+
   // ---- start -------------------------------------------------------------------------------
   function markLoaded(name) {
     const option = [...$("model").options].find((o) => o.value === name);
@@ -678,6 +755,7 @@
     $("json-link").addEventListener("click", downloadRecord);
     setupGeneration(config);
     setupRoutes(config);
+    setupHeadFunctions(config);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));
@@ -702,4 +780,4 @@
   }
 
   start();
-})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes);
+})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeHeadFunctions);
