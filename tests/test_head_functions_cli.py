@@ -15,7 +15,12 @@ import pandas as pd
 import pytest
 
 from attnscope import HeadScores, HeadScoreSettings, head_scores, load_model
-from attnscope.analysis.head_functions import HeadFunction, head_functions, register_head_function, unregister_head_function
+from attnscope.analysis.head_functions import (
+    HeadFunction,
+    head_functions,
+    register_head_function,
+    unregister_head_function,
+)
 from attnscope.analysis.store import HeadStore
 from attnscope.capture.extract import extract
 from attnscope.capture.plan import CapturePlan
@@ -180,6 +185,13 @@ def test_a_trial_row_is_the_eager_row_of_the_last_query_with_the_keys_the_score_
                                                    abs=1e-5)
 
 
+def kept(row: np.ndarray, sink: int, window: int) -> float:
+    """The share of ``row`` ``[k_pos]`` (its query the last key) on its first ``sink`` and ``window`` most recent keys."""
+    keys = np.zeros(len(row), dtype=bool)
+    keys[:sink] = keys[max(0, len(row) - window):] = True
+    return float(row[keys].sum())
+
+
 def test_a_document_trial_marks_the_sink_and_the_smallest_window_keeping_the_share(tiny_gemma):
     """The marked keys are the first k and the recent w of the smallest window of the grid whose cache keeps the
     share of the eager row; on the sliding-window layer (4 keys) the window of 4 keeps all of it."""
@@ -197,12 +209,7 @@ def test_a_document_trial_marks_the_sink_and_the_smallest_window_keeping_the_sha
         eager = eager_attentions(folder, ids.tolist(), None)["self"][layer][2, query]
         np.testing.assert_allclose(trial.row, eager, atol=1e-5)
 
-        def kept(window: int) -> float:
-            keys = np.zeros(query + 1, dtype=bool)
-            keys[:2] = keys[query - window + 1:] = True
-            return float(eager[keys].sum())
-
-        window = next((w for w in windows if kept(w) >= 0.99), windows[-1])
+        window = next((w for w in windows if kept(eager, 2, w) >= 0.99), windows[-1])
         assert trial.marked == (0, 1, *range(query - window + 1, query + 1))
         if sliding[layer]:
             assert window <= SLIDING_WINDOW

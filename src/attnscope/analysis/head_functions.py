@@ -42,6 +42,7 @@ head of a global layer.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -336,6 +337,6 @@ class HeadScores:
 
 def frame_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """``frame``'s rows as dicts of plain Python values (NaN as None), ready for JSON."""
-    columns = {name: [None if isinstance(v, float) and v != v else v for v in frame[name].tolist()]
-               for name in frame.columns}  # tolist gives Python numbers; v != v only for NaN
+    columns = {name: [None if isinstance(v, float) and math.isnan(v) else v for v in frame[name].tolist()]
+               for name in frame.columns}  # tolist gives Python numbers
     return [dict(zip(columns, values)) for values in zip(*columns.values())]

@@ -33,8 +33,8 @@ from ..capture.plan import CapturePlan, QuerySelection
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord
-from .interventions import check_layers_and_heads
 from .head_functions import HeadScoreSettings, check_settings, cut_quietly, document_texts
+from .interventions import check_layers_and_heads
 from .sentences import sentence_record, text_sentences
 from .tasks import repeated_random_tokens
 

@@ -234,7 +234,7 @@ def head_score_request() -> type[StrictRequest]:
     """``/api/head-scores``' request model, its ``score`` choices read from the head-function registry now (built
     when an app is created: a score registered later is offered by the next app)."""
     choices: Any = Literal[tuple(f["name"] for f in service.head_function_choices())]  # type: ignore[misc]
-    model = (str | None, Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+    model: Any = (str | None, Field(None, description="a decoder-only model from GET /api/models (default: the server's "
                                "first decoder-only model)"))
     score = (choices, Field(..., description="a registered head-function score (GET /api/models: head_functions)"))
     return create_model("HeadScoreRequest", __base__=StrictRequest, __module__=__name__, model=model, score=score)
