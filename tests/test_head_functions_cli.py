@@ -124,8 +124,10 @@ MISSING_MODEL = "/nonexistent/model-folder"  # refused only once loading starts:
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["-s", "nope"], "invalid choice: 'nope'"),
-    (["--period", "1"], "expected an integer of at least 2, got 1"),
-    (["--share", "1.5"], "expected a share above 0 and at most 1, got 1.5"),
+    (["--period", "1"], "repeated random tokens need a period >= 2, repeats >= 2 and sequences >= 1; got 1, 2"),
+    (["--period", "0"], "expected a positive integer, got 0"),
+    (["--share", "1.5"], "the share a window must keep is in (0, 1], got 1.5"),
+    (["--share", "nan"], "expected a finite number, got nan"),
     (["--windows", "0,4"], "expected a positive integer, got 0"),
     (["--sinks", "-1"], "expected 0 or a positive integer, got -1"),
     (["-s", "locality", "--document", "no-such-document"], "no such file: no-such-document"),

@@ -37,30 +37,17 @@ def _number_list(kind: Any, what: str) -> Any:
     return parse
 
 
-def _share(value: str) -> float:
-    number = finite_float(value)
-    if not 0 < number <= 1:
-        raise argparse.ArgumentTypeError(f"expected a share above 0 and at most 1, got {value}")
-    return number
-
-
-def _at_least_two(value: str) -> int:
-    number = positive_int(value)
-    if number < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 2, got {value}")
-    return number
-
-
-# HeadScoreSettings field -> (argparse type, metavar, help); the defaults are the dataclass's own
+# HeadScoreSettings field -> (argparse type, metavar, help); the defaults are the dataclass's own. Bounds that
+# depend on the scores asked for (a period of at least 2, a share in (0, 1]) are check_bounds', before the model loads
 SETTINGS: dict[str, tuple[Any, str, str]] = {
-    "period": (_at_least_two, "N", "repeated tokens: the length of the random block"),
-    "repeats": (_at_least_two, "N", "repeated tokens: how many copies of the block"),
+    "period": (positive_int, "N", "repeated tokens: the length of the random block"),
+    "repeats": (positive_int, "N", "repeated tokens: how many copies of the block"),
     "sequences": (positive_int, "N", "repeated tokens: how many random sequences are averaged"),
     "seed": (seed, "N", "repeated tokens: the random seed"),
     "max_tokens": (positive_int, "N", "documents are cut at this many tokens (default: 2,048 or the model's limit)"),
     "sinks": (_number_list(non_negative_int, "sink sizes"), "K,K", "locality: sizes k of the first-k key cache"),
     "windows": (_number_list(positive_int, "window sizes"), "W,W", "locality: sizes w of the recent-w key cache"),
-    "share": (_share, "S", "locality: the share of a row the smallest window must keep"),
+    "share": (finite_float, "S", "locality: the share of a row the smallest window must keep"),
     "every": (positive_int, "N", "locality: score every N-th query of a document"),
     "chunk": (positive_int, "N", "documents: queries scored at a time, which bounds memory"),
 }

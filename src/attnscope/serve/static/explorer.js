@@ -606,46 +606,11 @@
   }
 
   // ---- routes tab ----------------------------------------------------------------------------
-  /* POST /api/routes and draw the route; the server's one line where it refuses (the last drawing is cleared). */
-  async function route() {
-    const status = $("routes-status");
-    const box = $("routes-graph");
-    $("routes-run").disabled = true;
-    status.classList.remove("ex-error");
-    status.textContent = "routing…";
-    box.dataset.state = "busy";
-    try {
-      const position = $("routes-position").value.trim();
-      const tau = $("routes-tau").value.trim();
-      const body = { model: $("routes-model").value, text: $("routes-text").value,
-        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) };
-      const data = await api("/api/routes", body);
-      Routes.draw(box, data);
-      box.dataset.state = "done";
-      markLoaded(data.model);
-      status.textContent = "";
-    } catch (error) {
-      box.replaceChildren();
-      box.dataset.state = "error";
-      status.textContent = error.message;
-      status.classList.add("ex-error");
-    } finally {
-      $("routes-run").disabled = false;
-    }
-  }
-
-  function setupRoutes(config) {
-    $("routes-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
-    $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
-  }
-
-  // ---- head functions tab --------------------------------------------------------------------
-  const headScores = { data: null, score: null }; // the last /api/head-scores answer and the score it is of
-
-  /* Run `work` for the tab with its button disabled; the server's one line where it refuses. */
-  async function headsBusy(message, box, work) {
-    const status = $("hf-status");
-    $("hf-run").disabled = true;
+  /* Run `work` for a tab (`tab`: the ids of its button and status): the button disabled, `message` in the status and
+   * `box.dataset.state` busy, then done; or error, with the box cleared and the server's one line in the status. */
+  async function tabBusy(tab, message, box, work) {
+    const status = $(tab.status);
+    $(tab.button).disabled = true;
     status.classList.remove("ex-error");
     status.textContent = message;
     box.dataset.state = "busy";
@@ -659,9 +624,33 @@
       status.textContent = error.message;
       status.classList.add("ex-error");
     } finally {
-      $("hf-run").disabled = false;
+      $(tab.button).disabled = false;
     }
   }
+
+  /* POST /api/routes and draw the route; the server's one line where it refuses (the last drawing is cleared). */
+  async function route() {
+    const box = $("routes-graph");
+    await tabBusy({ button: "routes-run", status: "routes-status" }, "routing…", box, async () => {
+      const position = $("routes-position").value.trim();
+      const tau = $("routes-tau").value.trim();
+      const body = { model: $("routes-model").value, text: $("routes-text").value,
+        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) };
+      const data = await api("/api/routes", body);
+      Routes.draw(box, data);
+      markLoaded(data.model);
+    });
+  }
+
+  function setupRoutes(config) {
+    $("routes-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
+    $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
+  }
+
+  // ---- head functions tab --------------------------------------------------------------------
+  const headScores = { data: null, score: null }; // the last /api/head-scores answer and the score it is of
+
+  const HEADS_TAB = { button: "hf-run", status: "hf-status" };
 
   function describeScore() {
     const found = page.config.head_functions.find((f) => f.name === $("hf-score").value);
@@ -676,7 +665,7 @@
   async function scoreHeads() {
     const body = { model: $("hf-model").value, score: $("hf-score").value };
     $("hf-trial").replaceChildren();
-    await headsBusy("scoring every head\u2026", $("hf-grid"), async () => {
+    await tabBusy(HEADS_TAB, "scoring every head\u2026", $("hf-grid"), async () => {
       const data = await api("/api/head-scores", body);
       headScores.data = data;
       headScores.score = body.score;
@@ -695,7 +684,7 @@
       return;
     }
     const body = { model: headScores.data.model, score: headScores.score, layer, head };
-    await headsBusy(`layer ${layer}, head ${head}\u2026`, $("hf-trial"), async () => {
+    await tabBusy(HEADS_TAB, `layer ${layer}, head ${head}\u2026`, $("hf-trial"), async () => {
       Heads.drawTrial($("hf-trial"), await api("/api/head-trial", body));
     });
   }
