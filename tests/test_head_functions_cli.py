@@ -104,6 +104,14 @@ def test_store_rows_sit_beside_the_head_labels_and_a_store_of_another_model_is_r
                                                                                            "minilm.duckdb"]
 
 
+def test_every_setting_is_an_option():
+    from dataclasses import fields
+
+    from attnscope.cli.head_functions import SETTINGS
+
+    assert {*SETTINGS, "documents"} == {field.name for field in fields(HeadScoreSettings)}
+
+
 def test_help_lists_every_registered_score_even_one_registered_later(capsys):
     extra = register_head_function(HeadFunction("planted_later", "Planted later", "repeated_tokens",
                                                 "a score registered after the command was made", "nobody", dict))

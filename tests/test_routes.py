@@ -274,9 +274,23 @@ def _hand_built_gpt2(folder, set_weights):
     token embeddings (token t is the unit vector at TOKENS + t), then ``set_weights(model)``; saved to ``folder``."""
     import transformers
 
-    config = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=2, vocab_size=8, n_positions=16, n_inner=16,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                                     pad_token_id=0, architectures=["GPT2LMHeadModel"])
+    model = zeroed_gpt2(n_embd=48, vocab_size=8, n_positions=16)
+    with torch.no_grad():
+        model.transformer.wte.weight[:, TOKENS:TOKENS + 8] = torch.eye(8)
+        set_weights(model)
+    model.save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(folder)
+    return folder
+
+
+def zeroed_gpt2(**sizes):
+    """A two-layer, two-head GPT-2 of ``sizes`` (``n_embd``, ``vocab_size``, ``n_positions``, ...) with every weight 0
+    but the layer norms' gains (1), no dropout: a blank to plant heads in."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_inner=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=0, architectures=["GPT2LMHeadModel"],
+                                     **sizes)
     model = transformers.GPT2LMHeadModel(config)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -285,11 +299,7 @@ def _hand_built_gpt2(folder, set_weights):
             block.ln_1.weight.fill_(1.0)
             block.ln_2.weight.fill_(1.0)
         model.transformer.ln_f.weight.fill_(1.0)
-        model.transformer.wte.weight[:, TOKENS:TOKENS + 8] = torch.eye(8)
-        set_weights(model)
-    model.save_pretrained(folder)
-    transformers.AutoTokenizer.from_pretrained(resolve_source("minilm")).save_pretrained(folder)
-    return folder
+    return model
 
 
 def _planted_gpt2(folder):

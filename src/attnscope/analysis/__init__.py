@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .patterns import HeadPatterns as HeadPatterns
     from .patterns import classify_heads as classify_heads
     from .patterns import pattern_names as pattern_names
+    from .retrieval import retrieval_score as retrieval_score
     from .rollout import Flow as Flow
     from .rollout import Rollout as Rollout
     from .rollout import attention_flow as attention_flow

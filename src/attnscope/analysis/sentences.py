@@ -236,7 +236,8 @@ def excess_kurtosis(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
     count = np.sum(~np.isnan(values), axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        centred = values - np.nanmean(values, axis=-1, keepdims=True)
+        # a sum over the count, not np.nanmean: a head without scores (too few sentences) is NaN without a warning
+        centred = values - np.nansum(values, axis=-1, keepdims=True) / count[..., None]
         second = np.nansum(centred**2, axis=-1) / count
         fourth = np.nansum(centred**4, axis=-1) / count
         kurtosis = fourth / second**2 - 3.0

@@ -21,7 +21,7 @@ on each of them (see ``models.adapters``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -63,15 +63,24 @@ class Intervention:
     * ``applies_to(site)`` selects the sites (by ``site.kind`` and ``site.layer``);
     * ``modify_probs(site, probs, allowed)``: ``probs`` ``[batch, head, q_pos, k_pos]`` float32,
       ``allowed`` bool ``[batch or 1, 1, q_pos, k_pos]`` = the keys the mask lets each query see
-      (padding and, for causal attention, the future are False); returns new probabilities;
+      (padding and, for causal attention, the future are False; ``[batch or 1, head, q_pos, k_pos]`` where a
+      ``key_mask`` restricted some heads); returns new probabilities;
     * ``modify_output(site, output)``: the per-head output ``[batch, q_pos, head, d_head]``,
-      before the output projection; returns a new one.
+      before the output projection; returns a new one;
+    * ``key_mask(site, n_heads, q_len, k_len, device)``: bool ``[batch or 1, head or 1, q_pos, k_pos]``, the keys
+      each query may still see (True = kept), or None for all; applied with the model's own mask, before the
+      softmax, so a kept row is the softmax over the kept keys (and a learned sink) exactly. Keys are positions
+      of the call (a cache's slots); the queries are the last ``q_len`` of them.
 
-    Activate with :func:`intervene`; several compose in the order given.
+    Activate with :func:`intervene`; several compose in the order given (key masks first, all of them).
     """
 
     def applies_to(self, site: AttentionSite) -> bool:
         return True
+
+    def key_mask(self, site: AttentionSite, n_heads: int, q_len: int, k_len: int,
+                 device: torch.device) -> torch.Tensor | None:
+        return None
 
     def modify_probs(self, site: AttentionSite, probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         return probs
@@ -301,6 +310,7 @@ def attnscope_attention(
     attention_mask = whole_mask(attention_mask, selection, n_queries)
     if site is not None:
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], n_keys, 0, query.device)
+        attention_mask = restricted_mask(interventions, site, attention_mask, n_heads, n_queries, n_keys, query.device)
     scores = attention_scores(query, key, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs, sink_mass = softmax_with_sinks(scores.float(), sink_logits(kwargs))  # [batch, head, q_pos, k_pos]
     if interventions:
@@ -320,6 +330,21 @@ def attnscope_attention(
         output = intervention.modify_output(site, output)
     output = output.contiguous()
     return delivered(recorder, site, output), probs.to(query.dtype)
+
+
+def restricted_mask(interventions: Sequence[Intervention], site: AttentionSite, attention_mask: torch.Tensor | None,
+                    n_heads: int, q_len: int, k_len: int, device: torch.device) -> torch.Tensor | None:
+    """The call's mask with every intervention's :meth:`~Intervention.key_mask` taken out: bool ``[batch or 1,
+    head or 1, q_pos, k_pos]`` where some intervention restricts keys, else ``attention_mask`` as it was (so a run
+    without such an intervention computes exactly what it did before)."""
+    masks = [mask for intervention in interventions
+             if (mask := intervention.key_mask(site, n_heads, q_len, k_len, device)) is not None]
+    if not masks:
+        return attention_mask
+    allowed = allowed_keys(attention_mask, q_len, k_len, device)
+    for mask in masks:
+        allowed = allowed & mask.to(device)
+    return allowed
 
 
 def delivered(recorder: Recorder | None, site: AttentionSite | None, output: torch.Tensor) -> torch.Tensor:

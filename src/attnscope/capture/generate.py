@@ -202,6 +202,35 @@ class GrowingTensor:
         return self.buffer.narrow(self.axis, 0, self.length if length is None else length)
 
 
+class GenerationPasses:
+    """A generation's forward passes as a recorder hears them (the prompt's, then one per token), each finished once:
+    ``ends`` holds each pass's last position; layer 0's call (heard first in every pass) begins a pass, so the passes
+    before it are over and ``finish_pass(index)`` runs for each not finished yet, in order, while the text is
+    generated; :meth:`finish` catches up at the end (the passes no later one followed)."""
+
+    def __init__(self, finish_pass: Callable[[int], None]) -> None:
+        self.finish_pass = finish_pass
+        self.ends: list[int] = []  # each pass's last position
+        self.finished = 0
+
+    def heard(self, layer: int, n_new: int) -> None:
+        """A call of ``layer`` whose pass adds ``n_new`` positions: layer 0's begins a pass."""
+        if layer == 0:
+            self.finish(len(self.ends))
+            self.ends.append((self.ends[-1] if self.ends else -1) + n_new)
+
+    @property
+    def current(self) -> int:
+        """The index of the pass being heard (0-indexed: the prompt's is 0)."""
+        return len(self.ends) - 1
+
+    def finish(self, n_passes: int) -> None:
+        """Finish every pass before ``n_passes`` not finished yet."""
+        while self.finished < n_passes:
+            self.finish_pass(self.finished)
+            self.finished += 1
+
+
 def pack_rows(start: int, block: torch.Tensor, out: np.ndarray) -> None:
     """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) into ``out``,
     rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]`` float32;
@@ -395,11 +424,17 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
         output = _run_generate(loaded, ids, settings, _Progress(bar))
         sequence = output.sequences[0]
-        _complete_last_row(loaded, sequence, output)
+        finishing = _finishing_bar(recorders, progress)
+        _complete_last_row(loaded, sequence, output)  # the recorders finish the last step's pass in it
+        finishing.update(1)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    with torch.inference_mode():
-        additions = [extra.finish(loaded, sequence.tolist(), len(ids)) for extra in recorders]
+    with torch.inference_mode(), finishing:
+        additions = []
+        for extra in recorders:
+            finishing.set_postfix_str(extra.label)
+            additions.append(extra.finish(loaded, sequence.tolist(), len(ids)))
+            finishing.update(1)
     return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes,
                    additions)
 
@@ -431,6 +466,7 @@ class GenerationRecorder(Recorder):
         yield
 
     option = ""  # how to leave it out, said when a generation would not fit ("leave out --routes")
+    label = "recorder"  # what it adds, in a word, for the progress bar ("routes")
 
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """What it adds to the record of ``sequence`` (prompt, then generated ids; ``n_prompt`` prompt tokens)."""
@@ -447,6 +483,13 @@ class _Logits(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         return MemoryEstimate(kept=shape.max_new_tokens * shape.vocab * 4, working=CANDIDATE_STEPS * shape.vocab * 4 * 3)
+
+
+def _finishing_bar(recorders: Sequence[GenerationRecorder], progress: bool) -> Any:
+    """A bar over what runs after the last token: the last token's own pass (in which the recorders finish the last
+    step) and each recorder's ``finish`` (e.g. the attribution's logit lens), so that no wait is silent."""
+    return tqdm(total=1 + len(recorders), desc="finishing", unit="part", disable=not progress or not recorders,
+                leave=False)
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
@@ -17,8 +19,10 @@ from ..errors import AttnscopeError
 BROWN_SAMPLE = "brown_sample.txt"
 BROWN_PAIRS = "brown_pairs.txt"
 DOCUMENTS = "documents"
+NEEDLES = "needles.jsonl"
 
-__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "brown_pairs", "brown_sentences", "document", "documents"]
+__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "NEEDLES", "Needle", "brown_pairs", "brown_sentences", "document", "documents",
+           "needle", "needles"]
 
 
 @cache
@@ -79,3 +83,34 @@ def document(name: str) -> str:
     if name not in documents():
         raise AttnscopeError(f"no shipped document {name!r}; the shipped documents are: {', '.join(documents())}")
     return files(__package__).joinpath(DOCUMENTS, f"{name}.txt").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Needle:
+    """A fact to hide in a haystack and ask back (needle-in-a-haystack trials): ``text`` is inserted, ``question``
+    asks for it, ``answer_prefix`` starts a plain prompt's answer, and an answer counts when it holds ``answer``."""
+
+    id: str
+    kind: str  # "pass key" (random digits) or "sentence"
+    text: str
+    question: str
+    answer_prefix: str
+    answer: str
+
+
+@cache
+def needles() -> tuple[Needle, ...]:
+    """The needles shipped with attnscope (``needles.jsonl``, written for attnscope: source in ``README.md``): four
+    pass keys (seven random digits) and four invented sentences, each with its question and answer."""
+    lines = files(__package__).joinpath(NEEDLES).read_text(encoding="utf-8").splitlines()
+    items = (json.loads(line) for line in lines if line.strip())
+    return tuple(Needle(item["id"], item["kind"], item["needle"], item["question"], item["answer_prefix"],
+                        item["answer"]) for item in items)
+
+
+def needle(needle_id: str) -> Needle:
+    """The shipped needle ``needle_id`` (one of :func:`needles`)."""
+    by_id = {item.id: item for item in needles()}
+    if needle_id not in by_id:
+        raise AttnscopeError(f"no shipped needle {needle_id!r}; the shipped needles are: {', '.join(by_id)}")
+    return by_id[needle_id]

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from .atp import AtPResult as AtPResult
     from .atp import attribution_patching as attribution_patching
     from .atp import verify_estimates as verify_estimates
+    from .head_masking import AblationMasking as AblationMasking
+    from .head_masking import FunctionMetric as FunctionMetric
+    from .head_masking import MaskingCheck as MaskingCheck
+    from .head_masking import WindowMasking as WindowMasking
+    from .head_masking import check_heads as check_heads
+    from .head_masking import check_score as check_score
+    from .head_masking import register_check as register_check
     from .importance import HeadImportance as HeadImportance
     from .importance import PruningCurve as PruningCurve
     from .importance import head_importance as head_importance
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
     from .importance import save_pruned as save_pruned
     from .interventions import HeadAblation as HeadAblation
     from .interventions import HeadGates as HeadGates
+    from .interventions import SinkWindow as SinkWindow
     from .interventions import ablate_heads as ablate_heads
     from .interventions import ablation_modes as ablation_modes
     from .interventions import corrupt_attention as corrupt_attention
@@ -44,12 +52,18 @@ if TYPE_CHECKING:
     from .interventions import register_pattern as register_pattern
     from .interventions import skip_sublayers as skip_sublayers
     from .metrics import Batch as Batch
+    from .metrics import DocumentLoss as DocumentLoss
+    from .metrics import RepeatedHalfLoss as RepeatedHalfLoss
     from .metrics import Task as Task
     from .metrics import default_metric as default_metric
     from .metrics import function_metric as function_metric
     from .metrics import list_metrics as list_metrics
     from .metrics import prepare_metric as prepare_metric
     from .metrics import register_metric as register_metric
+    from .needles import NeedlePrompt as NeedlePrompt
+    from .needles import NeedleTrials as NeedleTrials
+    from .needles import needle_prompt as needle_prompt
+    from .needles import needle_trials as needle_trials
     from .patching import PatchHeads as PatchHeads
     from .patching import PatchingResult as PatchingResult
     from .patching import PromptPair as PromptPair

@@ -39,6 +39,7 @@ from ..capture.attention import intervene
 from ..capture.extract import as_loaded
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from .head_masking import head_sets
 from .interventions import attention_shape, head_output_means
 from .patching import EncodedPair, PatchHeads, PatchRunner, mean_interval, patch_each_head
 from .sweeps import block_inputs, final_modules
@@ -77,19 +78,6 @@ def task_means(loaded: LoadedModel, prompts: Sequence[NextToken]) -> Means:
     batches = [{"input_ids": torch.tensor([prompt.ids], device=loaded.input_device)} for prompt in prompts]
     means = head_output_means(loaded, batches, kinds=("self",))
     return {layer: mean[None, None] for (_, layer), mean in means.items()}
-
-
-def head_sets(dla: np.ndarray, ks: Sequence[int], draws: int, rng: np.random.Generator
-              ) -> dict[str, list[tuple[int, int]]]:
-    """The heads to ablate together: ``top k`` (largest DLA terms first) and ``random k #d`` for each k."""
-    n_heads = dla.shape[1]
-    order = np.argsort(-dla, axis=None, kind="stable")
-    sets = {f"top {k}": [(int(i) // n_heads, int(i) % n_heads) for i in order[:k]] for k in ks}
-    for k in ks:
-        for draw in range(draws):
-            chosen = rng.choice(dla.size, size=k, replace=False)
-            sets[f"random {k} #{draw}"] = [(int(i) // n_heads, int(i) % n_heads) for i in sorted(chosen)]
-    return sets
 
 
 def ablation_masks(sets: Sequence[Sequence[tuple[int, int]]], n_layers: int, n_heads: int) -> dict[int, torch.Tensor]:

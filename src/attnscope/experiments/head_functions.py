@@ -4,7 +4,7 @@ need and returns a :class:`~attnscope.analysis.head_functions.HeadScores` table.
 
 Tasks (name -> builder, :func:`register_task` adds one, e.g. needle trials):
 
-* ``repeated_tokens``: :func:`~attnscope.experiments.tasks.repeated_random_tokens`, captured whole (the
+* ``repeated_tokens``: :func:`~attnscope.experiments.random_tokens.repeated_random_tokens`, captured whole (the
   sequences are short: ``[layer, head, T, T]`` each);
 * ``document``: each long document (shipped names, :func:`attnscope.data.document`, or a text) captured with
   ``CapturePlan(attention=False, locality=...)``: only ``[layer, head, pair]`` is kept, and a layer's scores
@@ -44,8 +44,8 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..progress import say_slow_step
 from ..records.attention import ModelInfo
+from .random_tokens import repeated_random_tokens
 from .sentences import sentence_record, text_sentences
-from .tasks import repeated_random_tokens
 
 DEFAULT_SCORES = ("induction", "previous_token", "duplicate_token", "echo", "locality")
 DEFAULT_WINDOWS = (16, 32, 64, 128, 256, 512, 1024)

@@ -223,6 +223,45 @@ class ValueZeroing(Intervention):
         return probs.masked_fill(zeroed[:, None, None, :], 0.0)
 
 
+def sink_window_keys(q_len: int, k_len: int, sink: int, window: int,
+                     device: torch.device | None = None) -> torch.Tensor:
+    """Bool ``[q_pos, k_pos]``: the first ``sink`` keys and the ``window`` most recent ones (the query's own
+    included) of each query; the queries are the last ``q_len`` of ``k_len`` positions (a cache's slots)."""
+    queries = torch.arange(k_len - q_len, k_len, device=device)[:, None]  # [q_pos, 1]: each query's position
+    keys = torch.arange(k_len, device=device)[None, :]  # [1, k_pos]
+    return (keys < sink) | ((keys <= queries) & (keys > queries - window))
+
+
+class SinkWindow(Intervention):
+    """Restrict some heads to the first ``sink`` keys plus the ``window`` most recent (StreamingLLM's attention
+    sinks and recent window; DuoAttention's streaming heads): ``heads`` ``{layer: [query head, ...]}`` (0-indexed)
+    of attention ``kind``.
+
+    The restriction is a mask before the softmax (:meth:`Intervention.key_mask`): a restricted head's weights are
+    the softmax over the kept keys, exactly as if the rest were never cached. It adds to the model's own mask, so a
+    sliding-window layer keeps its window (a key outside it stays out), and a learned sink (gpt-oss) stays in the
+    denominator: it is not a key, and not one of the ``sink`` first keys. Heads of one key/value group are
+    restricted per query head. Positions are the call's key slots, so the reference it gives for a KV budget is
+    a full cache (or one forward pass) of an unpadded or right-padded batch.
+    """
+
+    def __init__(self, heads: Mapping[int, Sequence[int]], sink: int, window: int, kind: str = "self") -> None:
+        if sink < 0 or window < 1:
+            raise AttnscopeError(f"a sink + window restriction needs sink >= 0 and window >= 1 keys, got sink {sink} "
+                                 f"and window {window}")
+        self.heads = {int(layer): tuple(int(h) for h in chosen) for layer, chosen in heads.items() if len(chosen)}
+        self.sink, self.window, self.kind = sink, window, kind
+
+    def applies_to(self, site: AttentionSite) -> bool:
+        return site.kind == self.kind and site.layer in self.heads
+
+    def key_mask(self, site: AttentionSite, n_heads: int, q_len: int, k_len: int,
+                 device: torch.device) -> torch.Tensor | None:
+        chosen = head_mask(self.heads[site.layer], n_heads, device)[:, None, None]  # [head, 1, 1]
+        kept = sink_window_keys(q_len, k_len, self.sink, self.window, device)  # [q_pos, k_pos]
+        return (kept | ~chosen)[None]  # [1, head, q_pos, k_pos]: other heads keep every key
+
+
 def ablate_heads(heads: Mapping[int, Sequence[int] | None], mode: str | Pattern = "zero", *, kind: str = "self",
                  means: Mapping[tuple[str, int], torch.Tensor] | None = None, k: int = 1
                  ) -> AbstractContextManager[None]:

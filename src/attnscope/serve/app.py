@@ -19,7 +19,9 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/head-scores``: one registered head-function score of every layer and head of a decoder
   (``attnscope.head_scores`` at small settings, ``HeadScores.to_dict``; the Head functions tab's grid);
 * ``POST /api/head-trial``: one head's attention row on one trial of that score's task, the keys the score reads
-  marked (``head_trial``; what the tab shows for a clicked head).
+  marked (``head_trial``; what the tab shows for a clicked head);
+* ``POST /api/sentences``: sentence-level attention of a text (``attnscope.experiments.sentences.sentence_report``,
+  Bogdan et al. 2025): its tokens and the sentence panel the step view draws (the Sentences tab draws it).
 
 Every endpoint that loads or runs a model is a POST taking ``Content-Type: application/json``;
 GET endpoints never load or run one. :mod:`.guard` checks the Host header, the body size and the
@@ -69,12 +71,16 @@ DEFAULT_MAX_TOKENS = 128  # beyond this the views are unreadable and the payload
 MAX_QK_TOP = 100  # pairs per table in an /api/qk answer (the page draws one bar each)
 DEFAULT_TAU = 0.04  # attribution.routes.TAU, repeated so that importing the app imports no torch (a test holds them equal)
 MAX_NEW_TOKENS = 256  # per /api/generate request: the model is held (other requests on it wait) while it writes
+# /api/sentences reads a few paragraphs at least (a planned capture: memory grows with the sentences, not the tokens);
+# the server's --max-tokens raises it
+SENTENCE_TOKENS = 2048
+MAX_RECEIVERS = 50
 
 # name -> (package, folder) of every asset the page may load
 ASSETS = {
     **{name: ("attnscope.present", "static") for name in
        ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
-        "routes.js", "steps.js", "steps.css")},
+        "routes.js", "steps.js", "steps.css", "sentences.js", "sentences.css")},
     **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css", "head_functions.js")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
@@ -245,6 +251,19 @@ def head_trial_request(scores: type[StrictRequest]) -> type[StrictRequest]:
     return create_model("HeadTrialRequest", __base__=scores, __module__=__name__,
                         layer=(Index, Field(..., description="0-indexed layer")),
                         head=(Index, Field(..., description="0-indexed head")))
+class SentencesRequest(StrictRequest):
+    model: str | None = Field(None, description="a model name from GET /api/models (default: the server's first "
+                              "decoder-only model, else its first)")
+    text: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,
+                      description="the text: at least two sentences (one ends at . ! ? before a space, or at a new "
+                      "line); not only spaces",
+                      examples=["The cat sat on the mat. It was happy! Then it left.\nThe dog came in. It barked."])
+    proximity: Annotated[int, Field(ge=1, le=64), BeforeValidator(_whole_number)] = Field(
+        4, description="a sentence's vertical score averages the sentences at least this many later (Bogdan et al.: 4)")
+    top: Annotated[int, Field(ge=1, le=MAX_RECEIVERS), BeforeValidator(_whole_number)] = Field(
+        10, description=f"receiver heads listed (1 to {MAX_RECEIVERS})")
+
+    _check_text = field_validator("text")(_utf8)
 
 
 class Problem(BaseModel):
@@ -455,6 +474,14 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
              "settings)", responses=ERRORS)(head_scores)
     app.post("/api/head-trial", summary="one head's attention on one trial of a head-function score's task, the keys "
              "it reads marked", responses=ERRORS)(head_trial)
+    @app.post("/api/sentences", summary="sentence-level attention of a text: sentence x sentence block means, "
+              "vertical scores and receiver heads (Bogdan et al. 2025)", responses=ERRORS)
+    def sentences(request: SentencesRequest) -> JSONResponse:
+        name = _named(request.model, pool.generator or pool.default)
+        with pool.use(name) as loaded:
+            report = service.sentences_of(loaded, request.text, request.proximity, max(max_tokens, SENTENCE_TOKENS))
+        # packing needs no model: let the next request in
+        return JSONResponse(service.describe_sentences(report, name, request.top))
 
     def mixing(request: Any) -> JSONResponse:
         with pool.use(_named(request.model, pool.default)) as loaded:

@@ -10,7 +10,8 @@
 * :func:`routes_of`: the information-flow route of one prediction of a decoder;
 * :func:`head_function_scores` and :func:`head_function_trial`: a decoder's head-function scores (every layer
   and head) and one head's row on one trial of the score's task, at the explorer's small settings
-  (:func:`explorer_head_settings`).
+  (:func:`explorer_head_settings`);
+* :func:`sentences_of` and :func:`describe_sentences`: sentence-level attention of a text (the sentence panel).
 
 Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
 layer answers 4xx) for input the user can fix.
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ..attribution.routes import Routes
     from ..experiments.head_functions import HeadScoreSettings
     from ..experiments.head_trials import HeadTrial
+    from ..experiments.sentences import SentenceReport
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
 # attention patterns are the experiments' own (first = attnscope's "beginning", last = "end").
@@ -451,3 +453,25 @@ def head_function_trial(loaded: LoadedModel, score: str, layer: int, head: int) 
     from ..experiments.head_trials import head_trial
 
     return head_trial(loaded, score, layer, head, explorer_head_settings())
+# ---- sentences -------------------------------------------------------------------------------
+def sentences_of(loaded: LoadedModel, text: str, proximity: int, max_tokens: int) -> SentenceReport:
+    """Sentence attention and receiver heads of ``text`` (``sentence_report``: a planned capture), after the checks
+    that need no forward pass: the text as :func:`check_input` checks it, and a number of sentences the panel draws."""
+    from ..experiments.sentences import sentence_report, text_sentences
+    from ..present.sentence_panel import check_panel_sentences
+
+    check_input(loaded, text, None, max_tokens)
+    check_panel_sentences(len(text_sentences(loaded, text)))
+    return sentence_report(loaded, text, proximity=proximity)
+
+
+def describe_sentences(report: SentenceReport, model: str, top: int) -> dict[str, Any]:
+    """``/api/sentences``' answer: the text's tokens and the sentence panel (``steps.schema.json``'s
+    ``$defs/sentences``) with the ``top`` receiver heads; needs no model, so the web layer runs it after releasing
+    the model for the next request."""
+    from ..present.sentence_panel import sentence_panel
+
+    attention = report.attention
+    return {"model": model, "tokens": list(report.tokens),
+            "n_layers": len(attention.layers), "n_heads": len(attention.heads),
+            "sentences": sentence_panel(attention, proximity=report.receivers.proximity, top=top)}

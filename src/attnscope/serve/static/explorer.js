@@ -10,13 +10,14 @@
  * token, then a key token, with one head shown; the step view: a token of a step's row, with one layer
  * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
  * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
- * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js).
+ * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js); the Sentences tab asks
+ * POST /api/sentences for a text's sentence-level attention and draws its panel (sentences.js).
  * The Head functions tab offers the registered head-function scores of GET /api/models, asks POST /api/head-scores
  * for one score of every head and draws the grid; a click on a head asks POST /api/head-trial for that head's row on
  * one trial of the score's task (head_functions.js draws both).
  * Layers and heads are 0-indexed.
  */
-(function (V, Steps, Routes, Heads) {
+(function (V, Steps, Routes, Sentences, Heads) {
   "use strict";
 
   const el = V.element;
@@ -605,17 +606,19 @@
     $("generate-form").addEventListener("submit", (event) => { event.preventDefault(); generate(); });
   }
 
-  // ---- routes tab ----------------------------------------------------------------------------
-  /* Run `work` for a tab (`tab`: the ids of its button and status): the button disabled, `message` in the status and
-   * `box.dataset.state` busy, then done; or error, with the box cleared and the server's one line in the status. */
-  async function tabBusy(tab, message, box, work) {
-    const status = $(tab.status);
-    $(tab.button).disabled = true;
+  // ---- routes and sentences tabs --------------------------------------------------------------
+  /* A tab's one request: `ask()` gives the answer, `draw(box, answer)` draws it in the element `boxId`; the server's
+   * one line where it refuses (the last drawing is cleared). The box's data-state says busy, done or error. */
+  async function runTab(name, boxId, working, ask, draw) {
+    const status = $(`${name}-status`);
+    const box = $(boxId);
+    $(`${name}-run`).disabled = true;
     status.classList.remove("ex-error");
-    status.textContent = message;
+    status.textContent = working;
     box.dataset.state = "busy";
     try {
-      await work();
+      const data = await ask();
+      await draw(box, data);
       box.dataset.state = "done";
       status.textContent = "";
     } catch (error) {
@@ -624,33 +627,36 @@
       status.textContent = error.message;
       status.classList.add("ex-error");
     } finally {
-      $(tab.button).disabled = false;
+      $(`${name}-run`).disabled = false;
     }
   }
 
-  /* POST /api/routes and draw the route; the server's one line where it refuses (the last drawing is cleared). */
-  async function route() {
-    const box = $("routes-graph");
-    await tabBusy({ button: "routes-run", status: "routes-status" }, "routing…", box, async () => {
+  /* POST /api/routes and draw the route. */
+  function route() {
+    return runTab("routes", "routes-graph", "routing…", () => {
       const position = $("routes-position").value.trim();
       const tau = $("routes-tau").value.trim();
-      const body = { model: $("routes-model").value, text: $("routes-text").value,
-        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) };
-      const data = await api("/api/routes", body);
-      Routes.draw(box, data);
-      markLoaded(data.model);
-    });
+      return api("/api/routes", { model: $("routes-model").value, text: $("routes-text").value,
+        position: position === "" ? -1 : Number(position), tau: tau === "" ? 0.04 : Number(tau) });
+    }, (box, data) => Routes.draw(box, data));
   }
 
-  function setupRoutes(config) {
-    $("routes-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
-    $("routes-form").addEventListener("submit", (event) => { event.preventDefault(); route(); });
+  /* POST /api/sentences and draw the sentence panel over the text's tokens. */
+  function sentences() {
+    return runTab("sentences", "sentences-view", "averaging by sentence…", () => {
+      const proximity = $("sentences-proximity").value.trim();
+      return api("/api/sentences", { model: $("sentences-model").value, text: $("sentences-text").value,
+        proximity: proximity === "" ? 4 : Number(proximity) });
+    }, (box, data) => Sentences.render(box, { ...data, title: `${data.model}: sentence-level attention` }));
+  }
+
+  function setupTab(name, run) {
+    $(`${name}-model`).replaceChildren(...page.config.models.map((m) => new Option(m.name, m.name)));
+    $(`${name}-form`).addEventListener("submit", (event) => { event.preventDefault(); run(); });
   }
 
   // ---- head functions tab --------------------------------------------------------------------
   const headScores = { data: null, score: null }; // the last /api/head-scores answer and the score it is of
-
-  const HEADS_TAB = { button: "hf-run", status: "hf-status" };
 
   function describeScore() {
     const found = page.config.head_functions.find((f) => f.name === $("hf-score").value);
@@ -662,11 +668,11 @@
     Heads.drawGrid($("hf-grid"), headScores.data, $("hf-column").value, openHeadTrial);
   }
 
-  async function scoreHeads() {
+  /* POST /api/head-scores and draw the grid of the score's first column (a menu offers the others). */
+  function scoreHeads() {
     const body = { model: $("hf-model").value, score: $("hf-score").value };
     $("hf-trial").replaceChildren();
-    await tabBusy(HEADS_TAB, "scoring every head\u2026", $("hf-grid"), async () => {
-      const data = await api("/api/head-scores", body);
+    return runTab("hf", "hf-grid", "scoring every head\u2026", () => api("/api/head-scores", body), (box, data) => {
       headScores.data = data;
       headScores.score = body.score;
       $("hf-column").replaceChildren(...data.columns.map((name) => new Option(name, name)));
@@ -676,21 +682,21 @@
     });
   }
 
-  async function openHeadTrial(layer, head) {
+  /* POST /api/head-trial for a clicked head and draw its row on the trial. */
+  function openHeadTrial(layer, head) {
     Heads.open($("hf-grid"), layer, head);
     const found = page.config.head_functions.find((f) => f.name === headScores.score);
     if (found && !found.trial) {
       $("hf-trial").replaceChildren(el("p", "ex-note", `no trial view for the ${found.task} task`));
-      return;
+      return undefined;
     }
     const body = { model: headScores.data.model, score: headScores.score, layer, head };
-    await tabBusy(HEADS_TAB, `layer ${layer}, head ${head}\u2026`, $("hf-trial"), async () => {
-      Heads.drawTrial($("hf-trial"), await api("/api/head-trial", body));
-    });
+    return runTab("hf", "hf-trial", `layer ${layer}, head ${head}\u2026`, () => api("/api/head-trial", body),
+      (box, data) => Heads.drawTrial(box, data));
   }
 
   function setupHeadFunctions(config) {
-    $("hf-model").replaceChildren(...config.models.map((m) => new Option(m.name, m.name)));
+    setupTab("hf", scoreHeads);
     $("hf-score").replaceChildren(...config.head_functions.map((f) => {
       const option = new Option(f.label, f.name);
       option.title = `${f.reference} (${f.cited})`;
@@ -698,7 +704,6 @@
     }));
     $("hf-score").addEventListener("change", describeScore);
     $("hf-column").addEventListener("change", drawHeadGrid);
-    $("hf-form").addEventListener("submit", (event) => { event.preventDefault(); scoreHeads(); });
     describeScore();
   }
 
@@ -743,7 +748,8 @@
     $("run-change").addEventListener("click", runChange);
     $("json-link").addEventListener("click", downloadRecord);
     setupGeneration(config);
-    setupRoutes(config);
+    setupTab("routes", route);
+    setupTab("sentences", sentences);
     setupHeadFunctions(config);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
@@ -769,4 +775,5 @@
   }
 
   start();
-})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeHeadFunctions);
+})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeSentences,
+  window.AttnscopeHeadFunctions);
