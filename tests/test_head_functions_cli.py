@@ -26,7 +26,7 @@ from attnscope.capture.extract import extract
 from attnscope.capture.plan import CapturePlan
 from attnscope.errors import AttnscopeError
 from attnscope.experiments.head_trials import head_trial
-from attnscope.experiments.tasks import repeated_random_tokens
+from attnscope.experiments.random_tokens import repeated_random_tokens
 from attnscope.present.figures import WINDOWED_COLOR, plot_head_scores
 
 from .test_cli_errors import assert_one_error_line, exit_code

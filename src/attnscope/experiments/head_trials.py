@@ -35,8 +35,8 @@ from ..models.loading import LoadedModel
 from ..records.attention import AttentionRecord
 from .head_functions import HeadScoreSettings, check_settings, cut_quietly, document_texts
 from .interventions import check_layers_and_heads
+from .random_tokens import repeated_random_tokens
 from .sentences import sentence_record, text_sentences
-from .tasks import repeated_random_tokens
 
 
 @dataclass(frozen=True)
