@@ -42,6 +42,7 @@ from ..capture.tokens import TruncationWarning
 from ..data import document, documents
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from ..progress import say_slow_step
 from ..records.attention import ModelInfo
 from .random_tokens import repeated_random_tokens
 from .sentences import sentence_record, text_sentences
@@ -146,26 +147,27 @@ register_task("document", locality_evidence)
 register_task("sentences", sentence_evidence)
 
 
-def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
-    """Every premise of :func:`head_scores`, one line each, before the model runs."""
+def check_bounds(names: Sequence[str], settings: HeadScoreSettings) -> None:
+    """The premises of :func:`head_scores` that need no model (known scores and tasks, numbers in range, shipped
+    documents), one line each: what a command checks before it loads one."""
     if not names:
         raise AttnscopeError("no head score asked for")
-    functions = [get_head_function(name) for name in names]
-    if loaded.is_encoder_decoder or not loaded.causal:
-        raise AttnscopeError(f"head-function scores need a decoder (causal self-attention); {loaded.name} is "
-                             f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'an encoder'}")
-    missing = [f.task for f in functions if f.task not in TASKS]
+    tasks = {get_head_function(name).task for name in names}
+    missing = sorted(tasks - set(TASKS))
     if missing:
         raise AttnscopeError(f"no task {missing[0]!r} is registered (import its module first)")
-    uses_documents = any(f.task in ("document", "sentences") for f in functions)
-    if uses_documents:
-        _check_documents(loaded, settings)
-    if any(f.task == "repeated_tokens" for f in functions):
-        n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
-        loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
+    if "repeated_tokens" in tasks and (settings.period < 2 or settings.repeats < 2 or settings.sequences < 1):
+        raise AttnscopeError(f"repeated random tokens need a period >= 2, repeats >= 2 and sequences >= 1; got "
+                             f"{settings.period}, {settings.repeats} and {settings.sequences}")
+    if settings.chunk < 1 or (settings.max_tokens is not None and settings.max_tokens < 1):
+        raise AttnscopeError("the query chunk and max_tokens must be at least 1")
+    if tasks & {"document", "sentences"}:
+        _check_document_names(settings)
+    if "document" in tasks:
+        _check_locality_numbers(settings)
 
 
-def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
+def _check_document_names(settings: HeadScoreSettings) -> None:
     if not settings.documents:
         raise AttnscopeError("locality and receiver scores need at least one document")
     for name in settings.documents:
@@ -173,14 +175,32 @@ def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
             raise AttnscopeError("a document is empty")
         if name not in documents() and len(name) < 200 and "\n" not in name and " " not in name.strip():
             document(name)  # a name that is no shipped document: one line listing them
-    tokens = settings.document_tokens(loaded)
-    if tokens > loaded.max_length:
-        raise AttnscopeError(f"max_tokens {tokens} is above {loaded.name}'s limit of {loaded.max_length} tokens")
+
+
+def _check_locality_numbers(settings: HeadScoreSettings) -> None:
     if not 0 < settings.share <= 1:
         raise AttnscopeError(f"the share a window must keep is in (0, 1], got {settings.share}")
-    if settings.every < 1 or tokens < 1:
-        raise AttnscopeError("every and max_tokens must be at least 1")
+    if settings.every < 1:
+        raise AttnscopeError(f"every must be at least 1, got {settings.every}")
+    if not settings.sinks or not settings.windows:
+        raise AttnscopeError("locality needs at least one sink size and one window")
     CapturePlan(attention=False, locality=settings.pairs)  # refuses a negative sink or a window below 1
+
+
+def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
+    """Every premise of :func:`head_scores`, one line each, before the model runs: :func:`check_bounds`, then
+    what the model decides (a decoder, lengths within its limit)."""
+    check_bounds(names, settings)
+    tasks = {get_head_function(name).task for name in names}
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"head-function scores need a decoder (causal self-attention); {loaded.name} is "
+                             f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'an encoder'}")
+    tokens = settings.document_tokens(loaded)
+    if tasks & {"document", "sentences"} and tokens > loaded.max_length:
+        raise AttnscopeError(f"max_tokens {tokens} is above {loaded.name}'s limit of {loaded.max_length} tokens")
+    if "repeated_tokens" in tasks:
+        n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
+        loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
 
 
 def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES,
@@ -200,6 +220,9 @@ def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES
     columns: dict[str, np.ndarray] = {}
     for function in functions:
         if function.task not in evidence:
+            if progress:
+                say_slow_step(f"head scores of {loaded.name}: the {function.task} task, for "
+                              f"{', '.join(f.name for f in functions if f.task == function.task)}")
             evidence[function.task] = TASKS[function.task](loaded, settings, progress)
         found = evidence[function.task][0]
         columns.update(function.compute(found))
