@@ -138,6 +138,19 @@
     return { bytes: values, max, total: rows.values.shape.at(-1), rows: rows.row_max.shape.at(-1), levels: rows.levels };
   }
 
+  /* A new element: element("div", "as-hint", "text"); the class and the text are optional. */
+  function element(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  /* A token as it reads in running text: a newline shows as a return sign (the line breaks after it). */
+  const shown = (token) => token.replace(/\n/g, "\u21b5");
+
+  NS.element = element;
+  NS.shown = shown;
   NS.LayerGrid = LayerGrid;
   NS.unpack = unpack;
   NS.unpackRows = unpackRows;

@@ -7,6 +7,8 @@
 (function (NS) {
   "use strict";
 
+  const element = NS.element;  // decode.js
+
   const FONT = "Helvetica, Arial, sans-serif";
   // one colour per head; heads past the 12th get colours spread around the hue circle
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
@@ -284,13 +286,6 @@
       "opacity = |value| / the largest |value| in its column", "0");
   }
 
-  function element(tag, className, text) {
-    const node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
   /* A form control with its label: control(kind, text, role) -> [label, input]; kind is
    * "select" (text before it) or "checkbox" (text after it); role names it for tests (data-role). */
   function control(kind, text, role) {
@@ -315,6 +310,6 @@
     return row;
   }
 
-  Object.assign(NS, { element, control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor,
+  Object.assign(NS, { control, tabs, Scene, Surface, paint, toSVG, headColor, rgbOf, textWidth, label, signedColor,
     colorScale, signedScale, FONT });
 })((window.AttnscopeViews = window.AttnscopeViews || {}));

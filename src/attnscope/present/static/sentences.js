@@ -15,13 +15,8 @@
 (function (NS, V) {
   "use strict";
 
-  const el = (tag, cls, text) => {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  };
-  const shown = (token) => token.replace(/\n/g, "\u21b5");
+  const el = V.element;
+  const shown = V.shown;
   const SETS = ["heads", "layers", "all"];
   const HEATMAP_PIXELS = 320;
 

@@ -25,15 +25,8 @@
 (function (NS, V, R, S) {
   "use strict";
 
-  const el = (tag, cls, text) => {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  };
-
-  /* A token as it reads in running text: a newline shows as a return sign (the line breaks after it). */
-  const shown = (token) => token.replace(/\n/g, "\u21b5");
+  const el = V.element;  // decode.js
+  const shown = V.shown;
 
   /* One set of rows (payload $defs/rows) as bytes and per-row maxima. */
   async function decodeRows(rows) {
