@@ -11,10 +11,13 @@ Tasks (name -> builder, :func:`register_task` adds one, e.g. needle trials):
   are computed ``chunk`` queries at a time, never the whole query x key matrix;
 * ``sentences``: each document averaged to sentence x sentence by a planned capture
   (:func:`~attnscope.experiments.sentences.sentence_record`); receiver scores are the mean over
-  documents of each head's kurtosis.
+  documents of each head's kurtosis;
+* ``needles``: needle-in-a-haystack trials (:func:`~attnscope.experiments.needles.needle_trials`: every
+  needle x haystack length x depth in one document, answered greedily with decode-step rows only); the
+  retrieval score is the mean over the trials the model answered (NaN for every head when none was).
 
-Every premise (a causal decoder, lengths within the model's limit, known scores and documents, a share in
-``(0, 1]``) is checked before the model runs.
+Every premise (a causal decoder, lengths within the model's limit, known scores, documents and needles, a share
+in ``(0, 1]``, depths in 0..1, the memory of the longest needle trial) is checked before the model runs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +46,14 @@ from ..data import document, documents
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..records.attention import ModelInfo
+from .needles import (
+    DEFAULT_DEPTHS,
+    DEFAULT_DOCUMENT,
+    DEFAULT_NEEDLES,
+    MAX_NEW_TOKENS,
+    needle_trials,
+    trial_prompts,
+)
 from .sentences import sentence_record, text_sentences
 from .tasks import repeated_random_tokens
 
@@ -57,7 +68,10 @@ class HeadScoreSettings:
     draws from ``seed``. Documents (shipped names or texts), cut to ``max_tokens`` (None: :data:`DOCUMENT_TOKENS`
     or the model's limit, the smaller): locality for every pair of
     ``sinks`` x ``windows`` over every ``every``-th query, ``chunk`` queries at a time; ``share``: what the
-    smallest window must keep."""
+    smallest window must keep. Needle trials (retrieval): every needle of ``needles`` (shipped ids) hidden in
+    ``needle_document`` cut to each of ``needle_lengths`` tokens, at each of ``needle_depths``, answered in
+    ``needle_form`` (None: the model's own) with at most ``needle_new_tokens`` tokens. Each field's ``help``
+    metadata says the same in one line (for the command line)."""
 
     period: int = 64
     repeats: int = 2
@@ -70,6 +84,18 @@ class HeadScoreSettings:
     share: float = 0.9
     every: int = 1
     chunk: int = 256
+    needles: tuple[str, ...] = field(default=DEFAULT_NEEDLES, metadata={
+        "help": "shipped needle ids hidden in the haystack (retrieval; attnscope.data.needles lists them)"})
+    needle_lengths: tuple[int, ...] = field(default=(1024,), metadata={
+        "help": "haystack lengths in the model's tokens, needle included (retrieval)"})
+    needle_depths: tuple[float, ...] = field(default=DEFAULT_DEPTHS, metadata={
+        "help": "where the needle sits in the haystack, 0 (start) to 1 (end) (retrieval)"})
+    needle_document: str = field(default=DEFAULT_DOCUMENT, metadata={
+        "help": "the shipped document the haystacks are cut from (retrieval)"})
+    needle_form: str | None = field(default=None, metadata={
+        "help": "prompt form, plain or chat (default: the one the model answers; retrieval)"})
+    needle_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={
+        "help": "the most tokens a needle trial's answer may have (retrieval)"})
 
     def document_tokens(self, loaded: LoadedModel) -> int:
         """Where documents are cut for ``loaded``."""
@@ -141,9 +167,23 @@ def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress
     return found, records[0].model
 
 
+def needle_grid(settings: HeadScoreSettings) -> dict[str, Any]:
+    """The settings' needle grid as :func:`~attnscope.experiments.needles.trial_prompts` takes it."""
+    return {"lengths": settings.needle_lengths, "depths": settings.needle_depths, "needles": settings.needles,
+            "document_name": settings.needle_document, "form": settings.needle_form,
+            "max_new_tokens": settings.needle_new_tokens}
+
+
+def needle_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+    """The needle trials of the settings' grid, each head scored on each trial."""
+    trials = needle_trials(loaded, **needle_grid(settings), progress=progress)
+    return trials, trials.info
+
+
 register_task("repeated_tokens", repeated_evidence)
 register_task("document", locality_evidence)
 register_task("sentences", sentence_evidence)
+register_task("needles", needle_evidence)
 
 
 def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
@@ -163,6 +203,8 @@ def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScor
     if any(f.task == "repeated_tokens" for f in functions):
         n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
         loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
+    if any(f.task == "needles" for f in functions):
+        trial_prompts(loaded, **needle_grid(settings))  # builds and checks every prompt; the model does not run
 
 
 def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
