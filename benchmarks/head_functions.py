@@ -173,7 +173,7 @@ def masking_drops(loaded: Any, size: dict[str, Any]) -> dict[str, Any]:
     check = check_score(loaded, "induction", scores, ks=size["ks"], draws=5, n_resamples=size["resamples"],
                         metric_options={"length": 32, "n": size["mask_sequences"]})
     rows = {(row["k"], row["heads"]): row for row in check.summary()}
-    triple = lambda row: [round(row[key], 4) for key in ("change", "ci_low", "ci_high")]  # noqa: E731
+    triple = lambda row: [round(row[key], 4) for key in ("change", "ci_low", "ci_high")]
     return {"mask_top_k_drop": {str(k): triple(rows[k, "top"]) for k in size["ks"]},
             "mask_random_k_drop": {str(k): triple(rows[k, "random"]) for k in size["ks"]},
             "mask_baseline_loss": round(check.baseline, 4), "mask_metric": check.metric,
