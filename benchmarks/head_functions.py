@@ -55,7 +55,7 @@ from attnscope import HeadScoreSettings, head_scores
 from attnscope.analysis.retrieval import retrieval_score
 from attnscope.experiments.head_masking import check_score
 from attnscope.experiments.needles import needle_prompt, run_trial
-from attnscope.experiments.tasks import repeated_random_tokens
+from attnscope.experiments.random_tokens import repeated_random_tokens
 from tests.test_generate import eager_attention
 from tests.test_head_functions import naive_locality, naive_repeated
 from tests.test_needles import eager_top_keys

@@ -67,10 +67,20 @@ def reset_peak() -> None:
 
 
 def peak_mb() -> float:
+    """The process's peak resident set size since :func:`reset_peak`, in MB."""
+    return _status_mb("VmHWM")
+
+
+def rss_mb() -> float:
+    """The process's resident set size now, in MB."""
+    return _status_mb("VmRSS")
+
+
+def _status_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure(run, *args, **kwargs) -> tuple[float, float]:  # type: ignore[no-untyped-def]

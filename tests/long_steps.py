@@ -35,6 +35,7 @@ from attnscope.records.attribution import (
 from attnscope.records.generation import GenerationRecord, packed_length, row_offset
 
 CANDIDATES = 10
+FLOAT16 = 2.0**-11  # relative rounding of a float16
 LENS_VOCABULARY = 400  # distinct lens tokens: shipped once each, indexed per step
 
 
@@ -116,6 +117,15 @@ def _routes(rng: np.random.Generator, layers: int, heads: int, prompt: int, step
             ROUTE_HEADS: np.array(shares, dtype=np.float32).reshape(-1, heads)}
 
 
+def shipped_sources(got: np.ndarray, want: np.ndarray) -> bool:
+    """``got`` is the source terms ``want`` ``[..., source_pos]`` as a step page ships them: each to float16, except
+    terms under 1/2048 of the largest |term| of their row, which may be 0 (the page draws them unshaded either way)."""
+    floor = np.abs(want).max(axis=-1, keepdims=True) * 2.0**-11
+    # float16 rounding may move a term past the floor (relatively, or by a step of 6e-8 under float16's normal range)
+    dropped = (got == 0) & (np.abs(want) <= floor * (1 + 4 * FLOAT16) + 6e-8)
+    return bool(np.all((np.abs(got - want) <= np.abs(want) * FLOAT16 + 1e-7) | dropped))
+
+
 # ---- the page in Chromium (Playwright) ----------------------------------------------------------------------
 PAGE_ID = "attnscope-steps"  # the element id of a saved step page (StepsView.to_html)
 
@@ -130,14 +140,19 @@ def opened_ms(page: Any, path: Path) -> float:
 
 
 def click_ms(page: Any, step: int) -> float:
-    """Click the generated token of ``step`` in the strip: ms until the step has drawn and the browser has laid out
-    and painted it (the next animation frame)."""
+    """Click the generated token of ``step`` in the strip: ms until the step has drawn (at once, or once the blocks it
+    draws are decoded) and the browser has laid out and painted it (the next animation frame)."""
     return float(page.evaluate(f"""async () => {{
         const root = document.getElementById('{PAGE_ID}');
         const cell = root.querySelector("[data-role=strip] .st-step[data-step='{step}']");
+        const drawn = () => root.dataset.step === '{step}';
         const start = performance.now();
         cell.click();
+        if (!drawn()) await new Promise((done, fail) => {{
+          const watch = new MutationObserver(() => {{ if (drawn()) {{ watch.disconnect(); done(); }} }});
+          watch.observe(root, {{ attributes: true, attributeFilter: ['data-drawn'] }});
+          setTimeout(() => fail(new Error('step {step} was not drawn')), 30000);
+        }});
         await new Promise((done) => requestAnimationFrame(() => setTimeout(done)));
-        if (root.dataset.step !== '{step}') throw new Error('step {step} was not drawn');
         return performance.now() - start;
     }}"""))

@@ -17,7 +17,7 @@ import attnscope
 from attnscope import AttnscopeError, GenerationRecord
 from attnscope.capture import generate as generating
 from attnscope.capture.attention import capture
-from attnscope.capture.generate import StepRows, generation_memory, keeps_prompt_rows
+from attnscope.capture.generate import StepCandidates, StepRows, generation_memory, generation_shape, keeps_prompt_rows
 from attnscope.data import brown_sentences
 from attnscope.experiments.interventions import HeadAblation
 from attnscope.present.steps import steps_view
@@ -168,10 +168,9 @@ def test_the_memory_estimate_follows_the_rows_kept_and_one_layers_prefill(tiny_l
     layers, heads = len(tiny_llama.sites), tiny_llama.model.config.num_attention_heads
     fused = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1)
     eager = generation_memory(layers, heads, len(ids), 2, first_row=len(ids) - 1, fused_prompt=False)
-    vocab = tiny_llama.model.config.vocab_size
-    logits = 2 * vocab * 4 + 3 * 64 * vocab * 4  # generate's logits, and 64 steps' candidates at once
+    candidates = StepCandidates().memory(generation_shape(tiny_llama, len(ids), 2)).total  # each step's top tokens
     monkeypatch.setattr("attnscope.capture.plan.available_memory",
-                        lambda: int(((fused.total + eager.total) / 2 + logits) / 0.8))
+                        lambda: int(((fused.total + eager.total) / 2 + candidates) / 0.8))
     attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)
     with pytest.raises(AttnscopeError, match="needs about"), attnscope.intervene(HeadAblation("zero", layers=[0])):
         attnscope.generate(tiny_llama, long_prompt, max_new_tokens=2, prompt_rows=False)

@@ -23,7 +23,7 @@ from attnscope.analysis.sentences import SentenceAttention, split_sentences
 from attnscope.capture.extract import extract, extract_to_file
 from attnscope.capture.plan import CapturePlan, QuerySelection
 from attnscope.errors import AttnscopeError
-from attnscope.experiments.tasks import repeated_random_tokens
+from attnscope.experiments.random_tokens import repeated_random_tokens
 from attnscope.records import AttentionRecord
 
 from .tiny_architectures import SLIDING_WINDOW, TEXT, build_folder, eager_attentions

@@ -30,7 +30,7 @@ from attnscope.experiments.metrics import (
     Task,
     token_batches,
 )
-from attnscope.experiments.tasks import repeated_random_tokens
+from attnscope.experiments.random_tokens import repeated_random_tokens
 
 from .tiny_architectures import VOCAB, build_folder
 

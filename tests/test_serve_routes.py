@@ -15,8 +15,7 @@ from attnscope import generate, load_model, routes
 from attnscope.attribution import StepRoutes, step_routes
 from attnscope.attribution.routes import TAU
 from attnscope.models.registry import ALIASES
-from attnscope.present.payload import unpack
-from attnscope.present.steps import generation_payload, steps_schema
+from attnscope.present.steps import generation_payload, joined_blocks, steps_schema
 
 from .test_serve_generate import generate_in_tab
 from .test_serve_guard import one_line_detail
@@ -91,9 +90,9 @@ def test_generate_with_routes_sends_each_steps_route_of_what_generate_writes(exp
     with explorer_app.state.pool.use("smollm2") as smollm2:
         record = generate(smollm2, TEXT, max_new_tokens=2, recorders=[StepRoutes()])
     got, want = payload["routes"], generation_payload(record)["routes"]
-    assert unpack(got["edges"]).tolist() == unpack(want["edges"]).tolist()
-    assert np.allclose(unpack(got["importance"]), unpack(want["importance"]), rtol=2.0**-10, atol=1e-6)
-    shipped_steps = unpack(got["edges"])[:, 0].tolist()
+    assert joined_blocks(got["edges"]).tolist() == joined_blocks(want["edges"]).tolist()
+    assert np.allclose(joined_blocks(got["importance"]), joined_blocks(want["importance"]), rtol=2.0**-10, atol=1e-6)
+    shipped_steps = joined_blocks(got["edges"])[:, 0].tolist()
     assert [shipped_steps.count(s) for s in (0, 1)] == [len(step_routes(record, s).edges) for s in (0, 1)]
 
 

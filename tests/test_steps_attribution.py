@@ -17,7 +17,8 @@ from attnscope.capture import generate as generate_module
 from attnscope.errors import AttnscopeError
 from attnscope.models.registry import ALIASES
 from attnscope.present.payload import unpack
-from attnscope.present.steps import generation_payload, steps_schema
+from attnscope.present.steps import generation_payload, joined_blocks, steps_schema
+from tests.long_steps import shipped_sources
 
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.skipif(not ALIASES["smollm2"].installed,
@@ -88,7 +89,7 @@ def test_the_payload_carries_the_records_attribution_and_follows_the_schema(attr
     want_logits = gen.arrays["attribution_logits"]
     assert np.all(np.abs(unpack(shown["logits"]) - want_logits) <= np.abs(want_logits) * FLOAT16)
     want = gen.arrays["attribution_sources"]
-    assert np.all(np.abs(unpack(shown["sources"]) - want) <= np.abs(want) * FLOAT16 + 1e-7)
+    assert shipped_sources(joined_blocks(shown["sources"]), want)
     vocabulary, indices = shown["lens"]["vocabulary"], unpack(shown["lens"]["tokens"]).astype(int)
     assert [[[vocabulary[i] for i in layer] for layer in step] for step in indices.tolist()] == \
         [[list(layer) for layer in step] for step in gen.lens_tokens]
@@ -157,7 +158,7 @@ def test_the_command_writes_a_page_showing_the_heads_and_tokens_behind_each_step
     assert ups == [bool(gen.arrays["attribution_heads"][0, layer, head] >= 0) for layer, head in top(0)]
     sources = gen.arrays["attribution_sources"]
     got = np.array(page.evaluate(f"{VIEW}.sourceTerms()"))
-    assert np.all(np.abs(got - sources[0, 0, : gen.prompt_length]) <= np.abs(sources[0, 0, : gen.prompt_length]) * FLOAT16 + 1e-7)
+    assert shipped_sources(got, sources[0, 0, : gen.prompt_length])
     assert page.locator("[data-role=sources] .st-key").count() == gen.prompt_length
     first = source_shades(page)
 
@@ -167,7 +168,7 @@ def test_the_command_writes_a_page_showing_the_heads_and_tokens_behind_each_step
                            f"document.querySelector('[data-role=sources]').dataset.layer === '{layer}'")
     assert source_shades(page) != first, "clicking a head changes the drawn source tokens"
     got = np.array(page.evaluate(f"{VIEW}.sourceTerms()"))
-    assert np.allclose(got, sources[0, 1, : gen.prompt_length], atol=np.abs(sources[0, 1]).max() * FLOAT16 + 1e-7)
+    assert shipped_sources(got, sources[0, 1, : gen.prompt_length])
 
     lens_rows = page.locator("[data-role=lens] tr")
     assert lens_rows.count() == 1 + LENS_TOP

@@ -13,8 +13,7 @@ import pytest
 from attnscope import generate, load_model
 from attnscope.attribution import StepRoutes, step_routes
 from attnscope.models.registry import ALIASES
-from attnscope.present.payload import unpack
-from attnscope.present.steps import generation_payload, steps_schema, steps_view
+from attnscope.present.steps import generation_payload, joined_blocks, steps_schema, steps_view
 
 jsonschema = pytest.importorskip("jsonschema")
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -35,7 +34,7 @@ def routed(request, tiny_model_dir):
 
 def shipped_edges(routes: dict, step: int) -> list[dict]:
     """The packed routes' edges of ``step`` as ``Routes.to_dict`` writes them (numbers as float16 gave them)."""
-    codes, importance, heads = (unpack(routes[name]) for name in ("edges", "importance", "heads"))
+    codes, importance, heads = (joined_blocks(routes[name]) for name in ("edges", "importance", "heads"))
     kinds, vias = routes["node_kinds"], routes["vias"]
     return [{"source": [int(c[1]), int(c[2]), kinds[int(c[3])]], "target": [int(c[4]), int(c[5]), kinds[int(c[6])]],
              "importance": float(importance[e]), "via": vias[int(c[7])],

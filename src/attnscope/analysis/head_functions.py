@@ -42,6 +42,7 @@ head of a global layer.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -322,5 +323,20 @@ class HeadScores:
             frame.to_parquet(target, index=False)
         return path
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the model's facts, the settings, and :meth:`to_frame`'s rows per head (``heads``) and per KV
+        group (``kv_heads``), NaN as None."""
+        return {"model": self.model, "shape": list(self.shape), "n_kv_heads": self.n_kv_heads,
+                "windows": list(self.windows), "learned_sinks": self.learned_sinks, "settings": self.settings,
+                "columns": list(self.scores), "heads": frame_rows(self.to_frame("head")),
+                "kv_heads": frame_rows(self.to_frame("kv_head"))}
+
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=20)
+
+
+def frame_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """``frame``'s rows as dicts of plain Python values (NaN as None), ready for JSON."""
+    columns = {name: [None if isinstance(v, float) and math.isnan(v) else v for v in frame[name].tolist()]
+               for name in frame.columns}  # tolist gives Python numbers
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]

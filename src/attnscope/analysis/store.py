@@ -10,7 +10,12 @@ Tables (layers and heads 0-indexed):
   inputs, the ``share`` of inputs that carried it, ``stable`` (see ``meta``'s ``stable_rule``), the
   ``runner_up`` label, its ``runner_up_share`` and ``mixed`` (two labels carry the stable share together),
   ``inputs`` and the share of every label (``share_<label>``);
-* ``meta``: ``key``, ``value`` (model name, attnscope version, the stability rule, ...).
+* ``meta``: ``key``, ``value`` (model name, attnscope version, the stability rule, ...);
+* ``head_functions`` and ``head_function_groups`` (written by :func:`store_head_scores`, ``attnscope
+  head-functions --store``): head-function scores per (``layer``, ``head``) and per (``layer``, ``kv_head``), as
+  :meth:`~attnscope.analysis.head_functions.HeadScores.to_frame` gives them, with a ``model`` column; their
+  model and settings in ``meta`` (``head_functions_model``, ``head_functions_settings``). Beside
+  ``head_labels`` they join on ``layer, head``.
 
 A store opens a DuckDB file, or a folder of Parquet files with the same tables (what
 ``attnscope heads --engine ray`` writes into ``OUT/parquet/``, or ``heads --parquet DIR`` exports): each
@@ -23,15 +28,19 @@ table is ``DIR/<table>.parquet`` or a folder ``DIR/<table>/`` of part files, rea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from .head_functions import HeadScores
 
 DEFAULT_DB = "heads.duckdb"
 KEY_COLUMNS = ("input_id", "layer", "head", "n_tokens")  # numeric, but no metric to rank heads by
 TEXT_COLUMNS = ("label", "kovaleva")
-TABLES = ("head_stats", "inputs", "meta", "head_labels")
+TABLES = ("head_stats", "inputs", "meta", "head_labels", "head_functions", "head_function_groups")
 
 
 def _duckdb() -> Any:
@@ -134,6 +143,12 @@ class HeadStore:
                f"GROUP BY layer, head HAVING count(\"{metric}\") > 0 ORDER BY mean {order}, layer, head LIMIT ?")
         return self.query(sql, [*(layers or ()), n])
 
+    def meta(self) -> dict[str, str]:
+        """The ``meta`` table as a dict (empty where there is none)."""
+        tables = {name for (name,) in self.connection.execute("SELECT table_name FROM information_schema.tables")
+                  .fetchall()}
+        return dict(self.connection.execute("SELECT key, value FROM meta").fetchall()) if "meta" in tables else {}
+
     def export_parquet(self, folder: str | Path, tables: tuple[str, ...] = TABLES) -> list[Path]:
         """Every table (of ``tables``) as ``folder/<table>.parquet``; returns the paths."""
         folder = Path(folder)
@@ -146,6 +161,43 @@ class HeadStore:
             self.connection.execute(f"COPY {table} TO '{_sql_path(target)}' (FORMAT PARQUET)")
             written.append(target)
         return written
+
+
+HEAD_FUNCTION_TABLES = {"head_functions": "head", "head_function_groups": "kv_head"}  # table -> to_frame's ``per``
+
+
+def check_head_store(path: str | Path, model: str | None = None) -> None:
+    """Refuse, in one line, a ``path`` that :func:`store_head_scores` could not write: a file that is no DuckDB
+    database, or (with ``model``) one whose head labels are of another model. A missing file is fine."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with HeadStore(path, read_only=True) as store:
+        labelled = store.meta().get("model")
+    if model is not None and labelled is not None and labelled != model:
+        raise AttnscopeError(f"{path} holds head labels of {labelled}, not {model}: its rows would not join; "
+                             "choose another store")
+
+
+def store_head_scores(path: str | Path, scores: HeadScores) -> Path:
+    """Write ``scores`` into the DuckDB file ``path`` (made if missing) as the tables ``head_functions`` and
+    ``head_function_groups`` (replacing earlier ones), beside whatever else it holds; returns ``path``."""
+    path = Path(path)
+    check_head_store(path, scores.model)
+    with HeadStore(path, read_only=False) as store:
+        store.connection.execute("BEGIN TRANSACTION")
+        for table, per in HEAD_FUNCTION_TABLES.items():
+            frame = scores.to_frame(per)
+            frame.insert(0, "model", scores.model)
+            store.connection.register("frame_view", frame)
+            store.connection.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM frame_view")
+            store.connection.unregister("frame_view")
+        store.connection.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR, value VARCHAR)")
+        meta = {"head_functions_model": scores.model, "head_functions_settings": json.dumps(scores.settings)}
+        store.connection.execute("DELETE FROM meta WHERE key IN (SELECT unnest(?))", [list(meta)])
+        store.connection.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+        store.connection.execute("COMMIT")
+    return path
 
 
 def _parquet_views(connection: Any, folder: Path) -> None:

@@ -9,7 +9,10 @@ positions, they are what :mod:`attnscope.attribution.routes` keeps of one forwar
 pass is added. Keys a sliding-window cache later drops stay known, and the band of keys each query saw is read from
 its own call's mask (shifted to absolute positions). Each step's route is walked top-down from ``t`` as soon as its
 pass is over (when the next pass begins), so the walks run while the text is generated (the progress bar counts
-them) and only the kept edges are stored; nothing is walked or re-run at the end. Layers and heads are 0-indexed.
+them) and only the kept edges are stored; nothing is walked or re-run at the end. A row's edges depend on that row
+alone, so each (layer, position) a walk reaches is computed once and its kept edges serve every later step's walk
+(:class:`~attnscope.attribution.routes.KeptRows`): a step computes the rows of its own position and of the few
+earlier ones no walk reached before, not its whole route again. Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture.generate import GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
+from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
 from ..capture.recorders import CallInputs
@@ -35,6 +38,7 @@ from .routes import (
     PARTS_BUDGET,
     TAU,
     Edge,
+    KeptRows,
     LayerInputs,
     Node,
     Routes,
@@ -70,22 +74,26 @@ class StepRoutes(GenerationRecorder):
         self.calls: dict[int, tuple[float, float | None, torch.Tensor | None]] = {}
         self.sites: dict[int, AttentionSite] = {}
         self.residuals: dict[int, GrowingTensor] = {}  # block inputs [pos, d_model], then the last block's output
-        self.ends: list[int] = []  # each pass's last position
+        self.passes = GenerationPasses(self.walk_step)
+        self.known = KeptRows(self.tau)  # each (layer, position)'s kept edges, once a walk has reached it
         self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per walked step: codes, importance, heads
 
     option = "leave out the routes (recorders=[StepRoutes()], --routes)"
+    label = "routes"
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's edges (``EDGES_PER_STEP`` assumed: their number depends on the text and ``tau``).
         Working: every position's queries, keys, values, key bands and residual streams (in buffers up to half
-        again as large), and one layer's walk (every head's output at every key, ``[head, key, d_model]``, and
-        three blocks of :data:`~attnscope.attribution.routes.PARTS_BUDGET` parts)."""
+        again as large), one layer's walk (every head's output at every key, ``[head, key, d_model]``, and
+        three blocks of :data:`~attnscope.attribution.routes.PARTS_BUDGET` parts), and the edges of every row a walk
+        reached (:meth:`~attnscope.attribution.routes.KeptRows.bound`: every row of every layer, at most)."""
         positions = shape.n_positions
         per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16)
                         + (shape.n_layers + 1) * shape.d_model * 4)
         walk = shape.n_heads * positions * shape.d_model * 4 * 2 + 3 * PARTS_BUDGET * 4
         kept = shape.max_new_tokens * EDGES_PER_STEP * (8 * 8 + 4 + 4 * shape.n_heads)
-        return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk))
+        rows = KeptRows.bound(shape.n_layers, positions, shape.n_heads, self.tau)
+        return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk) + rows)
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -98,12 +106,9 @@ class StepRoutes(GenerationRecorder):
         passes before it are over and their routes are walked first."""
         if inputs.position_bias is not None or (inputs.sinks is not None and inputs.sinks.dim() == 4):
             raise AttnscopeError(f"{site.name} adds a position bias or per-query sinks; routes do not support them")
-        if site.layer == 0:
-            self.walk_finished(len(self.ends))
         query, key, value = inputs.query[0], inputs.key[0], inputs.value[0]  # [head, q_pos, d_head], [kv_head, k, d]
         n_new, n_keys = query.shape[1], key.shape[1]
-        if site.layer == 0:
-            self.ends.append((self.ends[-1] if self.ends else -1) + n_new)
+        self.passes.heard(site.layer, n_new)
         seen = self.queries[site.layer].length if site.layer in self.queries else 0
         first, last = key_band(inputs.attention_mask, inputs.causal, n_new, n_keys)
         start = seen + n_new - n_keys  # absolute position of the call's key 0 (a window's cache holds the last ones)
@@ -152,15 +157,12 @@ class StepRoutes(GenerationRecorder):
         residuals = [self.residuals[layer].view(n) for layer in range(len(self.residuals))]
         return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1)
 
-    def walk_finished(self, n_passes: int) -> None:
-        """Walk the route of every pass before ``n_passes`` not walked yet."""
-        while len(self.steps) < n_passes:
-            self.walk_step(len(self.steps))
-
     def walk_step(self, index: int) -> None:
-        """Step ``index``'s route (its pass ended at position ``t``), kept as arrays of its edges."""
+        """Step ``index``'s route (its pass ended at position ``t``), kept as arrays of its edges; the rows earlier
+        steps' walks reached are not computed again (:class:`~attnscope.attribution.routes.KeptRows`)."""
+        t = self.passes.ends[index]
         with hooks_paused():  # the walk runs the post-attention norms: no hook may keep their inputs
-            edges = walk(self.tensors(self.ends[index]), self.ends[index], self.tau)
+            edges = walk(self.tensors(t), t, self.tau, self.known)
         n_heads = self.queries[0].view().shape[0]
         codes = [[index, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)]
                  for edge in edges]
@@ -172,7 +174,7 @@ class StepRoutes(GenerationRecorder):
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """The steps' edges as arrays (a step whose pass was never followed by another is walked here)."""
         n_steps = len(sequence) - n_prompt
-        self.walk_finished(n_steps)
+        self.passes.finish(n_steps)
         kept = self.steps[:n_steps]
         arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
         arrays = {names.ROUTE_EDGES: np.concatenate([step[0] for step in kept]),

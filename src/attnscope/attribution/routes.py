@@ -72,6 +72,7 @@ TAU = 0.04  # the paper's threshold for its Llama 2 graphs
 PARTS_BUDGET = 1 << 22  # elements of one [chunk, key, d_model] block of parts (three exist at once)
 MASK_ROWS = 1024  # mask rows read at once when a mask becomes a band of keys
 CHECK_TOLERANCE = 1e-3  # recomputed vs the model's attention output, as a share of its largest value
+ROW_BYTES = 600  # a KeptRow's fixed cost in Python: its tuple, three floats, three small arrays
 PARALLEL_BLOCKS = ("gptj", "gpt_neox", "falcon", "cohere", "cohere2", "phi", "codegen", "gpt_neox_japanese")
 NODE_KINDS = ("residual", "attention", "ffn")
 
@@ -434,34 +435,97 @@ class Edge:
     heads: tuple[float, ...] = ()
 
 
-def walk(tensors: RouteTensors, position: int, tau: float) -> list[Edge]:
+def walk(tensors: RouteTensors, position: int, tau: float, known: KeptRows | None = None) -> list[Edge]:
     """The edges kept top-down from the last residual stream at ``position``, following kept edges only: at each
     layer, the rows whose stream entering ``layer + 1`` is reached, their feed-forward block's edges that exceed
     ``tau``, and, where one of those is kept (the attention node is then reached), the attention block's edges that
-    exceed ``tau``. So every edge returned lies on a path of kept edges to the output node."""
+    exceed ``tau``. So every edge returned lies on a path of kept edges to the output node.
+
+    A row's edges depend on that row alone (its query, the keys and values up to it, its residual streams), so
+    ``known`` (:class:`KeptRows` at the same ``tau``), when given, keeps each row's edges once computed: walks of
+    several positions of one text (a generation's steps) compute only the rows no walk has reached before."""
+    known = KeptRows(tau) if known is None else known
+    if known.tau != tau:
+        raise ValueError(f"rows kept at tau {known.tau} cannot serve a walk at tau {tau}")
     edges: list[Edge] = []
     reached = [position]
     for layer in reversed(range(tensors.n_layers)):
-        rows = tensors.importance(layer, reached)
+        known.compute(tensors, layer, reached)
         below: set[int] = set()
-        for r, i in enumerate(rows.positions):
-            upward = _ffn_edges(layer, i, float(rows.ffn[r]), float(rows.ffn_residual[r]), tau)
-            if not upward:  # nothing kept leads up from this attention node (tau >= 0.5, or a 0/0 row: shares())
-                continue
-            edges += upward
-            attention = Node(layer, i, "attention")
-            if float(rows.residual[r]) > tau:
-                edges.append(Edge(Node(layer, i, "residual"), attention, float(rows.residual[r]), "residual"))
-                below.add(i)
-            per_head = rows.heads[r]  # [source_pos, head]
-            for j in (per_head.sum(-1) > tau).nonzero()[:, 0].tolist():
-                split = tuple(round(float(v), 7) for v in per_head[j])
-                edges.append(Edge(Node(layer, j, "residual"), attention, float(per_head[j].sum()), "attention", split))
-                below.add(j)
+        for i in reached:
+            row_edges, sources = known.rows[layer, i].walked(layer, i, tau)
+            edges += row_edges
+            below.update(sources)
         reached = sorted(below)
         if not reached:
             break
     return edges
+
+
+class KeptRow(NamedTuple):
+    """What one row ``(layer, i)`` gives the walk at one ``tau``: its feed-forward block's shares (``ffn``,
+    ``ffn_residual``), its attention block's residual share, and the attention edges above ``tau``: their source
+    positions ``[edge]`` (int64, ascending), importances ``[edge]`` and per-head shares ``[edge, head]`` (float64:
+    the walk's own numbers, so a kept row gives back the very edges it was made from)."""
+
+    ffn: float
+    ffn_residual: float
+    residual: float
+    sources_above: np.ndarray
+    importance: np.ndarray
+    heads: np.ndarray
+
+    @classmethod
+    def of(cls, rows: LayerImportance, r: int, tau: float) -> KeptRow:
+        """Row ``r`` of ``rows`` (its attention edges kept only where an edge leads up from it: else none is)."""
+        ffn, ffn_residual, residual = float(rows.ffn[r]), float(rows.ffn_residual[r]), float(rows.residual[r])
+        per_head = rows.heads[r]  # [source_pos, head]
+        sources = (per_head.sum(-1) > tau).nonzero()[:, 0].tolist() if ffn > tau or ffn_residual > tau else []
+        importance = [float(per_head[j].sum()) for j in sources]
+        heads = [[round(float(v), 7) for v in per_head[j]] for j in sources]
+        return cls(ffn, ffn_residual, residual, np.array(sources, dtype=np.int64), np.array(importance),
+                   np.array(heads, dtype=np.float64).reshape(len(sources), per_head.shape[-1]))
+
+    def walked(self, layer: int, i: int, tau: float) -> tuple[list[Edge], list[int]]:
+        """The row's kept edges, in the walk's order (the feed-forward block's, then, where one of them is kept, the
+        residual edge into the attention node and the attention edges), and the positions whose stream entering
+        ``layer`` they reach."""
+        upward = _ffn_edges(layer, i, self.ffn, self.ffn_residual, tau)
+        if not upward:  # nothing kept leads up from this attention node (tau >= 0.5, or a 0/0 row: shares())
+            return [], []
+        attention, below = Node(layer, i, "attention"), self.sources_above.tolist()
+        edges = upward
+        if self.residual > tau:
+            edges.append(Edge(Node(layer, i, "residual"), attention, self.residual, "residual"))
+            below.append(i)
+        for j, importance, split in zip(self.sources_above.tolist(), self.importance.tolist(), self.heads.tolist()):
+            edges.append(Edge(Node(layer, j, "residual"), attention, importance, "attention", tuple(split)))
+        return edges, below
+
+
+class KeptRows:
+    """Each walked row's :class:`KeptRow` at ``tau``, by ``(layer, position)``: memory grows with the rows walked, at
+    most :meth:`bound` bytes."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+        self.rows: dict[tuple[int, int], KeptRow] = {}
+
+    def compute(self, tensors: RouteTensors, layer: int, positions: Sequence[int]) -> None:
+        """Compute and keep the rows of ``layer`` at ``positions`` not kept yet."""
+        missing = [i for i in positions if (layer, i) not in self.rows]
+        if missing:
+            rows = tensors.importance(layer, missing)
+            for r, i in enumerate(rows.positions):
+                self.rows[layer, i] = KeptRow.of(rows, r, self.tau)
+
+    @staticmethod
+    def bound(n_layers: int, n_positions: int, n_heads: int, tau: float) -> int:
+        """Bytes of every row of a text of ``n_positions`` kept: a row's attention edges each hold more than ``tau`` of
+        its shares, which sum to 1, so fewer than ``1 / tau`` (and at most one per position); each edge 8 bytes of
+        position, 8 of importance and 8 per head; a row's fixed cost ``ROW_BYTES`` (its tuple, floats and arrays)."""
+        per_row = min(n_positions, int(1 / tau) if tau > 0 else n_positions)
+        return n_layers * n_positions * (ROW_BYTES + per_row * 8 * (2 + n_heads))
 
 
 def _ffn_edges(layer: int, i: int, ffn: float, kept: float, tau: float) -> list[Edge]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.generate import GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
+from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
 from ..capture.recorders import AttentionCall, expand_kv_heads
@@ -67,12 +67,13 @@ class StepAttribution(GenerationRecorder):
         self.rows: dict[int, dict[int, torch.Tensor]] = {}  # per pass not yet split: per layer its last row [head, k]
         self.values: dict[int, GrowingTensor] = {}  # per layer: every key's value so far [kv_head, pos, d_head]
         self.sites: dict[int, AttentionSite] = {}
-        self.ends: list[int] = []  # each pass's last position
+        self.passes = GenerationPasses(self.split)
         self.fed: list[int] = []  # the token each pass after the prompt's was fed: the one the pass before chose
         self.steps: list[tuple[np.ndarray, float, np.ndarray, np.ndarray]] = []  # per step: heads, logit, top, split
         self.weights: dict[int, torch.Tensor] = {}  # each layer's per-head W_O, viewed once
 
     option = "leave out the attribution (recorders=[StepAttribution()], --attribute)"
+    label = "attribution"
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
@@ -97,10 +98,9 @@ class StepAttribution(GenerationRecorder):
         """The call's last row and the values of the keys it added (grouped, ``[kv_head, new key, d_head]``); the
         first layer's call begins a pass, so the passes before it are over and are split first."""
         added = call.first_query + call.query.shape[2]  # one key per query of the pass
-        if site.layer == 0:
-            self.split_finished(len(self.ends))
-            self.ends.append((self.ends[-1] if self.ends else -1) + added)
-        self.rows.setdefault(len(self.ends) - 1, {})[site.layer] = call.probs[0, :, -1].detach().float()
+        self.passes.heard(site.layer, added)
+        # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
+        self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
 
@@ -111,7 +111,7 @@ class StepAttribution(GenerationRecorder):
 
         def fed(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             ids = args[0] if args else kwargs["input"]  # [1, new]
-            if self.ends:  # a pass after the prompt's: a step's token
+            if self.passes.ends:  # a pass after the prompt's: a step's token
                 self.fed.append(int(ids[0, 0]))
 
         with ExitStack() as stack:
@@ -119,16 +119,11 @@ class StepAttribution(GenerationRecorder):
             stack.enter_context(local_hooks([loaded.model.get_input_embeddings()], fed, pre=True))
             yield
 
-    def split_finished(self, n_passes: int) -> None:
-        """Split the chosen logit of every pass before ``n_passes`` not split yet (the token each chose is the one
-        fed to the next), then let go of their rows and residual pieces."""
-        while len(self.steps) < min(n_passes, len(self.fed)):
-            self.split(len(self.steps), self.fed[len(self.steps)])
-
-    def split(self, index: int, token: int) -> None:
-        """Step ``index``'s terms (its pass ended at position ``t``, and chose ``token``), kept as arrays."""
+    def split(self, index: int) -> None:
+        """Step ``index``'s terms (its pass ended at position ``t`` and chose the token fed to the next pass), kept as
+        arrays; then its rows and residual pieces are let go."""
         assert self.loaded is not None and self.parts is not None, "StepAttribution used outside recording()"
-        t = self.ends[index]
+        t, token = self.passes.ends[index], self.fed[index]
         rows = self.position_rows(index, t)
         pieces = self.parts.pieces
         parts = ResidualParts(None, embeddings=pieces["embeddings", 0][index], final=pieces["final", 0][index],
@@ -166,8 +161,8 @@ class StepAttribution(GenerationRecorder):
         logit lens of every step (outside the hooks: the lens runs the final norm)."""
         assert self.parts is not None, "StepAttribution.finish before a generation was recorded"
         n_steps, n_sources = len(sequence) - n_prompt, len(sequence) - 1
-        while len(self.steps) < n_steps:
-            self.split(len(self.steps), sequence[self.ends[len(self.steps)] + 1])
+        self.fed += sequence[n_prompt + len(self.fed) : n_prompt + n_steps]  # the chosen tokens no pass was fed
+        self.passes.finish(n_steps)
         sources = np.zeros((n_steps, min(self.top_heads, self.steps[0][0].size), n_sources), dtype=np.float32)
         for index, (_, _, _, split) in enumerate(self.steps[:n_steps]):
             sources[index, :, : split.shape[-1]] = split

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..capture.generate import trim_heap
 from ..capture.hooks import local_hooks
 from ..capture.recorders import AttentionCall, Recorder, per_head_out_proj
 from ..errors import AttnscopeError
@@ -167,7 +168,8 @@ def residual_parts(loaded: LoadedModel, positions: Sequence[int] | None, *, subl
     layer_blocks = blocks_by_layer(loaded)
 
     def keep(key: tuple[str, int], tensor: torch.Tensor) -> None:
-        rows = tensor[0, -1:] if index is None else tensor[0, index.to(tensor.device)]
+        # the last position copied: a view would hold the pass's whole [position, d_model] output (a long prompt's)
+        rows = tensor[0, -1:].clone() if index is None else tensor[0, index.to(tensor.device)]
         pieces[key].append(rows.detach().float())
 
     def keeper(part: str, layer: int) -> Any:
@@ -441,6 +443,8 @@ def lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tu
         top = torch.softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
         ids.append(top.indices.cpu().numpy())
         probs.append(top.values.cpu().numpy())
+        del logits, top
+        trim_heap()  # each layer's [position, vocab] blocks, freed, would otherwise stay with the process (see trim_heap)
     return np.stack(ids, axis=1).astype(np.int64), np.stack(probs, axis=1).astype(np.float32)
 
 

@@ -28,6 +28,7 @@ from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
+from .hooks import local_hooks
 from .plan import MemoryEstimate, check_memory
 from .recorders import AttentionCall, Recorder, RecorderGroup, SiteCapture, per_head_out_proj, value_norms
 from .tokens import guess_word_ids, readable_tokens
@@ -121,6 +122,8 @@ class StepRows(Recorder):
             self.learned_sinks = self.learned_sinks or captured.sink_mass is not None
         if captured.new_value_norms is not None:
             self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
+        if block.shape[1] > 1:  # the prompt's pass: hand each layer's freed blocks back before the next (see trim_heap)
+            trim_heap()
 
     def rows_not_wanted(self, site: AttentionSite, n_queries: int) -> int:
         """How many of a call's first queries have no row kept: the attention function then runs them
@@ -202,6 +205,35 @@ class GrowingTensor:
         return self.buffer.narrow(self.axis, 0, self.length if length is None else length)
 
 
+class GenerationPasses:
+    """A generation's forward passes as a recorder hears them (the prompt's, then one per token), each finished once:
+    ``ends`` holds each pass's last position; layer 0's call (heard first in every pass) begins a pass, so the passes
+    before it are over and ``finish_pass(index)`` runs for each not finished yet, in order, while the text is
+    generated; :meth:`finish` catches up at the end (the passes no later one followed)."""
+
+    def __init__(self, finish_pass: Callable[[int], None]) -> None:
+        self.finish_pass = finish_pass
+        self.ends: list[int] = []  # each pass's last position
+        self.finished = 0
+
+    def heard(self, layer: int, n_new: int) -> None:
+        """A call of ``layer`` whose pass adds ``n_new`` positions: layer 0's begins a pass."""
+        if layer == 0:
+            self.finish(len(self.ends))
+            self.ends.append((self.ends[-1] if self.ends else -1) + n_new)
+
+    @property
+    def current(self) -> int:
+        """The index of the pass being heard (0-indexed: the prompt's is 0)."""
+        return len(self.ends) - 1
+
+    def finish(self, n_passes: int) -> None:
+        """Finish every pass before ``n_passes`` not finished yet."""
+        while self.finished < n_passes:
+            self.finish_pass(self.finished)
+            self.finished += 1
+
+
 def pack_rows(start: int, block: torch.Tensor, out: np.ndarray) -> None:
     """Write ``block`` ``[head, q, k]`` (queries ``start..start+q-1``, keys ending at the last query) into ``out``,
     rows ``start..start+q-1`` of the packed axis: ``[head, row_offset(start + q) - row_offset(start)]`` float32;
@@ -268,7 +300,7 @@ def generation_shape(loaded: LoadedModel, n_prompt: int, max_new_tokens: int) ->
 
 
 def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0,
-                     recorders: Sequence[GenerationRecorder] = ()) -> None:
+                     recorders: Sequence[GenerationRecorder] = (), candidates: int = DEFAULT_CANDIDATES) -> None:
     """Refuse models that do not generate this way, too long texts, and rows that would not fit
     (``first_row``: the first position whose row is kept), with what the ``recorders`` keep and need."""
     if loaded.is_encoder_decoder or not loaded.causal:
@@ -278,17 +310,27 @@ def check_generation(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *,
     if total > loaded.max_length:
         raise AttnscopeError(f"{n_prompt} prompt tokens + {max_new_tokens} new tokens is more than "
                              f"{loaded.name}'s limit of {loaded.max_length} tokens")
+    estimate = generation_estimate(loaded, n_prompt, max_new_tokens, first_row=first_row, recorders=recorders,
+                                   candidates=candidates)
+    advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
+    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
+    check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
+
+
+def generation_estimate(loaded: LoadedModel, n_prompt: int, max_new_tokens: int, *, first_row: int = 0,
+                        recorders: Sequence[GenerationRecorder] = (),
+                        candidates: int = DEFAULT_CANDIDATES) -> MemoryEstimate:
+    """Bytes a generation of ``max_new_tokens`` after ``n_prompt`` tokens needs at its peak besides the model: its
+    rows from ``first_row`` on, what the ``recorders`` keep and need, and the top ``candidates`` of every step."""
     layers, heads = n_main_layers(loaded), n_config_heads(loaded)  # decoder-only: the main side is "self"
     # an intervention changes every row, so the prompt runs eagerly whatever rows are kept
     estimate = generation_memory(layers, heads, n_prompt, max_new_tokens, first_row=first_row,
                                  fused_prompt=not interventions_active())
     shape = generation_shape(loaded, n_prompt, max_new_tokens)
-    for extra in (*recorders, _Logits()):
+    for extra in (*recorders, StepCandidates(candidates)):
         more = extra.memory(shape)
         estimate = MemoryEstimate(kept=estimate.kept + more.kept, working=estimate.working + more.working)
-    advice = GENERATE_ADVICE if first_row else f"{GENERATE_ADVICE}, or {DROP_PROMPT_ROWS_ADVICE}"
-    advice += "".join(f", or {extra.option}" for extra in recorders if extra.option)
-    check_memory(estimate, what=f"generating {total} tokens with {loaded.name}", advice=advice)
+    return estimate
 
 
 def generation_memory(n_layers: int, n_heads: int, n_prompt: int, max_new_tokens: int, *,
@@ -324,17 +366,22 @@ def _heap_trimmer() -> Callable[[], Any]:
         return lambda: None
 
 
-class _Progress:
-    """A transformers streamer that advances a progress bar once per generated token, and trims the heap.
+# glibc's malloc_trim(0), where there is one: hands the heap's free pages back to the system. Why: once a large block is
+# freed, glibc raises its mmap threshold (up to 32 MiB), so later large blocks (each step's tensors, a long prompt's
+# per-layer scores, the logit lens's [step, vocab] logits) come from the heap, where the small long-lived pieces
+# allocated between them split their holes, so the next block of the same size no longer fits and the heap grows:
+# never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for a record of 305 MB and a model of 1 GB), and
+# within one pass, layer after layer (the prompt's pass of 512 tokens: 0.5 GB more than it holds).
+trim_heap = _heap_trimmer()
 
-    Why trim: after the prompt's pass frees its large blocks, glibc raises its mmap threshold (up to 32 MiB), so
-    each step's tensors (the key/value cache grown by one key, the step's scores) come from the heap, a little
-    larger every step; the holes they leave are never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for
-    a record of 305 MB and a model of 1 GB)."""
+
+class _Progress:
+    """A transformers streamer that advances a progress bar once per generated token, and trims the heap
+    (:data:`trim_heap`)."""
 
     def __init__(self, bar: Any) -> None:
         self.bar, self.prompt_seen = bar, False
-        self.trim = _heap_trimmer()
+        self.trim = trim_heap
 
     def put(self, value: torch.Tensor) -> None:
         if self.prompt_seen:
@@ -380,28 +427,35 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     ids = prompt_ids(loaded, prompt, chat=chat)
     keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
     first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token
-    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders)
+    check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders, candidates=candidates)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     layers = tuple(sorted(site.layer for site in loaded.sites.values() if site.kind == "self"))
     rows = StepRows(first_row=first_row, with_norms=norms, layers=layers, n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
+    chosen = StepCandidates(candidates)  # not in the capture: it reads the model's logits, not attention calls
     with (torch.inference_mode(), capture(loaded.sites, recorder=recorder),
           torch.random.fork_rng(devices=[]), _quiet_transformers(), ExitStack() as recording):
-        for extra in recorders:
+        for extra in (*recorders, chosen):
             recording.enter_context(extra.recording(loaded))
         torch.manual_seed(seed)
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
         output = _run_generate(loaded, ids, settings, _Progress(bar))
         sequence = output.sequences[0]
-        _complete_last_row(loaded, sequence, output)
+        finishing = _finishing_bar(recorders, progress)
+        _complete_last_row(loaded, sequence, output)  # the recorders finish the last step's pass in it
+        finishing.update(1)
     if rows.first is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without calling attnscope's attention function")
-    with torch.inference_mode():
-        additions = [extra.finish(loaded, sequence.tolist(), len(ids)) for extra in recorders]
-    return _record(loaded, prompt, len(ids), sequence.tolist(), output.logits, rows, candidates, settings, changes,
-                   additions)
+    with torch.inference_mode(), finishing:
+        additions = []
+        for extra in recorders:
+            finishing.set_postfix_str(extra.label)
+            additions.append(extra.finish(loaded, sequence.tolist(), len(ids)))
+            finishing.update(1)
+        additions.append(chosen.finish(loaded, sequence.tolist(), len(ids)))  # small: not a part of the bar
+    return _record(loaded, prompt, len(ids), sequence.tolist(), rows, settings, changes, additions)
 
 
 @dataclass(frozen=True)
@@ -431,6 +485,7 @@ class GenerationRecorder(Recorder):
         yield
 
     option = ""  # how to leave it out, said when a generation would not fit ("leave out --routes")
+    label = "recorder"  # what it adds, in a word, for the progress bar ("routes")
 
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """What it adds to the record of ``sequence`` (prompt, then generated ids; ``n_prompt`` prompt tokens)."""
@@ -441,12 +496,73 @@ class GenerationRecorder(Recorder):
         return MemoryEstimate(kept=0, working=0)
 
 
-class _Logits(GenerationRecorder):
-    """Not a recorder: the logits transformers' ``generate`` returns for every step (``[step, vocab]`` float32,
-    turned into candidates ``CANDIDATE_STEPS`` at a time), counted like one."""
+class StepCandidates(GenerationRecorder):
+    """Each step's top ``k`` next tokens and the chosen token's probability (softmax of the raw logits, before any
+    sampling setting), taken from the model's output as each pass ends; not a capture's recorder (it reads no
+    attention call) but counted and run like one. Only ``[step, k]`` is kept: ``generate``'s own logits of every step
+    (``output_logits``) were kept to the end, ``[step, vocab]`` float32 (1,024 steps of SmolLM2: 192 MiB; 2,048 steps
+    of a Qwen vocabulary: 1.2 GiB). A pass's probabilities wait for the next pass, whose input is the token chosen
+    (the last token's is fed by ``_complete_last_row``)."""
+
+    def __init__(self, k: int = DEFAULT_CANDIDATES) -> None:
+        self.k = k
+        self._start()
+
+    def _start(self) -> None:
+        self.top_ids: list[torch.Tensor] = []  # per pass: [k]
+        self.top_probs: list[torch.Tensor] = []
+        self.chosen_probs: list[torch.Tensor] = []  # per pass followed by another: the chosen token's probability
+        self.waiting: torch.Tensor | None = None  # the last pass's probabilities [vocab], until its token is fed
+
+    def wants(self, site: AttentionSite) -> bool:
+        return False
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
-        return MemoryEstimate(kept=shape.max_new_tokens * shape.vocab * 4, working=CANDIDATE_STEPS * shape.vocab * 4 * 3)
+        """Kept: ids (int64) and probabilities of ``k`` candidates and the chosen one per step. Working: one pass's
+        logits, probabilities and the waiting probabilities, ``[vocab]`` float32 each."""
+        return MemoryEstimate(kept=shape.max_new_tokens * (self.k * 12 + 4), working=shape.vocab * 4 * 3)
+
+    @contextmanager
+    def recording(self, loaded: LoadedModel) -> Iterator[None]:
+        self._start()
+
+        def fed(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ids = args[0] if args else kwargs["input"]  # [1, new]: after the prompt's pass, the token it chose
+            if self.waiting is not None:
+                self.chosen_probs.append(self.waiting[int(ids[0, 0])].clone())
+                self.waiting = None
+
+        def ended(module: Any, inputs: Any, output: Any) -> None:
+            logits = output.logits if hasattr(output, "logits") else output[0]  # [1, q_pos, vocab]
+            probs = torch.softmax(logits[0, -1].float(), dim=-1)  # the pass's last position chose the next token
+            top = probs.topk(min(self.k, probs.shape[-1]))
+            self.top_ids.append(top.indices)
+            self.top_probs.append(top.values)
+            self.waiting = probs
+
+        with ExitStack() as stack:
+            stack.enter_context(local_hooks([loaded.model.get_input_embeddings()], fed, pre=True))
+            stack.enter_context(local_hooks([loaded.model], ended))
+            yield
+
+    def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
+        """``candidate_ids`` int64 / ``candidate_probs`` float32 ``[step, k]`` and ``chosen_probs`` float32 ``[step]``."""
+        n_steps = len(sequence) - n_prompt
+        if len(self.chosen_probs) < n_steps:
+            raise AttnscopeError(f"the candidates saw {len(self.chosen_probs)} of {n_steps} steps' chosen tokens")
+        arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
+        arrays = {"candidate_ids": torch.stack(self.top_ids[:n_steps]).cpu().numpy().astype(np.int64),
+                  "candidate_probs": torch.stack(self.top_probs[:n_steps]).cpu().numpy().astype(np.float32),
+                  "chosen_probs": torch.stack(self.chosen_probs[:n_steps]).cpu().numpy().astype(np.float32)}
+        self._start()
+        return RecordAdditions(arrays)
+
+
+def _finishing_bar(recorders: Sequence[GenerationRecorder], progress: bool) -> Any:
+    """A bar over what runs after the last token: the last token's own pass (in which the recorders finish the last
+    step) and each recorder's ``finish`` (e.g. the attribution's logit lens), so that no wait is silent."""
+    return tqdm(total=1 + len(recorders), desc="finishing", unit="part", disable=not progress or not recorders,
+                leave=False)
 
 
 def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
@@ -458,7 +574,7 @@ def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, An
     return loaded.model.generate(
         input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=settings["max_new_tokens"],
         do_sample=settings["do_sample"], **sampling, use_cache=True, return_dict_in_generate=True,
-        output_logits=True, pad_token_id=tokenizer.pad_token_id, streamer=streamer)
+        pad_token_id=tokenizer.pad_token_id, streamer=streamer)
 
 
 def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, output: Any) -> None:
@@ -476,49 +592,25 @@ def returned_cache(output: Any) -> tuple[str, Any]:
     return "past_key_values", output.past_key_values
 
 
-CANDIDATE_STEPS = 64  # steps' logits turned into probabilities at once: [64, vocab] float32 (a Qwen vocabulary: 39 MB)
-
-
-def _candidates(logits: tuple[torch.Tensor, ...], chosen: list[int],
-                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The top ``k`` next tokens of each step: ids and probabilities ``[step, k]``, and the chosen tokens'
-    probabilities ``[step]``, ``CANDIDATE_STEPS`` steps at a time: every step's probabilities at once were two more copies of
-    the logits (1,024 steps of SmolLM2: 400 MB)."""
-    values, indices, chosen_probs = [], [], []
-    for start in range(0, len(logits), CANDIDATE_STEPS):
-        probs = torch.softmax(torch.cat(logits[start : start + CANDIDATE_STEPS]).float(), dim=-1)  # [step, vocab]
-        top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-        ids = torch.tensor(chosen[start : start + len(probs)], device=probs.device)
-        values.append(top.values)
-        indices.append(top.indices)
-        chosen_probs.append(probs[torch.arange(len(ids), device=probs.device), ids])
-    return torch.cat(indices), torch.cat(values), torch.cat(chosen_probs)
-
-
-def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], logits: tuple[torch.Tensor, ...],
-            rows: StepRows, k: int, settings: Mapping[str, Any], changes: str,
-            additions: Sequence[RecordAdditions]) -> GenerationRecord:
+def _record(loaded: LoadedModel, prompt: str, n_prompt: int, sequence: list[int], rows: StepRows,
+            settings: Mapping[str, Any], changes: str, additions: Sequence[RecordAdditions]) -> GenerationRecord:
     assert rows.first is not None
     tokenizer = loaded.tokenizer
     tokens = readable_tokens(tokenizer, sequence)
     special_ids = set(tokenizer.all_special_ids)
     special = [token_id in special_ids for token_id in sequence]
-    top_ids, top_probs, chosen_probs = _candidates(logits, sequence[n_prompt:], k)
     arrays: dict[str, np.ndarray] = {
         "rows": rows.packed(len(sequence)),
         "token_ids": np.array(sequence, dtype=np.int64),
         "special_mask": np.array(special, dtype=bool),
         "word_ids": np.array(guess_word_ids(tokens, special), dtype=np.int64),
-        "candidate_ids": top_ids.cpu().numpy().astype(np.int64),
-        "candidate_probs": top_probs.cpu().numpy().astype(np.float32),
-        "chosen_probs": chosen_probs.cpu().numpy().astype(np.float32),
     }
     for name, values in (("value_norms", rows.value_norms()), ("sink_mass", rows.sink_mass())):
         if values is not None:
             arrays[name] = values
     for added in additions:
         arrays.update(added.arrays)
-    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in top_ids)
+    candidate_tokens = tuple(readable_tokens(tokenizer, step.tolist()) for step in arrays["candidate_ids"])
     return GenerationRecord(model=model_info_from(loaded, rows.first), tokens=tokens, prompt_length=n_prompt,
                             arrays=arrays, candidate_tokens=candidate_tokens, prompt=prompt, settings=dict(settings),
                             changes=changes, first_row=rows.first_row,

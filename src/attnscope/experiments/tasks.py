@@ -7,9 +7,6 @@
   last word; the target is that word's first token (what the text really says next);
   :func:`brown_patch_pairs` pairs two of them of one token length for patching.
 
-* :func:`repeated_random_tokens`: random ordinary tokens repeated (after the BOS), seeded: the task of the
-  induction, echo, duplicate- and previous-token head scores (:mod:`attnscope.experiments.head_functions`).
-
 The first two keep only prompts whose tokens fit the model's tokenizer as the task needs (one-token names,
 clean and corrupted prompts of one length), so they work on any causal LM's tokenizer.
 """
@@ -115,32 +112,3 @@ def _starts_a_word(piece: str, marked: bool) -> bool:
     if marked:
         return piece.startswith(SPACE_MARKERS) and piece[1:].isalpha()
     return piece.isalpha()
-
-
-def random_token_ids(loaded: LoadedModel, n: int, rng: random.Random) -> list[int]:
-    """``n`` distinct token ids drawn by ``rng`` from the model's vocabulary (ids both the tokenizer and the
-    embedding have), leaving out special and added tokens (``<|im_start|>``, BOS, pad)."""
-    tokenizer = loaded.tokenizer
-    vocabulary = min(len(tokenizer), loaded.model.get_input_embeddings().num_embeddings)
-    excluded = set(getattr(tokenizer, "all_special_ids", ()) or ()) | set(getattr(tokenizer, "added_tokens_decoder",
-                                                                                 {}) or {})
-    candidates = [i for i in range(vocabulary) if i not in excluded]
-    if n > len(candidates):
-        raise AttnscopeError(f"{n} distinct random tokens asked for, but {loaded.name} has only {len(candidates)} "
-                             "ordinary ones")
-    return rng.sample(candidates, n)
-
-
-def repeated_random_tokens(loaded: LoadedModel, period: int, *, repeats: int = 2, sequences: int = 1,
-                           seed: int = 0) -> list[list[int]]:
-    """``sequences`` id sequences, each the tokenizer's BOS (if it has one) then ``period`` distinct random
-    tokens (:func:`random_token_ids`) repeated ``repeats`` times: the task of induction, echo, duplicate- and
-    previous-token scores (:mod:`attnscope.analysis.head_functions`). Seeded: the same sequences every run."""
-    if period < 2 or repeats < 2 or sequences < 1:
-        raise AttnscopeError(f"repeated random tokens need a period >= 2, repeats >= 2 and sequences >= 1; got "
-                             f"{period}, {repeats} and {sequences}")
-    bos = loaded.tokenizer.bos_token_id
-    prefix = [] if bos is None else [int(bos)]
-    loaded.check_length(len(prefix) + period * repeats, f"a sequence of {repeats} x {period} random tokens")
-    rng = random.Random(seed)
-    return [prefix + random_token_ids(loaded, period, rng) * repeats for _ in range(sequences)]

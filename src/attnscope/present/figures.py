@@ -11,7 +11,7 @@ they work in scripts, servers and notebooks alike (a notebook shows a returned F
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from ..analysis.head_functions import HeadScores
     from ..experiments.patching import PatchingResult
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
@@ -372,6 +373,54 @@ def _interval_bars(ax: Axes, names: list[str], series: Mapping[str, list[list[fl
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
     ax.axhline(0, color="black", linewidth=0.5)
     ax.legend(fontsize=7)
+
+
+HEAD_SCORE_PANELS_PER_ROW = 4
+WINDOWED_COLOR = "#b8560b"  # tick labels of sliding-window layers
+
+
+def plot_head_scores(scores: HeadScores, name: str | Sequence[str] | None = None) -> Figure:
+    """Layers x heads grids (0-indexed; a layer down, a head across) of head-function score columns: ``name`` (one
+    column, several, or None for every column of ``scores``), a panel each. Scores within 0..1 share that colour
+    range; others (a kurtosis, a window size) span their own. A sliding-window layer's label carries its window
+    (``5 w512``, in orange), from the table's ``window`` column: its scores only reach that far back."""
+    names = list(scores.scores) if name is None else [name] if isinstance(name, str) else list(name)
+    for column in names:
+        if column not in scores.scores:
+            raise AttnscopeError(f"no score {column!r} here; these were computed: {', '.join(scores.scores)}")
+    n_layers, n_heads = scores.shape
+    per_row = min(len(names), HEAD_SCORE_PANELS_PER_ROW)
+    n_rows = -(-len(names) // per_row)
+    width, height = 1.6 + 0.3 * n_heads, 1.2 + 0.2 * n_layers
+    figure = _figure_class()(figsize=(per_row * width, n_rows * height), layout="constrained")
+    axes = figure.subplots(n_rows, per_row, squeeze=False).ravel()
+    windows = scores.to_frame().groupby("layer")["window"].first().to_numpy()  # [layer]
+    for ax, column in zip(axes, names):
+        _head_score_panel(ax, scores.scores[column], column, windows)
+    for ax in axes[len(names):]:
+        ax.set_axis_off()
+    figure.suptitle(f"{scores.model}: head-function scores, layers x heads (0-indexed)", fontsize=10)
+    return figure
+
+
+def _head_score_panel(ax: Axes, values: np.ndarray, column: str, windows: np.ndarray) -> None:
+    """One column's ``[layer, head]`` grid on ``ax``, windowed layers' labels marked."""
+    finite = values[np.isfinite(values)]
+    unit = finite.size == 0 or (finite.min() >= 0 and finite.max() <= 1)
+    low, high = (0.0, 1.0) if unit else (float(finite.min()), float(finite.max()) or 1.0)
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=_colormap("Blues" if unit else "viridis"), vmin=low,
+                      vmax=high, interpolation="nearest", aspect="auto")
+    n_layers, n_heads = values.shape
+    ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=6)
+    ax.set_yticks(range(n_layers), [f"{layer} w{windows[layer]}" if windows[layer] else str(layer)
+                                    for layer in range(n_layers)], fontsize=6)
+    for label, window in zip(ax.get_yticklabels(), windows):
+        if window:
+            label.set_color(WINDOWED_COLOR)
+    ax.set_xlabel("head (0-indexed)", fontsize=7)
+    ax.set_ylabel("layer (0-indexed; wN: sliding window of N)" if windows.any() else "layer (0-indexed)", fontsize=7)
+    ax.set_title(column, fontsize=8)
+    ax.figure.colorbar(image, ax=ax, shrink=0.8)
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:

@@ -46,7 +46,13 @@ text of fewer than two sentences or more than the panel draws.
 
 Attribution and routes are packed arrays like the rows (float16 numbers, uint16 codes and indices, deflated), never
 JSON numbers: 1,024 steps of SmolLM2 with both are a few MB, not ten times that. Strings (the lens's tokens) are
-shipped once each in a ``vocabulary`` and indexed by uint16.
+shipped once each in a ``vocabulary`` and indexed by uint16. Their per-step arrays that grow with the text (each
+head's terms over the source tokens, the routes' edges) come in blocks of ``STEP_BLOCK`` steps packed one by one
+(:class:`StepBlocks`): the page inflates a block when it first draws one of its steps, so opening a page of 1,024 steps
+decodes the first step's block, not every step's. A source term under ``SOURCE_FLOOR`` (1/2048) of its head's largest
+at that step is shipped as 0: the page shades each token by its share of that largest to 3 decimals, so such a token
+is drawn unshaded either way (real heads put most of their term on a few tokens: in a 96-token SmolLM2 generation
+64-81% of the terms per step are under it, and the attribution's bytes fall from 0.71 to 0.31 MB).
 
 >>> steps_view(gen).save("steps.html")         # a GenerationRecord   # doctest: +SKIP
 >>> steps_view(trace).save("steps.html")       # a DecodeTrace        # doctest: +SKIP
@@ -90,12 +96,18 @@ if TYPE_CHECKING:
     from .sentence_panel import SentencePanel
 
 STEPS_FORMAT = "attnscope.steps"
-STEPS_VERSION = 2  # 2: attribution and routes packed (1 shipped them as JSON numbers)
+STEPS_VERSION = 3  # 3: sources and routes in blocks of steps, tiny source terms 0; 2: attribution and routes packed
 UINT16_MAX = 65535
 # Shades per row: every head's and layer's row gets 16 (0..15; finer steps cannot be seen and cost
 # bytes: every head of 500 steps is ~43 M weights); the one mean of all gets 256.
 HEAD_LEVELS = 15
 MEAN_LEVELS = 255
+# Steps per packed block of the arrays that grow with the text (sources, routes): the page decodes the block of the
+# step it draws (16 steps of a 1,000-token text: a few hundred kB inflated, a few ms) instead of all 1,024 at open.
+STEP_BLOCK = 16
+# A source term under this share of its (step, rank)'s largest |term| is shipped as 0: the page shades a token by
+# |term| / largest to 3 decimals, and under 1/2048 (< 0.0005) that is 0.000 whatever the term.
+SOURCE_FLOOR = 2.0**-11
 # decode.js: unpacking of packed arrays (AttnscopeViews.unpack); routes.js: the drawing of one route (AttnscopeRoutes)
 # sentences.js: the sentence panel (AttnscopeSentences)
 STEPS_SCRIPTS = ("decode.js", "routes.js", "sentences.js", "steps.js")
@@ -142,32 +154,43 @@ class LensStrip(TypedDict):
     probs: PackedArray
 
 
+class StepBlocks(TypedDict):
+    """A per-step array in blocks of ``block`` consecutive steps, each packed on its own: ``blocks[b]`` holds the rows
+    of steps ``b * block`` to ``b * block + block - 1`` (the page inflates a block when it first draws one of its
+    steps)."""
+
+    block: int
+    blocks: list[PackedArray]
+
+
 class StepAttribution(TypedDict):
     """Direct logit attribution of each step's chosen token (a generation made with ``--attribute``).
 
     ``logits`` float16 ``[step]``: the chosen token's logit (the sum of every term); ``heads`` uint16
     ``[step, rank, 2]``: (layer, head) of the heads with the largest ``|term|``, largest first; ``terms`` float16
-    ``[step, rank]``: their signed terms; ``sources`` float16 ``[step, rank, source_pos]``: those terms split over
-    the tokens each head read (0 past the step's last key)."""
+    ``[step, rank]``: their signed terms; ``sources`` float16 ``[step, rank, source_pos]`` in blocks of steps (each
+    block ``[block steps, rank, keys of its last step]``): those terms split over the tokens each head read (0 past the
+    step's last key, and 0 under ``SOURCE_FLOOR`` of the step and rank's largest)."""
 
     logits: PackedArray
     heads: PackedArray
     terms: PackedArray
-    sources: PackedArray
+    sources: StepBlocks
     lens: LensStrip
 
 
 class RouteSteps(TypedDict):
     """Every step's route (a generation made with ``--routes``), one row per kept edge, grouped by step in step
-    order: ``edges`` uint16 ``[edge, 8]`` (step, source layer, position and kind, target layer, position and kind,
-    via; kinds index ``node_kinds``, vias ``vias``), ``importance`` float16 ``[edge]`` and ``heads`` float16
-    ``[edge, head]`` (an attention edge's per-head split; 0 on the other edges)."""
+    order and in blocks of steps (block ``b`` holds the edges of its steps): ``edges`` uint16 ``[edge, 8]`` (step,
+    source layer, position and kind, target layer, position and kind, via; kinds index ``node_kinds``, vias
+    ``vias``), ``importance`` float16 ``[edge]`` and ``heads`` float16 ``[edge, head]`` (an attention edge's per-head
+    split; 0 on the other edges)."""
 
     node_kinds: list[str]
     vias: list[str]
-    edges: PackedArray
-    importance: PackedArray
-    heads: PackedArray
+    edges: StepBlocks
+    importance: StepBlocks
+    heads: StepBlocks
 
 
 class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models with learned sinks only
@@ -276,6 +299,23 @@ def decoded_rows(payload: StepsPayload, *, weighted: bool = False) -> Callable[[
     return rows_of
 
 
+def joined_blocks(blocks: StepBlocks) -> np.ndarray:
+    """A per-step array from its blocks (for tests and tools): each block unpacked, float32, joined on the first axis,
+    the other axes padded with zeros to the largest block's."""
+    parts = [unpack(packed) for packed in blocks["blocks"]]
+    widest = np.max([part.shape for part in parts], axis=0)
+    return np.concatenate([np.pad(part, [(0, 0), *((0, int(w) - n) for w, n in zip(widest[1:], part.shape[1:]))])
+                           for part in parts])
+
+
+def step_blocks(n_steps: int, block_of: Callable[[int, int], np.ndarray],
+                pack: Callable[[np.ndarray], PackedArray]) -> StepBlocks:
+    """Steps ``0..n_steps-1`` in blocks of ``STEP_BLOCK``: ``block_of(start, end)`` gives the rows of steps
+    ``start..end-1``, ``pack`` packs them."""
+    return StepBlocks(block=STEP_BLOCK, blocks=[pack(block_of(start, min(start + STEP_BLOCK, n_steps)))
+                                                for start in range(0, n_steps, STEP_BLOCK)])
+
+
 @cache
 def steps_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the step view's payload (``present/steps.schema.json``)."""
@@ -355,11 +395,23 @@ def generation_attribution(gen: GenerationRecord, compress: bool = True) -> Step
     top = arrays[ATTRIBUTION_TOP]  # [step, rank, 2]: (layer, head)
     steps = np.arange(gen.n_steps)[:, None]
     terms = arrays[ATTRIBUTION_HEADS][steps, top[..., 0], top[..., 1]]  # [step, rank]
+    sources = shown_sources(arrays[ATTRIBUTION_SOURCES])  # [step, rank, source_pos]
+    # a block's tokens: the keys of its last step (step s read the prompt and the s tokens before its own)
     return StepAttribution(logits=pack_float16(arrays[ATTRIBUTION_LOGITS], compress),
                            heads=pack_uint16(_checked_uint16(top, "attribution heads"), compress),
                            terms=pack_float16(terms, compress),
-                           sources=pack_float16(arrays[ATTRIBUTION_SOURCES], compress),
+                           sources=step_blocks(gen.n_steps, lambda start, end: sources[start:end, :, : gen.prompt_length + end - 1],
+                                               lambda block: pack_float16(block, compress)),
                            lens=_lens_strip(gen, compress))
+
+
+def shown_sources(sources: np.ndarray) -> np.ndarray:
+    """Source terms ``[step, rank, source_pos]`` as the page gets them: float16, a term under ``SOURCE_FLOOR`` of its
+    (step, rank)'s largest ``|term|`` set to 0 (the page draws it unshaded either way)."""
+    half = sources.astype(np.float16)
+    magnitude = np.abs(half.astype(np.float32))  # as the page reads them: the floor holds for the float16 values
+    largest = magnitude.max(axis=-1, keepdims=True)
+    return np.where(magnitude >= largest * SOURCE_FLOOR, half, np.float16(0))
 
 
 def _lens_strip(gen: GenerationRecord, compress: bool) -> LensStrip:
@@ -379,10 +431,17 @@ def generation_routes(gen: GenerationRecord, compress: bool = True) -> RouteStep
         return None
     codes = gen.arrays[ROUTE_EDGES]  # [edge, 8]
     order = np.argsort(codes[:, 0], kind="stable")  # the page finds a step's edges as one run of rows
-    return RouteSteps(node_kinds=list(ROUTE_NODE_KINDS), vias=list(ROUTE_VIAS),
-                      edges=pack_uint16(_checked_uint16(codes[order], "route steps and positions"), compress),
-                      importance=pack_float16(gen.arrays[ROUTE_IMPORTANCE][order], compress),
-                      heads=pack_float16(gen.arrays[ROUTE_HEADS][order], compress))
+    codes = _checked_uint16(codes[order], "route steps and positions")
+    # edges [start[s], start[s + 1]) are step s's
+    start = np.searchsorted(codes[:, 0], np.arange(gen.n_steps + 1), side="left")
+
+    def blocks(values: np.ndarray, pack: Callable[[np.ndarray, bool], PackedArray]) -> StepBlocks:
+        return step_blocks(gen.n_steps, lambda first, end: values[start[first] : start[end]],
+                           lambda block: pack(block, compress))
+
+    return RouteSteps(node_kinds=list(ROUTE_NODE_KINDS), vias=list(ROUTE_VIAS), edges=blocks(codes, pack_uint16),
+                      importance=blocks(gen.arrays[ROUTE_IMPORTANCE][order], pack_float16),
+                      heads=blocks(gen.arrays[ROUTE_HEADS][order], pack_float16))
 
 
 def _checked_uint16(values: np.ndarray, what: str) -> np.ndarray:

@@ -16,6 +16,10 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
   the score and its largest [query component x key component] terms; the views' cell click asks it);
 * ``POST /api/routes``: the information-flow route of one prediction of a decoder (``attnscope.routes``:
   the graph as ``Routes.to_dict`` writes it; the Routes tab draws it);
+* ``POST /api/head-scores``: one registered head-function score of every layer and head of a decoder
+  (``attnscope.head_scores`` at small settings, ``HeadScores.to_dict``; the Head functions tab's grid);
+* ``POST /api/head-trial``: one head's attention row on one trial of that score's task, the keys the score reads
+  marked (``head_trial``; what the tab shows for a clicked head);
 * ``POST /api/sentences``: sentence-level attention of a text (``attnscope.experiments.sentences.sentence_report``,
   Bogdan et al. 2025): its tokens and the sentence panel the step view draws (the Sentences tab draws it).
 
@@ -77,7 +81,7 @@ ASSETS = {
     **{name: ("attnscope.present", "static") for name in
        ("decode.js", "scene.js", "head_view.js", "model_view.js", "neuron_view.js", "app.js", "views.css",
         "routes.js", "steps.js", "steps.css", "sentences.js", "sentences.css")},
-    **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css")},
+    **{name: ("attnscope.serve", "static") for name in ("explorer.js", "explorer.css", "head_functions.js")},
 }
 MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
 # Swagger UI's files, from the swagger-ui-bundle-v2 package (FastAPI's default /docs loads them from a CDN)
@@ -232,6 +236,21 @@ class RoutesRequest(StrictRequest):
     _check_text = field_validator("text")(_utf8)
 
 
+def head_score_request() -> type[StrictRequest]:
+    """``/api/head-scores``' request model, its ``score`` choices read from the head-function registry now (built
+    when an app is created: a score registered later is offered by the next app)."""
+    choices: Any = Literal[tuple(f["name"] for f in service.head_function_choices())]  # type: ignore[misc]
+    model: Any = (str | None, Field(None, description="a decoder-only model from GET /api/models (default: the server's "
+                               "first decoder-only model)"))
+    score = (choices, Field(..., description="a registered head-function score (GET /api/models: head_functions)"))
+    return create_model("HeadScoreRequest", __base__=StrictRequest, __module__=__name__, model=model, score=score)
+
+
+def head_trial_request(scores: type[StrictRequest]) -> type[StrictRequest]:
+    """``/api/head-trial``'s request model: a score request and one 0-indexed head."""
+    return create_model("HeadTrialRequest", __base__=scores, __module__=__name__,
+                        layer=(Index, Field(..., description="0-indexed layer")),
+                        head=(Index, Field(..., description="0-indexed head")))
 class SentencesRequest(StrictRequest):
     model: str | None = Field(None, description="a model name from GET /api/models (default: the server's first "
                               "decoder-only model, else its first)")
@@ -387,6 +406,7 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
     def models() -> dict[str, Any]:
         return {"default": pool.default, "max_tokens": max_tokens, "max_new_tokens": MAX_NEW_TOKENS, "modes": service.MODES,
                 "classes": service.pattern_classes(), "measures": service.mixing_methods(),
+                "head_functions": service.head_function_choices(),
                 "models": [{"name": c.name, "source": c.source, "description": c.description,
                             "loaded": pool.loaded(c.name)} for c in pool.choices.values()]}
 
@@ -437,6 +457,23 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
             graph = service.routes_of(loaded, request.text, request.position, request.tau, max_tokens)
         return JSONResponse(graph.to_dict())
 
+    def head_scores(request: Any) -> JSONResponse:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            found = service.head_function_scores(loaded, request.score)
+        return JSONResponse(found.to_dict())
+
+    def head_trial(request: Any) -> JSONResponse:
+        with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            found = service.head_function_trial(loaded, request.score, request.layer, request.head)
+        return JSONResponse(found.to_dict())
+
+    score_request = head_score_request()  # the scores registered now, not at import
+    head_scores.__annotations__["request"] = score_request
+    head_trial.__annotations__["request"] = head_trial_request(score_request)
+    app.post("/api/head-scores", summary="one head-function score of every layer and head of a decoder (small "
+             "settings)", responses=ERRORS)(head_scores)
+    app.post("/api/head-trial", summary="one head's attention on one trial of a head-function score's task, the keys "
+             "it reads marked", responses=ERRORS)(head_trial)
     @app.post("/api/sentences", summary="sentence-level attention of a text: sentence x sentence block means, "
               "vertical scores and receiver heads (Bogdan et al. 2025)", responses=ERRORS)
     def sentences(request: SentencesRequest) -> JSONResponse:

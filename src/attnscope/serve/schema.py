@@ -86,15 +86,16 @@ TIES: dict[str, Tie] = {
     "GenerateRequest": lambda facts: None if facts.chat else {"chat": {"const": False}},
 }
 # request body -> its path: only a decoder-only model answers these (null: the first such model)
-DECODER_ONLY = {"GenerateRequest": "/api/generate", "QKRequest": "/api/qk", "RoutesRequest": "/api/routes"}
+DECODER_ONLY = {"GenerateRequest": "/api/generate", "QKRequest": "/api/qk", "RoutesRequest": "/api/routes",
+                "HeadScoreRequest": "/api/head-scores", "HeadTrialRequest": "/api/head-trial"}
 
 
 def with_model_facts(schema: dict[str, Any], facts: Mapping[str, ModelFacts | None], default: str | None,
                      generator: str | None) -> dict[str, Any]:
     """``schema`` (FastAPI's OpenAPI document) with every request body's ``model`` one of ``facts``'
-    names (null: ``default``, or for generation, QK attribution and routes ``generator``, the first model that
-    generates) and the options that depend on the model tied to it (:data:`TIES`). Generation, QK
-    attribution and routes (:data:`DECODER_ONLY`), when no model offered generates, are left out."""
+    names (null: ``default``, or for generation, QK attribution, routes and head functions ``generator``, the first
+    model that generates) and the options that depend on the model tied to it (:data:`TIES`). Those
+    (:data:`DECODER_ONLY`), when no model offered generates, are left out."""
     bodies = schema["components"]["schemas"]
     for name, body in bodies.items():
         if "model" not in body.get("properties", {}):

@@ -8,6 +8,9 @@
 * :func:`record_json`: the record's attention as plain JSON, for scripts;
 * :func:`qk` and :func:`describe_qk`: why a decoder's head scores a key for a query (QK attribution);
 * :func:`routes_of`: the information-flow route of one prediction of a decoder;
+* :func:`head_function_scores` and :func:`head_function_trial`: a decoder's head-function scores (every layer
+  and head) and one head's row on one trial of the score's task, at the explorer's small settings
+  (:func:`explorer_head_settings`);
 * :func:`sentences_of` and :func:`describe_sentences`: sentence-level attention of a text (the sentence panel).
 
 Layers and heads are 0-indexed everywhere. Every function raises :class:`InputError` (the web
@@ -29,9 +32,12 @@ from ..records.attention import AttentionRecord
 from ..records.generation import GenerationRecord
 
 if TYPE_CHECKING:
+    from ..analysis.head_functions import HeadScores
     from ..analysis.mixing import Mixing
     from ..attribution.qk import QKAttribution
     from ..attribution.routes import Routes
+    from ..experiments.head_functions import HeadScoreSettings
+    from ..experiments.head_trials import HeadTrial
     from ..experiments.sentences import SentenceReport
 
 # How an intervention changes the chosen heads (name -> what the page says about it). The
@@ -415,6 +421,38 @@ def routes_of(loaded: LoadedModel, text: str, position: int, tau: float, max_tok
     return routes(loaded, text, position, tau)
 
 
+# ---- head functions --------------------------------------------------------------------------
+def head_function_choices() -> list[dict[str, Any]]:
+    """The registered head-function scores the page offers (its menu): name, label, task, definition, paper, and
+    whether a clicked head can be shown on one of the task's trials."""
+    from ..analysis.head_functions import head_functions
+    from ..experiments.head_trials import TRIALS
+
+    return [{"name": f.name, "label": f.label, "task": f.task, "reference": f.reference, "cited": f.cited,
+             "trial": f.task in TRIALS} for f in head_functions()]
+
+
+def explorer_head_settings() -> HeadScoreSettings:
+    """Small settings, so a request is answered in seconds on a CPU: 2 sequences of 2 x 32 random tokens; the first
+    256 tokens of one document, windows 8 to 128 behind a sink of 4; one pass-key trial of 512 tokens (retrieval)."""
+    from ..experiments.head_functions import HeadScoreSettings
+
+    return HeadScoreSettings(period=32, repeats=2, sequences=2, max_tokens=256, sinks=(4,), windows=(8, 16, 32, 64, 128),
+                             chunk=128, needles=("passkey-1",), needle_lengths=(512,), needle_depths=(0.5,))
+
+
+def head_function_scores(loaded: LoadedModel, score: str) -> HeadScores:
+    """``score`` for every layer and head of ``loaded`` (``attnscope.head_scores``) at the explorer's settings."""
+    from ..experiments.head_functions import head_scores
+
+    return head_scores(loaded, [score], explorer_head_settings())
+
+
+def head_function_trial(loaded: LoadedModel, score: str, layer: int, head: int) -> HeadTrial:
+    """Head ``layer``.``head`` on one trial of ``score``'s task (``head_trial``) at the explorer's settings."""
+    from ..experiments.head_trials import head_trial
+
+    return head_trial(loaded, score, layer, head, explorer_head_settings())
 # ---- sentences -------------------------------------------------------------------------------
 def sentences_of(loaded: LoadedModel, text: str, proximity: int, max_tokens: int) -> SentenceReport:
     """Sentence attention and receiver heads of ``text`` (``sentence_report``: a planned capture), after the checks

