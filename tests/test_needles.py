@@ -26,6 +26,7 @@ from attnscope import HeadScoreSettings, head_scores
 from attnscope.analysis.retrieval import retrieval_hits, retrieval_score, top_keys_of_rows
 from attnscope.data import Needle, document, needle, needles
 from attnscope.errors import AttnscopeError
+from attnscope.experiments.head_functions import check_bounds
 from attnscope.experiments.head_masking import check_score
 from attnscope.experiments.needles import (
     DEFAULT_DOCUMENT,
@@ -323,6 +324,21 @@ def test_needle_settings_are_refused_before_any_task_runs(llama, settings, messa
     with forward_counter(llama) as calls, pytest.raises(AttnscopeError, match=message) as refused:
         head_scores(llama, ["induction", "retrieval"], settings)  # induction's task would run first
     assert not calls and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (HeadScoreSettings(needle_depths=(0.5, -0.1)), "depth must be between 0 and 1"),
+    (HeadScoreSettings(needles=("passkey-1", "nope")), "no shipped needle 'nope'"),
+    (HeadScoreSettings(needle_document="no-such-text"), "no shipped document"),
+    (HeadScoreSettings(needle_form="poem"), "unknown prompt form"),
+    (HeadScoreSettings(needle_lengths=(0,)), "positive number of tokens"),
+    (HeadScoreSettings(needle_new_tokens=0), "at least 1 token"),
+])
+def test_needle_bounds_need_no_model(settings, message):
+    """What the command checks before it loads a model (check_bounds)."""
+    with pytest.raises(AttnscopeError, match=message):
+        check_bounds(["retrieval"], settings)
+    check_bounds(["induction"], settings)  # only the scores asked for are checked
 
 
 def test_masking_the_planted_copy_circuit_breaks_the_needle_and_random_heads_only_when_they_hold_it(planted):
