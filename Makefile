@@ -12,7 +12,7 @@ RECORD_FLAG := $(if $(RECORD),--record,)
 DEMO_TEXT := I went to the store.
 DEMO_PAIR := At the store, I bought fresh strawberries.
 
-.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold bench-mechanism bench-routes serve screenshots docs docs-figures lint clean
+.PHONY: demo test install install-test install-qwen1.5b bench bench-big bench-architectures bench-corpus bench-ablate bench-views bench-serve bench-long bench-widget bench-mixing bench-gold bench-mechanism bench-routes bench-head-functions serve screenshots docs docs-figures lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench-mixing: install-test
 # information-flow routes: exactness, cost over capture, peak memory at 4,096 (SmolLM2) and 32,768 (Gemma 3) tokens
 bench-routes: install-test
 	$(BIN)/python benchmarks/routes.py $(RECORD_FLAG)
+
+# head-function scores: equal to eager, cost over plain generate, peak memory at 32,768 tokens (Gemma 3), masking drops
+bench-head-functions: install-test
+	$(BIN)/python benchmarks/head_functions.py $(RECORD_FLAG)
 
 bench-long: install-test
 	$(BIN)/python benchmarks/long.py $(RECORD_FLAG)

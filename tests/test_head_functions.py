@@ -34,18 +34,19 @@ LONG_TEXT = " ".join([TEXT] * 3)  # 46 WordPiece tokens (cut at 64 where a token
 TOLERANCE = 1e-5
 
 
-def naive_repeated(attention: list[np.ndarray], period: int, repeats: int) -> dict[str, np.ndarray]:
+def naive_repeated(attention: list[np.ndarray], period: int, repeats: int, prefix: int = 0) -> dict[str, np.ndarray]:
     """The four repeated-token scores of one sequence, by loops over eager ``[head, q, k]`` layers: ``[layer,
-    head]``."""
-    n = period * repeats  # the WordPiece tokenizer has no BOS: no prefix
+    head]``. ``prefix``: tokens before the first copy (a BOS; the WordPiece tokenizer has none)."""
+    n = prefix + period * repeats
     scores = {name: np.zeros((len(attention), attention[0].shape[0])) for name in
               ("induction", "duplicate_token", "echo", "previous_token")}
-    later = range(period, n)
+    later = range(prefix + period, n)
     for layer, a in enumerate(attention):
         for q in later:
             scores["induction"][layer] += a[:, q, q - period + 1] / len(later)
             scores["duplicate_token"][layer] += a[:, q, q - period] / len(later)
-            scores["echo"][layer] += sum(a[:, q, k] for k in range(q % period, q, period)) / len(later)
+            first_copy = prefix + (q - prefix) % period
+            scores["echo"][layer] += sum(a[:, q, k] for k in range(first_copy, q, period)) / len(later)
         for q in range(1, n):
             scores["previous_token"][layer] += a[:, q, q - 1] / (n - 1)
     return scores

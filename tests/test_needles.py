@@ -5,7 +5,10 @@
 * the score from attnscope's decode-step rows equals the rule applied to transformers' eager ``output_attentions=True``
   rows of the whole generated sequence, teacher-forced (a tiny random Llama with grouped heads, and the planted model);
 * haystacks: the needle at a sentence boundary at the stated depth, the context's length in tokens;
-* bad input refused with one error before the model runs.
+* bad input refused with one error before the model runs;
+* the registered head score ``retrieval`` (``head_scores``) equals the rule on eager rows, per query head and per KV
+  group, its needle settings checked before any task runs; its masking check (needle accuracy) breaks when the planted
+  copy circuit is masked and only then.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import pytest
 import torch
 
 import attnscope
+from attnscope import HeadScoreSettings, head_scores
 from attnscope.analysis.retrieval import retrieval_hits, retrieval_score, top_keys_of_rows
 from attnscope.data import Needle, document, needle, needles
 from attnscope.errors import AttnscopeError
+from attnscope.experiments.head_functions import check_bounds
+from attnscope.experiments.head_masking import check_score
 from attnscope.experiments.needles import (
     DEFAULT_DOCUMENT,
     NeedlePrompt,
@@ -261,3 +267,93 @@ def test_the_needle_is_located_in_a_real_tokenizer_and_its_chat_template(smollm2
     assert decode(list(prompt.ids[slice(*prompt.needle_span)])).strip() == "The secret pass key is 3622173."
     assert decode(list(prompt.ids[slice(*prompt.answer_span)])).strip() == "3622173."
     assert decode(list(prompt.ids)).startswith("<|im_start|>") == (form == "chat")  # the template wraps the chat form
+
+
+# ---- the registered score and its masking check ------------------------------------------------------------------
+NEEDLE_GRID = HeadScoreSettings(needles=("passkey-1", "sentence-1"), needle_lengths=(160,), needle_depths=(0.5,),
+                                needle_new_tokens=14)
+
+
+def eager_greedy_answer(loaded, prompt_ids: tuple[int, ...], max_new_tokens: int) -> np.ndarray:
+    """transformers' own greedy generation (eager attention) from ``prompt_ids``: the whole sequence."""
+    model = loaded.model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False)
+    finally:
+        model.set_attn_implementation(previous)
+    return out[0].numpy()
+
+
+def test_the_registered_retrieval_score_equals_the_rule_on_eager_rows_per_head_and_kv_group(smollm2):
+    """head_scores(["retrieval"]) on SmolLM2 against the rule applied to transformers' eager greedy answers and their
+    eager rows (teacher-forced), averaged over the answered trials: SmolLM2 answers the pass key and not the sentence
+    at 160 tokens, so the mean must leave the sentence out."""
+    found = head_scores(smollm2, ["retrieval"], NEEDLE_GRID)
+    expected = []
+    for needle_id in NEEDLE_GRID.needles:
+        prompt = needle_prompt(smollm2, needle_id, length=160, depth=0.5)
+        token_ids = eager_greedy_answer(smollm2, prompt.ids, NEEDLE_GRID.needle_new_tokens)
+        n_prompt = len(prompt.ids)
+        answer = smollm2.tokenizer.decode(token_ids[n_prompt:].tolist(), skip_special_tokens=True)
+        if prompt.needle.answer in answer:
+            eager = eager_top_keys(smollm2, token_ids, n_prompt)
+            expected.append(retrieval_score(eager, token_ids, n_prompt, prompt.answer_span))
+    assert len(expected) == 1  # the pass key is answered, the sentence not
+    reference = expected[0]  # [layer, head]
+    assert reference.max() > 0.5  # some head copies most of the pass key: the comparison has teeth
+    np.testing.assert_array_equal(found.scores["retrieval"], reference)
+    groups = found.to_frame("kv_head")  # 9 query heads over 3 KV heads: groups of 3 adjacent heads
+    np.testing.assert_array_equal(groups["retrieval_max"], reference.reshape(30, 3, 3).max(-1).ravel())
+    np.testing.assert_allclose(groups["retrieval_mean"], reference.reshape(30, 3, 3).mean(-1).ravel())
+    assert found.settings["needle_lengths"] == (160,) and found.n_kv_heads == 3
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (HeadScoreSettings(needle_depths=(1.5,), needle_lengths=(200,)), "depth must be between 0 and 1"),
+    (HeadScoreSettings(needles=("passkey-9",), needle_lengths=(200,)), "no shipped needle 'passkey-9'"),
+    (HeadScoreSettings(needle_lengths=(8,)), "as long as the haystack"),
+    (HeadScoreSettings(needle_lengths=(100_000,)), "more than .* limit of 512 tokens"),
+    (HeadScoreSettings(needle_lengths=(200,), needle_document="no-such-text"), "no shipped document"),
+    (HeadScoreSettings(needle_lengths=(200,), needle_form="poem"), "unknown prompt form"),
+    (HeadScoreSettings(needles=(), needle_lengths=(200,)), "at least one length, one depth and one needle"),
+])
+def test_needle_settings_are_refused_before_any_task_runs(llama, settings, message):
+    with forward_counter(llama) as calls, pytest.raises(AttnscopeError, match=message) as refused:
+        head_scores(llama, ["induction", "retrieval"], settings)  # induction's task would run first
+    assert not calls and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (HeadScoreSettings(needle_depths=(0.5, -0.1)), "depth must be between 0 and 1"),
+    (HeadScoreSettings(needles=("passkey-1", "nope")), "no shipped needle 'nope'"),
+    (HeadScoreSettings(needle_document="no-such-text"), "no shipped document"),
+    (HeadScoreSettings(needle_form="poem"), "unknown prompt form"),
+    (HeadScoreSettings(needle_lengths=(0,)), "positive number of tokens"),
+    (HeadScoreSettings(needle_new_tokens=0), "at least 1 token"),
+])
+def test_needle_bounds_need_no_model(settings, message):
+    """What the command checks before it loads a model (check_bounds)."""
+    with pytest.raises(AttnscopeError, match=message):
+        check_bounds(["retrieval"], settings)
+    check_bounds(["induction"], settings)  # only the scores asked for are checked
+
+
+def test_masking_the_planted_copy_circuit_breaks_the_needle_and_random_heads_only_when_they_hold_it(planted):
+    """The copy head (1, 0) scores retrieval 1 and is the top head; masking it loses the answer. Random single heads
+    lose it exactly when they are part of the circuit (the copy head or the previous-token head (0, 0) it reads)."""
+    prompt = planted_prompt(planted)
+    scores = run_trial(planted, prompt, max_new_tokens=8).scores
+    check = check_score(planted, "retrieval", scores, ks=(1,), draws=5, n_resamples=0,
+                        metric_options={"prompts": [prompt], "max_new_tokens": 8})
+    assert check.metric == "needle accuracy" and check.baseline == 1.0
+    assert check.sets["top 1"] == [(1, 0)]
+    rows = {row["heads"]: row for row in check.summary()}
+    assert rows["top"]["change"] == -1.0
+    for heads, change in zip(rows["random"]["sets"], rows["random"]["set_changes"]):
+        assert change == (-1.0 if {(0, 0), (1, 0)} & set(heads) else 0.0)
+    assert any(change == 0.0 for change in rows["random"]["set_changes"])  # some draw misses the circuit
+    again = run_trial(planted, prompt, max_new_tokens=8)  # masking left the model as it was
+    assert again.counted and again.answer == run_trial(planted, prompt, max_new_tokens=8).answer

@@ -17,22 +17,22 @@ The rule, per needle-in-a-haystack trial (layers and heads 0-indexed, per query 
 Over trials, a head's score is the mean of its per-trial scores over the trials that count (those the model
 answered: :mod:`attnscope.experiments.needles` states its rule). A learned sink is not a key (rows without it);
 a sliding-window layer's rows hold 0 outside its window, so such a head cannot retrieve a needle outside it.
-Scores are per query head; a KV group's max or mean is taken from them.
+Scores are per query head; a KV group's max or mean is taken from them. Registered as the head function
+``retrieval`` (task ``needles``), so :func:`attnscope.head_scores` computes it beside the other head scores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import AttnscopeError
 from ..records.generation import GenerationRecord
+from .head_functions import Columns, HeadFunction, register_head_function
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al.'s threshold for calling a head a retrieval head
-
-# The one line that registers the score with the head-function registry once analysis/head_functions.py lands:
-# register(HeadFunction("retrieval", "retrieval score", "Wu et al. 2024", compute=mean_retrieval_score))
 
 
 def step_top_keys(gen: GenerationRecord) -> np.ndarray:
@@ -85,3 +85,16 @@ def mean_retrieval_score(trial_scores: Sequence[np.ndarray], counted: Sequence[b
     if not kept:
         return np.full(trial_scores[0].shape, np.nan)
     return np.mean(kept, axis=0)
+
+
+def retrieval_scores(trials: Any) -> Columns:
+    """The registered score: ``trials`` (:class:`~attnscope.experiments.needles.NeedleTrials`, what the ``needles``
+    task builds) -> ``{"retrieval": [layer, head]}``, the mean over the trials that counted."""
+    found = trials.trials
+    return {"retrieval": mean_retrieval_score([trial.scores for trial in found], [trial.counted for trial in found])}
+
+
+register_head_function(HeadFunction(
+    "retrieval", "Retrieval", "needles", "share of the needle's tokens the head copied (its top key inside the needle "
+    "holding the token generated), mean over the needle trials the model answered", "Wu et al. 2024",
+    retrieval_scores))

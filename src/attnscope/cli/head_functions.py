@@ -28,8 +28,8 @@ FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def _number_list(kind: Any, what: str) -> Any:
-    """An argparse type: ``16,64,256`` -> ``(16, 64, 256)``, each read by ``kind``."""
-    def parse(value: str) -> tuple[int, ...]:
+    """An argparse type: ``16,64,256`` -> ``(16, 64, 256)``, each read by ``kind`` (sorted, each once)."""
+    def parse(value: str) -> tuple[Any, ...]:
         parts = [part.strip() for part in value.split(",") if part.strip()]
         if not parts:
             raise argparse.ArgumentTypeError(f"expected {what} separated by commas, got {value!r}")
@@ -50,6 +50,12 @@ SETTINGS: dict[str, tuple[Any, str, str]] = {
     "share": (finite_float, "S", "locality: the share of a row the smallest window must keep"),
     "every": (positive_int, "N", "locality: score every N-th query of a document"),
     "chunk": (positive_int, "N", "documents: queries scored at a time, which bounds memory"),
+    "needles": (_number_list(str, "needle ids"), "ID,ID", "retrieval: shipped needles (attnscope.data.needles())"),
+    "needle_lengths": (_number_list(positive_int, "lengths"), "N,N", "retrieval: haystack lengths in tokens"),
+    "needle_depths": (_number_list(finite_float, "depths"), "D,D", "retrieval: needle depths, 0 (start) to 1 (end)"),
+    "needle_document": (str, "NAME", "retrieval: the shipped document the haystacks are cut from"),
+    "needle_form": (str, "FORM", "retrieval: prompt form, plain or chat (default: the model's own)"),
+    "needle_new_tokens": (positive_int, "N", "retrieval: the most tokens an answer may have"),
 }
 
 

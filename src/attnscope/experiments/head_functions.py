@@ -11,10 +11,13 @@ Tasks (name -> builder, :func:`register_task` adds one, e.g. needle trials):
   are computed ``chunk`` queries at a time, never the whole query x key matrix;
 * ``sentences``: each document averaged to sentence x sentence by a planned capture
   (:func:`~attnscope.experiments.sentences.sentence_record`); receiver scores are the mean over
-  documents of each head's kurtosis.
+  documents of each head's kurtosis;
+* ``needles``: needle-in-a-haystack trials (:func:`~attnscope.experiments.needles.needle_trials`: every
+  needle x haystack length x depth in one document, answered greedily with decode-step rows only); the
+  retrieval score is the mean over the trials the model answered (NaN for every head when none was).
 
-Every premise (a causal decoder, lengths within the model's limit, known scores and documents, a share in
-``(0, 1]``) is checked before the model runs.
+Every premise (a causal decoder, lengths within the model's limit, known scores, documents and needles, a share
+in ``(0, 1]``, depths in 0..1, the memory of the longest needle trial) is checked before the model runs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,11 +42,20 @@ from ..analysis.sentences import sentence_attention
 from ..capture.extract import as_loaded, extract, extract_ids
 from ..capture.plan import CapturePlan, QuerySelection
 from ..capture.tokens import TruncationWarning
-from ..data import document, documents
+from ..data import document, documents, needle
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..progress import say_slow_step
 from ..records.attention import ModelInfo
+from .needles import (
+    DEFAULT_DEPTHS,
+    DEFAULT_DOCUMENT,
+    DEFAULT_NEEDLES,
+    FORMS,
+    MAX_NEW_TOKENS,
+    needle_trials,
+    trial_prompts,
+)
 from .random_tokens import repeated_random_tokens
 from .sentences import sentence_record, text_sentences
 
@@ -58,7 +70,10 @@ class HeadScoreSettings:
     draws from ``seed``. Documents (shipped names or texts), cut to ``max_tokens`` (None: :data:`DOCUMENT_TOKENS`
     or the model's limit, the smaller): locality for every pair of
     ``sinks`` x ``windows`` over every ``every``-th query, ``chunk`` queries at a time; ``share``: what the
-    smallest window must keep."""
+    smallest window must keep. Needle trials (retrieval): every needle of ``needles`` (shipped ids) hidden in
+    ``needle_document`` cut to each of ``needle_lengths`` tokens, at each of ``needle_depths``, answered in
+    ``needle_form`` (None: the model's own) with at most ``needle_new_tokens`` tokens. Each field's ``help``
+    metadata says the same in one line (for the command line)."""
 
     period: int = 64
     repeats: int = 2
@@ -71,6 +86,18 @@ class HeadScoreSettings:
     share: float = 0.9
     every: int = 1
     chunk: int = 256
+    needles: tuple[str, ...] = field(default=DEFAULT_NEEDLES, metadata={
+        "help": "shipped needle ids hidden in the haystack (retrieval; attnscope.data.needles lists them)"})
+    needle_lengths: tuple[int, ...] = field(default=(1024,), metadata={
+        "help": "haystack lengths in the model's tokens, needle included (retrieval)"})
+    needle_depths: tuple[float, ...] = field(default=DEFAULT_DEPTHS, metadata={
+        "help": "where the needle sits in the haystack, 0 (start) to 1 (end) (retrieval)"})
+    needle_document: str = field(default=DEFAULT_DOCUMENT, metadata={
+        "help": "the shipped document the haystacks are cut from (retrieval)"})
+    needle_form: str | None = field(default=None, metadata={
+        "help": "prompt form, plain or chat (default: the one the model answers; retrieval)"})
+    needle_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata={
+        "help": "the most tokens a needle trial's answer may have (retrieval)"})
 
     def document_tokens(self, loaded: LoadedModel) -> int:
         """Where documents are cut for ``loaded``."""
@@ -142,9 +169,23 @@ def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress
     return found, records[0].model
 
 
+def needle_grid(settings: HeadScoreSettings) -> dict[str, Any]:
+    """The settings' needle grid as :func:`~attnscope.experiments.needles.trial_prompts` takes it."""
+    return {"lengths": settings.needle_lengths, "depths": settings.needle_depths, "needles": settings.needles,
+            "document_name": settings.needle_document, "form": settings.needle_form,
+            "max_new_tokens": settings.needle_new_tokens}
+
+
+def needle_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+    """The needle trials of the settings' grid, each head scored on each trial."""
+    trials = needle_trials(loaded, **needle_grid(settings), progress=progress)
+    return trials, trials.info
+
+
 register_task("repeated_tokens", repeated_evidence)
 register_task("document", locality_evidence)
 register_task("sentences", sentence_evidence)
+register_task("needles", needle_evidence)
 
 
 def check_bounds(names: Sequence[str], settings: HeadScoreSettings) -> None:
@@ -165,6 +206,8 @@ def check_bounds(names: Sequence[str], settings: HeadScoreSettings) -> None:
         _check_document_names(settings)
     if "document" in tasks:
         _check_locality_numbers(settings)
+    if "needles" in tasks:
+        _check_needle_bounds(settings)
 
 
 def _check_document_names(settings: HeadScoreSettings) -> None:
@@ -187,6 +230,25 @@ def _check_locality_numbers(settings: HeadScoreSettings) -> None:
     CapturePlan(attention=False, locality=settings.pairs)  # refuses a negative sink or a window below 1
 
 
+def _check_needle_bounds(settings: HeadScoreSettings) -> None:
+    """The needle grid's premises that need no model; the rest (a needle as long as its haystack, the window, the
+    memory) need the tokenizer: :func:`check_settings`."""
+    if not settings.needles or not settings.needle_lengths or not settings.needle_depths:
+        raise AttnscopeError("needle trials need at least one length, one depth and one needle")
+    for depth in settings.needle_depths:
+        if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0.0 <= depth <= 1.0:
+            raise AttnscopeError(f"a needle's depth must be between 0 and 1 (0: the haystack's start), got {depth!r}")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in settings.needle_lengths):
+        raise AttnscopeError(f"a haystack's length must be a positive number of tokens, got {settings.needle_lengths}")
+    if settings.needle_new_tokens < 1:
+        raise AttnscopeError(f"a needle trial's answer needs at least 1 token, got {settings.needle_new_tokens}")
+    if settings.needle_form is not None and settings.needle_form not in FORMS:
+        raise AttnscopeError(f"unknown prompt form {settings.needle_form!r}; choose one of: {', '.join(FORMS)}")
+    for needle_id in settings.needles:
+        needle(needle_id)  # one line listing the shipped needles
+    document(settings.needle_document)  # one line listing the shipped documents
+
+
 def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScoreSettings) -> None:
     """Every premise of :func:`head_scores`, one line each, before the model runs: :func:`check_bounds`, then
     what the model decides (a decoder, lengths within its limit)."""
@@ -201,6 +263,8 @@ def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScor
     if "repeated_tokens" in tasks:
         n_tokens = settings.period * settings.repeats + (loaded.tokenizer.bos_token_id is not None)
         loaded.check_length(n_tokens, f"a sequence of {settings.repeats} x {settings.period} random tokens")
+    if "needles" in tasks:
+        trial_prompts(loaded, **needle_grid(settings))  # builds and checks every prompt; the model does not run
 
 
 def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES,

@@ -24,8 +24,9 @@ head (heads of one key/value group are masked one by one):
 
 Built-in checks by score name (:data:`CHECKS`): ``induction`` (:class:`~.metrics.RepeatedHalfLoss`, zero
 ablation) and ``streaming`` (:class:`~.metrics.DocumentLoss` past the first ``sink + window`` positions, sink +
-window restriction, with the least-scoring heads). ``retrieval`` (needle accuracy) is left to the needle trials:
-:func:`register_check` with a :class:`FunctionMetric`. Layers and heads are 0-indexed.
+window restriction, with the least-scoring heads) and ``retrieval`` (needle accuracy, the share of needle trials
+answered, zero ablation: :func:`~.needles.needle_accuracy`, a :class:`FunctionMetric` that
+:mod:`~attnscope.experiments.needles` registers with :func:`register_check`). Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -317,6 +318,8 @@ def check_score(model: LoadedModel | str, name: str, scores: np.ndarray, *, ks: 
                 progress: bool = False) -> MaskingCheck:
     """The built-in check of score ``name`` (:data:`CHECKS`). Options shared by the metric and the masking (the
     streaming check's ``sink`` and ``window``) go in ``masking_options`` and reach both."""
+    from . import needles  # noqa: F401  registers the retrieval check (it imports this module: not at the top)
+
     if name not in CHECKS:
         raise AttnscopeError(f"no masking check for score {name!r}; there are checks for {', '.join(CHECKS)}")
     spec = CHECKS[name]

@@ -38,6 +38,8 @@ from ..data import Needle, document, needle
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..progress import say_slow_step
+from ..records.attention import ModelInfo
+from .head_masking import AblationMasking, FunctionMetric, register_check
 
 PROMPT_FORMS = {"smollm2": "chat"}  # SmolLM2-135M-Instruct restates a plain prompt's question instead of answering
 FORMS = ("plain", "chat")
@@ -217,7 +219,7 @@ class NeedleTrial:
     """One trial's outcome: its prompt, the decoded ``answer``, whether it ``counted`` (the answer holds the needle's
     answer), seconds it took, each head's retrieval score ``[layer, head]`` for this trial, each step's most-attended
     key ``top_keys`` ``[step, layer, head]`` (what the score was computed from) and the whole sequence's
-    ``token_ids`` (prompt, then the answer)."""
+    ``token_ids`` (prompt, then the answer); ``model_info``: the model's facts, as the generation recorded them."""
 
     prompt: NeedlePrompt
     answer: str
@@ -226,6 +228,7 @@ class NeedleTrial:
     scores: np.ndarray = field(repr=False)
     top_keys: np.ndarray = field(repr=False)
     token_ids: np.ndarray = field(repr=False)
+    model_info: ModelInfo = field(repr=False)
 
     def summary(self) -> dict[str, Any]:
         """One row of the trials table (the scores left out)."""
@@ -244,6 +247,11 @@ class NeedleTrials:
     model: str
     trials: tuple[NeedleTrial, ...]
     scores: np.ndarray = field(repr=False)
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model's facts (heads, KV heads, windows, sinks), from the first trial's generation."""
+        return self.trials[0].model_info
 
     @property
     def n_counted(self) -> int:
@@ -289,22 +297,15 @@ def run_trial(loaded: LoadedModel, prompt: NeedlePrompt, *, max_new_tokens: int 
     scores = retrieval_score(top_keys, gen.token_ids, gen.prompt_length, prompt.answer_span)
     answer = loaded.tokenizer.decode(gen.token_ids[gen.prompt_length:].tolist(), skip_special_tokens=True)
     return NeedleTrial(prompt, answer, answered(prompt.needle, answer), time.perf_counter() - started, scores,
-                       top_keys, gen.token_ids)
+                       top_keys, gen.token_ids, gen.model)
 
 
-def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
+def trial_prompts(loaded: LoadedModel, *, lengths: Sequence[int] = (1024,),
                   depths: Sequence[float] = DEFAULT_DEPTHS, needles: Sequence[str] = DEFAULT_NEEDLES,
                   document_name: str = DEFAULT_DOCUMENT, form: str | None = None,
-                  max_new_tokens: int = MAX_NEW_TOKENS, progress: bool = False) -> NeedleTrials:
-    """Every (length, depth, needle) trial on ``model`` and each head's retrieval score over the trials it answered.
-
-    Every prompt is built and checked first (window, and the memory of the longest generation, with its estimate),
-    so a bad grid is refused before the model runs.
-
-    >>> trials = needle_trials("qwen0.5b", lengths=[1024])       # doctest: +SKIP
-    >>> trials.top(10), trials.share_above(0.1)                  # doctest: +SKIP
-    """
-    loaded = as_loaded(model)
+                  max_new_tokens: int = MAX_NEW_TOKENS) -> list[NeedlePrompt]:
+    """Every (length, depth, needle) trial's prompt, each premise checked (a decoder, the grid's bounds, the window,
+    and the memory of the longest generation, with its estimate): tokenisation only, the model does not run."""
     check_decoder(loaded)
     if not lengths or not depths or not needles:
         raise AttnscopeError("needle trials need at least one length, one depth and one needle")
@@ -315,11 +316,55 @@ def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
                for length in lengths for depth in depths for item in needles]
     longest = max(len(prompt.ids) for prompt in prompts)
     check_generation(loaded, longest, max_new_tokens, first_row=longest - 1)
+    return prompts
+
+
+def run_trials(loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int = MAX_NEW_TOKENS,
+               progress: bool = False) -> list[NeedleTrial]:
+    """:func:`run_trial` on each of ``prompts``, in order (saying which with ``progress``)."""
     trials = []
     for index, prompt in enumerate(prompts):
         if progress:
             say_slow_step(f"needle trial {index + 1} of {len(prompts)} ({prompt.needle.id}, {prompt.length} tokens, "
                           f"depth {prompt.depth})")
         trials.append(run_trial(loaded, prompt, max_new_tokens=max_new_tokens))
+    return trials
+
+
+def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
+                  depths: Sequence[float] = DEFAULT_DEPTHS, needles: Sequence[str] = DEFAULT_NEEDLES,
+                  document_name: str = DEFAULT_DOCUMENT, form: str | None = None,
+                  max_new_tokens: int = MAX_NEW_TOKENS, progress: bool = False) -> NeedleTrials:
+    """Every (length, depth, needle) trial on ``model`` and each head's retrieval score over the trials it answered.
+
+    Every prompt is built and checked first (:func:`trial_prompts`), so a bad grid is refused before the model runs.
+
+    >>> trials = needle_trials("qwen0.5b", lengths=[1024])       # doctest: +SKIP
+    >>> trials.top(10), trials.share_above(0.1)                  # doctest: +SKIP
+    """
+    loaded = as_loaded(model)
+    prompts = trial_prompts(loaded, lengths=lengths, depths=depths, needles=needles, document_name=document_name,
+                            form=form, max_new_tokens=max_new_tokens)
+    trials = run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
     scores = mean_retrieval_score([trial.scores for trial in trials], [trial.counted for trial in trials])
     return NeedleTrials(loaded.name, tuple(trials), scores)
+
+
+# ---- the masking check of the retrieval score (Wu et al.: masking retrieval heads breaks the needle's retrieval) --
+def needle_accuracy(loaded: LoadedModel, *, prompts: Sequence[NeedlePrompt] | None = None,
+                    max_new_tokens: int = MAX_NEW_TOKENS, **grid: Any) -> FunctionMetric:
+    """Needle accuracy as a masking check's metric: per trial 1 if the greedy answer holds the needle's answer, else 0
+    (the counting rule of :func:`answered`), under whatever heads are masked. ``prompts`` (e.g. hand-built) or the
+    grid of :func:`trial_prompts` (``lengths``, ``depths``, ``needles``, ``document_name``, ``form``), built and
+    checked now, before any run."""
+    chosen = list(prompts) if prompts is not None else trial_prompts(loaded, max_new_tokens=max_new_tokens, **grid)
+
+    def answers(model: LoadedModel) -> list[float]:
+        return [float(trial.counted) for trial in run_trials(model, chosen, max_new_tokens=max_new_tokens)]
+
+    return FunctionMetric(loaded, answers, "needle accuracy")
+
+
+register_check("retrieval", needle_accuracy, AblationMasking,
+               description="share of needle trials answered (the needle's answer in the greedy answer), heads "
+                           "zero-ablated")

@@ -434,11 +434,11 @@ def head_function_choices() -> list[dict[str, Any]]:
 
 def explorer_head_settings() -> HeadScoreSettings:
     """Small settings, so a request is answered in seconds on a CPU: 2 sequences of 2 x 32 random tokens; the first
-    256 tokens of one document, windows 8 to 128 behind a sink of 4."""
+    256 tokens of one document, windows 8 to 128 behind a sink of 4; one pass-key trial of 512 tokens (retrieval)."""
     from ..experiments.head_functions import HeadScoreSettings
 
     return HeadScoreSettings(period=32, repeats=2, sequences=2, max_tokens=256, sinks=(4,), windows=(8, 16, 32, 64, 128),
-                             chunk=128)
+                             chunk=128, needles=("passkey-1",), needle_lengths=(512,), needle_depths=(0.5,))
 
 
 def head_function_scores(loaded: LoadedModel, score: str) -> HeadScores:
