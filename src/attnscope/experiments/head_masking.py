@@ -25,8 +25,8 @@ head (heads of one key/value group are masked one by one):
 Built-in checks by score name (:data:`CHECKS`): ``induction`` (:class:`~.metrics.RepeatedHalfLoss`, zero
 ablation) and ``streaming`` (:class:`~.metrics.DocumentLoss` past the first ``sink + window`` positions, sink +
 window restriction, with the least-scoring heads) and ``retrieval`` (needle accuracy, the share of needle trials
-answered, zero ablation: :func:`~.needles.needle_accuracy`, a :class:`FunctionMetric` that
-:mod:`~attnscope.experiments.needles` registers with :func:`register_check`). Layers and heads are 0-indexed.
+answered, zero ablation: :func:`needle_accuracy`, a :class:`FunctionMetric` over
+:mod:`~attnscope.experiments.needles`' trials). Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from .interventions import HeadAblation, SinkWindow, attention_shape, head_output_means
 from .metrics import DocumentLoss, RepeatedHalfLoss, Task
+from .needles import MAX_NEW_TOKENS, NeedlePrompt, run_trials, trial_prompts
 from .sweeps import bootstrap_deltas, evaluate_under
 
 KS = (1, 3, 10)
@@ -297,11 +298,28 @@ def _streaming_metric(loaded: LoadedModel, *, sink: int = 4, window: int = 64, *
     return DocumentLoss(loaded, skip=sink + window, **options)
 
 
+def needle_accuracy(loaded: LoadedModel, *, prompts: Sequence[NeedlePrompt] | None = None,
+                    max_new_tokens: int = MAX_NEW_TOKENS, **grid: Any) -> FunctionMetric:
+    """Needle accuracy as a masking check's metric: per trial 1 if the greedy answer holds the needle's answer, else 0
+    (the counting rule of :func:`~.needles.answered`), under whatever heads are masked. ``prompts`` (e.g. hand-built)
+    or the grid of :func:`~.needles.trial_prompts` (``lengths``, ``depths``, ``needles``, ``document_name``,
+    ``form``), built and checked now, before any run."""
+    chosen = list(prompts) if prompts is not None else trial_prompts(loaded, max_new_tokens=max_new_tokens, **grid)
+
+    def answers(model: LoadedModel) -> list[float]:
+        return [float(trial.counted) for trial in run_trials(model, chosen, max_new_tokens=max_new_tokens)]
+
+    return FunctionMetric(loaded, answers, "needle accuracy")
+
+
 CHECKS: dict[str, CheckSpec] = {
     "induction": CheckSpec("induction", RepeatedHalfLoss, AblationMasking,
                            description="loss on the repeated half of repeated random tokens, heads zero-ablated"),
     "streaming": CheckSpec("streaming", _streaming_metric, WindowMasking, least=True,
                            description="loss on long documents, heads restricted to first-k + recent-w keys"),
+    "retrieval": CheckSpec("retrieval", needle_accuracy, AblationMasking,
+                           description="share of needle trials answered (the needle's answer in the greedy answer), "
+                                       "heads zero-ablated"),
 }
 
 
@@ -318,8 +336,6 @@ def check_score(model: LoadedModel | str, name: str, scores: np.ndarray, *, ks: 
                 progress: bool = False) -> MaskingCheck:
     """The built-in check of score ``name`` (:data:`CHECKS`). Options shared by the metric and the masking (the
     streaming check's ``sink`` and ``window``) go in ``masking_options`` and reach both."""
-    from . import needles  # noqa: F401  registers the retrieval check (it imports this module: not at the top)
-
     if name not in CHECKS:
         raise AttnscopeError(f"no masking check for score {name!r}; there are checks for {', '.join(CHECKS)}")
     spec = CHECKS[name]

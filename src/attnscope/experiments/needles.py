@@ -39,7 +39,6 @@ from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
 from ..progress import say_slow_step
 from ..records.attention import ModelInfo
-from .head_masking import AblationMasking, FunctionMetric, register_check
 
 PROMPT_FORMS = {"smollm2": "chat"}  # SmolLM2-135M-Instruct restates a plain prompt's question instead of answering
 FORMS = ("plain", "chat")
@@ -351,20 +350,3 @@ def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
 
 
 # ---- the masking check of the retrieval score (Wu et al.: masking retrieval heads breaks the needle's retrieval) --
-def needle_accuracy(loaded: LoadedModel, *, prompts: Sequence[NeedlePrompt] | None = None,
-                    max_new_tokens: int = MAX_NEW_TOKENS, **grid: Any) -> FunctionMetric:
-    """Needle accuracy as a masking check's metric: per trial 1 if the greedy answer holds the needle's answer, else 0
-    (the counting rule of :func:`answered`), under whatever heads are masked. ``prompts`` (e.g. hand-built) or the
-    grid of :func:`trial_prompts` (``lengths``, ``depths``, ``needles``, ``document_name``, ``form``), built and
-    checked now, before any run."""
-    chosen = list(prompts) if prompts is not None else trial_prompts(loaded, max_new_tokens=max_new_tokens, **grid)
-
-    def answers(model: LoadedModel) -> list[float]:
-        return [float(trial.counted) for trial in run_trials(model, chosen, max_new_tokens=max_new_tokens)]
-
-    return FunctionMetric(loaded, answers, "needle accuracy")
-
-
-register_check("retrieval", needle_accuracy, AblationMasking,
-               description="share of needle trials answered (the needle's answer in the greedy answer), heads "
-                           "zero-ablated")
