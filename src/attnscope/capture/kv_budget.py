@@ -195,7 +195,7 @@ def _n_full(layout: KVLayout, n_candidates: int, share: float | None, bytes: int
     if share is not None:
         if not 0.0 <= share <= 1.0:  # NaN fails too
             raise AttnscopeError(f"a share of full KV heads is between 0 and 1, got {share}")
-        return int(math.floor(share * n_candidates + 0.5))
+        return math.floor(share * n_candidates + 0.5)
     assert bytes is not None
     if tokens is None or tokens < 1:
         raise AttnscopeError("a KV budget in bytes needs the text's length in tokens")
@@ -323,7 +323,7 @@ def _make_budgeted_layer() -> type:
             self.is_initialized = True
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[BudgetedStates, BudgetedStates]:
+                   **kwargs: Any) -> tuple[Any, Any]:  # BudgetedStates twice, in the tensors' places
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             new = key_states.shape[2]
@@ -332,7 +332,8 @@ def _make_budgeted_layer() -> type:
             parts = [torch.cat([held, piece], dim=2) for held, piece in zip(self.parts, pieces, strict=True)]
             positions = torch.cat([self.positions, torch.arange(self.seen, self.seen + new, device=self.device)])
             self.seen += new
-            states = BudgetedStates(*parts, positions=positions, full_heads=self.full_heads,
+            full_keys, full_values, stream_keys, stream_values = parts
+            states = BudgetedStates(full_keys, full_values, stream_keys, stream_values, positions=positions, full_heads=self.full_heads,
                                     stream_heads=self.stream_heads, n_keys=self.seen, sink=self.sink,
                                     window=self.window)
             kept = (positions < self.sink) | (positions >= self.seen - self.window)  # what the last query saw

@@ -311,11 +311,17 @@ class GenerationRecord:
                    lens_tokens=tuple(tuple(tuple(layer) for layer in step) for step in meta.get("lens_tokens", ())))
 
 
+NAMED_STREAMED_HEADS = 8  # more streamed heads than this are counted, not named, in a record's method
+
+
 def kv_budget_phrase(budget: Mapping[str, Any] | None) -> str:
-    """``", KV budget: 50% of KV heads full, the others sink 4 + window 64 (streamed: L0H1, L2H0)"`` from a record's
+    """``", KV budget: 50% of KV heads full, the others sink 4 + window 64 (streamed: L0H1, L2H0)"`` (past
+    :data:`NAMED_STREAMED_HEADS`, ``(67 KV heads streamed)``) from a record's
     ``settings["kv_budget"]`` (:meth:`attnscope.capture.kv_budget.KVBudget.to_dict`), or "" without one."""
     if not budget:
         return ""
-    streamed = ", ".join(f"L{layer}H{head}" for layer, head in budget["streamed"]) or "none"
+    heads = budget["streamed"]
+    streamed = f"streamed: {', '.join(f'L{layer}H{head}' for layer, head in heads) or 'none'}" \
+        if len(heads) <= NAMED_STREAMED_HEADS else f"{len(heads)} KV heads streamed"
     return (f", KV budget: {budget['share']:.0%} of KV heads full, the others sink {budget['sink']} + window "
-            f"{budget['window']} (streamed: {streamed})")
+            f"{budget['window']} ({streamed})")
