@@ -90,6 +90,24 @@ def test_the_budgeted_cache_generates_what_masking_a_full_cache_does(model_type,
     assert budgeted.settings["kv_budget"]["streamed"] == [[int(l), int(h)] for l, h in np.argwhere(budget.streamed)]
 
 
+def test_attribution_under_a_budget_is_attribution_under_the_mask(tiny):
+    """Each step's direct logit attribution and logit lens (from the heads' outputs) and the value norms equal those of
+    the masked full cache; routes, which need an unbroken band of keys per query, are refused before the model runs."""
+    from attnscope.attribution.generation_routes import StepRoutes
+    from attnscope.attribution.steps import StepAttribution
+
+    loaded = tiny("llama")
+    budget = one_streamed_head_per_global_layer(kv_layout(loaded))
+    budgeted = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, kv_budget=budget,
+                                  recorders=[StepAttribution()])
+    with intervene(SinkWindow(streamed_query_heads(budget, budgeted.model.n_heads), SINK, WINDOW)):
+        masked = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, recorders=[StepAttribution()])
+    for name in ("attribution_heads", "attribution_logits", "lens_probs", "value_norms"):
+        assert np.abs(budgeted.arrays[name] - masked.arrays[name]).max() <= 1e-5, name
+    with pytest.raises(AttnscopeError, match="unbroken band"):
+        attnscope.generate(loaded, PROMPT, max_new_tokens=2, kv_budget=budget, recorders=[StepRoutes()])
+
+
 def test_a_budget_leaves_the_layers_the_model_windows_as_they_are(tiny):
     """Gemma 3's layer 0 slides (window 4): neither full nor streaming; only the global layer 1 is budgeted."""
     layout = kv_layout(tiny("gemma3_text"))

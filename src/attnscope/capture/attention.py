@@ -372,8 +372,9 @@ def budgeted_attention(site: AttentionSite | None, recorder: Recorder | None, qu
                         query.device)  # [batch or 1, 1, q_pos, k_pos]
     wanted = recorder is not None and site is not None and recorder.rows_not_wanted(site, q_len) < q_len
     if recorder is not None and site is not None and wants_inputs(recorder):
-        hand_inputs(recorder, site, CallInputs(query, states.dense("keys"), states.dense("values"), seen, scaling,
-                                               causal, kwargs.get("softcap"), sink_logits(kwargs)))
+        hand_inputs(recorder, site, CallInputs(query, states.dense("keys"), states.dense("values"),
+                                               states.dense_mask(seen, n_heads), scaling, causal, kwargs.get("softcap"),
+                                               sink_logits(kwargs)))
     group = n_heads // states.n_kv_heads
     output = query.new_empty((query.shape[0], q_len, n_heads, states.full_values.shape[-1]))
     probs = query.new_zeros((query.shape[0], n_heads, q_len, n_keys), dtype=torch.float32) if wanted else None

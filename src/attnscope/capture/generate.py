@@ -439,6 +439,9 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders, candidates=candidates)
     budget = None if kv_budget is None else generation_budget(loaded, kv_budget, kv_scores, kv_score, kv_sink,
                                                               kv_window, len(ids) + max_new_tokens)
+    if budget is not None and any(extra.wants_inputs for extra in recorders):  # a route walk (--routes)
+        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
+                             "window leaves a gap: leave out the routes or the KV budget")
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -282,6 +282,18 @@ class BudgetedStates:
         keys = self.positions[None, :]
         return (keys < self.sink) | ((keys <= queries) & (keys > queries - self.window))
 
+    def dense_mask(self, seen: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """Bool ``[batch or 1, head, q_pos, k_pos]``: the keys each query head saw in this call over the whole key axis,
+        ``seen`` (the model's mask, ``[batch or 1, 1, q_pos, k_pos]``) restricted to each query's sink and window for
+        the query heads of streaming KV heads (for recorders that recompute attention from the call's inputs)."""
+        q_len, group = seen.shape[-2], n_heads // self.n_kv_heads
+        queries = torch.arange(self.n_keys - q_len, self.n_keys, device=seen.device)[:, None]
+        keys = torch.arange(self.n_keys, device=seen.device)[None, :]
+        window = (keys < self.sink) | ((keys <= queries) & (keys > queries - self.window))  # [q_pos, k_pos]
+        streamed = torch.zeros(n_heads, dtype=torch.bool, device=seen.device)
+        streamed[[h for kv in self.stream_heads for h in range(kv * group, (kv + 1) * group)]] = True
+        return seen & (window | ~streamed[:, None, None])
+
     def dense(self, part: str) -> torch.Tensor:
         """``part`` ("keys" or "values") over the whole key axis, ``[batch, kv_head, k_pos, d_head]``: zeros where a
         streaming head evicted the key (for recorders, which read rows and values over every position)."""
