@@ -235,6 +235,21 @@ def test_bad_budgets_are_refused(kwargs, expect):
         choose_budget(np.zeros((3, 2)), LAYOUT, **{"sink": 1, "window": 2, **kwargs})
 
 
+def test_scores_per_kv_group_are_the_highest_of_its_query_heads_whichever_way_they_come(tmp_path):
+    """A ``HeadScores``, its per-head Parquet and its per-group Parquet give the same ``[layer, kv_head]``: the
+    highest score of the group's query heads (2 per group here; a NaN head left out)."""
+    from attnscope.analysis.head_functions import HeadScores
+    from attnscope.capture.kv_budget import kv_head_scores
+
+    retrieval = np.array([[0.1, 0.9, 0.3, 0.2], [0.5, 0.4, np.nan, 0.7]])
+    scores = HeadScores(model="m", scores={"retrieval": retrieval}, n_kv_heads=2)
+    expected = np.array([[0.9, 0.3], [0.5, 0.7]])
+    assert np.allclose(kv_head_scores(scores), expected)
+    assert np.allclose(kv_head_scores(scores.save(tmp_path / "head.parquet", "head")), expected)
+    whole = HeadScores(model="m", scores={"retrieval": np.nan_to_num(retrieval)}, n_kv_heads=2)  # the group file's
+    assert np.allclose(kv_head_scores(whole.save(tmp_path / "group.parquet", "kv_head")), expected)  # _max: NaN-less
+
+
 def test_scores_of_another_model_are_refused():
     with pytest.raises(AttnscopeError, match="another model"):
         choose_budget(np.zeros((4, 2)), LAYOUT, share=0.5)

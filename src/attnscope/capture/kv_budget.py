@@ -210,7 +210,7 @@ def _n_full(layout: KVLayout, n_candidates: int, share: float | None, bytes: int
 
 def kv_head_scores(source: Any, name: str = DEFAULT_SCORE, *, n_kv_heads: int | None = None) -> np.ndarray:
     """Scores ``[layer, kv_head]`` of column ``name`` from ``source``: an array ``[layer, kv_head]``, a
-    ``HeadScores`` (anything with ``to_frame``), or the Parquet file ``attnscope head-functions --save`` writes (per
+    ``HeadScores``, or the Parquet file ``attnscope head-functions --save`` writes (per
     query head: the group's maximum; per KV group: its ``<name>_max`` column). A ``streaming_window_k*`` score (the
     smallest window that keeps enough; NaN: none does) ranks NaN first: such a head needs every key."""
     if isinstance(source, np.ndarray | torch.Tensor | list):
@@ -226,8 +226,18 @@ def kv_head_scores(source: Any, name: str = DEFAULT_SCORE, *, n_kv_heads: int | 
         except Exception as error:  # noqa: BLE001 - any unreadable file is the user's input
             raise AttnscopeError(f"{path} is not a head-scores Parquet file ({type(error).__name__})") from None
     else:
-        frame = source.to_frame("kv_head")
+        return _scores_of_groups(source, name)
     return _scores_from_frame(frame, name)
+
+
+def _scores_of_groups(scores: Any, name: str) -> np.ndarray:
+    """``[layer, kv_head]`` from a ``HeadScores``: the highest of each group's query heads (NaN only where all are)."""
+    if name not in scores.scores:
+        raise AttnscopeError(f"no score {name!r} here; these were computed: {', '.join(scores.scores)}")
+    values = np.asarray(scores.scores[name], dtype=float)
+    grouped = values.reshape(values.shape[0], scores.n_kv_heads, -1)  # a group's query heads are adjacent
+    best = np.where(np.isnan(grouped).all(-1), np.nan, np.nan_to_num(grouped, nan=-np.inf).max(-1))
+    return _nan_ranks(best, name)
 
 
 def _scores_from_frame(frame: Any, name: str) -> np.ndarray:
@@ -236,14 +246,17 @@ def _scores_from_frame(frame: Any, name: str) -> np.ndarray:
         known = sorted(c.removesuffix("_max") for c in frame.columns if c.endswith("_max") or c not in
                        ("layer", "head", "kv_head", "window", "note") and not c.endswith("_mean"))
         raise AttnscopeError(f"no score {name!r} in the scores file; it holds: {', '.join(known) or 'none'}")
-    grouped = frame.groupby(["layer", "kv_head"])[column].max()  # per query head: the group's highest
+    grouped = frame.groupby(["layer", "kv_head"])[column].max()  # per query head: the group's highest (NaN skipped)
     n_layers, n_kv_heads = int(frame["layer"].max()) + 1, int(frame["kv_head"].max()) + 1
     values = np.full((n_layers, n_kv_heads), np.nan)
     for (layer, head), value in grouped.items():
         values[int(layer), int(head)] = value
-    if name.startswith("streaming_window"):  # NaN = no window keeps enough: the head needs every key
-        values = np.nan_to_num(values, nan=np.inf)
-    return values
+    return _nan_ranks(values, name)
+
+
+def _nan_ranks(values: np.ndarray, name: str) -> np.ndarray:
+    """A ``streaming_window_k*`` score's NaN (no window keeps enough: the head needs every key) as the highest."""
+    return np.nan_to_num(values, nan=np.inf) if name.startswith("streaming_window") else values
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,8 +291,13 @@ class BudgetedStates:
     def stream_mask(self, q_len: int) -> torch.Tensor:
         """Bool ``[q_pos, kept]``: the kept keys each of the call's last ``q_len`` queries sees (its sink keys and
         its ``window`` most recent, itself included; the model's own mask is applied besides)."""
-        queries = torch.arange(self.n_keys - q_len, self.n_keys, device=self.positions.device)[:, None]
-        keys = self.positions[None, :]
+        return self.sink_window(q_len, self.positions)
+
+    def sink_window(self, q_len: int, keys: torch.Tensor) -> torch.Tensor:
+        """Bool ``[q_pos, key]``: whether key slot ``keys[j]`` is one of query ``i``'s first ``sink`` keys or its
+        ``window`` most recent (the queries: the call's last ``q_len`` slots)."""
+        queries = torch.arange(self.n_keys - q_len, self.n_keys, device=keys.device)[:, None]
+        keys = keys[None, :]
         return (keys < self.sink) | ((keys <= queries) & (keys > queries - self.window))
 
     def dense_mask(self, seen: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -287,9 +305,7 @@ class BudgetedStates:
         ``seen`` (the model's mask, ``[batch or 1, 1, q_pos, k_pos]``) restricted to each query's sink and window for
         the query heads of streaming KV heads (for recorders that recompute attention from the call's inputs)."""
         q_len, group = seen.shape[-2], n_heads // self.n_kv_heads
-        queries = torch.arange(self.n_keys - q_len, self.n_keys, device=seen.device)[:, None]
-        keys = torch.arange(self.n_keys, device=seen.device)[None, :]
-        window = (keys < self.sink) | ((keys <= queries) & (keys > queries - self.window))  # [q_pos, k_pos]
+        window = self.sink_window(q_len, torch.arange(self.n_keys, device=seen.device))  # [q_pos, k_pos]
         streamed = torch.zeros(n_heads, dtype=torch.bool, device=seen.device)
         streamed[[h for kv in self.stream_heads for h in range(kv * group, (kv + 1) * group)]] = True
         return seen & (window | ~streamed[:, None, None])
