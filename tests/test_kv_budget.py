@@ -90,6 +90,20 @@ def test_the_budgeted_cache_generates_what_masking_a_full_cache_does(model_type,
     assert budgeted.settings["kv_budget"]["streamed"] == [[int(l), int(h)] for l, h in np.argwhere(budget.streamed)]
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gpt_oss"])
+def test_a_prompt_whose_rows_are_not_kept_equals_the_mask_too(model_type, tiny):
+    """``prompt_rows=False``: the prompt's rows before its last run fused (SDPA; gpt-oss's learned sinks: eagerly),
+    the rows kept are computed as before."""
+    loaded = tiny(model_type)
+    budget = one_streamed_head_per_global_layer(kv_layout(loaded))
+    budgeted = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, kv_budget=budget, prompt_rows=False)
+    with intervene(SinkWindow(streamed_query_heads(budget, budgeted.model.n_heads), SINK, WINDOW)):
+        masked = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, prompt_rows=False)
+    assert budgeted.first_row == budgeted.prompt_length - 1
+    assert budgeted.token_ids.tolist() == masked.token_ids.tolist()
+    assert np.abs(budgeted.arrays["rows"] - masked.arrays["rows"]).max() <= 1e-5
+
+
 def test_attribution_under_a_budget_is_attribution_under_the_mask(tiny):
     """Each step's direct logit attribution and logit lens (from the heads' outputs) and the value norms equal those of
     the masked full cache; routes, which need an unbroken band of keys per query, are refused before the model runs."""
