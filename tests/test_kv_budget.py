@@ -6,6 +6,7 @@ bad budgets are refused in one line. Layers and heads are 0-indexed."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -270,10 +271,28 @@ def test_scores_of_another_model_are_refused():
 
 
 def test_a_model_without_attnscope_s_attention_is_refused(tiny):
+    from attnscope.capture.kv_budget import BudgetedCache
+
     loaded = tiny("llama")
     budget = one_streamed_head_per_global_layer(kv_layout(loaded))
+    eager = loaded.model.config.__class__(**loaded.model.config.to_dict())
+    eager._attn_implementation = "eager"
     with pytest.raises(AttnscopeError, match="attnscope's attention function"):
-        budgeted_cache(loaded.model.config.__class__(**loaded.model.config.to_dict()), budget)
+        BudgetedCache(eager, budget)
+    with pytest.raises(AttnscopeError, match="KV budget is for"):
+        budgeted_cache(loaded, KVBudget(np.ones((3, 2), dtype=bool), SINK, WINDOW, (0, 0, 0)))
+
+
+def test_a_cache_handed_to_another_attention_function_fails_in_one_line(tiny):
+    loaded = tiny("llama")
+    cache = budgeted_cache(loaded, one_streamed_head_per_global_layer(kv_layout(loaded)))
+    ids = torch.tensor([loaded.tokenizer(PROMPT)["input_ids"]])
+    loaded.model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode(), pytest.raises(AttnscopeError, match="only with attnscope's attention function"):
+            loaded.model(input_ids=ids, use_cache=True, **{cache_keyword(loaded.model.forward): cache})
+    finally:
+        loaded.model.set_attn_implementation("attnscope")
 
 
 # ---- the command line ----------------------------------------------------------------------------------------
@@ -298,7 +317,10 @@ def test_generate_with_a_kv_budget_on_the_command_line(scores_files, tmp_path, c
     code = exit_code(["generate", PROMPT, "-m", scores_files["model"], "-n", "4", "--kv-budget", "0.5",
                       "--kv-scores", scores_files["scores"], "--kv-sink", "2", "--kv-window", "4", "--json",
                       "--save", str(tmp_path / "gen.safetensors"), "--html", str(html)])
-    assert code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert code == 0
+    assert json.loads(out.splitlines()[-1])["kv_budget"]["streamed"] == [[0, 0], [0, 1]]
+    assert "KV budget" in html.read_text(encoding="utf-8")  # the step view's heading names it
     record = attnscope.GenerationRecord.load(tmp_path / "gen.safetensors")
     assert record.settings["kv_budget"]["streamed"] == [[0, 0], [0, 1]]  # the lowest scores stream
     assert "KV budget" in record.method

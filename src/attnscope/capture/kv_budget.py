@@ -56,7 +56,7 @@ class KVLayout:
 def kv_layout(model: Any) -> KVLayout:
     """The :class:`KVLayout` of ``model`` (a ``LoadedModel``, a transformers model or its config), from the layers
     transformers' own cache would build for it (``DynamicCache(config=...)``)."""
-    config = getattr(getattr(model, "model", model), "config", model)
+    config = _config_of(model)
     text = config.get_text_config(decoder=True)
     windows = tuple(_model_window(layer) for layer in _model_layers(config))
     n_heads = int(text.num_attention_heads)
@@ -398,26 +398,33 @@ def budgeted_layer_class() -> type:
 
 
 def budgeted_cache(model: Any, budget: KVBudget) -> Any:
-    """A :class:`BudgetedCache` for ``model`` (a ``LoadedModel``, a transformers model or its config) under
-    ``budget``: hand it to ``model.generate(past_key_values=...)``. Refused where the model does not run attnscope's
-    attention function (only it reads the budgeted states) or the budget is another model's."""
-    config = getattr(getattr(model, "model", model), "config", model)
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation != "attnscope":
-        raise AttnscopeError(f"a budgeted KV cache works only with attnscope's attention function; this model runs "
-                             f"{implementation!r} (load it with attnscope.load_model)")
-    budget.check_layout(kv_layout(config))
-    return _cache_class()(config, budget)
+    """A ``BudgetedCache`` for ``model`` (a ``LoadedModel``, a transformers model or its config) under ``budget``:
+    hand it to ``model.generate(past_key_values=...)`` (``cache=`` from transformers 5.24). The class itself,
+    ``attnscope.capture.kv_budget.BudgetedCache(model, budget)``, is the same call. Refused where the model does not
+    run attnscope's attention function (only it reads the budgeted states) or the budget is another model's."""
+    return _cache_class()(model, budget)
+
+
+def _config_of(model: Any) -> Any:
+    """The transformers config of a ``LoadedModel``, a transformers model, or a config itself."""
+    return getattr(getattr(model, "model", model), "config", model)
 
 
 def _make_cache_class() -> type:
     from transformers.cache_utils import Cache, DynamicLayer
 
     class BudgetedCache(Cache):  # type: ignore[misc, valid-type]
-        """A transformers ``Cache`` under a :class:`KVBudget` (make it with :func:`budgeted_cache`): global layers
-        cache by the budget, layers the model windows as the model caches them."""
+        """A transformers ``Cache`` under a :class:`KVBudget`: global layers cache by the budget (``BudgetedLayer``),
+        layers the model windows as the model caches them. ``model``: a ``LoadedModel``, a transformers model or its
+        config, loaded with attnscope's attention function."""
 
-        def __init__(self, config: Any, budget: KVBudget) -> None:
+        def __init__(self, model: Any, budget: KVBudget) -> None:
+            config = _config_of(model)
+            implementation = getattr(config, "_attn_implementation", None)
+            if implementation != "attnscope":
+                raise AttnscopeError(f"a budgeted KV cache works only with attnscope's attention function; this "
+                                     f"model runs {implementation!r} (load it with attnscope.load_model)")
+            budget.check_layout(kv_layout(config))
             layer_class = budgeted_layer_class()
             layers = [layer_class(budget.layer_heads(index), budget.sink, budget.window)
                       if type(layer) is DynamicLayer else layer for index, layer in enumerate(_model_layers(config))]
@@ -445,6 +452,16 @@ def _cache_class() -> type:
     if not _CACHE_CLASS:
         _CACHE_CLASS.append(_make_cache_class())
     return _CACHE_CLASS[0]
+
+
+def __getattr__(name: str) -> Any:
+    """``BudgetedCache`` and ``BudgetedLayer``, made on first use (they subclass transformers' classes, and importing
+    this module does not import transformers)."""
+    if name == "BudgetedCache":
+        return _cache_class()
+    if name == "BudgetedLayer":
+        return budgeted_layer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def budget_from(model: Any, kv_budget: KVBudget | float, kv_scores: Any, *, score: str = DEFAULT_SCORE,

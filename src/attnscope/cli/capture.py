@@ -289,7 +289,10 @@ def _print_generation(record, as_json: bool) -> dict:  # type: ignore[no-untyped
 
         Console().print(steps_table(record))
         print(record.generated_text)
-    return {"prompt": record.prompt, "generated": record.generated_text, "steps": step_rows(record)}
+        if "kv_budget" in record.settings:
+            print(record.method)
+    budget = {"kv_budget": record.settings["kv_budget"]} if "kv_budget" in record.settings else {}
+    return {"prompt": record.prompt, "generated": record.generated_text, "steps": step_rows(record), **budget}
 
 
 def _print_comparison(comparison, as_json: bool) -> dict:  # type: ignore[no-untyped-def,type-arg]
