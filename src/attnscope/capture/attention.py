@@ -30,6 +30,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..errors import AttnscopeError
 from ..models.adapters import (
     AttentionSite,
     attends_over_no_tokens,
@@ -39,6 +40,7 @@ from ..models.adapters import (
     unlisted_attention,
 )
 from .gates import gates_heard, returned
+from .kv_budget import BudgetedStates
 from .plan import CapturePlan
 from .recorders import (
     AttentionCall,
@@ -266,6 +268,13 @@ def attnscope_attention(
     if recorder is not None and (misstated := misstated_window(module, cast(AttentionSite, site), kwargs)):
         raise misstated  # the record would state another window than the one this call slides by
     interventions = tuple(i for i in _ACTIVE_INTERVENTIONS.get() if site is not None and i.applies_to(site))
+    if isinstance(key, BudgetedStates):  # a budgeted cache's layer: full and streaming KV heads apart
+        if interventions:
+            raise AttnscopeError("interventions do not run with a budgeted KV cache; mask the same keys on a full "
+                                 "cache instead (SinkWindow)")
+        scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+        output, probs = budgeted_attention(site, recorder, query, key, attention_mask, scaling, kwargs)
+        return delivered(recorder, site, output), probs
     selection = selected_keys(module, attention_mask, kwargs, call_causal(site, kwargs), query.shape[2],
                               key.shape[2])
     if recorder is None or interventions or wants_inputs(recorder):  # paths that take a whole mask
@@ -345,6 +354,81 @@ def restricted_mask(interventions: Sequence[Intervention], site: AttentionSite, 
     for mask in masks:
         allowed = allowed & mask.to(device)
     return allowed
+
+
+def budgeted_attention(site: AttentionSite | None, recorder: Recorder | None, query: torch.Tensor,
+                       states: BudgetedStates, attention_mask: torch.Tensor | None, scaling: float,
+                       kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of a budgeted cache's layer (:class:`~attnscope.capture.kv_budget.BudgetedStates`): the query heads
+    of full KV heads over every key, those of streaming KV heads over their kept keys, with the mask's columns at
+    the kept positions and each query's sink + window rule. Returns the output ``[batch, q_pos, head, d_head]`` and,
+    where a recorder wants every row, the probabilities over the whole key axis ``[batch, head, q_pos, k_pos]`` (0 at
+    evicted keys); the recorder is handed the rows it wants as any eager call's. Rows no one wants run fused
+    (SDPA) where that is exact (no softcap, no learned sinks), as on the other paths."""
+    if kwargs.get("position_bias") is not None or kwargs.get("indices") is not None:
+        raise AttnscopeError("a budgeted KV cache takes attention without position biases or selected keys")
+    n_heads, q_len, n_keys = query.shape[1], query.shape[2], states.n_keys
+    causal = call_causal(site, kwargs)
+    seen = allowed_keys(rows_mask(attention_mask, causal, q_len, n_keys, 0, query.device), q_len, n_keys,
+                        query.device)  # [batch or 1, 1, q_pos, k_pos]
+    first = None if recorder is None or site is None else min(recorder.rows_not_wanted(site, q_len), q_len)
+    if recorder is not None and site is not None and wants_inputs(recorder):
+        hand_inputs(recorder, site, CallInputs(query, states.dense("keys"), states.dense("values"),
+                                               states.dense_mask(seen, n_heads), scaling, causal, kwargs.get("softcap"),
+                                               sink_logits(kwargs)))
+    group = n_heads // states.n_kv_heads
+    output = query.new_empty((query.shape[0], q_len, n_heads, states.full_values.shape[-1]))
+    wanted = None if first is None or first == q_len else first  # the first row whose probabilities are kept
+    probs = None if wanted is None else \
+        query.new_zeros((query.shape[0], n_heads, q_len - wanted, n_keys), dtype=torch.float32)
+    sink_mass = None if probs is None or sink_logits(kwargs) is None else probs.new_zeros(probs.shape[:3])
+    parts = ((states.full_heads, states.full_keys, states.full_values, seen, None),
+             (states.stream_heads, states.stream_keys, states.stream_values,
+              seen[..., states.positions] & states.stream_mask(q_len), states.positions))
+    for kv_heads, keys, values, mask, columns in parts:
+        if not kv_heads:
+            continue
+        heads = [h for kv in kv_heads for h in range(kv * group, (kv + 1) * group)]  # their query heads
+        part_probs, part_mass, output[:, :, heads] = part_attention(query[:, heads], keys, values, mask, scaling,
+                                                                    kwargs, heads, wanted)
+        if probs is not None and part_probs is not None:
+            probs[:, heads] = part_probs if columns is None else \
+                part_probs.new_zeros((*part_probs.shape[:3], n_keys)).index_copy_(-1, columns, part_probs)
+        if sink_mass is not None and part_mass is not None:
+            sink_mass[:, heads] = part_mass
+    if probs is None:
+        return output, None
+    assert recorder is not None and site is not None and wanted is not None
+    recorder.keep(site, AttentionCall(query[:, :, wanted:], states.dense("keys"), states.dense("values"), probs,
+                                      scaling, first_query=wanted, sink_mass=sink_mass))
+    return output, probs.to(query.dtype) if wanted == 0 else None
+
+
+def part_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scaling: float,
+                   kwargs: Mapping[str, Any], heads: Sequence[int], wanted: int | None
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """One part of a budgeted call: ``query`` ``[batch, head, q_pos, d_head]`` (the part's query heads ``heads``,
+    grouped over ``keys``/``values`` ``[batch, kv_head, k, d_head]``), ``mask`` bool ``[batch or 1, 1, q_pos, k]``.
+    Returns the probabilities of rows ``wanted..`` ``[batch, head, q_pos - wanted, k]`` float32 and their sink mass
+    (None where ``wanted`` is None, or without sinks) and the output ``[batch, q_pos, head, d_head]``: by SDPA where it
+    is exact (no softcap, no learned sinks) and not every row is wanted, eagerly otherwise."""
+    sinks = sink_logits(kwargs)
+    if sinks is not None:
+        sinks = sinks[:, heads] if sinks.dim() == 4 else sinks[heads]
+    softcap = kwargs.get("softcap")
+    if sinks is None and softcap is None and wanted != 0:
+        output = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling,
+                                                            enable_gqa=True).transpose(1, 2)
+        if wanted is None:
+            return None, None, output
+        rows = mask[..., wanted:, :] if mask.shape[-2] == query.shape[2] else mask
+        return torch.softmax(attention_scores(query[:, :, wanted:], keys, rows, scaling).float(), dim=-1), None, output
+    scores = attention_scores(query, keys, mask, scaling, None, softcap)
+    probs, sink_mass = softmax_with_sinks(scores.float(), sinks)
+    output = grouped_matmul(probs.to(values.dtype), values).transpose(1, 2)
+    if wanted is None:
+        return None, None, output
+    return probs[:, :, wanted:], None if sink_mass is None else sink_mass[:, :, wanted:], output
 
 
 def delivered(recorder: Recorder | None, site: AttentionSite | None, output: torch.Tensor) -> torch.Tensor:

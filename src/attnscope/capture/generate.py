@@ -29,6 +29,7 @@ from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .hooks import local_hooks
+from .kv_budget import DEFAULT_SCORE, DEFAULT_SINK, DEFAULT_WINDOW, KVBudget, budget_from, budgeted_cache
 from .plan import MemoryEstimate, check_memory
 from .recorders import AttentionCall, Recorder, RecorderGroup, SiteCapture, per_head_out_proj, value_norms
 from .tokens import guess_word_ids, readable_tokens
@@ -397,7 +398,9 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, candidates: int = DEFAULT_CANDIDATES, norms: bool = True,
              changes: str = "", progress: bool = False, prompt_rows: bool | None = None,
-             recorders: Sequence[GenerationRecorder] = ()) -> GenerationRecord:
+             recorders: Sequence[GenerationRecorder] = (), kv_budget: KVBudget | float | None = None,
+             kv_scores: Any = None, kv_score: str = DEFAULT_SCORE, kv_sink: int = DEFAULT_SINK,
+             kv_window: int = DEFAULT_WINDOW) -> GenerationRecord:
     """Generate up to ``max_new_tokens`` after ``prompt`` and keep what every token attended to.
 
     Greedy by default; ``do_sample`` with ``temperature``/``top_k``/``top_p`` samples (seeded by
@@ -416,6 +419,12 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     and a capture asks one recorder, so generate hands each call to both
     (:class:`~attnscope.capture.recorders.RecorderGroup`), the protocol unchanged.
 
+    ``kv_budget``: generate with a :class:`~attnscope.capture.kv_budget.BudgetedCache` (full KV heads keep every
+    key, streaming ones the first ``kv_sink`` and the ``kv_window`` most recent): a
+    :class:`~attnscope.capture.kv_budget.KVBudget`, or a share of full heads (0-1) or bytes (an int above 1) chosen
+    from ``kv_scores`` (a ``HeadScores``, its Parquet file or an array ``[layer, kv_head]``; column ``kv_score``).
+    The rows stay over every position (0 at evicted keys); ``record.settings["kv_budget"]`` says which heads streamed.
+
     >>> gen = attnscope.generate("smollm2", "The sea is", max_new_tokens=8)   # doctest: +SKIP
     >>> gen.step_attention(0).shape          # [layer, head, prompt_length + 0]   # doctest: +SKIP
     """
@@ -428,9 +437,16 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     keep = keeps_prompt_rows(prompt_rows, n_main_layers(loaded), n_config_heads(loaded), len(ids))
     first_row = 0 if keep else len(ids) - 1  # the prompt's last row chose the first generated token
     check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders, candidates=candidates)
+    budget = None if kv_budget is None else generation_budget(loaded, kv_budget, kv_scores, kv_score, kv_sink,
+                                                              kv_window, len(ids) + max_new_tokens)
+    if budget is not None and any(extra.wants_inputs for extra in recorders):  # a route walk (--routes)
+        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
+                             "window leaves a gap: leave out the routes or the KV budget")
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if budget is not None:
+        settings["kv_budget"] = budget.to_dict()
     layers = tuple(sorted(site.layer for site in loaded.sites.values() if site.kind == "self"))
     rows = StepRows(first_row=first_row, with_norms=norms, layers=layers, n_positions=len(ids) + max_new_tokens)
     recorder = RecorderGroup(rows, *recorders) if recorders else rows
@@ -441,7 +457,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
             recording.enter_context(extra.recording(loaded))
         torch.manual_seed(seed)
         bar = tqdm(total=max_new_tokens, desc="generating", unit="token", disable=not progress, leave=False)
-        output = _run_generate(loaded, ids, settings, _Progress(bar))
+        output = _run_generate(loaded, ids, settings, _Progress(bar),
+                               None if budget is None else budgeted_cache(loaded, budget))
         sequence = output.sequences[0]
         finishing = _finishing_bar(recorders, progress)
         _complete_last_row(loaded, sequence, output)  # the recorders finish the last step's pass in it
@@ -565,8 +582,23 @@ def _finishing_bar(recorders: Sequence[GenerationRecorder], progress: bool) -> A
                 leave=False)
 
 
-def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress) -> Any:
-    """transformers' ``generate`` on one prompt, returning the raw logits of every step and the cache."""
+def generation_budget(loaded: LoadedModel, kv_budget: KVBudget | float, kv_scores: Any, score: str, sink: int,
+                      window: int, n_tokens: int) -> KVBudget:
+    """The :class:`KVBudget` a generation of ``n_tokens`` tokens runs under; refuses, before the model runs, a budget
+    outside 0-1 or below sink + window, scores of another model, and a streaming window that covers the whole text
+    (nothing would ever be evicted)."""
+    budget = budget_from(loaded, kv_budget, kv_scores, score=score, tokens=n_tokens, sink=sink, window=window)
+    if budget.sink + budget.window >= n_tokens:
+        raise AttnscopeError(f"a streaming head's sink + window ({budget.sink} + {budget.window} keys) covers the "
+                             f"whole text of {n_tokens} tokens: nothing would be evicted; give a smaller window")
+    return budget
+
+
+def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, Any], streamer: _Progress,
+                  cache: Any = None) -> Any:
+    """transformers' ``generate`` on one prompt (with ``cache``, a budgeted one, where given), returning the raw
+    logits of every step and the cache."""
+    given = {} if cache is None else {cache_keyword(loaded.model.forward): cache}
     tokenizer = loaded.tokenizer
     input_ids = torch.tensor([ids], device=loaded.input_device)
     sampling = ({key: settings[key] for key in ("temperature", "top_k", "top_p") if settings.get(key) is not None}
@@ -574,7 +606,15 @@ def _run_generate(loaded: LoadedModel, ids: list[int], settings: Mapping[str, An
     return loaded.model.generate(
         input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=settings["max_new_tokens"],
         do_sample=settings["do_sample"], **sampling, use_cache=True, return_dict_in_generate=True,
-        pad_token_id=tokenizer.pad_token_id, streamer=streamer)
+        pad_token_id=tokenizer.pad_token_id, streamer=streamer, **given)
+
+
+def cache_keyword(forward: Callable[..., Any]) -> str:
+    """The keyword a model (its ``forward``) and ``generate`` take a cache by: ``cache`` from transformers 5.24
+    (``past_key_values`` deprecated), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _complete_last_row(loaded: LoadedModel, sequence: torch.Tensor, output: Any) -> None:

@@ -148,6 +148,20 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
                          help="layers whose attention sublayer adds nothing")
     changes.add_argument("--skip-ffn", type=number_list, default=(), metavar="LAYERS",
                          help="layers whose feed-forward sublayer adds nothing")
+    budget = parser.add_argument_group(
+        "KV budget", "generate with a cache in which only the chosen KV heads keep every key (0-indexed layers/heads)")
+    budget.add_argument("--kv-budget", metavar="SHARE|BYTES",
+                        help="share of the global layers' KV heads kept full (0-1 or 25%%), or the bytes the cache "
+                        "may hold for the whole text (e.g. 4MiB): the highest --kv-score heads are full, the others "
+                        "stream (first --kv-sink keys + the --kv-window most recent)")
+    budget.add_argument("--kv-scores", type=Path, metavar="FILE.parquet",
+                        help="head scores to choose full heads from: the table attnscope head-functions --save writes")
+    budget.add_argument("--kv-score", default="retrieval", metavar="NAME",
+                        help="the score column (higher = keeps every key; default: retrieval, the needle-retrieval "
+                        "score; a KV group takes its query heads' highest)")
+    budget.add_argument("--kv-sink", type=int, default=4, help="first keys a streaming head keeps (default: 4)")
+    budget.add_argument("--kv-window", type=int, default=64,
+                        help="most recent keys a streaming head keeps, its own included (default: 64)")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--save", type=Path, help="write the GenerationRecord (.safetensors) of the (changed) text")
     outputs.add_argument("--html", type=Path, help="write the step view of the (changed) text: one offline page to "
@@ -206,11 +220,35 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     prompt = _prompt_from_args(args)
     changes = _generation_changes(args)
+    budget = _kv_budget_from_args(args, changes)
     with output_files(args.save, args.html):  # checked before the model loads
-        return _generate(args, prompt, changes)
+        return _generate(args, prompt, changes, budget)
 
 
-def _generate(args: argparse.Namespace, prompt: str, changes: GenerationChanges) -> int:
+def _kv_budget_from_args(args: argparse.Namespace, changes: GenerationChanges) -> dict:  # type: ignore[type-arg]
+    """``generate``'s KV budget options, checked before the model loads (the scores file read, the budget's range
+    and sizes); the model's own checks (scores of its shape, a window shorter than the text) follow before it runs."""
+    from ..capture.kv_budget import check_sizes, kv_head_scores, parse_budget
+
+    if args.kv_budget is None:
+        if args.kv_scores is not None:
+            raise AttnscopeError("--kv-scores chooses the full heads of a --kv-budget: give --kv-budget too")
+        return {}
+    if args.kv_scores is None:
+        raise AttnscopeError("--kv-budget needs --kv-scores FILE.parquet (attnscope head-functions --save) to choose "
+                             "the full heads from")
+    if not changes.empty:
+        raise AttnscopeError("--kv-budget does not combine with interventions (--ablate, --corrupt, --skip-*)")
+    budget = parse_budget(args.kv_budget)
+    if isinstance(budget, float) and not 0.0 <= budget <= 1.0:
+        raise AttnscopeError(f"--kv-budget: a share of full KV heads is between 0 and 1, got {args.kv_budget}")
+    check_sizes(args.kv_sink, args.kv_window)
+    return {"kv_budget": budget, "kv_scores": kv_head_scores(args.kv_scores, args.kv_score),
+            "kv_sink": args.kv_sink, "kv_window": args.kv_window}
+
+
+def _generate(args: argparse.Namespace, prompt: str, changes: GenerationChanges,
+              budget: dict) -> int:  # type: ignore[type-arg]
     from ..capture.loading import load_model
     from .outputs import writing
 
@@ -222,7 +260,7 @@ def _generate(args: argparse.Namespace, prompt: str, changes: GenerationChanges)
     if changes.empty:
         from ..capture.generate import generate
 
-        record = generate(loaded, prompt, **options)
+        record = generate(loaded, prompt, **options, **budget)
         result = _print_generation(record, args.json)
     else:
         from ..experiments.generation import compare_generations
@@ -251,7 +289,10 @@ def _print_generation(record, as_json: bool) -> dict:  # type: ignore[no-untyped
 
         Console().print(steps_table(record))
         print(record.generated_text)
-    return {"prompt": record.prompt, "generated": record.generated_text, "steps": step_rows(record)}
+        if "kv_budget" in record.settings:
+            print(record.method)
+    budget = {"kv_budget": record.settings["kv_budget"]} if "kv_budget" in record.settings else {}
+    return {"prompt": record.prompt, "generated": record.generated_text, "steps": step_rows(record), **budget}
 
 
 def _print_comparison(comparison, as_json: bool) -> dict:  # type: ignore[no-untyped-def,type-arg]
@@ -295,6 +336,7 @@ new or empty (--overwrite replaces an earlier run's files). Then in Python:
   attnscope generate "Write one sentence about the sea." --chat --ablate 3:4,7 --corrupt uniform --layers 0-5
   attnscope generate "Once upon a time" --sample --temperature 0.8 --seed 1 --json
   attnscope generate --file report.txt -n 32 --prompt-rows last --html steps.html   # a long prompt
+  attnscope generate --file report.txt -n 32 --kv-budget 0.25 --kv-scores scores.parquet --kv-window 128
 Per step: the chosen token, its probability, the runners-up and the earlier token attended to most
 (averaged over layers and heads, the first token, the attention sink, left out). With interventions,
 the intact and changed texts side by side and the first step where they part. In Python:

@@ -277,9 +277,11 @@ class GenerationRecord:
 
     @property
     def method(self) -> str:
-        """How the tokens were chosen, e.g. ``greedy`` or ``sampling (temperature 0.8, seed 1)``."""
+        """How the tokens were chosen, e.g. ``greedy`` or ``sampling (temperature 0.8, seed 1)``, and under which KV
+        budget (its streamed heads named ``L<layer>H<kv head>``, 0-indexed)."""
         settings = self.settings
         chat = ", chat template" if settings.get("chat") else ""
+        chat += kv_budget_phrase(settings.get("kv_budget"))
         if not settings.get("do_sample"):
             return f"greedy{chat}"
         named = [f"{name.replace('_', '-')} {settings[name]}" for name in ("temperature", "top_k", "top_p", "seed")
@@ -307,3 +309,19 @@ class GenerationRecord:
                    prompt=meta["prompt"], settings=meta["settings"], changes=meta["changes"],
                    first_row=meta.get("first_row", 0),  # files from before first_row kept every row
                    lens_tokens=tuple(tuple(tuple(layer) for layer in step) for step in meta.get("lens_tokens", ())))
+
+
+NAMED_STREAMED_HEADS = 8  # more streamed heads than this are counted, not named, in a record's method
+
+
+def kv_budget_phrase(budget: Mapping[str, Any] | None) -> str:
+    """``", KV budget: 50% of KV heads full, the others sink 4 + window 64 (streamed: L0H1, L2H0)"`` (past
+    :data:`NAMED_STREAMED_HEADS`, ``(67 KV heads streamed)``) from a record's
+    ``settings["kv_budget"]`` (:meth:`attnscope.capture.kv_budget.KVBudget.to_dict`), or "" without one."""
+    if not budget:
+        return ""
+    heads = budget["streamed"]
+    streamed = f"streamed: {', '.join(f'L{layer}H{head}' for layer, head in heads) or 'none'}" \
+        if len(heads) <= NAMED_STREAMED_HEADS else f"{len(heads)} KV heads streamed"
+    return (f", KV budget: {budget['share']:.0%} of KV heads full, the others sink {budget['sink']} + window "
+            f"{budget['window']} ({streamed})")
