@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .engines import analyze_heads as analyze_heads
     from .engines import corpus_sinks as corpus_sinks
     from .ray_engine import ENGINES as ENGINES
+    from .ray_engine import Engine as Engine
     from .report import CorpusReport as CorpusReport
     from .report import analyze_corpus as analyze_corpus
     from .report import corpus_items as corpus_items

@@ -38,11 +38,15 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..analysis.aggregate import Coverage
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
+
+if TYPE_CHECKING:
+    from ..experiments.needles import NeedlePrompt, NeedleTrial
+    from ..models.loading import LoadedModel
 
 ENGINES = ("local", "ray")
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the window it held
@@ -70,13 +74,25 @@ class Engine:
         if self.name not in ENGINES:
             raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
         if self.name == "local" and (self.num_actors is not None or self.address is not None):
-            raise AttnscopeError("--num-actors and --address are options of --engine ray")
+            raise AttnscopeError("--num-actors (--workers) and --address are options of --engine ray")
         if self.num_actors is not None and self.num_actors < 1:
-            raise AttnscopeError("--num-actors must be at least 1")
+            raise AttnscopeError("--num-actors (--workers) must be at least 1")
         if self.stall_s <= 0:
             raise AttnscopeError("--stall-timeout must be above 0 seconds")
         if self.name == "local" and self.runtime_env is not None:
             raise AttnscopeError("--runtime-env is an option of --engine ray")
+
+    def run_trials(self, loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int,
+                   progress: bool) -> list[NeedleTrial]:
+        """Needle trials where this engine runs them (a :class:`~attnscope.experiments.needles.TrialEngine`): here,
+        one after the other, or in an actor pool (:func:`attnscope.corpus.trials.trials_on_ray`)."""
+        if self.name == "local":
+            from ..experiments.needles import run_trials
+
+            return run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
+        from .trials import trials_on_ray
+
+        return trials_on_ray(loaded, prompts, max_new_tokens=max_new_tokens, engine=self, progress=progress)
 
 
 def ray_module() -> Any:
