@@ -58,10 +58,10 @@ QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
 
 @dataclass(frozen=True)
 class Engine:
-    """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
-    cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
-    own log lines too; ``runtime_env``: Ray's runtime environment of the job's workers, e.g.
-    ``{"env_vars": {"HF_HOME": "/shared/hf"}}``)."""
+    """Where a corpus job, or a grid of needle trials (:meth:`run_trials`), runs: ``local`` (this process) or ``ray``
+    (an actor pool of ``num_actors`` on the cluster at ``address``; a job with no finished batch for ``stall_s``
+    seconds fails; ``verbose``: Ray's own log lines too; ``runtime_env``: Ray's runtime environment of the job's
+    workers, e.g. ``{"env_vars": {"HF_HOME": "/shared/hf"}}``)."""
 
     name: str = "local"
     address: str | None = None
