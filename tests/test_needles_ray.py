@@ -119,7 +119,7 @@ def test_workers_that_do_not_fit_are_refused_before_ray_starts(smollm2, monkeypa
     monkeypatch.setattr("attnscope.corpus.trials.available_memory", lambda: 2 * GIB)
     prompts = trial_prompts(smollm2, **GRID)
     with pytest.raises(AttnscopeError, match=r"2 Ray workers, each holding smollm2 .* at most 1 \(--num-actors 1\)"):
-        trials_on_ray(smollm2, prompts, max_new_tokens=14, engine=Engine("ray", num_actors=8))
+        trials_on_ray(smollm2, prompts, max_new_tokens=14, num_actors=8)
 
 
 # ---- the command line: one line, exit 2, before the model runs ----------------------------------------------------

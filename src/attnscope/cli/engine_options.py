@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..arguments import positive_int
-from ..corpus.engines import check_engine_device
-from ..corpus.ray_engine import ENGINES, STALL_SECONDS, Engine, runtime_env_argument
+from ..corpus.engine_choice import ENGINES, Engine, check_engine_device
+from ..corpus.ray_engine import STALL_SECONDS, runtime_env_argument
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, runs: str = "the model") -> None:

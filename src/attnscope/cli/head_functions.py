@@ -21,7 +21,7 @@ from .model_options import add_compute_arguments
 
 if TYPE_CHECKING:
     from ..analysis.head_functions import HeadScores
-    from ..corpus.ray_engine import Engine
+    from ..corpus.engine_choice import Engine
     from ..experiments.head_functions import HeadScoreSettings
 
 DEFAULT_MODEL = "smollm2"  # the scores need a decoder; the package's default model is an encoder

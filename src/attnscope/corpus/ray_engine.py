@@ -38,61 +38,17 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from ..analysis.aggregate import Coverage
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
 
-if TYPE_CHECKING:
-    from ..experiments.needles import NeedlePrompt, NeedleTrial
-    from ..models.loading import LoadedModel
-
-ENGINES = ("local", "ray")
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the window it held
 READ_CPUS = 0.25  # what a parsing task asks Ray for
 BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size: a window each
 STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where a corpus job, or a grid of needle trials (:meth:`run_trials`), runs: ``local`` (this process) or ``ray``
-    (an actor pool of ``num_actors`` on the cluster at ``address``; a job with no finished batch for ``stall_s``
-    seconds fails; ``verbose``: Ray's own log lines too; ``runtime_env``: Ray's runtime environment of the job's
-    workers, e.g. ``{"env_vars": {"HF_HOME": "/shared/hf"}}``)."""
-
-    name: str = "local"
-    address: str | None = None
-    num_actors: int | None = None
-    stall_s: float = STALL_SECONDS
-    verbose: bool = False
-    runtime_env: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in ENGINES:
-            raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
-        if self.name == "local" and (self.num_actors is not None or self.address is not None):
-            raise AttnscopeError("--num-actors (--workers) and --address are options of --engine ray")
-        if self.num_actors is not None and self.num_actors < 1:
-            raise AttnscopeError("--num-actors (--workers) must be at least 1")
-        if self.stall_s <= 0:
-            raise AttnscopeError("--stall-timeout must be above 0 seconds")
-        if self.name == "local" and self.runtime_env is not None:
-            raise AttnscopeError("--runtime-env is an option of --engine ray")
-
-    def run_trials(self, loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int,
-                   progress: bool) -> list[NeedleTrial]:
-        """Needle trials where this engine runs them (a :class:`~attnscope.experiments.needles.TrialEngine`): here,
-        one after the other, or in an actor pool (:func:`attnscope.corpus.trials.trials_on_ray`)."""
-        if self.name == "local":
-            from ..experiments.needles import run_trials
-
-            return run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
-        from .trials import trials_on_ray
-
-        return trials_on_ray(loaded, prompts, max_new_tokens=max_new_tokens, engine=self, progress=progress)
 
 
 def ray_module() -> Any:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..capture.plan import MemoryEstimate, available_memory, check_memory
-from .ray_engine import Engine, PartialWorker, actor_resources, fold_on_ray, ray_module, ray_session
+from .ray_engine import STALL_SECONDS, PartialWorker, actor_resources, fold_on_ray, ray_module, ray_session
 
 if TYPE_CHECKING:
     from ..experiments.needles import NeedlePrompt, NeedleTrial
@@ -58,30 +58,30 @@ class TrialsWorker(PartialWorker):
         return TrialsDone(done)
 
 
-def trials_on_ray(loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int, engine: Engine,
-                  progress: bool = True) -> list[NeedleTrial]:
-    """:func:`~attnscope.experiments.needles.run_trials` of ``prompts`` in an actor pool of ``engine`` (the trials
-    in the prompts' order). Refused before Ray starts: a model the workers cannot load by its name, a device other
-    than the CPU, and (a Ray started here) more actors than the memory holds."""
+def trials_on_ray(loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int,
+                  progress: bool = True, address: str | None = None, num_actors: int | None = None,
+                  stall_s: float = STALL_SECONDS, verbose: bool = False,
+                  runtime_env: dict[str, Any] | None = None) -> list[NeedleTrial]:
+    """:func:`~attnscope.experiments.needles.run_trials` of ``prompts`` in an actor pool (the trials in the prompts'
+    order; the options are :class:`~attnscope.corpus.engine_choice.Engine`'s). Refused before Ray starts: a model the
+    workers cannot load by its name, and (a Ray started here) more actors than the memory holds."""
     from ..models.loading import resolve_source
-    from .engines import check_engine_device
 
-    check_engine_device(engine.name, loaded.device)
     resolve_source(loaded.name)  # each actor loads the model by its name: one it cannot find fails here
     per_worker = worker_memory(loaded, prompts, max_new_tokens)
-    memory = per_worker if engine.address is None else None  # another machine's memory is not known here
-    if engine.num_actors is not None:
-        pool_size(loaded.name, engine.num_actors, len(prompts), memory)
+    memory = per_worker if address is None else None  # another machine's memory is not known here
+    if num_actors is not None:
+        pool_size(loaded.name, num_actors, len(prompts), memory)
     ray = ray_module()
-    with ray_session(ray, engine.address, verbose=engine.verbose, runtime_env=engine.runtime_env) as stderr:
-        asked = engine.num_actors or actor_resources(ray.cluster_resources().get("CPU", 1), None)[0]
-        actors = pool_size(loaded.name, asked, len(prompts), memory, fit=engine.num_actors is None)
+    with ray_session(ray, address, verbose=verbose, runtime_env=runtime_env) as stderr:
+        asked = num_actors or actor_resources(ray.cluster_resources().get("CPU", 1), None)[0]
+        actors = pool_size(loaded.name, asked, len(prompts), memory, fit=num_actors is None)
         rows = [{"input_id": [index], "prompt": [pickle.dumps(prompt)]} for index, prompt in enumerate(prompts)]
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows))  # a block a trial: every actor gets some
         folded = fold_on_ray(ray, dataset, TrialsWorker,
                              {"model": loaded.name, "dtype": loaded.dtype, "max_new_tokens": max_new_tokens},
                              n_inputs=len(prompts), num_actors=actors, desc="needle trials (ray)",
-                             progress=progress and stderr, stall_s=engine.stall_s)
+                             progress=progress and stderr, stall_s=stall_s)
     done: TrialsDone = folded.value
     return [done.trials[index] for index in range(len(prompts))]
 
