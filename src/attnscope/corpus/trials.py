@@ -81,7 +81,7 @@ def trials_on_ray(loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_n
         folded = fold_on_ray(ray, dataset, TrialsWorker,
                              {"model": loaded.name, "dtype": loaded.dtype, "max_new_tokens": max_new_tokens},
                              n_inputs=len(prompts), num_actors=actors, desc="needle trials (ray)",
-                             progress=progress and stderr, stall_s=stall_s)
+                             progress=progress and stderr, stall_s=stall_s, unit="trial")
     done: TrialsDone = folded.value
     return [done.trials[index] for index in range(len(prompts))]
 
