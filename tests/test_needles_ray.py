@@ -152,3 +152,13 @@ def test_workers_that_do_not_fit_are_refused_before_any_trial_runs(monkeypatch, 
                       "--engine", "ray", "--workers", "4", "--save", str(out)])
     assert_one_error_line(code, capsys.readouterr().err, "4 Ray workers, each holding smollm2")
     assert not any(tmp_path.iterdir())
+
+
+def test_a_model_the_workers_cannot_load_by_its_name_is_refused_before_ray_starts(smollm2, monkeypatch):
+    from dataclasses import replace
+
+    must_not_run(monkeypatch, "attnscope.corpus.trials.ray_module")
+    prompts = trial_prompts(smollm2, **GRID)
+    renamed = replace(smollm2, name="no-such-model")  # e.g. a model built in memory: no actor could load it
+    with pytest.raises(AttnscopeError, match="no-such-model"):
+        trials_on_ray(renamed, prompts, max_new_tokens=14, num_actors=2)
