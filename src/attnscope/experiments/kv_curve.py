@@ -112,8 +112,13 @@ class HeadBudget:
     tokens: int
 
     def key(self) -> tuple[Any, ...]:
-        """Equal for budgets that keep the same keys (results are reused between them)."""
-        return self.sink, tuple(sorted(self.recent.items())), self.tokens
+        """Equal for budgets that keep the same keys (results are reused between them): a head whose sink + recent
+        keys reach ``tokens`` keeps every key, as a full one does."""
+        return self.sink, tuple(sorted(self.streaming().items())), self.tokens
+
+    def streaming(self) -> dict[KVHead, int]:
+        """The heads that lose keys at ``tokens``: ``{(layer, kv_head): w}``."""
+        return {head: recent for head, recent in self.recent.items() if self.sink + recent < self.tokens}
 
 
 def kv_bytes(layout: KVLayout, budget: HeadBudget | None, tokens: int) -> int:
@@ -167,7 +172,7 @@ def _ranked(layout: KVLayout, order_key: np.ndarray) -> list[KVHead]:
 
 
 def n_full(layout: KVLayout, share: float) -> int:
-    return int(round(share * len(layout.candidates)))
+    return round(share * len(layout.candidates))
 
 
 def budget_keeping(layout: KVLayout, full: Sequence[KVHead], sink: int, window: int, tokens: int) -> HeadBudget:
@@ -217,9 +222,8 @@ def masked(loaded: LoadedModel, layout: KVLayout, budget: HeadBudget) -> Iterato
     """The budget as a mask on a full cache: each streaming KV head's query heads see only the first ``sink`` keys
     and their ``w`` most recent (:class:`SinkWindow`, one per distinct ``w``)."""
     by_window: dict[int, dict[int, list[int]]] = {}
-    for (layer, kv), recent in budget.recent.items():
-        if budget.sink + recent < budget.tokens:  # a head that keeps every key needs no mask
-            by_window.setdefault(recent, {}).setdefault(layer, []).extend(layout.query_heads(kv))
+    for (layer, kv), recent in budget.streaming().items():  # a head that keeps every key needs no mask
+        by_window.setdefault(recent, {}).setdefault(layer, []).extend(layout.query_heads(kv))
     with intervene(*[SinkWindow(heads, budget.sink, recent) for recent, heads in by_window.items()]):
         yield
 
@@ -281,7 +285,7 @@ def scores_from_file(path: str | Path) -> Scores:
         raise AttnscopeError(f"no scores file {path}")
     try:
         frame = pd.read_parquet(path)
-    except Exception as error:  # pyarrow's errors have no common base worth naming
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         raise AttnscopeError(f"cannot read {path} as Parquet: {error}") from None
     if "head" not in frame or "layer" not in frame:
         raise AttnscopeError(f"{path} has no layer and head columns: write it with 'attnscope head-functions --save "
@@ -402,11 +406,18 @@ def _choices(settings: CurveSettings) -> list[Choice]:
 class _Evaluator:
     """Accuracy and loss under budgets, each distinct budget run once."""
 
-    def __init__(self, loaded: LoadedModel, layout: KVLayout, apply: Applier, prompts: Sequence[NeedlePrompt],
-                 loss: DocumentLoss, new_tokens: int) -> None:
-        self.loaded, self.layout, self.apply, self.prompts, self.loss = loaded, layout, apply, prompts, loss
-        self.new_tokens = new_tokens
+    def __init__(self, loaded: LoadedModel, layout: KVLayout, apply: Applier, loss: DocumentLoss,
+                 new_tokens: int) -> None:
+        self.loaded, self.layout, self.apply, self.loss, self.new_tokens = loaded, layout, apply, loss, new_tokens
         self.done: dict[tuple[Any, ...], float] = {}
+
+    def full(self, prompt: NeedlePrompt, counted: bool, sink: int) -> None:
+        """Remember the full model's answer to ``prompt``: a budget that streams no head gives it again."""
+        self.done[("needle", prompt.ids, *HeadBudget(sink, {}, len(prompt.ids)).key())] = float(counted)
+
+    def full_loss(self, sink: int, tokens: int) -> float:
+        """The full model's loss, remembered for budgets that stream no head."""
+        return self.loss_under(HeadBudget(sink, {}, tokens))
 
     def answered(self, prompt: NeedlePrompt, budget: HeadBudget) -> float:
         key = ("needle", prompt.ids, *budget.key())
@@ -454,26 +465,36 @@ def kv_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None 
         raise AttnscopeError(f"{loaded.name} answered none of the {len(prompts)} needle trials with full attention: "
                              "no accuracy to lose (try other lengths, needles or the chat form)")
     ranks = _ranks(loaded, layout, given, full_trials, settings, progress)
-    evaluator = _Evaluator(loaded, layout, apply, kept, loss, settings.new_tokens)
+    evaluator = _Evaluator(loaded, layout, apply, loss, settings.new_tokens)
+    for prompt in kept:
+        evaluator.full(prompt, True, settings.sink)
     kv_tokens = max(settings.lengths)
     full_bytes = kv_bytes(layout, None, kv_tokens)
-    baseline = float(loss.summarise(loss.evaluate_all(loaded)))
+    baseline = evaluator.full_loss(settings.sink, settings.text_tokens)
     points = [(share, choice) for share in settings.shares for choice in _choices(settings)]
-    records = []
-    for share, choice in _bar(points, progress, "KV budgets"):
-        def budget_at(tokens: int) -> HeadBudget:
-            return choice.budget(layout, share, ranks, settings.sink, settings.window, tokens, settings.seed)
-
-        at_report = budget_at(kv_tokens)
-        accuracy = float(np.mean([evaluator.answered(p, budget_at(len(p.ids))) for p in kept]))
-        budget_bytes = kv_bytes(layout, at_report, kv_tokens)
-        records.append({"share": share, "choice": choice.name, "draw": choice.draw,
-                        "full_kv_heads": len(layout.candidates) - len(at_report.recent)
-                        if choice.name != "uniform" else 0,
-                        "accuracy": accuracy, "loss": evaluator.loss_under(budget_at(settings.text_tokens)),
-                        "kv_bytes": budget_bytes, "kv_saving": full_bytes / budget_bytes,
-                        "streaming": [[layer, kv, recent] for (layer, kv), recent in sorted(at_report.recent.items())]})
+    records = [_point(evaluator, share, choice, ranks, settings, kept, full_bytes)
+               for share, choice in _bar(points, progress, "KV budgets")]
     return KVCurve(loaded.name, settings, kv_tokens, full_bytes, baseline, len(kept), len(prompts), records)
+
+
+def _point(evaluator: _Evaluator, share: float, choice: Choice, ranks: dict[str, list[KVHead]],
+           settings: CurveSettings, prompts: Sequence[NeedlePrompt], full_bytes: int) -> dict[str, Any]:
+    """One record: accuracy over ``prompts`` and loss under ``choice``'s budget at ``share`` (sized per text's length
+    for the uniform choice), its bytes at the longest haystack."""
+    layout = evaluator.layout
+
+    def budget_at(tokens: int) -> HeadBudget:
+        return choice.budget(layout, share, ranks, settings.sink, settings.window, tokens, settings.seed)
+
+    kv_tokens = max(settings.lengths)
+    reported = budget_at(kv_tokens)
+    budget_bytes = kv_bytes(layout, reported, kv_tokens)
+    full_heads = 0 if choice.name == "uniform" else len(layout.candidates) - len(reported.recent)
+    return {"share": share, "choice": choice.name, "draw": choice.draw, "full_kv_heads": full_heads,
+            "accuracy": float(np.mean([evaluator.answered(p, budget_at(len(p.ids))) for p in prompts])),
+            "loss": evaluator.loss_under(budget_at(settings.text_tokens)), "kv_bytes": budget_bytes,
+            "kv_saving": full_bytes / budget_bytes,
+            "streaming": [[layer, kv, recent] for (layer, kv), recent in sorted(reported.recent.items())]}
 
 
 def _given_scores(scores: Any) -> Scores:
