@@ -8,7 +8,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/kv_budget.py --smoke    # SmolLM2 at 256 tokens, 1 trial, shares 0 and 1
 
 Figures (the last line printed is one JSON object; layers and KV heads 0-indexed). The curve is
-:func:`attnscope.experiments.kv_curve.kv_curve`: budgets applied as a mask on a full cache (what the budgeted cache
+:func:`attnscope.experiments.kv_curve.kv_budget_curve`: budgets applied as a mask on a full cache (what the budgeted cache
 must equal), bytes counted.
 
 * ``kv_saving_at_95``: full attention's KV bytes over the budget's at the smallest share of full KV heads (chosen by
@@ -40,7 +40,7 @@ from bench_json import add_smoke_flag, cpu_name, emit
 
 import attnscope
 from attnscope.analysis.head_functions import frame_rows
-from attnscope.experiments.kv_curve import CHOICES, CurveSettings, KVCurve, kv_curve
+from attnscope.experiments.kv_curve import CHOICES, CurveSettings, KVCurve, kv_budget_curve
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {"model": "smollm2", "settings": CurveSettings(
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average "
           f"{load_before:.2f}; size {which}", flush=True)
     loaded = attnscope.load_model(size["model"])
-    curve = kv_curve(loaded, None, size["settings"], progress=True)
+    curve = kv_budget_curve(loaded, None, size["settings"], progress=True)
     at_95 = saving_at(curve, "retrieval")
     if at_95 is not None:
         at_95["random_accuracy"] = random_at(curve, at_95["share"])

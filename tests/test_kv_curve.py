@@ -22,8 +22,8 @@ from attnscope.experiments.kv_curve import (
     KVLayout,
     budget_keeping,
     check_curve_settings,
+    kv_budget_curve,
     kv_bytes,
-    kv_curve,
     masked,
     uniform_budget,
 )
@@ -154,7 +154,7 @@ def test_the_curve_on_smollm2_meets_full_and_streaming_attention_at_its_ends(smo
     settings = CurveSettings(shares=(0.0, 1.0), choices=("retrieval", "uniform"), draws=1, sink=4, window=16,
                              lengths=(256,), depths=(0.9,), needles=("passkey-1",), loss_pieces=1, new_tokens=16)
     scores = {"retrieval": np.random.default_rng(0).random((30, 9))}
-    curve = kv_curve(smollm2, scores, settings)
+    curve = kv_budget_curve(smollm2, scores, settings)
     frame = curve.to_frame().set_index(["share", "choice"])
     loss = DocumentLoss(smollm2, length=256, n=1, skip=20)
     with torch.inference_mode():

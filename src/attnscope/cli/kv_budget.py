@@ -1,6 +1,6 @@
 """``attnscope kv-budget``: needle accuracy, loss and KV bytes against the share of full KV heads, heads chosen by
 retrieval score, streaming score, at random and uniformly; parses, calls
-:func:`attnscope.experiments.kv_curve.kv_curve`, prints the table and draws the curve."""
+:func:`attnscope.experiments.kv_curve.kv_budget_curve`, prints the table and draws the curve."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _figures(args: argparse.Namespace) -> list[Path | None]:
 
 def _run(args: argparse.Namespace) -> int:
     from ..capture.loading import load_model
-    from ..experiments.kv_curve import check_curve_settings, kv_curve, scores_from_file
+    from ..experiments.kv_curve import check_curve_settings, kv_budget_curve, scores_from_file
     from .outputs import output_files, writing
 
     settings = settings_from(args)
@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     scores = scores_from_file(args.scores) if args.scores is not None else None
     with output_files(*_figures(args)):
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-        curve = kv_curve(loaded, scores, settings, progress=True)
+        curve = kv_budget_curve(loaded, scores, settings, progress=True)
         written = []
         if args.png is not None:
             with writing(args.png):

@@ -434,7 +434,7 @@ class _Evaluator:
         return self.done[key]
 
 
-def kv_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None = None,
+def kv_budget_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None = None,
              settings: CurveSettings | None = None, *, apply: Applier = masked, progress: bool = False) -> KVCurve:
     """The curve of the module docstring on ``model``. ``scores``: a
     :class:`~attnscope.analysis.head_functions.HeadScores`, its ``scores`` dict, a Parquet file of ``attnscope
@@ -442,7 +442,7 @@ def kv_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None 
     missing streaming score by :func:`~attnscope.head_scores` (locality at ``sink`` + ``window`` on one document).
     ``apply``: how a budget is applied (default :func:`masked`). Every premise is checked before the model runs.
 
-    >>> curve = kv_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))   # doctest: +SKIP
+    >>> curve = kv_budget_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))   # doctest: +SKIP
     >>> curve.to_frame()                                                                         # doctest: +SKIP
     """
     loaded = as_loaded(model)
