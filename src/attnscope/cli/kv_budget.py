@@ -122,7 +122,11 @@ def _print(curve: KVCurve) -> None:
                       _with_interval(row.accuracy, row.accuracy_low, row.accuracy_high),
                       _with_interval(row.loss, row.loss_low, row.loss_high), f"{row.kv_bytes:,}",
                       f"{row.kv_saving:.2f}x")
-    Console().print(table)
+    console = Console()
+    (console if console.is_terminal else Console(width=WIDE)).print(table)  # a pipe's 80 columns fold the intervals
+
+
+WIDE = 140  # characters: the table with intervals on one line each
 
 
 def _with_interval(mean: float, low: float, high: float) -> str:
