@@ -12,7 +12,8 @@ For each share ``s`` of full KV heads (0 = StreamingLLM, every global head strea
 * ``streaming``: the least streamable heads, i.e. the lowest ``locality_k{sink}_w{window}`` (the share of attention
   a sink + window cache keeps; a group's: the min over its query heads), or where that column is missing the
   largest ``streaming_window_k{sink}`` (NaN: no window of the grid was enough, the least streamable);
-* ``random``: ``draws`` seeded draws; their mean and a Student-t 95% interval of the mean over the draws;
+* ``random``: ``draws`` seeded draws (a draw orders the heads once, so its full heads at a larger share hold those
+  at a smaller one); their mean and a Student-t 95% interval of the mean over the draws;
 * ``uniform``: no head is full; every global KV head keeps ``sink`` + ``w`` keys, with ``w`` sized so that the total
   KV bytes equal the share's at the context's length (the remainder spread as one more key on the first heads).
   It depends on the length, so it is sized per needle prompt and per loss piece; at share 0 it is StreamingLLM,
@@ -411,9 +412,9 @@ class _Evaluator:
         self.loaded, self.layout, self.apply, self.loss, self.new_tokens = loaded, layout, apply, loss, new_tokens
         self.done: dict[tuple[Any, ...], float] = {}
 
-    def full(self, prompt: NeedlePrompt, counted: bool, sink: int) -> None:
-        """Remember the full model's answer to ``prompt``: a budget that streams no head gives it again."""
-        self.done[("needle", prompt.ids, *HeadBudget(sink, {}, len(prompt.ids)).key())] = float(counted)
+    def answered_in_full(self, prompt: NeedlePrompt, sink: int) -> None:
+        """Remember that the full model answered ``prompt``: a budget that streams no head answers it again."""
+        self.done[("needle", prompt.ids, *HeadBudget(sink, {}, len(prompt.ids)).key())] = 1.0
 
     def full_loss(self, sink: int, tokens: int) -> float:
         """The full model's loss, remembered for budgets that stream no head."""
@@ -435,15 +436,16 @@ class _Evaluator:
 
 
 def kv_budget_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None = None,
-             settings: CurveSettings | None = None, *, apply: Applier = masked, progress: bool = False) -> KVCurve:
+                    settings: CurveSettings | None = None, *, apply: Applier = masked,
+                    progress: bool = False) -> KVCurve:
     """The curve of the module docstring on ``model``. ``scores``: a
     :class:`~attnscope.analysis.head_functions.HeadScores`, its ``scores`` dict, a Parquet file of ``attnscope
     head-functions --save``, or None; a missing retrieval score is computed from the full model's needle trials, a
     missing streaming score by :func:`~attnscope.head_scores` (locality at ``sink`` + ``window`` on one document).
     ``apply``: how a budget is applied (default :func:`masked`). Every premise is checked before the model runs.
 
-    >>> curve = kv_budget_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))   # doctest: +SKIP
-    >>> curve.to_frame()                                                                         # doctest: +SKIP
+    >>> curve = kv_budget_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))  # doctest: +SKIP
+    >>> curve.to_frame()                                                                                 # doctest: +SKIP
     """
     loaded = as_loaded(model)
     settings = settings or CurveSettings()
@@ -467,7 +469,7 @@ def kv_budget_curve(model: LoadedModel | str, scores: Scores | Any | str | Path 
     ranks = _ranks(loaded, layout, given, full_trials, settings, progress)
     evaluator = _Evaluator(loaded, layout, apply, loss, settings.new_tokens)
     for prompt in kept:
-        evaluator.full(prompt, True, settings.sink)
+        evaluator.answered_in_full(prompt, settings.sink)
     kv_tokens = max(settings.lengths)
     full_bytes = kv_bytes(layout, None, kv_tokens)
     baseline = evaluator.full_loss(settings.sink, settings.text_tokens)
