@@ -32,11 +32,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json
 
-from bench_json import add_smoke_flag, cpu_name, emit
+from bench_json import add_smoke_flag, emit, sized_run
 
 import attnscope
 from attnscope.analysis.head_functions import frame_rows
@@ -95,12 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    which = "smoke" if args.smoke else "quick" if args.quick else "full"
+    which, load_before = sized_run(args)
     size = SIZES[which]
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average "
-          f"{load_before:.2f}; size {which}", flush=True)
     loaded = attnscope.load_model(size["model"])
     curve = kv_budget_curve(loaded, None, size["settings"], progress=True)
     at_95 = saving_at(curve, "retrieval")
