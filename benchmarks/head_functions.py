@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json, attribut
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' naive references
 
 from attribution import tiny_model
-from bench_json import add_smoke_flag, cpu_name, emit
+from bench_json import add_smoke_flag, emit, sized_run
 from long import peak_mb, reset_peak
 
 import attnscope
@@ -187,12 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    which = "smoke" if args.smoke else "quick" if args.quick else "full"
+    which, load_before = sized_run(args)
     size = SIZES[which]
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average "
-          f"{load_before:.2f}; size {which}", flush=True)
     figures: dict[str, Any] = {"size": which}
     with tempfile.TemporaryDirectory() as folder:
         loaded = load(size["peak_model"], Path(folder) / "peak")  # first: the other model is not in memory yet
