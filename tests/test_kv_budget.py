@@ -148,6 +148,7 @@ def test_windows_per_head_generate_what_their_masks_do_and_hold_their_bytes(mode
     assert budgeted.token_ids.tolist() == masked.token_ids.tolist()
     assert np.abs(budgeted.arrays["rows"] - masked.arrays["rows"]).max() <= 1e-5
     assert np.abs(budgeted.arrays["rows"] - one_window.arrays["rows"]).max() > 1e-3  # the wider window matters
+    assert f"sink {SINK} + windows {WINDOW}-{WINDOW + 3}" in budgeted.method  # the step view's heading
     cache = budgeted_cache(loaded, budget)
     ids = torch.tensor([loaded.tokenizer(PROMPT)["input_ids"]])
     with torch.inference_mode():
