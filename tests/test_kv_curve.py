@@ -12,9 +12,9 @@ import torch
 
 from attnscope import load_model
 from attnscope.capture.attention import intervene
+from attnscope.capture.kv_budget import KVBudget, full_budget, kv_bytes, kv_layout
 from attnscope.errors import AttnscopeError
 from attnscope.experiments.interventions import SinkWindow
-from attnscope.capture.kv_budget import KVBudget, full_budget, kv_bytes, kv_layout
 from attnscope.experiments.kv_curve import (
     CacheApplier,
     Choice,

@@ -84,8 +84,8 @@ def _figures(args: argparse.Namespace) -> list[Path | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..capture.loading import load_model
     from ..capture.kv_budget import read_scores
+    from ..capture.loading import load_model
     from ..experiments.kv_curve import check_curve_settings, kv_budget_curve
     from .outputs import output_files, writing
 
