@@ -2,14 +2,16 @@
 
 A :class:`KVBudget` says, per layer and KV head (0-indexed), whether the head is **full** (its cache keeps every key
 and value) or **streaming** (it keeps the first ``sink`` keys and the ``window`` most recent, StreamingLLM's attention
-sinks and recent window, DuoAttention's streaming heads). :func:`choose_budget` makes one from head scores ``[layer,
-kv_head]`` (the highest scores full, by a share of the heads or a memory budget in bytes), :func:`random_budget` at
-random (seeded), and :func:`kv_bytes` is what such a cache holds for a text of ``T`` tokens.
+sinks and recent window, DuoAttention's streaming heads; a budget may give each streaming head its own window).
+:func:`choose_budget` makes one from head scores ``[layer, kv_head]`` (the highest scores full, by a share of the heads
+or a memory budget in bytes; :func:`kv_head_scores` reads them from any form attnscope writes), :func:`random_budget`
+at random (seeded), and :func:`kv_bytes` is what such a cache holds for a text of ``T`` tokens. The KV budget curve
+(:mod:`attnscope.experiments.kv_curve`) builds its budgets here too.
 
 :class:`BudgetedCache` is the cache itself: a transformers ``Cache`` to hand to ``model.generate(past_key_values=...)``
 (``cache=`` in transformers 5.24) of a model loaded with attnscope's attention function. Its streaming heads really
-hold smaller tensors, evicted as the text grows; each layer's ``update`` returns one :class:`BudgetedStates` (both
-parts, the kept positions, the head maps) that :func:`~attnscope.capture.attention.attnscope_attention` recognises:
+hold smaller tensors (the heads of one window together), evicted as the text grows; each layer's ``update`` returns
+one :class:`BudgetedStates` (the full heads' keys, each window's :class:`StreamPart` with its kept positions) that :func:`~attnscope.capture.attention.attnscope_attention` recognises:
 full heads attend over every key, streaming heads over their kept keys, with the mask's columns at the kept
 positions (rotary embeddings are applied before caching, so a cached key keeps its position). Layers the model
 already windows (Gemma 3's local layers, gpt-oss's sliding layers: transformers' ``DynamicSlidingWindowLayer``) stay
