@@ -217,6 +217,7 @@ def run_cli(capsys, *argv):
     (["--shares", "0,1.5"], "within 0..1"),
     (["--draws", "0"], "draws"),
     (["--lengths", "64", "--window", "64"], "shortest text"),
+    (["--apply", "both"], "invalid choice"),
 ])
 def test_the_command_refuses_bad_input_before_loading(capsys, tmp_path, options, message):
     code, out = run_cli(capsys, "no-such-model", *options, "--png", tmp_path / "curve.png")
