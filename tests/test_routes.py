@@ -421,3 +421,23 @@ def test_generation_routes_equal_one_pass_over_the_final_text(tiny, kind, tmp_pa
             assert edge.importance == pytest.approx(expected[key].importance, abs=1e-5)
             if edge.heads:
                 assert edge.heads == pytest.approx(expected[key].heads, abs=1e-5)
+
+
+def test_routes_under_a_sink_window_restriction_walk_the_restricted_model(tiny):
+    """Under an intervention that restricts keys (``SinkWindow``), the route recorder is handed the restricted mask:
+    the rows it recomputes equal the naive parts of the restricted model's attention (captured eagerly under the same
+    intervention); a restriction that leaves a gap (a sink) or that only some heads of a layer get is refused."""
+    from attnscope.capture.attention import intervene
+    from attnscope.errors import AttnscopeError
+    from attnscope.experiments.interventions import SinkWindow
+
+    loaded = tiny("llama")
+    n_heads = loaded.config.num_attention_heads
+    every_head = {layer: list(range(n_heads)) for layer in range(loaded.config.num_hidden_layers)}
+    with intervene(SinkWindow(every_head, 0, 3)):  # a window of 3 keys: one band per row, shorter than causal
+        assert chunked_vs_naive_error(loaded, TEXT) <= TOLERANCE
+    ids = _ids(loaded, TEXT)
+    for restriction, says in ((SinkWindow(every_head, 1, 3), "leaves gaps"),
+                              (SinkWindow({0: [0]}, 0, 3), "every head of a layer")):
+        with intervene(restriction), pytest.raises(AttnscopeError, match=says):
+            routes(loaded, ids)
