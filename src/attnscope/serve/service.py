@@ -35,9 +35,9 @@ from ..records.generation import GenerationRecord
 if TYPE_CHECKING:
     from ..analysis.head_functions import HeadScores
     from ..analysis.mixing import Mixing
-    from ..capture.kv_budget import KVBudget
     from ..attribution.qk import QKAttribution
     from ..attribution.routes import Routes
+    from ..capture.kv_budget import KVBudget
     from ..experiments.head_functions import HeadScoreSettings
     from ..experiments.head_trials import HeadTrial
     from ..experiments.sentences import SentenceReport
