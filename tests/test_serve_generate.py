@@ -255,3 +255,20 @@ def test_the_generation_tab_shows_which_kv_heads_were_streamed(browser, explorer
     page.wait_for_function("() => document.querySelector('#gen-budget').childElementCount === 0", timeout=120_000)
     assert errors == []
     page.close()
+
+
+@pytest.mark.slow  # the retrieval score's needle trial: about half a minute on a CPU
+def test_a_budget_chosen_by_retrieval_is_generate_s_budget_from_those_scores(explorer_client, explorer_app):
+    """``kv_choose: retrieval`` streams the heads ``generate(kv_budget=share, kv_scores=HeadScores)`` streams with the
+    retrieval scores of the Head functions tab's settings, and writes the same tokens."""
+    from attnscope import head_scores
+    from attnscope.serve.service import explorer_head_settings
+
+    body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 4, **BUDGET, "kv_choose": "retrieval"}
+    answer = explorer_client.post("/api/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    with explorer_app.state.pool.use("smollm2") as smollm2:
+        scores = head_scores(smollm2, ["retrieval"], explorer_head_settings())
+        record = generate(smollm2, PROMPT, max_new_tokens=4, kv_budget=0.5, kv_scores=scores, kv_sink=2, kv_window=4)
+    assert answer.json()["kv_budget"]["streamed"] == record.settings["kv_budget"]["streamed"]
+    assert answer.json()["token_ids"] == record.token_ids.tolist()

@@ -176,7 +176,14 @@ class InterveneRequest(InputText):
         None, description="which attention the heads belong to (default: the input side's)")
 
 
+# What generate() refuses and the schema can say: routes under a KV budget (a streaming head's keys leave a gap)
+ROUTES_OR_BUDGET: dict[str, Any] = {"not": {"required": ["routes", "kv_share"], "properties": {
+    "routes": {"const": True}, "kv_share": {"type": "number"}}}}
+
+
 class GenerateRequest(StrictRequest):
+    model_config = ConfigDict(json_schema_extra=ROUTES_OR_BUDGET)
+
     model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's "
                               "first decoder-only model)")
     prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,

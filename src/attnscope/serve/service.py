@@ -397,7 +397,7 @@ def generation_kv_budget(loaded: LoadedModel, prompt: str, chat: bool, max_new_t
     check_budget_recorders(recorders)
     check_evicts(ask.sink, ask.window, n_prompt + max_new_tokens)
     layout = kv_layout(loaded)
-    if ask.choose == "random":
+    if ask.choose == "random" or ask.share in (0.0, 1.0):  # none full or all full: no score to compute
         return random_budget(layout, share=ask.share, seed=ask.seed, sink=ask.sink, window=ask.window)
     scores = kv_head_scores(head_function_scores(loaded, DEFAULT_SCORE), DEFAULT_SCORE)
     return choose_budget(scores, layout, share=ask.share, sink=ask.sink, window=ask.window)
