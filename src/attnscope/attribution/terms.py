@@ -448,7 +448,7 @@ def per_source_terms(values: torch.Tensor, r: torch.Tensor, n_sources: int) -> t
     generation's steps did both, for every layer and step)."""
     n_heads, n_kv_heads = r.shape[0], values.shape[0]
     group = n_heads // n_kv_heads
-    readout = r.view(n_kv_heads, group, -1).transpose(1, 2)  # [kv_head, d_head, group]
+    readout = r.double().view(n_kv_heads, group, -1).transpose(1, 2)  # [kv_head, d_head, group]
     terms = torch.matmul(values[:, :n_sources].double(), readout)  # [kv_head, source_pos, group]
     return terms.permute(0, 2, 1).reshape(n_heads, n_sources)
 
