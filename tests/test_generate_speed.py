@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tqdm.auto import tqdm
 
 import attnscope
 import attnscope.capture.generate as generate_module
@@ -54,22 +53,6 @@ def test_value_norms_are_taken_once_per_layer_and_equal_the_norms_of_the_cached_
         per_head = per_head_out_proj(site, n_heads).double()  # [head, d_head, d_model]
         expected = torch.linalg.vector_norm(values @ per_head, dim=-1).numpy()  # [head, position]
         np.testing.assert_allclose(record.arrays["value_norms"][site.layer], expected, rtol=1e-4, atol=1e-6)
-
-
-def test_the_heap_is_trimmed_after_the_prompt_and_every_trim_every_tokens_not_every_token(monkeypatch):
-    """A trim per token cost a long generation more than its recorders' work (it walks the heap, and the pages it hands
-    back are faulted in again by the next step); the prompt's pass is still followed by one. The streamer hears the
-    prompt (before its pass), then each token (after its pass)."""
-    trims = []
-    monkeypatch.setattr(generate_module, "trim_heap", lambda: trims.append(len(puts)))
-    progress = generate_module._Progress(tqdm(total=NEW_TOKENS, disable=True))
-    puts: list[int] = []
-    for _ in range(1 + NEW_TOKENS):
-        progress.put(torch.zeros(1))
-        puts.append(1)
-    every = generate_module.TRIM_EVERY
-    assert trims == [0, 1, *range(1 + every, NEW_TOKENS + 1, every)]  # before and after the prompt's pass, then
-    assert len(trims) < NEW_TOKENS // 4  # every TRIM_EVERY tokens
 
 
 @pytest.mark.parametrize("n_kv_heads", [1, 3, 6])

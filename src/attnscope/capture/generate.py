@@ -402,26 +402,19 @@ def _heap_trimmer() -> Callable[[], Any]:
 trim_heap = _heap_trimmer()
 
 
-# Tokens between two trims of the heap during a generation. Every token's was the largest cost a long generation added
-# to plain decoding: each trim hands back the pages of the blocks freed since (the key/value cache's, copied at every
-# step), which the next step's blocks then fault in again, and walks the whole heap (SmolLM2, 1,024 tokens after 512).
-TRIM_EVERY = 32
-
-
 class _Progress:
     """A transformers streamer that advances a progress bar once per generated token, and trims the heap
-    (:data:`trim_heap`) after the prompt and every :data:`TRIM_EVERY` tokens."""
+    (:data:`trim_heap`)."""
 
     def __init__(self, bar: Any) -> None:
-        self.bar, self.seen = bar, 0  # puts so far: the prompt's, then one per token
+        self.bar, self.prompt_seen = bar, False
         self.trim = trim_heap
 
     def put(self, value: torch.Tensor) -> None:
-        if self.seen:
+        if self.prompt_seen:
             self.bar.update(1)
-        if self.seen <= 1 or self.seen % TRIM_EVERY == 1:  # the prompt's put comes before its pass, the first token's after
-            self.trim()
-        self.seen += 1
+        self.prompt_seen = True
+        self.trim()
 
     def end(self) -> None:
         self.bar.close()
