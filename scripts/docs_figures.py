@@ -576,7 +576,8 @@ def head_lists(work: Path) -> dict[str, Any]:
     """The shipped head-function lists (``scripts/head_lists.py`` measured them; this only reads their summaries,
     :func:`attnscope.data.head_list_summary`): per model, the sets' grid, the counted trials, each score's stability,
     the retrieval share above 0.1 and the top heads."""
-    from attnscope.data import head_list_summary, head_lists as shipped
+    from attnscope.data import head_list_summary
+    from attnscope.data import head_lists as shipped
 
     figures = {}
     for alias in shipped():
