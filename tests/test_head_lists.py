@@ -81,6 +81,25 @@ def test_pooled_columns_stability_and_share_follow_from_the_sets(alias):
     assert set(rows.document[rows.set == "a"]).isdisjoint(rows.document[rows.set == "b"])
 
 
+@pytest.mark.parametrize("alias", SHIPPED)
+def test_pooled_retrieval_and_windows_are_those_of_the_union_of_the_sets(alias):
+    """Retrieval pooled over every counted trial is the counts-weighted mean of the sets' means; the pooled smallest
+    window is the smallest whose pooled locality keeps the share (up to the files' rounding at the share)."""
+    table, summary = head_list(alias), head_list_summary(alias)
+    counts = [summary["trials"][f"counted_{name}"] for name in "ab"]
+    parts = [table[f"retrieval_{name}"].fillna(0).to_numpy() * n for name, n in zip("ab", counts)]
+    expected = (parts[0] + parts[1]) / sum(counts) if sum(counts) else np.full(len(table), np.nan)
+    assert np.allclose(table["retrieval"], expected, rtol=CSV_DIGITS, atol=CSV_DIGITS, equal_nan=True)
+    settings = summary["sets"]["a"]["settings"]
+    (sink,) = settings["sinks"]
+    kept = np.stack([table[f"locality_k{sink}_w{w}"] for w in settings["windows"]], axis=1)  # [head, window]
+    reaches = kept >= settings["share"]
+    smallest = np.where(reaches.any(1), np.array(settings["windows"])[reaches.argmax(1)], np.nan)
+    near_the_share = (np.abs(kept - settings["share"]) < CSV_DIGITS).any(1)
+    stored = table[f"streaming_window_k{sink}"].to_numpy(float)
+    assert np.array_equal(smallest[~near_the_share], stored[~near_the_share], equal_nan=True)
+
+
 def test_smollm2_set_a_equals_a_fresh_run(smollm2):
     """The cheap scores of SmolLM2's set A, recomputed now with the stored settings, equal the shipped columns."""
     stored = head_list_summary("smollm2")["sets"]["a"]["settings"]
