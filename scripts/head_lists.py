@@ -277,7 +277,11 @@ def headline(info: dict[str, Any]) -> dict[str, Any]:
 
 def check_premises(models: list[str], out: Path, img: Path) -> None:
     """What needs no model, before the first one loads: the grids, and that the outputs can be written."""
+    from attnscope.models.registry import ALIASES
+
     for alias in models:
+        if alias not in ALIASES:  # the lists are of built-in models, named by their aliases
+            raise AttnscopeError(f"unknown model alias {alias!r}; choose from {', '.join(ALIASES)}")
         for found in set_settings(alias, quick=False):
             check_bounds(score_names(), found)
     for folder in (out, img):
