@@ -576,12 +576,13 @@ def head_lists(work: Path) -> dict[str, Any]:
     """The shipped head-function lists (``scripts/head_lists.py`` measured them; this only reads their summaries,
     :func:`attnscope.data.head_list_summary`): per model, the sets' grid, the counted trials, each score's stability,
     the retrieval share above 0.1 and the top heads."""
-    from attnscope.data import head_list_summary
+    from attnscope.data import head_list, head_list_summary
     from attnscope.data import head_lists as shipped
 
     figures = {}
     for alias in shipped():
-        found = head_list_summary(alias)
+        found, table = head_list_summary(alias), head_list(alias)
+        above = table[table["retrieval"] > found["retrieval"]["threshold"]]
         a = found["sets"]["a"]["settings"]
         windowed = sorted({w for w in found["windows"] if w})
         figures[alias] = {
@@ -590,7 +591,8 @@ def head_lists(work: Path) -> dict[str, Any]:
             "needle_lengths": a["needle_lengths"], "needle_depths": a["needle_depths"], "max_tokens": a["max_tokens"],
             "trials": found["trials"]["total"], "counted": found["trials"]["counted"],
             "counted_a": found["trials"]["counted_a"], "counted_b": found["trials"]["counted_b"],
-            "retrieval_share": found["retrieval"]["share_above"],
+            "retrieval_share": found["retrieval"]["share_above"], "retrieval_heads": len(above),
+            "retrieval_heads_global": int((above["window"] == 0).sum()),
             "rho": {name: value["rho"] for name, value in found["stability"].items()},
             "top": {name: heads[:HEAD_LIST_TOP] for name, heads in found["top"].items()},
             "cpu": found["cpu"], "date": found["date"], "seconds": found["seconds"]}
