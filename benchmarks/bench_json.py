@@ -74,6 +74,21 @@ def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
     add_record_flag(parser)
 
 
+def sized_run(args: argparse.Namespace) -> tuple[str, float]:
+    """A run sized by ``--smoke``/``--quick`` (else ``full``) with ``--threads`` torch threads: its size and the load
+    average before it, after printing the run's header (attnscope's version, the CPU, the threads)."""
+    import torch
+
+    import attnscope
+
+    which = "smoke" if args.smoke else "quick" if args.quick else "full"
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    print(f"attnscope {attnscope.__version__}, {cpu_name()}, {args.threads} thread(s), load average "
+          f"{load_before:.2f}; size {which}", flush=True)
+    return which, load_before
+
+
 def emit(name: str, figures: dict[str, Any], keep: bool = True, device: str = "cpu") -> None:
     """Print ``figures``, with the ``device`` they were measured on and its name, as the last JSON line.
     ``keep`` says the run is full size: its figures go to benchmarks/runs/NAME.json, and with ``--record``

@@ -235,6 +235,20 @@ class LayerImportance:
     ffn_residual: torch.Tensor
 
 
+def head_outputs(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each head's output per unit of weight on each key, ``v_j W_O^h``: ``[head, key, d_model]`` from ``values``
+    ``[kv_head, key, d_head]`` (query head h reads kv head h // group) and ``weight`` ``[head, d_head, d_model]``. Each
+    head's product is written in place: stacking a list of them copied ``[head, key, d_model]`` once more per layer
+    and step of a generation's routes."""
+    n_heads = weight.shape[0]
+    group = n_heads // values.shape[0]
+    out = torch.empty((n_heads, values.shape[1], weight.shape[-1]), dtype=torch.result_type(values, weight),
+                      device=values.device)
+    for h in range(n_heads):
+        torch.matmul(values[h // group], weight[h], out=out[h])
+    return out
+
+
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
 
@@ -283,7 +297,7 @@ class RouteTensors:
         weight = per_head_out_proj(site, n_heads, unavailable="routes")  # [head, d_head, d_model]
         group = n_heads // data.value.shape[0]
         values = data.value[:, lo:hi].to(weight.device)  # [kv_head, key, d_head]
-        heads_out = torch.stack([values[h // group] @ weight[h] for h in range(n_heads)])  # [head, key, d_model]
+        heads_out = head_outputs(values, weight)  # [head, key, d_model]
         step = max(1, PARTS_BUDGET // max(1, (hi - lo) * heads_out.shape[-1]))
         pieces = [self._rows(layer, order[s : s + step], lo, hi, heads_out) for s in range(0, len(order), step)]
         heads = torch.zeros((len(order), self.residuals[0].shape[0], n_heads))

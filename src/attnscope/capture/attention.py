@@ -336,7 +336,8 @@ def attnscope_attention(
     if recorder is not None and unwanted < n_queries:
         assert site is not None
         recorder.keep(site, AttentionCall(query, key, value, probs, scaling, sink_mass=sink_mass))
-    mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
+    # dropout of 0 (every inference) returns its input, but costs a call per layer and step
+    mixing = (probs if dropout == 0.0 or not module.training else nn.functional.dropout(probs, p=dropout)).to(value.dtype)
     output = grouped_matmul(mixing, value).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
         assert site is not None  # interventions only ever apply to a known site

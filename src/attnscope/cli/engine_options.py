@@ -5,20 +5,22 @@ from __future__ import annotations
 import argparse
 
 from ..arguments import positive_int
-from ..corpus.engines import check_engine_device
-from ..corpus.ray_engine import ENGINES, STALL_SECONDS, Engine, runtime_env_argument
+from ..corpus.engine_choice import ENGINES, Engine, check_engine_device
+from ..corpus.ray_engine import STALL_SECONDS, runtime_env_argument
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--address``, ``--num-actors``, ``--stall-timeout``, ``--runtime-env``, ``--verbose``
-    (every corpus command)."""
+def add_engine_arguments(parser: argparse.ArgumentParser, runs: str = "the model") -> None:
+    """``--engine``, ``--address``, ``--num-actors`` (or ``--workers``), ``--stall-timeout``, ``--runtime-env``,
+    ``--verbose`` (every corpus command, and the needle trials of ``head-functions``: ``runs`` says what the actors
+    run)."""
     parser.add_argument("--engine", choices=list(ENGINES), default="local",
-                        help="local: in this process (default); ray: an actor pool on a Ray cluster "
+                        help=f"local: in this process (default); ray: {runs} in an actor pool on a Ray cluster "
                         "(pip install 'attnscope[ray]')")
     parser.add_argument("--address", help="--engine ray: the cluster to join, HOST:PORT of its head ('auto': the one "
                         "'ray start' made on this node; default: a Ray started here)")
-    parser.add_argument("--num-actors", type=positive_int,
-                        help="--engine ray: model replicas (default: one per CPU of the cluster)")
+    parser.add_argument("--num-actors", "--workers", type=positive_int, metavar="N",
+                        help="--engine ray: model replicas, each an actor holding the model (default: one per CPU of "
+                        "the cluster)")
     parser.add_argument("--stall-timeout", type=positive_int, default=int(STALL_SECONDS), metavar="SECONDS",
                         help="--engine ray: fail when no batch finishes for this long, e.g. after losing a node "
                         f"whose work cannot be placed again (default: {STALL_SECONDS:.0f})")

@@ -16,10 +16,12 @@ from ..analysis.head_functions import head_functions
 from ..arguments import finite_float, non_negative_int, positive_int, seed
 from ..errors import AttnscopeError
 from .command import Command
+from .engine_options import add_engine_arguments, engine_from_args
 from .model_options import add_compute_arguments
 
 if TYPE_CHECKING:
     from ..analysis.head_functions import HeadScores
+    from ..corpus.engine_choice import Engine
     from ..experiments.head_functions import HeadScoreSettings
 
 DEFAULT_MODEL = "smollm2"  # the scores need a decoder; the package's default model is an encoder
@@ -70,6 +72,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
                         help=f"a decoder: alias, local folder, .gguf file or cached repo id (default: {DEFAULT_MODEL})")
     add_compute_arguments(parser)
+    add_engine_arguments(parser, runs="the needle trials of retrieval")
     defaults = HeadScoreSettings()
     for name, (kind, metavar, text) in SETTINGS.items():
         default = getattr(defaults, name)
@@ -127,6 +130,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_head_store(args.store)
 
 
+def _check_engine(engine: Engine, names: list[str]) -> None:
+    """The Ray engine runs needle trials only: refused without a score that needs them, or without Ray."""
+    from ..corpus.ray_engine import ray_module
+
+    if engine.name != "ray":
+        return
+    if not any(function.task == "needles" for function in head_functions() if function.name in names):
+        raise AttnscopeError("--engine ray runs the needle trials of retrieval (-s retrieval); the other scores run "
+                             "here: leave out --engine ray")
+    ray_module()  # not installed: one line naming the extra
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..capture.loading import load_model
     from ..experiments.head_functions import check_bounds, head_scores
@@ -134,6 +149,8 @@ def _run(args: argparse.Namespace) -> int:
 
     names, settings = score_names(args), settings_from(args)
     check_bounds(names, settings)
+    engine = engine_from_args(args)
+    _check_engine(engine, names)
     _check_outputs(args)
     with output_files(args.save, args.store, args.png):
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -141,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
             from ..analysis.store import check_head_store
 
             check_head_store(args.store, loaded.name)
-        scores = head_scores(loaded, names, settings, progress=True)
+        scores = head_scores(loaded, names, settings, progress=True, engine=engine)
         written = _write(scores, args)
     if args.json:
         print(json.dumps(scores.to_dict(), ensure_ascii=False))

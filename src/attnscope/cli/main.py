@@ -21,6 +21,7 @@ from .command import Command
 from .corpus import COMMANDS as CORPUS_COMMANDS
 from .experiments import COMMANDS as EXPERIMENTS_COMMANDS
 from .head_functions import COMMANDS as HEAD_FUNCTIONS_COMMANDS
+from .kv_budget import COMMANDS as KV_BUDGET_COMMANDS
 from .lab import COMMANDS as LAB_COMMANDS
 from .models import COMMANDS as MODELS_COMMANDS
 from .present import COMMANDS as PRESENT_COMMANDS
@@ -35,7 +36,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whos
 
 # Each module of this package holds its commands as a ``COMMANDS`` tuple; here in the order ``--help`` shows them.
 COMMANDS: tuple[Command, ...] = (*CAPTURE_COMMANDS, *MODELS_COMMANDS, *PRESENT_COMMANDS, *ANALYSIS_COMMANDS,
-                                 *CORPUS_COMMANDS, *HEAD_FUNCTIONS_COMMANDS, *EXPERIMENTS_COMMANDS, *ATTRIBUTION_COMMANDS, *SENTENCES_COMMANDS,
+                                 *CORPUS_COMMANDS, *HEAD_FUNCTIONS_COMMANDS, *KV_BUDGET_COMMANDS, *EXPERIMENTS_COMMANDS, *ATTRIBUTION_COMMANDS, *SENTENCES_COMMANDS,
                                  *PROBING_COMMANDS,
                                  *LAB_COMMANDS, *SERVE_COMMANDS)
 

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .engine_choice import ENGINES as ENGINES
+    from .engine_choice import Engine as Engine
     from .engines import analyze_heads as analyze_heads
     from .engines import corpus_sinks as corpus_sinks
-    from .ray_engine import ENGINES as ENGINES
     from .report import CorpusReport as CorpusReport
     from .report import analyze_corpus as analyze_corpus
     from .report import corpus_items as corpus_items

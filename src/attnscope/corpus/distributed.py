@@ -35,8 +35,8 @@ from ..analysis.aggregate import HeadsPartial
 from ..analysis.sinks import SinkReport, SinkTotals
 from ..arguments import check_seed
 from ..errors import AttnscopeError
+from .engine_choice import Engine
 from .ray_engine import (
-    Engine,
     PartialWorker,
     corpus_dataset,
     corpus_sources_of,

@@ -20,22 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.sinks import SINK_FACTOR
 from ..errors import AttnscopeError
-from .ray_engine import STALL_SECONDS, Engine
+from .engine_choice import Engine, check_engine_device
+from .ray_engine import STALL_SECONDS
 from .report import CorpusReport, analyze_corpus, corpus_items, corpus_records, read_corpus
 
 if TYPE_CHECKING:
     from ..analysis.sinks import SinkReport
-
-
-def check_engine_device(engine: str, device: str) -> None:
-    """Refuse, before any work, a device this machine lacks (or a misspelt one), and on Ray any but the CPU:
-    its actors ask Ray for CPUs only, so a GPU there would be asked for and never given."""
-    from ..models.loading import check_device
-
-    check_device(device)
-    if engine == "ray" and device != "cpu":
-        raise AttnscopeError(f"--device {device}: the Ray engine's actors run on CPUs; leave out --device, or run "
-                             "the local engine (--engine local)")
 
 
 def analyze_heads(corpus: str | Sequence[str], out_dir: str | Path, *, model: str = "minilm",

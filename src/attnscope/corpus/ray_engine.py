@@ -44,39 +44,11 @@ from ..analysis.aggregate import Coverage
 from ..errors import AttnscopeError
 from ..inputs import BadLine, InputLine, parse_input_file
 
-ENGINES = ("local", "ray")
 ACTOR_RETRIES = 3  # restarts of a dead actor, and retries of the window it held
 READ_CPUS = 0.25  # what a parsing task asks Ray for
 BLOCK_BYTES = 32 * 1024  # Ray Data splits a parsed source into blocks of about this size: a window each
 STALL_SECONDS = 300.0  # a job with no finished batch for this long fails (see the module docstring)
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve")
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where a corpus job runs: ``local`` (this process) or ``ray`` (an actor pool of ``num_actors`` on the
-    cluster at ``address``; a job with no finished batch for ``stall_s`` seconds fails; ``verbose``: Ray's
-    own log lines too; ``runtime_env``: Ray's runtime environment of the job's workers, e.g.
-    ``{"env_vars": {"HF_HOME": "/shared/hf"}}``)."""
-
-    name: str = "local"
-    address: str | None = None
-    num_actors: int | None = None
-    stall_s: float = STALL_SECONDS
-    verbose: bool = False
-    runtime_env: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in ENGINES:
-            raise AttnscopeError(f"unknown engine {self.name!r}; choose from {', '.join(ENGINES)}")
-        if self.name == "local" and (self.num_actors is not None or self.address is not None):
-            raise AttnscopeError("--num-actors and --address are options of --engine ray")
-        if self.num_actors is not None and self.num_actors < 1:
-            raise AttnscopeError("--num-actors must be at least 1")
-        if self.stall_s <= 0:
-            raise AttnscopeError("--stall-timeout must be above 0 seconds")
-        if self.name == "local" and self.runtime_env is not None:
-            raise AttnscopeError("--runtime-env is an option of --engine ray")
 
 
 def ray_module() -> Any:
@@ -523,11 +495,12 @@ class Folded:
 
 
 def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dict[str, Any], *, n_inputs: int,
-                num_actors: int | None, desc: str, progress: bool | TextIO, stall_s: float = STALL_SECONDS) -> Folded:
+                num_actors: int | None, desc: str, progress: bool | TextIO, stall_s: float = STALL_SECONDS,
+                unit: str = "input") -> Folded:
     """Run ``worker`` over ``dataset`` (window rows) in an actor pool, one window a call, and merge the
     partials as they arrive (``partial.merge(other)``); checks every input id ``0 .. n_inputs - 1`` was
     counted exactly once. ``kwargs``: the worker's arguments besides ``threads`` and ``progress``.
-    ``progress``: a stream for the progress bar (True: stderr; False: none)."""
+    ``progress``: a stream for the progress bar (True: stderr; False: none), counting ``unit``s."""
     actors, threads, cpus = actor_resources(ray.cluster_resources().get("CPU", 1), num_actors)
     counter = ray.remote(num_cpus=0)(_Progress).remote()
     with warnings.catch_warnings():  # Ray 2.60 names no parameter for retries; its own default is unbounded
@@ -545,13 +518,13 @@ def fold_on_ray(ray: Any, dataset: Any, worker: type[PartialWorker], kwargs: dic
             merged["value"] = value if merged["value"] is None else merged["value"].merge(value)
             merged["windows"] += 1
 
-    _run_watched(ray, merge_all, counter, n_inputs, desc, progress, stall_s)
+    _run_watched(ray, merge_all, counter, n_inputs, desc, progress, stall_s, unit)
     merged["coverage"].check_complete(n_inputs)
     return Folded(merged["value"], merged["windows"])
 
 
 def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, desc: str,
-                 progress: bool | TextIO, stall_s: float) -> None:
+                 progress: bool | TextIO, stall_s: float, unit: str = "input") -> None:
     """Run ``job`` on a thread while a tqdm bar (stderr) follows ``counter``; fail with one line when the
     job fails or stops progressing for ``stall_s`` seconds, naming the nodes lost meanwhile."""
     from tqdm.auto import tqdm
@@ -569,7 +542,7 @@ def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, de
     worker.start()
     last_change, done = time.monotonic(), 0
     stream = progress if not isinstance(progress, bool) else sys.stderr
-    with tqdm(total=total, unit="input", desc=desc, disable=progress is False, file=stream) as bar:
+    with tqdm(total=total, unit=unit, desc=desc, disable=progress is False, file=stream) as bar:
         while worker.is_alive():
             worker.join(0.5)
             now_done = min(total, _counted(ray, counter, done))
@@ -578,7 +551,7 @@ def _run_watched(ray: Any, job: Callable[[], None], counter: Any, total: int, de
             bar.update(done - bar.n)
             if time.monotonic() - last_change > stall_s:
                 raise AttnscopeError(f"the Ray job made no progress for {stall_s:.0f} s{_lost(ray, alive)}; "
-                                     f"stopped after {done} of {total} inputs, nothing reported")
+                                     f"stopped after {done} of {total} {unit}s, nothing reported")
     if failure:
         if isinstance(failure[0], AttnscopeError):
             raise failure[0]

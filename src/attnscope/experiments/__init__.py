@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from .interventions import pattern_names as pattern_names
     from .interventions import register_pattern as register_pattern
     from .interventions import skip_sublayers as skip_sublayers
+    from .kv_curve import CurveSettings as CurveSettings
+    from .kv_curve import KVCurve as KVCurve
+    from .kv_curve import kv_budget_curve as kv_budget_curve
     from .metrics import Batch as Batch
     from .metrics import DocumentLoss as DocumentLoss
     from .metrics import RepeatedHalfLoss as RepeatedHalfLoss

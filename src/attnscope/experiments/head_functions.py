@@ -53,6 +53,7 @@ from .needles import (
     DEFAULT_NEEDLES,
     FORMS,
     MAX_NEW_TOKENS,
+    TrialEngine,
     needle_trials,
     trial_prompts,
 )
@@ -116,16 +117,27 @@ class HeadScoreSettings:
 
 
 Evidence = tuple[Any, ModelInfo]
-TASKS: dict[str, Callable[[LoadedModel, HeadScoreSettings, bool], Evidence]] = {}
 
 
-def register_task(name: str, builder: Callable[[LoadedModel, HeadScoreSettings, bool], Evidence]) -> None:
-    """Add the task ``name``: ``builder(loaded, settings, progress)`` -> (the evidence its scores compute from,
+@dataclass(frozen=True)
+class TaskRun:
+    """How a task runs, which its evidence does not depend on: ``progress`` lines, and the ``engine`` of needle
+    trials (None: here, in order; see :class:`~attnscope.experiments.needles.TrialEngine`)."""
+
+    progress: bool = False
+    engine: TrialEngine | None = None
+
+
+TASKS: dict[str, Callable[[LoadedModel, HeadScoreSettings, TaskRun], Evidence]] = {}
+
+
+def register_task(name: str, builder: Callable[[LoadedModel, HeadScoreSettings, TaskRun], Evidence]) -> None:
+    """Add the task ``name``: ``builder(loaded, settings, run)`` -> (the evidence its scores compute from,
     the model's facts)."""
     TASKS[name] = builder
 
 
-def repeated_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+def repeated_evidence(loaded: LoadedModel, settings: HeadScoreSettings, run: TaskRun = TaskRun()) -> Evidence:
     """Whole records of the repeated random-token sequences: ``[sequence, layer, head, T, T]``."""
     sequences = repeated_random_tokens(loaded, settings.period, repeats=settings.repeats,
                                        sequences=settings.sequences, seed=settings.seed)
@@ -147,24 +159,24 @@ def document_texts(settings: HeadScoreSettings) -> list[str]:
     return [document(name) if name in documents() else name for name in settings.documents]
 
 
-def locality_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+def locality_evidence(loaded: LoadedModel, settings: HeadScoreSettings, run: TaskRun = TaskRun()) -> Evidence:
     """Planned records holding only the locality grid, one per document."""
     plan = CapturePlan(attention=False, locality=settings.pairs, queries=QuerySelection("every", n=settings.every),
                        chunk=settings.chunk)
     with cut_quietly():
-        records = [extract(loaded, text, plan=plan, max_length=settings.document_tokens(loaded), progress=progress)
+        records = [extract(loaded, text, plan=plan, max_length=settings.document_tokens(loaded), progress=run.progress)
                    for text in document_texts(settings)]
     return LocalityEvidence(records, settings.pairs, settings.share), records[0].model
 
 
-def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
+def sentence_evidence(loaded: LoadedModel, settings: HeadScoreSettings, run: TaskRun = TaskRun()) -> Evidence:
     """Sentence attention of each document, from planned records that keep only ``[layer, head, S, S]``."""
     found, records = [], []
     for text in document_texts(settings):
         with cut_quietly():
             sentences = text_sentences(loaded, text, settings.document_tokens(loaded))
             records.append(sentence_record(loaded, text, sentences, chunk=settings.chunk,
-                                           max_length=settings.document_tokens(loaded), progress=progress))
+                                           max_length=settings.document_tokens(loaded), progress=run.progress))
         found.append(sentence_attention(records[-1], sentences))
     return found, records[0].model
 
@@ -176,9 +188,9 @@ def needle_grid(settings: HeadScoreSettings) -> dict[str, Any]:
             "max_new_tokens": settings.needle_new_tokens}
 
 
-def needle_evidence(loaded: LoadedModel, settings: HeadScoreSettings, progress: bool = False) -> Evidence:
-    """The needle trials of the settings' grid, each head scored on each trial."""
-    trials = needle_trials(loaded, **needle_grid(settings), progress=progress)
+def needle_evidence(loaded: LoadedModel, settings: HeadScoreSettings, run: TaskRun = TaskRun()) -> Evidence:
+    """The needle trials of the settings' grid, each head scored on each trial (where ``run.engine`` runs them)."""
+    trials = needle_trials(loaded, **needle_grid(settings), progress=run.progress, engine=run.engine)
     return trials, trials.info
 
 
@@ -268,9 +280,14 @@ def check_settings(loaded: LoadedModel, names: Sequence[str], settings: HeadScor
 
 
 def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES,
-                settings: HeadScoreSettings | None = None, *, progress: bool = False) -> HeadScores:
+                settings: HeadScoreSettings | None = None, *, progress: bool = False,
+                engine: TrialEngine | None = None) -> HeadScores:
     """The registered head-function ``scores`` of every layer and head of ``model`` (0-indexed), each task they
     need run once; see :mod:`attnscope.analysis.head_functions` for the definitions.
+
+    ``engine``: where the needle trials of ``retrieval`` run (e.g. ``attnscope.corpus.Engine("ray", num_actors=2)``;
+    None: here, in order; see :class:`~attnscope.experiments.needles.TrialEngine`). It is an argument, not a setting:
+    the settings say what is computed and are kept with the scores, and either engine computes the same scores.
 
     >>> found = head_scores("smollm2", ["induction", "previous_token"])          # doctest: +SKIP
     >>> found.ranked("induction", 3)                                              # doctest: +SKIP
@@ -287,7 +304,7 @@ def head_scores(model: LoadedModel | str, scores: Sequence[str] = DEFAULT_SCORES
             if progress:
                 say_slow_step(f"head scores of {loaded.name}: the {function.task} task, for "
                               f"{', '.join(f.name for f in functions if f.task == function.task)}")
-            evidence[function.task] = TASKS[function.task](loaded, settings, progress)
+            evidence[function.task] = TASKS[function.task](loaded, settings, TaskRun(progress, engine))
         found = evidence[function.task][0]
         columns.update(function.compute(found))
     info = next(iter(evidence.values()))[1]

@@ -27,7 +27,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -330,21 +330,37 @@ def run_trials(loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_
     return trials
 
 
+class TrialEngine(Protocol):
+    """Where needle trials run: :func:`run_trials` on each prompt, the trials returned in the prompts' order.
+    :class:`attnscope.corpus.Engine` is one (``Engine("ray", num_actors=2)``: an actor pool, each actor holding the
+    model); None, wherever an engine is taken: here, one trial after the other."""
+
+    def run_trials(self, loaded: LoadedModel, prompts: Sequence[NeedlePrompt], *, max_new_tokens: int,
+                   progress: bool) -> list[NeedleTrial]: ...
+
+
 def needle_trials(model: LoadedModel | str, *, lengths: Sequence[int] = (1024,),
                   depths: Sequence[float] = DEFAULT_DEPTHS, needles: Sequence[str] = DEFAULT_NEEDLES,
                   document_name: str = DEFAULT_DOCUMENT, form: str | None = None,
-                  max_new_tokens: int = MAX_NEW_TOKENS, progress: bool = False) -> NeedleTrials:
+                  max_new_tokens: int = MAX_NEW_TOKENS, progress: bool = False,
+                  engine: TrialEngine | None = None) -> NeedleTrials:
     """Every (length, depth, needle) trial on ``model`` and each head's retrieval score over the trials it answered.
 
     Every prompt is built and checked first (:func:`trial_prompts`), so a bad grid is refused before the model runs.
+    ``engine``: where the trials run (:class:`TrialEngine`; None: here, in order); the trials and scores are the same.
 
     >>> trials = needle_trials("qwen0.5b", lengths=[1024])       # doctest: +SKIP
     >>> trials.top(10), trials.share_above(0.1)                  # doctest: +SKIP
+    >>> from attnscope.corpus import Engine                      # doctest: +SKIP
+    >>> trials = needle_trials("qwen0.5b", engine=Engine("ray", num_actors=2))  # doctest: +SKIP
     """
     loaded = as_loaded(model)
     prompts = trial_prompts(loaded, lengths=lengths, depths=depths, needles=needles, document_name=document_name,
                             form=form, max_new_tokens=max_new_tokens)
-    trials = run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
+    if engine is None:
+        trials = run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
+    else:
+        trials = engine.run_trials(loaded, prompts, max_new_tokens=max_new_tokens, progress=progress)
     scores = mean_retrieval_score([trial.scores for trial in trials], [trial.counted for trial in trials])
     return NeedleTrials(loaded.name, tuple(trials), scores)
 
