@@ -295,7 +295,6 @@ class RouteTensors:
         lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
         n_heads = data.query.shape[0]
         weight = per_head_out_proj(site, n_heads, unavailable="routes")  # [head, d_head, d_model]
-        group = n_heads // data.value.shape[0]
         values = data.value[:, lo:hi].to(weight.device)  # [kv_head, key, d_head]
         heads_out = head_outputs(values, weight)  # [head, key, d_model]
         step = max(1, PARTS_BUDGET // max(1, (hi - lo) * heads_out.shape[-1]))
