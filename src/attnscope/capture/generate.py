@@ -29,7 +29,15 @@ from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .hooks import local_hooks
-from .kv_budget import DEFAULT_SCORE, DEFAULT_SINK, DEFAULT_WINDOW, KVBudget, budget_from, budgeted_cache
+from .kv_budget import (
+    DEFAULT_SCORE,
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
+    KVBudget,
+    budget_from,
+    budgeted_cache,
+    check_evicts,
+)
 from .plan import MemoryEstimate, check_memory
 from .recorders import (
     AttentionCall,
@@ -466,9 +474,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders, candidates=candidates)
     budget = None if kv_budget is None else generation_budget(loaded, kv_budget, kv_scores, kv_score, kv_sink,
                                                               kv_window, len(ids) + max_new_tokens)
-    if budget is not None and any(extra.wants_inputs for extra in recorders):  # a route walk (--routes)
-        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
-                             "window leaves a gap: leave out the routes or the KV budget")
+    if budget is not None:
+        check_budget_recorders(recorders)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -609,15 +616,21 @@ def _finishing_bar(recorders: Sequence[GenerationRecorder], progress: bool) -> A
                 leave=False)
 
 
+def check_budget_recorders(recorders: Sequence[GenerationRecorder]) -> None:
+    """Refuse recorders that cannot run under a KV budget: a route walk (``--routes``) reads one band of keys per
+    query, where a streaming head's sink + window leaves a gap."""
+    if any(getattr(extra, "wants_inputs", False) for extra in recorders):
+        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
+                             "window leaves a gap: leave out the routes or the KV budget")
+
+
 def generation_budget(loaded: LoadedModel, kv_budget: KVBudget | float, kv_scores: Any, score: str, sink: int,
                       window: int, n_tokens: int) -> KVBudget:
     """The :class:`KVBudget` a generation of ``n_tokens`` tokens runs under; refuses, before the model runs, a budget
     outside 0-1 or below sink + window, scores of another model, and a streaming window that covers the whole text
     (nothing would ever be evicted)."""
     budget = budget_from(loaded, kv_budget, kv_scores, score=score, tokens=n_tokens, sink=sink, window=window)
-    if budget.sink + budget.window >= n_tokens:
-        raise AttnscopeError(f"a streaming head's sink + window ({budget.sink} + {budget.window} keys) covers the "
-                             f"whole text of {n_tokens} tokens: nothing would be evicted; give a smaller window")
+    check_evicts(budget.sink, budget.window, n_tokens)
     return budget
 
 

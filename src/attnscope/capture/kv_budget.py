@@ -122,6 +122,17 @@ class KVBudget:
                 "windows": list(self.windows), "share": self.share,
                 "streamed": [[int(layer), int(head)] for layer, head in np.argwhere(self.streamed)]}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVBudget:
+        """The budget :meth:`to_dict` wrote (a record's ``settings["kv_budget"]``)."""
+        return cls(np.asarray(data["full"], dtype=bool), int(data["sink"]), int(data["window"]),
+                   tuple(int(w) for w in data["windows"]))
+
+    def all_full(self) -> KVBudget:
+        """The same layers with every KV head of the global layers full: what a plain cache holds."""
+        global_layer = np.array([not window for window in self.windows])[:, None]
+        return KVBudget(np.broadcast_to(global_layer, self.full.shape).copy(), self.sink, self.window, self.windows)
+
     def check_layout(self, layout: KVLayout) -> None:
         """Refuse a budget made for another model (layers, KV heads, windowed layers)."""
         if self.full.shape != (layout.n_layers, layout.n_kv_heads) or self.windows != layout.windows:
@@ -133,6 +144,15 @@ def check_sizes(sink: int, window: int) -> None:
     if sink < 0 or window < 1:
         raise AttnscopeError(f"a streaming head keeps sink >= 0 and window >= 1 keys, got sink {sink} and window "
                              f"{window}")
+
+
+def check_evicts(sink: int, window: int, n_tokens: int) -> None:
+    """Refuse a streaming head's ``sink`` + ``window`` that covers a whole text of ``n_tokens`` tokens (nothing
+    would ever be evicted)."""
+    check_sizes(sink, window)
+    if sink + window >= n_tokens:
+        raise AttnscopeError(f"a streaming head's sink + window ({sink} + {window} keys) covers the whole text of "
+                             f"{n_tokens} tokens: nothing would be evicted; give a smaller window")
 
 
 def kv_bytes(budget: KVBudget, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> int:
