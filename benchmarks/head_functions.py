@@ -27,6 +27,8 @@ Figures (the last line printed is one JSON object; layers and heads 0-indexed):
   check_score`) on SmolLM2: for each k, the change of the loss on the repeated half (nats per token, masked - intact)
   with the top-k induction heads zero-ablated, and with k random heads (mean of 5 draws), each ``[change, ci_low,
   ci_high]`` (paired bootstrap 95%). Accuracies, not timings: valid under load.
+* ``lists_models``: the aliases of the models whose head-function lists ship with attnscope
+  (:func:`attnscope.data.head_lists`, the data files ``scripts/head_lists.py`` wrote), read, not recomputed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from long import peak_mb, reset_peak
 import attnscope
 from attnscope import HeadScoreSettings, head_scores
 from attnscope.analysis.retrieval import retrieval_score
+from attnscope.data import head_lists
 from attnscope.experiments.head_masking import check_score
 from attnscope.experiments.needles import needle_prompt, run_trial
 from attnscope.experiments.random_tokens import repeated_random_tokens
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  scoring over generate: {figures['scoring_over_generate']}", flush=True)
     figures.update(masking_drops(loaded, size))
     print(f"  masking: top {figures['mask_top_k_drop']}, random {figures['mask_random_k_drop']}", flush=True)
+    figures["lists_models"] = list(head_lists())
     figures.update(targets={"equal_to_naive_max_abs_err": "<= 1e-6", "scoring_over_generate": "<= 1.3",
                             "peak_mb_32k": "<= 8192"}, torch_threads=args.threads,
                    load_avg_before=round(load_before, 2), load_avg_after=round(os.getloadavg()[0], 2),

@@ -569,6 +569,36 @@ def _gold_model_from_bench(m: dict[str, Any]) -> dict[str, Any]:
             "deps_seconds": round(m["deps_s"]), "coref_seconds": round(m["coref_s"]), "peak_mb": m["peak_rss_mb"]}
 
 
+HEAD_LIST_TOP = 3  # heads per score on the page
+
+
+def head_lists(work: Path) -> dict[str, Any]:
+    """The shipped head-function lists (``scripts/head_lists.py`` measured them; this only reads their summaries,
+    :func:`attnscope.data.head_list_summary`): per model, the sets' grid, the counted trials, each score's stability,
+    the retrieval share above 0.1 and the top heads."""
+    from attnscope.data import head_list, head_list_summary
+    from attnscope.data import head_lists as shipped
+
+    figures = {}
+    for alias in shipped():
+        found, table = head_list_summary(alias), head_list(alias)
+        above = table[table["retrieval"] > found["retrieval"]["threshold"]]
+        a = found["sets"]["a"]["settings"]
+        windowed = sorted({w for w in found["windows"] if w})
+        figures[alias] = {
+            "model": found["model"], "layers": found["layers"], "heads": found["heads"], "kv_heads": found["kv_heads"],
+            "windowed_layers": [layer for layer, w in enumerate(found["windows"]) if w], "window_sizes": windowed,
+            "needle_lengths": a["needle_lengths"], "needle_depths": a["needle_depths"], "max_tokens": a["max_tokens"],
+            "trials": found["trials"]["total"], "counted": found["trials"]["counted"],
+            "counted_a": found["trials"]["counted_a"], "counted_b": found["trials"]["counted_b"],
+            "retrieval_share": found["retrieval"]["share_above"], "retrieval_heads": len(above),
+            "retrieval_heads_global": int((above["window"] == 0).sum()),
+            "rho": {name: value["rho"] for name, value in found["stability"].items()},
+            "top": {name: heads[:HEAD_LIST_TOP] for name, heads in found["top"].items()},
+            "cpu": found["cpu"], "date": found["date"], "seconds": found["seconds"]}
+    return figures
+
+
 @dataclass(frozen=True)
 class Group:
     command: str  # what a reader would type to get the same figures
@@ -603,6 +633,7 @@ GROUPS: dict[str, Group] = {
     "mixing": Group("attnscope mixing --evaluate --json", mixing_faithfulness, ("seconds",)),
     "routes": Group(f'attnscope routes --model smollm2 "{ROUTES_PROMPT}" --png --json', route_example),
     "gold": Group(_gold_command(), gold),
+    "head_lists": Group("python scripts/head_lists.py (each model's data/head_lists/<alias>.json, read)", head_lists),
 }
 
 

@@ -405,19 +405,50 @@ def test_cli_writes_the_page_figure_and_json(tiny_model_dir, tmp_path, capsys):
 # ---- each generated token's route ------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_generation_routes_equal_one_pass_over_the_final_text(tiny, kind, tmp_path):
-    from attnscope.attribution import StepRoutes, step_routes
+    from attnscope.attribution import StepRoutes
     from attnscope.records import GenerationRecord
 
     loaded = tiny(kind)
     gen = attnscope.generate(loaded, TEXT, max_new_tokens=4, recorders=[StepRoutes()], progress=False)
     again = GenerationRecord.load(gen.save(tmp_path / "gen.safetensors"))  # the record's checks know the arrays
+    assert_generation_routes_are_one_pass_routes(loaded, again)
+
+
+def assert_generation_routes_are_one_pass_routes(loaded, gen) -> None:
+    """Each step's route of the generation ``gen`` equals the route of one pass over its final text at that step's
+    position (edges and importances to 1e-5)."""
+    from attnscope.attribution import step_routes
+
     ids = [int(i) for i in gen.token_ids]
     for step in range(gen.n_steps):
         position = gen.prompt_length - 1 + step
         expected = {(e.source, e.target, e.via): e for e in routes(loaded, ids, position=position).edges}
-        got = {(e.source, e.target, e.via): e for e in step_routes(again, step).edges}
+        got = {(e.source, e.target, e.via): e for e in step_routes(gen, step).edges}
         assert got.keys() == expected.keys(), step
         for key, edge in got.items():
             assert edge.importance == pytest.approx(expected[key].importance, abs=1e-5)
             if edge.heads:
                 assert edge.heads == pytest.approx(expected[key].heads, abs=1e-5)
+
+
+def test_routes_under_a_sink_window_restriction_walk_the_restricted_model(tiny):
+    """Under an intervention that restricts keys (``SinkWindow``), the route recorder is handed the restricted mask:
+    the rows it recomputes equal the naive parts of the restricted model's attention (captured eagerly under the same
+    intervention), and each generated token's route the one-pass route of the restricted model; a restriction that leaves a gap (a sink) or that only some heads of a layer get is refused."""
+    from attnscope.attribution import StepRoutes
+    from attnscope.capture.attention import intervene
+    from attnscope.errors import AttnscopeError
+    from attnscope.experiments.interventions import SinkWindow
+
+    loaded = tiny("llama")
+    n_heads = loaded.config.num_attention_heads
+    every_head = {layer: list(range(n_heads)) for layer in range(loaded.config.num_hidden_layers)}
+    with intervene(SinkWindow(every_head, 0, 3)):  # a window of 3 keys: one band per row, shorter than causal
+        assert chunked_vs_naive_error(loaded, TEXT) <= TOLERANCE
+        gen = attnscope.generate(loaded, TEXT, max_new_tokens=2, recorders=[StepRoutes()], progress=False)
+        assert_generation_routes_are_one_pass_routes(loaded, gen)  # generation's recorder, one step at a time
+    ids = _ids(loaded, TEXT)
+    for restriction, says in ((SinkWindow(every_head, 1, 3), "leaves gaps"),
+                              (SinkWindow({0: [0]}, 0, 3), "every head of a layer")):
+        with intervene(restriction), pytest.raises(AttnscopeError, match=says):
+            routes(loaded, ids)

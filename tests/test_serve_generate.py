@@ -158,3 +158,117 @@ def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, ex
     page.screenshot(path=str(ARTIFACTS / "explorer_generate_attribution.png"), full_page=True)
     assert errors == []
     page.close()
+
+
+# ---- the KV budget ---------------------------------------------------------------------------------
+BUDGET = {"kv_share": 0.5, "kv_sink": 2, "kv_window": 4, "kv_choose": "random", "kv_seed": 3}
+
+
+def test_a_budgeted_generation_returns_what_generate_writes_under_that_budget(explorer_client, explorer_app):
+    """The same seeded draw as ``random_budget`` by hand: the same tokens as ``attnscope.generate(kv_budget=...)``, the
+    streamed heads the record names, and the bytes ``kv_bytes`` gives for the tokens the cache held (a plain cache's
+    too)."""
+    import torch
+
+    from attnscope.capture.kv_budget import kv_bytes, kv_layout, random_budget
+
+    answer = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 4,
+                                                         **BUDGET})
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    with explorer_app.state.pool.use("smollm2") as smollm2:
+        layout = kv_layout(smollm2)
+        budget = random_budget(layout, share=0.5, seed=3, sink=2, window=4)
+        record = generate(smollm2, PROMPT, max_new_tokens=4, kv_budget=budget)
+    assert data["token_ids"] == record.token_ids.tolist() and data["generated"] == record.generated_text
+    got = data["kv_budget"]
+    assert got["streamed"] == record.settings["kv_budget"]["streamed"] == budget.to_dict()["streamed"]
+    assert got["streamed"] and got["chosen_by"] == "random"
+    held = len(record.token_ids) - 1  # generation never feeds its last token back
+    assert got["bytes"] == kv_bytes(budget, held, layout.head_dim, torch.float32)
+    assert got["full_bytes"] == 2 * layout.n_layers * layout.n_kv_heads * held * layout.head_dim * 4 > got["bytes"]
+    plain = explorer_client.post("/api/generate", json={"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 1})
+    assert plain.json()["kv_budget"] is None
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    ({"kv_share": 1.5}, "kv_share: "),
+    ({"kv_share": -0.1}, "kv_share: "),
+    ({"kv_share": "half"}, "kv_share: "),
+    ({"kv_window": 0}, "kv_window: "),
+    ({"kv_sink": -1}, "kv_sink: "),
+    ({"kv_choose": "best"}, "kv_choose: "),
+    ({"kv_window": 40}, "a streaming head's sink + window (2 + 40 keys) covers the whole text"),
+    ({"routes": True}, "routes need each query to see one unbroken band of keys"),
+    ({"model": "minilm"}, "model 'minilm' is not a decoder-only language model"),
+])
+def test_bad_kv_budgets_get_a_4xx_with_one_line_before_any_scoring(explorer_client, monkeypatch, change, detail):
+    from attnscope.serve import service
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("the retrieval score ran before the request was checked")
+
+    monkeypatch.setattr(service, "head_function_scores", no_scoring)
+    body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 4, **BUDGET, "kv_choose": "retrieval", **change}
+    answer = explorer_client.post("/api/generate", json=body)
+    assert 400 <= answer.status_code < 500
+    message = answer.json()["detail"]
+    assert message.startswith(detail) and "\n" not in message, message
+
+
+def test_the_generation_tab_shows_which_kv_heads_were_streamed(browser, explorer_server, explorer_app):
+    """A share, sink, window and a seeded random draw in the tab: the grid marks exactly the KV heads that
+    ``random_budget`` streams, and the bytes held are stated; a generation without a share clears it."""
+    from attnscope.capture.kv_budget import kv_layout, random_budget
+
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(explorer_server)
+    page.wait_for_selector("#gen-model option", state="attached")
+    page.click(".ex-tabs [data-tab=generate]")
+    page.fill("#gen-kv-share", "0.5")
+    page.fill("#gen-kv-sink", "2")
+    page.fill("#gen-kv-window", "4")
+    page.select_option("#gen-kv-choose", "random")
+    page.fill("#gen-kv-seed", "3")
+    generate_in_tab(page, PROMPT, 3)
+    page.wait_for_selector("#gen-budget[data-streamed]", timeout=120_000)
+    with explorer_app.state.pool.use("smollm2") as smollm2:
+        budget = random_budget(kv_layout(smollm2), share=0.5, seed=3, sink=2, window=4)
+    marked = page.evaluate("Array.from(document.querySelectorAll('#gen-budget [data-state=streamed]'), "
+                           "c => [Number(c.dataset.layer), Number(c.dataset.kvHead)])")
+    assert sorted(marked) == budget.to_dict()["streamed"]
+    assert page.locator("#gen-budget [data-state=full]").count() == int(budget.full.sum())
+    assert "bytes" in page.inner_text("#gen-budget [data-role=kv-bytes]")
+    layer, kv_head = budget.to_dict()["streamed"][0]
+    group = smollm2.config.num_attention_heads // smollm2.config.num_key_value_heads
+    page.select_option("#gen-steps [data-role=layer]", str(layer))
+    page.wait_for_function("() => document.querySelector('#gen-steps [data-role=head] option[data-streamed=true]')")
+    named = page.evaluate("Array.from(document.querySelectorAll('#gen-steps [data-role=head] option'), "
+                          "o => o.dataset.streamed === 'true' ? Number(o.value) : -1).filter(h => h >= 0)")
+    assert named == [h for kv in np.flatnonzero(budget.streamed[layer]) for h in range(kv * group, (kv + 1) * group)]
+    assert kv_head in {h // group for h in named}
+    page.screenshot(path=str(ARTIFACTS / "explorer_generate_kv_budget.png"), full_page=True)
+    page.fill("#gen-kv-share", "")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#gen-budget').childElementCount === 0", timeout=120_000)
+    assert errors == []
+    page.close()
+
+
+@pytest.mark.slow  # the retrieval score's needle trial: about half a minute on a CPU
+def test_a_budget_chosen_by_retrieval_is_generate_s_budget_from_those_scores(explorer_client, explorer_app):
+    """``kv_choose: retrieval`` streams the heads ``generate(kv_budget=share, kv_scores=HeadScores)`` streams with the
+    retrieval scores of the Head functions tab's settings, and writes the same tokens."""
+    from attnscope import head_scores
+    from attnscope.serve.service import explorer_head_settings
+
+    body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 4, **BUDGET, "kv_choose": "retrieval"}
+    answer = explorer_client.post("/api/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    with explorer_app.state.pool.use("smollm2") as smollm2:
+        scores = head_scores(smollm2, ["retrieval"], explorer_head_settings())
+        record = generate(smollm2, PROMPT, max_new_tokens=4, kv_budget=0.5, kv_scores=scores, kv_sink=2, kv_window=4)
+    assert answer.json()["kv_budget"]["streamed"] == record.settings["kv_budget"]["streamed"]
+    assert answer.json()["token_ids"] == record.token_ids.tolist()

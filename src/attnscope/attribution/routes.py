@@ -104,16 +104,26 @@ def key_band(mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_k
     firsts, lasts = [], []
     for start in range(0, n_queries, MASK_ROWS):
         seen = allowed_keys(mask[..., start : start + MASK_ROWS, :], min(MASK_ROWS, n_queries - start), n_keys)
-        seen = seen[0, 0].to("cpu")  # [rows, k_pos]
+        seen = one_heads_keys(seen[0]).to("cpu")  # [rows, k_pos]
         count = seen.sum(-1)
         first = seen.to(torch.uint8).argmax(-1)
         last = n_keys - 1 - seen.flip(-1).to(torch.uint8).argmax(-1)
         if bool((count == 0).any()) or bool((last - first + 1 != count).any()):
             raise AttnscopeError("routes need each query to see one unbroken band of keys (causal or a sliding "
-                                 "window); this model's mask leaves gaps")
+                                 "window); this call's mask leaves gaps (padding, a sparse selection, a sink + window)")
         firsts.append(first)
         lasts.append(last)
     return torch.cat(firsts), torch.cat(lasts)
+
+
+def one_heads_keys(seen: torch.Tensor) -> torch.Tensor:
+    """The keys ``[rows, k_pos]`` that every head of a call sees, from ``seen`` ``[head or 1, rows, k_pos]``; a call
+    whose heads see different keys (an intervention's key mask on some heads, e.g. ``SinkWindow``) is refused: the
+    walk gives one band of keys per row to every head."""
+    if seen.shape[0] > 1 and not bool((seen == seen[:1]).all()):
+        raise AttnscopeError("routes need every head of a layer to see the same keys; an intervention restricts some "
+                             "heads' keys (a sink + window on some heads): restrict every head of the layer, or none")
+    return seen[0]
 
 
 class _Discard:
@@ -225,6 +235,20 @@ class LayerImportance:
     ffn_residual: torch.Tensor
 
 
+def head_outputs(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each head's output per unit of weight on each key, ``v_j W_O^h``: ``[head, key, d_model]`` from ``values``
+    ``[kv_head, key, d_head]`` (query head h reads kv head h // group) and ``weight`` ``[head, d_head, d_model]``. Each
+    head's product is written in place: stacking a list of them copied ``[head, key, d_model]`` once more per layer
+    and step of a generation's routes."""
+    n_heads = weight.shape[0]
+    group = n_heads // values.shape[0]
+    out = torch.empty((n_heads, values.shape[1], weight.shape[-1]), dtype=torch.result_type(values, weight),
+                      device=values.device)
+    for h in range(n_heads):
+        torch.matmul(values[h // group], weight[h], out=out[h])
+    return out
+
+
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
 
@@ -271,9 +295,8 @@ class RouteTensors:
         lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
         n_heads = data.query.shape[0]
         weight = per_head_out_proj(site, n_heads, unavailable="routes")  # [head, d_head, d_model]
-        group = n_heads // data.value.shape[0]
         values = data.value[:, lo:hi].to(weight.device)  # [kv_head, key, d_head]
-        heads_out = torch.stack([values[h // group] @ weight[h] for h in range(n_heads)])  # [head, key, d_model]
+        heads_out = head_outputs(values, weight)  # [head, key, d_model]
         step = max(1, PARTS_BUDGET // max(1, (hi - lo) * heads_out.shape[-1]))
         pieces = [self._rows(layer, order[s : s + step], lo, hi, heads_out) for s in range(0, len(order), step)]
         heads = torch.zeros((len(order), self.residuals[0].shape[0], n_heads))

@@ -25,7 +25,7 @@ import torch
 from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
-from ..capture.recorders import AttentionCall, expand_kv_heads
+from ..capture.recorders import AttentionCall
 from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
@@ -65,7 +65,9 @@ class StepAttribution(GenerationRecorder):
     def _start(self) -> None:
         """Nothing kept yet (a recorder may serve several generations, one after the other)."""
         self.rows: dict[int, dict[int, torch.Tensor]] = {}  # per pass not yet split: per layer its last row [head, k]
-        self.values: dict[int, GrowingTensor] = {}  # per layer: every key's value so far [kv_head, pos, d_head]
+        # per layer: every key's value so far [kv_head, pos, d_head], float64 as the terms read them (converting every
+        # key's value at every step cost more than the step's own pass at a thousand keys)
+        self.values: dict[int, GrowingTensor] = {}
         self.sites: dict[int, AttentionSite] = {}
         self.passes = GenerationPasses(self.split)
         self.fed: list[int] = []  # the token each pass after the prompt's was fed: the one the pass before chose
@@ -77,12 +79,12 @@ class StepAttribution(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
-        buffer up to half again as large), each pass's block outputs for the lens, one step's rows and values
-        expanded to the query heads for every layer, and the lens's logits of ``LENS_STEPS`` steps."""
+        buffer up to half again as large, float64), each pass's block outputs for the lens, one step's rows and
+        terms for every layer, and the lens's logits of ``LENS_STEPS`` steps."""
         steps, positions = shape.max_new_tokens, shape.n_positions
         kept = steps * (shape.n_layers * shape.n_heads * 4 + self.top_heads * (positions * 4 + 16)
                         + shape.n_layers * self.lens_top * 12)
-        values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
+        values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 8
         blocks = steps * shape.n_layers * shape.d_model * 4
         one_step = shape.n_layers * shape.n_heads * positions * (shape.d_head + 1) * 4 * 2  # float32, then float64
         lens = LENS_STEPS * shape.vocab * 4 * 3
@@ -101,7 +103,8 @@ class StepAttribution(GenerationRecorder):
         self.passes.heard(site.layer, added)
         # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
         self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
-        self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(call.value[0, :, call.value.shape[2] - added :])
+        self.values.setdefault(site.layer, GrowingTensor(axis=1, dtype=torch.float64)).append(
+            call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
 
     @contextmanager
@@ -145,14 +148,14 @@ class StepAttribution(GenerationRecorder):
     def position_rows(self, index: int, t: int) -> PositionRows:
         """Pass ``index``'s last rows (position ``t``) as :class:`~attnscope.attribution.terms.PositionRows`
         (a row's keys are the last ``k`` positions up to its own: a sliding-window layer's hold fewer; the others are
-        0), with the values of keys ``0..t`` expanded to the query heads."""
+        0), with the values of keys ``0..t``, grouped (``[kv_head, source_pos, d_head]`` float64: the terms read them so,
+        :func:`~attnscope.attribution.terms.per_source_terms`)."""
         rows = PositionRows((t,))
         for layer, row in self.rows[index].items():
             n_heads = row.shape[0]
             table = torch.zeros((1, n_heads, t + 1), dtype=torch.float32, device=row.device)
             table[0, :, t + 1 - row.shape[-1] :] = row
-            values = self.values[layer].view(t + 1)[None]  # [1, kv_head, source_pos, d_head]
-            rows.rows[layer], rows.values[layer] = table, expand_kv_heads(values, n_heads)[0]
+            rows.rows[layer], rows.values[layer] = table, self.values[layer].view(t + 1)  # [kv_head, source_pos, d_head]
             rows.sites[layer] = self.sites[layer]
         return rows
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
+from weakref import WeakKeyDictionary
 
 import numpy as np
 import torch
@@ -117,8 +118,20 @@ def unembedding(loaded: LoadedModel) -> Unembedding:
     return facts
 
 
+# per model: each pattern's module, found once (a generation's attribution asks for the final norm at every step, and
+# walking every module's name with a regular expression cost a tenth of a step's attribution in SmolLM2)
+_NAMED_MODULES: WeakKeyDictionary[nn.Module, dict[str, nn.Module]] = WeakKeyDictionary()
+
+
 def named_module(loaded: LoadedModel, pattern: str) -> nn.Module:
     """The first module whose qualified name matches ``pattern``."""
+    found = _NAMED_MODULES.setdefault(loaded.model, {})
+    if pattern not in found:
+        found[pattern] = _first_named(loaded, pattern)
+    return found[pattern]
+
+
+def _first_named(loaded: LoadedModel, pattern: str) -> nn.Module:
     for name, module in loaded.model.named_modules():
         if re.search(pattern, name):
             return cast(nn.Module, module)
@@ -408,8 +421,7 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
             weights[layer] = per_head_out_proj(site, n_heads)
         # [head, d_head]: what one unit of head output adds; float32 (copying W_O to float64 cost more than the pass)
         r = (weights[layer] @ w_attention.float()).double()
-        values = rows.values[layer][:, : t + 1].double()  # [head, source_pos, d_head]
-        sources[layer] = rows.rows[layer][index, :, : t + 1].double() * (values @ r[:, :, None])[..., 0]
+        sources[layer] = rows.rows[layer][index, :, : t + 1].double() * per_source_terms(rows.values[layer], r, t + 1)
         bias = getattr(site.out_proj, "bias", None)
         biases[layer] = (0.0 if bias is None else float(bias.double() @ w_attention)) + (
             0.0 if frozen is None else frozen.bias_term(w))
@@ -426,6 +438,19 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
     return Terms(heads=sources.sum(-1), head_sources=sources, mlps=mlps, attention_bias=biases,
                  embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
                  final_scale=final.scale)
+
+
+def per_source_terms(values: torch.Tensor, r: torch.Tensor, n_sources: int) -> torch.Tensor:
+    """``values`` of sources ``0..n_sources-1`` dotted with ``r`` (``[head, d_head]``, what one unit of each head's
+    output adds to the logit): ``[head, source_pos]`` float64. ``values``: ``[head, source, d_head]``, or grouped,
+    ``[kv_head, source, d_head]`` (query head h reads kv head h // group): the heads of a group then share one product,
+    so the values are neither copied once per query head nor, where they are float64 already, converted (a
+    generation's steps did both, for every layer and step)."""
+    n_heads, n_kv_heads = r.shape[0], values.shape[0]
+    group = n_heads // n_kv_heads
+    readout = r.double().view(n_kv_heads, group, -1).transpose(1, 2)  # [kv_head, d_head, group]
+    terms = torch.matmul(values[:, :n_sources].double(), readout)  # [kv_head, source_pos, group]
+    return terms.permute(0, 2, 1).reshape(n_heads, n_sources)
 
 
 def lens_top(loaded: LoadedModel, blocks: dict[int, torch.Tensor], k: int) -> tuple[np.ndarray, np.ndarray]:

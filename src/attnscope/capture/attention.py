@@ -279,6 +279,11 @@ def attnscope_attention(
                               key.shape[2])
     if recorder is None or interventions or wants_inputs(recorder):  # paths that take a whole mask
         attention_mask, selection = whole_mask(attention_mask, selection, query.shape[2]), None
+    if interventions:  # their key masks restrict the keys seen before anything reads the mask, a recorder included
+        assert site is not None
+        attention_mask = restricted_mask(interventions, site, rows_mask(
+            attention_mask, call_causal(site, kwargs), query.shape[2], key.shape[2], 0, query.device),
+            query.shape[1], query.shape[2], key.shape[2], query.device)
     if recorder is not None:
         assert site is not None
         hand_inputs(recorder, site, CallInputs(query, key, value, attention_mask,
@@ -317,9 +322,8 @@ def attnscope_attention(
                                               scaling=scaling))
         return delivered(only, site, output), None
     attention_mask = whole_mask(attention_mask, selection, n_queries)
-    if site is not None:
+    if site is not None:  # (a no-op where interventions already made it whole above)
         attention_mask = rows_mask(attention_mask, causal, query.shape[2], n_keys, 0, query.device)
-        attention_mask = restricted_mask(interventions, site, attention_mask, n_heads, n_queries, n_keys, query.device)
     scores = attention_scores(query, key, attention_mask, scaling, kwargs.get("position_bias"), kwargs.get("softcap"))
     probs, sink_mass = softmax_with_sinks(scores.float(), sink_logits(kwargs))  # [batch, head, q_pos, k_pos]
     if interventions:
@@ -332,7 +336,8 @@ def attnscope_attention(
     if recorder is not None and unwanted < n_queries:
         assert site is not None
         recorder.keep(site, AttentionCall(query, key, value, probs, scaling, sink_mass=sink_mass))
-    mixing = nn.functional.dropout(probs, p=dropout, training=module.training).to(value.dtype)
+    # dropout of 0 (every inference) returns its input, but costs a call per layer and step
+    mixing = (probs if dropout == 0.0 or not module.training else nn.functional.dropout(probs, p=dropout)).to(value.dtype)
     output = grouped_matmul(mixing, value).transpose(1, 2)  # [batch, q_pos, head, d_head]
     for intervention in interventions:
         assert site is not None  # interventions only ever apply to a known site

@@ -28,9 +28,25 @@ from ..records.generation import GenerationRecord, packed_length, row_offset
 from .attention import capture, interventions_active
 from .extract import as_loaded, model_info_from, n_config_heads, n_main_layers
 from .hooks import local_hooks
-from .kv_budget import DEFAULT_SCORE, DEFAULT_SINK, DEFAULT_WINDOW, KVBudget, budget_from, budgeted_cache
+from .kv_budget import (
+    DEFAULT_SCORE,
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
+    KVBudget,
+    budget_from,
+    budgeted_cache,
+    check_evicts,
+)
 from .plan import MemoryEstimate, check_memory
-from .recorders import AttentionCall, Recorder, RecorderGroup, SiteCapture, per_head_out_proj, value_norms
+from .recorders import (
+    AttentionCall,
+    Recorder,
+    RecorderGroup,
+    SiteCapture,
+    expand_kv_heads,
+    per_head_out_proj,
+    value_norms,
+)
 from .tokens import guess_word_ids, readable_tokens
 
 DEFAULT_CANDIDATES = 10
@@ -43,6 +59,7 @@ DROP_PROMPT_ROWS_ADVICE = "keep only the steps' rows (prompt_rows=False, --promp
 # per-step table never read them (only each step's own row), and `attnscope view`/`extract` capture a
 # long prompt's attention on their own, in row chunks.
 PROMPT_ROWS_BUDGET = 512 * 2**20
+NORM_POSITIONS = 256  # positions whose value norms one product computes at the end of a generation
 
 
 @dataclass
@@ -57,7 +74,8 @@ class StepRows(Recorder):
     at most one layer's prefill block is in memory at a time. One array, not a piece per call: pieces
     joined at the end were held twice, and thousands of small long-lived pieces between each step's
     short-lived tensors fragmented the heap (SmolLM2, 256 tokens after 512: 6.3 GB peak for 305 MB kept).
-    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (``new_value_norms``); a model that gates
+    ``with_norms``: also keep ``||v W_O||`` of the keys each call adds (their values, whose norms :meth:`value_norms`
+    takes at the end); a model that gates
     its heads' output (Qwen3-Next) keeps none, since what a head adds per key then depends on the query.
     """
 
@@ -66,7 +84,8 @@ class StepRows(Recorder):
     layers: tuple[int, ...] = (0,)  # the self-attention sites' layer numbers, ascending (hybrids skip some): row order
     n_positions: int = 1  # the most positions the generation can reach (prompt + max_new_tokens)
     kept: np.ndarray | None = None  # [layer, head, packed] from first_row, made at the first call
-    norms: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    values: dict[int, GrowingTensor] = field(default_factory=dict)  # per layer: every key's value [kv_head, pos, d_head]
+    norm_sites: dict[int, tuple[AttentionSite, int]] = field(default_factory=dict)  # per layer: its site, query heads
     sink_masses: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per layer: [head, row], learned sinks
     learned_sinks: bool = False  # some call had learned sinks (gpt-oss): the record keeps sink_masses
     positions: dict[int, int] = field(default_factory=dict)  # per layer: queries seen so far
@@ -86,7 +105,7 @@ class StepRows(Recorder):
         site has a gate is in the model's weights, so reading each step's again would only cost time."""
         if gate is not None:
             self.with_norms = self.hears_gates = False
-            self.norms.clear()
+            self.values.clear()
         elif site in self.heard_ungated:
             self.hears_gates = False
         else:
@@ -95,10 +114,17 @@ class StepRows(Recorder):
     def keep(self, site: AttentionSite, call: AttentionCall) -> None:
         captured = SiteCapture(attention=call.probs.detach(), n_kv_heads=call.n_kv_heads, d_head=call.d_head,
                                scaling=call.scaling, first_query=call.first_query, sink_mass=call.sink_mass)
-        if self.with_norms:  # the earlier keys' norms came with earlier calls
-            added = call.last_values(call.first_query + call.query.shape[2]).detach()  # [1, head, new key, d_head]
-            captured.new_value_norms = value_norms(added, site, self.out_proj_of(site, added.shape[1]))
+        if self.with_norms:  # the earlier keys' values came with earlier calls
+            self.keep_new_values(site, call)
         self(site, captured)
+
+    def keep_new_values(self, site: AttentionSite, call: AttentionCall) -> None:
+        """Append the values of the keys ``call`` added (grouped, ``[kv_head, new key, d_head]``): their norms are taken
+        at the end (:meth:`value_norms`), in a few large products, not in five small operations per layer and step
+        (a tenth of a step's time for SmolLM2); a sliding window's cache may later drop them."""
+        added = call.first_query + call.query.shape[2]  # one key per query of the call
+        self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(call.value[0, :, call.value.shape[2] - added :])
+        self.norm_sites[site.layer] = site, call.probs.shape[1]
 
     def out_proj_of(self, site: AttentionSite, n_heads: int) -> torch.Tensor:
         """``W_O`` split by head, ``[head, d_head, d_model]``, contiguous, made once per site and generation
@@ -120,8 +146,6 @@ class StepRows(Recorder):
                 np.zeros((block.shape[0], block.shape[1] - kept), np.float32) if captured.sink_mass is None
                 else captured.sink_mass[0, :, kept:].float().cpu().numpy())  # [head, row]
             self.learned_sinks = self.learned_sinks or captured.sink_mass is not None
-        if captured.new_value_norms is not None:
-            self.norms.setdefault(site.layer, []).append(captured.new_value_norms[0].float().cpu().numpy())
         if block.shape[1] > 1:  # the prompt's pass: hand each layer's freed blocks back before the next (see trim_heap)
             trim_heap()
 
@@ -170,10 +194,21 @@ class StepRows(Recorder):
         return np.stack([np.concatenate(self.sink_masses[layer], axis=-1) for layer in sorted(self.sink_masses)])
 
     def value_norms(self) -> np.ndarray | None:
-        """``[layer, head, position]``, or None when norms were not asked for."""
-        if not self.norms:
+        """``||v_j W_O^h||``, ``[layer, head, position]``, or None when norms were not asked for (or a gate ended
+        them); the kept values are let go layer by layer."""
+        if not self.values:
             return None
-        return np.stack([np.concatenate(self.norms[layer], axis=-1) for layer in sorted(self.norms)])
+        return np.stack([self.layer_value_norms(layer) for layer in sorted(self.values)])
+
+    def layer_value_norms(self, layer: int) -> np.ndarray:
+        """``layer``'s value norms ``[head, position]``, ``NORM_POSITIONS`` positions at a time (each product holds
+        ``[head, positions, d_model]``)."""
+        site, n_heads = self.norm_sites[layer]
+        values = self.values.pop(layer).view()[None]  # [1, kv_head, position, d_head]
+        per_head = self.out_proj_of(site, n_heads)
+        pieces = [value_norms(expand_kv_heads(values[:, :, start : start + NORM_POSITIONS], n_heads), site, per_head)[0]
+                  for start in range(0, values.shape[2], NORM_POSITIONS)]
+        return torch.cat(pieces, dim=-1).float().cpu().numpy()
 
 
 class GrowingTensor:
@@ -423,9 +458,8 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     check_generation(loaded, len(ids), max_new_tokens, first_row=first_row, recorders=recorders, candidates=candidates)
     budget = None if kv_budget is None else generation_budget(loaded, kv_budget, kv_scores, kv_score, kv_sink,
                                                               kv_window, len(ids) + max_new_tokens)
-    if budget is not None and any(extra.wants_inputs for extra in recorders):  # a route walk (--routes)
-        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
-                             "window leaves a gap: leave out the routes or the KV budget")
+    if budget is not None:
+        check_budget_recorders(recorders)
     settings: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, "chat": chat}
     if do_sample:
         settings.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -566,15 +600,21 @@ def _finishing_bar(recorders: Sequence[GenerationRecorder], progress: bool) -> A
                 leave=False)
 
 
+def check_budget_recorders(recorders: Sequence[GenerationRecorder]) -> None:
+    """Refuse recorders that cannot run under a KV budget: a route walk (``--routes``) reads one band of keys per
+    query, where a streaming head's sink + window leaves a gap."""
+    if any(getattr(extra, "wants_inputs", False) for extra in recorders):
+        raise AttnscopeError("routes need each query to see one unbroken band of keys, and a streaming head's sink + "
+                             "window leaves a gap: leave out the routes or the KV budget")
+
+
 def generation_budget(loaded: LoadedModel, kv_budget: KVBudget | float, kv_scores: Any, score: str, sink: int,
                       window: int, n_tokens: int) -> KVBudget:
     """The :class:`KVBudget` a generation of ``n_tokens`` tokens runs under; refuses, before the model runs, a budget
     outside 0-1 or below sink + window, scores of another model, and a streaming window that covers the whole text
     (nothing would ever be evicted)."""
     budget = budget_from(loaded, kv_budget, kv_scores, score=score, tokens=n_tokens, sink=sink, window=window)
-    if budget.sink + budget.window >= n_tokens:
-        raise AttnscopeError(f"a streaming head's sink + window ({budget.sink} + {budget.window} keys) covers the "
-                             f"whole text of {n_tokens} tokens: nothing would be evicted; give a smaller window")
+    check_evicts(budget.sink, budget.window, n_tokens)
     return budget
 
 

@@ -164,6 +164,22 @@ class KVBudget:
             out["recent"] = [[layer, head, int(windows[layer, head])] for layer, head in out["streamed"]]
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVBudget:
+        """The budget :meth:`to_dict` wrote (a record's ``settings["kv_budget"]``), windows per head included."""
+        full = np.asarray(data["full"], dtype=bool)
+        recent = None
+        if "recent" in data:
+            recent = np.zeros(full.shape, dtype=int)
+            for layer, head, window in data["recent"]:
+                recent[layer, head] = window
+        return cls(full, int(data["sink"]), int(data["window"]), tuple(int(w) for w in data["windows"]), recent)
+
+    def all_full(self) -> KVBudget:
+        """The same layers with every KV head of the global layers full: what a plain cache holds."""
+        global_layer = np.array([not window for window in self.windows])[:, None]
+        return KVBudget(np.broadcast_to(global_layer, self.full.shape).copy(), self.sink, self.window, self.windows)
+
     def check_layout(self, layout: KVLayout) -> None:
         """Refuse a budget made for another model (layers, KV heads, windowed layers)."""
         if self.full.shape != (layout.n_layers, layout.n_kv_heads) or self.windows != layout.windows:
@@ -180,6 +196,15 @@ def check_sizes(sink: int, window: int) -> None:
 def key_bytes(head_dim: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> int:
     """Bytes of one key and its value in one KV head."""
     return 2 * head_dim * torch.tensor([], dtype=dtype).element_size() * batch
+
+
+def check_evicts(sink: int, window: int, n_tokens: int) -> None:
+    """Refuse a streaming head's ``sink`` + ``window`` that covers a whole text of ``n_tokens`` tokens (nothing
+    would ever be evicted)."""
+    check_sizes(sink, window)
+    if sink + window >= n_tokens:
+        raise AttnscopeError(f"a streaming head's sink + window ({sink} + {window} keys) covers the whole text of "
+                             f"{n_tokens} tokens: nothing would be evicted; give a smaller window")
 
 
 def kv_bytes(budget: KVBudget, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> int:

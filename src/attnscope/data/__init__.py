@@ -13,16 +13,21 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AttnscopeError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BROWN_SAMPLE = "brown_sample.txt"
 BROWN_PAIRS = "brown_pairs.txt"
 DOCUMENTS = "documents"
 NEEDLES = "needles.jsonl"
+HEAD_LISTS = "head_lists"
 
-__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "NEEDLES", "Needle", "brown_pairs", "brown_sentences", "document", "documents",
-           "needle", "needles"]
+__all__ = ["BROWN_PAIRS", "BROWN_SAMPLE", "HEAD_LISTS", "NEEDLES", "Needle", "brown_pairs", "brown_sentences", "document",
+           "documents", "head_list", "head_list_summary", "head_lists", "needle", "needles"]
 
 
 @cache
@@ -114,3 +119,41 @@ def needle(needle_id: str) -> Needle:
     if needle_id not in by_id:
         raise AttnscopeError(f"no shipped needle {needle_id!r}; the shipped needles are: {', '.join(by_id)}")
     return by_id[needle_id]
+
+
+def head_lists() -> tuple[str, ...]:
+    """Aliases of the models whose head-function lists ship with attnscope (``head_lists/``, made by
+    ``scripts/head_lists.py``: every registered head score, on two disjoint sets of evidence; see its README)."""
+    folder = files(__package__).joinpath(HEAD_LISTS)
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(entry.name.removesuffix(".json") for entry in folder.iterdir() if entry.name.endswith(".json")))
+
+
+def _check_head_list(alias: str) -> None:
+    if alias not in head_lists():
+        raise AttnscopeError(f"no head-function list ships for {alias!r}; lists ship for: {', '.join(head_lists())}")
+
+
+def head_list(alias: str, per: str = "head") -> pd.DataFrame:
+    """The shipped head-function list of ``alias``: ``per="head"``, one row per (layer, head), 0-indexed, with
+    ``kv_head``, the layer's ``window`` (0: global), each score pooled over both evidence sets and each set's own
+    (``<score>_a``, ``<score>_b``); ``per="kv_head"``, one row per (layer, KV head), ``<score>_max`` and
+    ``<score>_mean`` over the group's query heads."""
+    import pandas as pd
+
+    _check_head_list(alias)
+    if per not in ("head", "kv_head"):
+        raise AttnscopeError(f"per must be 'head' or 'kv_head', got {per!r}")
+    name = f"{alias}.csv" if per == "head" else f"{alias}_kv.csv"
+    with files(__package__).joinpath(HEAD_LISTS, name).open("r", encoding="utf-8") as table:
+        return pd.read_csv(table)
+
+
+def head_list_summary(alias: str) -> dict[str, Any]:
+    """What the list of ``alias`` was measured on and what it shows: the evidence sets and grid, the trials and which
+    counted, each score's stability between the sets (Spearman's rho), the share of retrieval heads, the top heads,
+    the date, CPU, attnscope version and licence."""
+    _check_head_list(alias)
+    summary: dict[str, Any] = json.loads(files(__package__).joinpath(HEAD_LISTS, f"{alias}.json").read_text("utf-8"))
+    return summary

@@ -20,7 +20,9 @@ plus float16 rounding of ``row_max`` off). Three sets of rows:
 
 A model with learned attention sinks (gpt-oss) adds ``sink_mass`` float16 ``[layer, head, step]``: the
 share of each step's softmax given to the learned sink logit, so that the row over the tokens sums to 1
-minus it; the page shows it beside the tokens as a bar of its own ("learned sink").
+minus it; the page shows it beside the tokens as a bar of its own ("learned sink"). A generation under a KV
+budget adds ``streamed_heads`` ``[[layer, query head], ...]``, the heads whose KV head kept only its sink and window;
+the page names them in the chosen layer's head menu.
 
 When the record has value norms, ``weighted`` holds the norm-weighted means ``alpha * ||v W_O||``
 (Kobayashi et al. 2020) over heads and over everything, and per key the norms ``||v_k W_O^h||``
@@ -215,6 +217,7 @@ class StepsPayload(TypedDict):  # sink_mass: float16 [layer, head, step], models
     sentences: SentencePanel | None
     notes: list[str]
     sink_mass: NotRequired[PackedArray]
+    streamed_heads: NotRequired[list[list[int]]]  # [[layer, query head], ...]: a KV budget's streamed heads
 
 
 RowsOf = Callable[[int], np.ndarray]
@@ -227,7 +230,8 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
                         value_norms: np.ndarray | None = None, source: Sequence[str] = (), changes: str = "",
                         notes: Sequence[str] = (), attribution: StepAttribution | None = None,
                         compress: bool = True, sink_mass: np.ndarray | None = None,
-                        routes: RouteSteps | None = None, sentences: SentencePanel | None = None) -> StepsPayload:
+                        routes: RouteSteps | None = None, sentences: SentencePanel | None = None,
+                        streamed_heads: Sequence[tuple[int, int]] | None = None) -> StepsPayload:
     """The step view's payload (see the module docstring).
 
     ``rows(s)``: step ``s``'s attention ``[layer, head, keys_s]``; ``value_norms`` ``[layer, head, key]``
@@ -236,7 +240,8 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
     attribution and logit lens (:func:`generation_attribution`), or None. ``sink_mass``: ``[layer, head, step]``
     for a model with learned sinks (each step's row sums to 1 minus it), else None. ``routes``: each step's route
     (:func:`generation_routes`), or None. ``sentences``: the sentence panel of the text
-    (:func:`~attnscope.present.sentence_panel.generation_sentences`), or None.
+    (:func:`~attnscope.present.sentence_panel.generation_sentences`), or None. ``streamed_heads``: ``(layer, query
+    head)`` pairs a KV budget streamed (:func:`streamed_query_heads`), or None without a budget.
     """
     if not steps:
         raise AttnscopeError("nothing was decoded: the step view needs at least one step")
@@ -258,6 +263,8 @@ def build_steps_payload(*, title: str, model: str, method: str, kind: Literal["s
         weighted=weighted, attribution=attribution, routes=routes, sentences=sentences, notes=list(notes))
     if sink_mass is not None:
         payload["sink_mass"] = pack_float16(sink_mass, compress)
+    if streamed_heads is not None:
+        payload["streamed_heads"] = [[int(layer), int(head)] for layer, head in streamed_heads]
     return payload
 
 
@@ -375,7 +382,18 @@ def generation_payload(gen: GenerationRecord, *, compress: bool = True, title: s
         steps=[_generation_step(gen, step) for step in range(gen.n_steps)],
         rows=gen.step_attention, value_norms=gen.arrays.get("value_norms"), changes=gen.changes,
         attribution=generation_attribution(gen, compress), compress=compress, sink_mass=_step_sink_mass(gen),
-        routes=generation_routes(gen, compress), sentences=generation_sentences(gen, compress))
+        routes=generation_routes(gen, compress), sentences=generation_sentences(gen, compress),
+        streamed_heads=streamed_query_heads(gen))
+
+
+def streamed_query_heads(gen: GenerationRecord) -> list[tuple[int, int]] | None:
+    """``(layer, query head)`` of every query head whose KV head a KV budget streamed (``settings["kv_budget"]``:
+    ``(layer, kv head)``; query head h reads KV head ``h // group``), or None for a generation without a budget."""
+    budget = gen.settings.get("kv_budget")
+    if not budget:
+        return None
+    group = gen.model.n_heads // gen.model.n_kv_heads
+    return [(layer, head) for layer, kv_head in budget["streamed"] for head in range(kv_head * group, (kv_head + 1) * group)]
 
 
 def _step_sink_mass(gen: GenerationRecord) -> np.ndarray | None:

@@ -11,7 +11,8 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, its page at ``/docs``):
 * ``POST /api/record``: one input's attention as plain JSON (the page downloads it);
 * ``POST /api/mixing``: one context-mixing measure of one text (ALTI, GlobEnc, value zeroing, ...),
   packed as the views payload packs it (the page's Measure control asks for it on demand);
-* ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step;
+* ``POST /api/generate``: a decoder generates after a prompt; the step view's payload of every step; with
+  ``kv_share``, under a KV budget (``attnscope.generate(kv_budget=...)``: which KV heads streamed, the bytes held);
 * ``POST /api/qk``: why a decoder's head scores a key for a query (QK attribution of one attention cell:
   the score and its largest [query component x key component] terms; the views' cell click asks it);
 * ``POST /api/routes``: the information-flow route of one prediction of a decoder (``attnscope.routes``:
@@ -175,7 +176,14 @@ class InterveneRequest(InputText):
         None, description="which attention the heads belong to (default: the input side's)")
 
 
+# What generate() refuses and the schema can say: routes under a KV budget (a streaming head's keys leave a gap)
+ROUTES_OR_BUDGET: dict[str, Any] = {"not": {"required": ["routes", "kv_share"], "properties": {
+    "routes": {"const": True}, "kv_share": {"type": "number"}}}}
+
+
 class GenerateRequest(StrictRequest):
+    model_config = ConfigDict(json_schema_extra=ROUTES_OR_BUDGET)
+
     model: str | None = Field(None, description="a decoder-only model from GET /api/models (default: the server's "
                               "first decoder-only model)")
     prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS, pattern=NOT_BLANK,
@@ -191,8 +199,27 @@ class GenerateRequest(StrictRequest):
     routes: bool = Field(False, description="also each step's information-flow route (Ferrando & Voita 2024) above "
                          "the default tau, from the generation's own forward passes (the step view draws the "
                          "chosen step's)")
+    kv_share: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False,
+                                   description="generate with a KV budget: this share (0-1) of the global layers' KV "
+                                   "heads keep every key, the others only kv_sink + kv_window keys (null: no budget)")
+    kv_sink: Annotated[int, Field(ge=0), BeforeValidator(_whole_number)] = Field(
+        4, description="with kv_share: the first keys a streaming KV head keeps")
+    kv_window: Annotated[int, Field(ge=1), BeforeValidator(_whole_number)] = Field(
+        64, description="with kv_share: the most recent keys a streaming KV head keeps (sink + window must be shorter "
+        "than the text)")
+    kv_choose: Literal[tuple(service.KV_CHOICES)] = Field(  # type: ignore[valid-type]
+        "retrieval", description="with kv_share: which KV heads stay full: " + "; ".join(
+            f"{name}: {text}" for name, text in service.KV_CHOICES.items()))
+    kv_seed: Annotated[int, Field(ge=0), BeforeValidator(_whole_number)] = Field(
+        0, description="with kv_choose random: the seed of the draw")
 
     _check_prompt = field_validator("prompt")(_utf8)
+
+    def kv_ask(self) -> service.KVAsk | None:
+        """The KV budget asked for, or None without ``kv_share``."""
+        if self.kv_share is None:
+            return None
+        return service.KVAsk(self.kv_share, self.kv_sink, self.kv_window, self.kv_choose, self.kv_seed)
 
 
 # Exactly one of a QK request's text and token ids (service.qk checks it too, in one line)
@@ -436,11 +463,14 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         from ..capture.generate import generate
 
         recorders = [*([StepAttribution()] if request.attribute else []), *([StepRoutes()] if request.routes else [])]
+        ask = request.kv_ask()
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
+            budget = None if ask is None else service.generation_kv_budget(
+                loaded, request.prompt, request.chat, request.max_new_tokens, ask, recorders)
             record = generate(loaded, request.prompt, max_new_tokens=request.max_new_tokens, chat=request.chat,
-                              prompt_rows=PROMPT_ROWS[request.prompt_rows], recorders=recorders)
+                              prompt_rows=PROMPT_ROWS[request.prompt_rows], recorders=recorders, kv_budget=budget)
         # packing the payload needs no model: let the next request in
-        return JSONResponse(service.describe_generation(record))
+        return JSONResponse(service.describe_generation(record, None if ask is None else ask.choose))
 
     @app.post("/api/qk", summary="why a decoder's head scores a key for a query: QK attribution of one cell",
               responses=ERRORS)

@@ -20,6 +20,7 @@ layer answers 4xx) for input the user can fix.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ..analysis.mixing import Mixing
     from ..attribution.qk import QKAttribution
     from ..attribution.routes import Routes
+    from ..capture.kv_budget import KVBudget
     from ..experiments.head_functions import HeadScoreSettings
     from ..experiments.head_trials import HeadTrial
     from ..experiments.sentences import SentenceReport
@@ -351,13 +353,85 @@ def translation_change(loaded: LoadedModel, text: str, change: Change) -> dict[s
 
 
 # ---- generation ------------------------------------------------------------------------------
-def describe_generation(record: GenerationRecord) -> dict[str, Any]:
+# How the Generate tab chooses a KV budget's full heads: by the retrieval score at the explorer's settings (what the
+# Head functions tab shows for it; higher = needs every key) or at random (seeded)
+KV_CHOICES = {"retrieval": "the highest retrieval scores (the Head functions tab's, computed at its small settings)",
+              "random": "at random (the seed)"}
+
+
+@dataclass(frozen=True)
+class KVAsk:
+    """A generation's KV budget as the Generate tab asks for it: ``share`` (0-1) of the global layers' KV heads full
+    (every key), the others streaming (the first ``sink`` keys and the ``window`` most recent), the full ones chosen
+    by ``choose`` (:data:`KV_CHOICES`; ``seed`` for random)."""
+
+    share: float
+    sink: int
+    window: int
+    choose: str = "retrieval"
+    seed: int = 0
+
+
+def generation_kv_budget(loaded: LoadedModel, prompt: str, chat: bool, max_new_tokens: int, ask: KVAsk,
+                         recorders: Sequence[Any] = ()) -> KVBudget:
+    """The :class:`~attnscope.capture.kv_budget.KVBudget` ``ask`` names for a generation of ``max_new_tokens`` after
+    ``prompt`` with ``recorders``; what needs no forward pass is checked first (a decoder that can write that much,
+    recorders that run under a budget, a share in 0-1, a sink + window shorter than the text), then the retrieval
+    score runs where it chooses."""
+    from ..capture.generate import check_budget_recorders, check_generation, prompt_ids
+    from ..capture.kv_budget import (
+        DEFAULT_SCORE,
+        check_evicts,
+        choose_budget,
+        kv_head_scores,
+        kv_layout,
+        random_budget,
+    )
+
+    if ask.choose not in KV_CHOICES:
+        raise AttnscopeError(f"a KV budget chooses its full heads by {' or '.join(KV_CHOICES)}, not {ask.choose!r}")
+    if not 0.0 <= ask.share <= 1.0:  # NaN fails too
+        raise AttnscopeError(f"a share of full KV heads is between 0 and 1, got {ask.share}")
+    n_prompt = len(prompt_ids(loaded, prompt, chat=chat))
+    check_generation(loaded, n_prompt, max_new_tokens)
+    check_budget_recorders(recorders)
+    check_evicts(ask.sink, ask.window, n_prompt + max_new_tokens)
+    layout = kv_layout(loaded)
+    if ask.choose == "random" or ask.share in (0.0, 1.0):  # none full or all full: no score to compute
+        return random_budget(layout, share=ask.share, seed=ask.seed, sink=ask.sink, window=ask.window)
+    scores = kv_head_scores(head_function_scores(loaded, DEFAULT_SCORE), DEFAULT_SCORE)
+    return choose_budget(scores, layout, share=ask.share, sink=ask.sink, window=ask.window)
+
+
+def describe_generation(record: GenerationRecord, chosen_by: str | None = None) -> dict[str, Any]:
     """The answer of ``/api/generate``: the generated text, every position's token id (prompt and generated: what
-    ``/api/qk`` reads for a step's cell) and the step view's payload (``present/steps.schema.json``)."""
+    ``/api/qk`` reads for a step's cell), the step view's payload (``present/steps.schema.json``) and the KV budget it
+    ran under (:func:`describe_kv_budget`; null without one)."""
     from ..present.steps import generation_payload
 
     return {"model": record.model.name, "prompt": record.prompt, "generated": record.generated_text,
-            "token_ids": [int(i) for i in record.token_ids], "payload": generation_payload(record)}
+            "token_ids": [int(i) for i in record.token_ids], "payload": generation_payload(record),
+            "kv_budget": describe_kv_budget(record, chosen_by)}
+
+
+def describe_kv_budget(record: GenerationRecord, chosen_by: str | None) -> dict[str, Any] | None:
+    """A generation's KV budget (``KVBudget.to_dict``: ``full`` ``[layer][kv_head]`` 0/1, ``streamed`` ``[[layer,
+    kv_head], ...]``, ``windows``, ``sink``, ``window``, ``share``), how its full heads were chosen, and the key/value
+    bytes the budgeted cache held at the end (``bytes``, :func:`~attnscope.capture.kv_budget.kv_bytes` of the
+    ``tokens`` it held: every token but the last, which generation never feeds back) against a plain cache's
+    (``full_bytes``); None for a generation without a budget."""
+    import torch
+
+    from ..capture.kv_budget import KVBudget, kv_bytes
+
+    settings = record.settings.get("kv_budget")
+    if not settings:
+        return None
+    budget = KVBudget.from_dict(settings)
+    held, dtype = len(record.token_ids) - 1, getattr(torch, record.model.dtype)
+    stored, full = (kv_bytes(b, held, record.model.d_head, dtype) for b in (budget, budget.all_full()))
+    return {**budget.to_dict(), "chosen_by": chosen_by, "tokens": held, "bytes": stored, "full_bytes": full,
+            "saving": full / stored if stored else None}
 
 
 # ---- QK attribution --------------------------------------------------------------------------

@@ -19,6 +19,7 @@
  * routes); a head's or a layer's rows, the norm-weighted ones and another block are decoded when first drawn, once.
  * A click restyles the tokens the step shows (each token's <span> is made once and kept) and draws its route.
  * A generation's sentence panel (sentences.js) follows the chosen layer and head and marks a clicked sentence's tokens.
+ * A generation under a KV budget names, in the head menu of the chosen layer, the heads whose KV head streamed.
  * Layers, heads and steps are 0-indexed. Needs decode.js (AttnscopeViews.unpack), routes.js (AttnscopeRoutes) and
  * sentences.js (AttnscopeSentences).
  */
@@ -503,12 +504,26 @@
       return this.show();
     }
 
+    /* Under a KV budget (payload.streamed_heads), name the chosen layer's heads whose KV head streamed. */
+    markStreamed(layer) {
+      const streamed = this.payload.streamed_heads;
+      if (!streamed) return;
+      const here = new Set(streamed.filter(([l]) => l === layer).map(([, h]) => h));
+      for (const option of this.headBox.options) {
+        const head = Number(option.value);
+        if (head < 0) continue;
+        option.textContent = here.has(head) ? `head ${head} (streamed)` : `head ${head}`;
+        option.dataset.streamed = String(here.has(head));
+      }
+    }
+
     // ---- drawing -------------------------------------------------------------------------
     /* Draw the current state (its parts decoded: show() sees to it). */
     draw() {
       const p = this.payload;
       const s = this.state;
       this.layerBox.value = String(s.layer);
+      this.markStreamed(s.layer);
       this.headBox.value = String(s.head);
       this.headBox.disabled = s.layer < 0;
       if (this.normsBox) this.normsBox.checked = s.weighted;

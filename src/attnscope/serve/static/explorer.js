@@ -10,6 +10,8 @@
  * token, then a key token, with one head shown; the step view: a token of a step's row, with one layer
  * and head chosen) asks POST /api/qk why the head looked there and draws its top pairs (QK attribution).
  * The Generate tab's "routes" box asks /api/generate for each step's route (the step view draws the chosen step's);
+ * its KV budget fields (a share of full KV heads; empty = none) ask it to generate under a budget, whose streamed
+ * heads and bytes held it draws above the steps;
  * the Routes tab asks POST /api/routes for one prediction's route and draws it (routes.js); the Sentences tab asks
  * POST /api/sentences for a text's sentence-level attention and draws its panel (sentences.js).
  * The Head functions tab offers the registered head-function scores of GET /api/models, asks POST /api/head-scores
@@ -580,12 +582,14 @@
     try {
       const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
         max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked,
-        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked, routes: $("gen-routes").checked };
+        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked, routes: $("gen-routes").checked,
+        ...budgetAsked() };
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
       delete holder.dataset.drawn;
       page.generated = data;
       $("gen-qk").replaceChildren();
+      drawBudget(data.kv_budget);
       await Steps.render(holder, data.payload, { focus: true, onKey: stepCell });
       markLoaded(data.model);
       status.textContent = "";
@@ -595,6 +599,55 @@
     } finally {
       button.disabled = false;
     }
+  }
+
+  /* The KV budget fields of the request: none while the share is empty (no budget). */
+  function budgetAsked() {
+    const share = $("gen-kv-share").value.trim();
+    if (share === "") return {};
+    return { kv_share: Number(share), kv_sink: Number($("gen-kv-sink").value), kv_window: Number($("gen-kv-window").value),
+      kv_choose: $("gen-kv-choose").value, kv_seed: Number($("gen-kv-seed").value) };
+  }
+
+  /* The KV budget a generation ran under (the answer's kv_budget, null without one): a KV head x layer grid of
+   * full, streamed and model-windowed heads, and the key/value bytes held against a plain cache's. */
+  function drawBudget(budget) {
+    const box = $("gen-budget");
+    delete box.dataset.streamed;
+    if (!budget) { box.replaceChildren(); return; }
+    const layers = budget.full.length;
+    const grid = el("div", "ex-grid ex-kv-grid");
+    grid.style.gridTemplateColumns = `40px repeat(${layers}, minmax(12px, 1fr))`;
+    const cells = [el("span", "ex-axis", "")];
+    for (let layer = 0; layer < layers; layer++) cells.push(el("span", "ex-axis", `L${layer}`));
+    budget.full[0].forEach((_, kvHead) => {
+      cells.push(el("span", "ex-axis", `kv${kvHead}`));
+      for (let layer = 0; layer < layers; layer++) {
+        const state = budget.windows[layer] ? "windowed" : budget.full[layer][kvHead] ? "full" : "streamed";
+        const cell = el("span", `ex-kv ex-kv-${state}`, state === "streamed" ? "s" : state === "windowed" ? "w" : "");
+        Object.assign(cell.dataset, { layer: String(layer), kvHead: String(kvHead), state });
+        cell.title = `layer ${layer}, KV head ${kvHead}: ` + (state === "full" ? "full (every key)"
+          : state === "streamed" ? `streamed (the first ${budget.sink} keys and the ${budget.window} most recent)`
+            : `windowed by the model itself (${budget.windows[layer]} keys)`);
+        cells.push(cell);
+      }
+    });
+    grid.replaceChildren(...cells);
+    const bytes = (n) => `${n.toLocaleString("en-US")} bytes`;
+    const summary = el("p", "ex-note", `KV budget: ${budget.streamed.length} KV heads streamed (sink ${budget.sink} + `
+      + `window ${budget.window}), ${Math.round(100 * budget.share)}% full, chosen by ${budget.chosen_by}. Keys and values `
+      + `held after ${budget.tokens} tokens: ${bytes(budget.bytes)} of a full cache's ${bytes(budget.full_bytes)}`
+      + (budget.saving ? ` (${budget.saving.toFixed(2)}\u00d7 smaller).` : "."));
+    summary.dataset.role = "kv-bytes";
+    const legend = el("div", "ex-legend");
+    for (const [state, text] of [["full", "full: every key"], ["streamed", "s = streamed: sink + window"],
+      ["windowed", "w = windowed by the model"]]) {
+      const item = el("span", "", "");
+      item.append(el("span", `ex-swatch ex-kv-${state}`), text);
+      legend.append(item);
+    }
+    box.replaceChildren(summary, grid, legend);
+    box.dataset.streamed = String(budget.streamed.length);
   }
 
   function setupGeneration(config) {

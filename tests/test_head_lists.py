@@ -1,0 +1,125 @@
+"""The shipped head-function lists (``src/attnscope/data/head_lists``, made by ``scripts/head_lists.py``): each
+model's files load with its (layers x heads) shape, the scores lie in their ranges, the pooled columns, the stability
+figures and the retrieval share follow from the per-set columns, SmolLM2's set-A scores equal a fresh run, and the
+docs page and the benchmark name every list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+from attnscope import HeadScoreSettings, head_scores
+from attnscope.data import head_list, head_list_summary, head_lists
+from attnscope.errors import AttnscopeError
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("smollm2", "gemma3", "qwen0.5b", "qwen1.5b")
+UNIT = ("induction", "previous_token", "duplicate_token", "echo", "retrieval")  # shares of a row or of a needle
+CHEAP = ("induction", "previous_token", "duplicate_token", "echo")
+SHIPPED = head_lists()
+CSV_DIGITS = 1e-5  # the files keep 6 significant digits
+
+
+def scores_of(alias: str) -> list[str]:
+    """The score columns of ``alias``'s list (those with an ``_a`` twin)."""
+    columns = head_list(alias).columns
+    return [name for name in columns if f"{name}_a" in columns and f"{name}_b" in columns]
+
+
+def test_lists_ship_for_the_four_models_of_issue_48():
+    assert set(SHIPPED) <= set(MODELS) and {"smollm2", "gemma3", "qwen0.5b"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("alias", SHIPPED)
+def test_a_list_has_one_row_per_head_and_per_kv_group(alias):
+    summary, table, groups = head_list_summary(alias), head_list(alias), head_list(alias, per="kv_head")
+    layers, heads, kv_heads = summary["layers"], summary["heads"], summary["kv_heads"]
+    assert len(table) == layers * heads and len(groups) == layers * kv_heads
+    assert list(zip(table["layer"], table["head"])) == [(layer, head) for layer in range(layers) for head in range(heads)]
+    assert (table["kv_head"] == table["head"] // (heads // kv_heads)).all()
+    windows = summary["windows"] or [0] * layers
+    assert (table["window"] == np.repeat(windows, heads)).all()
+    assert set(scores_of(alias)) >= {*UNIT, "receiver", "streaming_window_k4"}
+
+
+@pytest.mark.parametrize("alias", SHIPPED)
+def test_scores_lie_in_their_ranges(alias):
+    table, settings = head_list(alias), head_list_summary(alias)["sets"]["a"]["settings"]
+    for name in scores_of(alias):
+        for column in (name, f"{name}_a", f"{name}_b"):
+            values = table[column].to_numpy(dtype=float)
+            finite = values[np.isfinite(values)]
+            if name in UNIT or name.startswith("locality_"):
+                assert ((finite >= 0) & (finite <= 1 + CSV_DIGITS)).all(), column
+            elif name.startswith("streaming_window"):
+                assert set(finite) <= set(settings["windows"]), column
+    for name in CHEAP + tuple(n for n in scores_of(alias) if n.startswith("locality_")):
+        assert table[name].notna().all(), name  # measured for every head; only retrieval, windows, kurtosis may be NaN
+
+
+@pytest.mark.parametrize("alias", SHIPPED)
+def test_pooled_columns_stability_and_share_follow_from_the_sets(alias):
+    table, summary = head_list(alias), head_list_summary(alias)
+    for name in scores_of(alias):
+        a, b = table[f"{name}_a"].to_numpy(float), table[f"{name}_b"].to_numpy(float)
+        both = np.isfinite(a) & np.isfinite(b)
+        stored = summary["stability"][name]
+        assert stored["heads"] == both.sum(), name
+        if stored["rho"] is not None:
+            assert spearmanr(a[both], b[both]).statistic == pytest.approx(stored["rho"], abs=1e-3), name
+        if name in CHEAP or name.startswith("locality_") or name == "receiver":
+            assert np.allclose(table[name], (a + b) / 2, rtol=CSV_DIGITS, atol=CSV_DIGITS, equal_nan=True), name
+    retrieval = table["retrieval"].fillna(-1).to_numpy()
+    assert summary["retrieval"]["share_above"] == pytest.approx(np.mean(retrieval > 0.1), abs=1e-4)
+    rows = pd.DataFrame(summary["trials"]["rows"])
+    assert summary["trials"]["counted"] == rows.counted.sum() and summary["trials"]["total"] == len(rows)
+    assert set(rows.needle[rows.set == "a"]).isdisjoint(rows.needle[rows.set == "b"])
+    assert set(rows.document[rows.set == "a"]).isdisjoint(rows.document[rows.set == "b"])
+
+
+@pytest.mark.parametrize("alias", SHIPPED)
+def test_pooled_retrieval_and_windows_are_those_of_the_union_of_the_sets(alias):
+    """Retrieval pooled over every counted trial is the counts-weighted mean of the sets' means; the pooled smallest
+    window is the smallest whose pooled locality keeps the share (up to the files' rounding at the share)."""
+    table, summary = head_list(alias), head_list_summary(alias)
+    counts = [summary["trials"][f"counted_{name}"] for name in "ab"]
+    parts = [table[f"retrieval_{name}"].fillna(0).to_numpy() * n for name, n in zip("ab", counts)]
+    expected = (parts[0] + parts[1]) / sum(counts) if sum(counts) else np.full(len(table), np.nan)
+    assert np.allclose(table["retrieval"], expected, rtol=CSV_DIGITS, atol=CSV_DIGITS, equal_nan=True)
+    settings = summary["sets"]["a"]["settings"]
+    (sink,) = settings["sinks"]
+    kept = np.stack([table[f"locality_k{sink}_w{w}"] for w in settings["windows"]], axis=1)  # [head, window]
+    reaches = kept >= settings["share"]
+    smallest = np.where(reaches.any(1), np.array(settings["windows"])[reaches.argmax(1)], np.nan)
+    near_the_share = (np.abs(kept - settings["share"]) < CSV_DIGITS).any(1)
+    stored = table[f"streaming_window_k{sink}"].to_numpy(float)
+    assert np.array_equal(smallest[~near_the_share], stored[~near_the_share], equal_nan=True)
+
+
+def test_smollm2_set_a_equals_a_fresh_run(smollm2):
+    """The cheap scores of SmolLM2's set A, recomputed now with the stored settings, equal the shipped columns."""
+    stored = head_list_summary("smollm2")["sets"]["a"]["settings"]
+    settings = HeadScoreSettings(period=stored["period"], repeats=stored["repeats"], sequences=stored["sequences"],
+                                 seed=stored["seed"])
+    fresh = head_scores(smollm2, CHEAP, settings)
+    table = head_list("smollm2")
+    for name in CHEAP:
+        assert np.allclose(table[f"{name}_a"].to_numpy().reshape(fresh.shape), fresh.scores[name], rtol=CSV_DIGITS,
+                           atol=CSV_DIGITS), name
+
+
+def test_an_unknown_list_is_one_line():
+    with pytest.raises(AttnscopeError, match="no head-function list ships for 'gpt2'"):
+        head_list("gpt2")
+    with pytest.raises(AttnscopeError, match="per must be"):
+        head_list(SHIPPED[0], per="layer")
+
+
+def test_the_page_shows_every_list():
+    page = (ROOT / "docs" / "head-lists.md").read_text(encoding="utf-8")
+    for alias in SHIPPED:
+        assert f"img/head_lists_{alias}.png" in page and (ROOT / "docs" / "img" / f"head_lists_{alias}.png").is_file()
