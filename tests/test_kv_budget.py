@@ -149,6 +149,8 @@ def test_windows_per_head_generate_what_their_masks_do_and_hold_their_bytes(mode
     assert np.abs(budgeted.arrays["rows"] - masked.arrays["rows"]).max() <= 1e-5
     assert np.abs(budgeted.arrays["rows"] - one_window.arrays["rows"]).max() > 1e-3  # the wider window matters
     assert f"sink {SINK} + windows {WINDOW}-{WINDOW + 3}" in budgeted.method  # the step view's heading
+    again = KVBudget.from_dict(budgeted.settings["kv_budget"])  # the explorer reads the budget back from the record
+    assert np.array_equal(again.head_windows(), budget.head_windows()) and np.array_equal(again.full, budget.full)
     cache = budgeted_cache(loaded, budget)
     ids = torch.tensor([loaded.tokenizer(PROMPT)["input_ids"]])
     with torch.inference_mode():
