@@ -50,6 +50,7 @@ from attnscope import load_model
 from attnscope.capture.extract import extract, extract_to_file
 from attnscope.capture.plan import CapturePlan
 from attnscope.data import document
+from attnscope.memory import peak_mb, reset_peak, rss_mb  # noqa: F401 - rss_mb: imported from here by others
 
 DOCUMENT = "sotu-1981-jimmy-carter"
 LENGTHS = (512, 1024, 2048, 4096, 8192)
@@ -60,27 +61,6 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor()
-
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_mb() -> float:
-    """The process's peak resident set size since :func:`reset_peak`, in MB."""
-    return _status_mb("VmHWM")
-
-
-def rss_mb() -> float:
-    """The process's resident set size now, in MB."""
-    return _status_mb("VmRSS")
-
-
-def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure(run, *args, **kwargs) -> tuple[float, float]:  # type: ignore[no-untyped-def]

@@ -123,6 +123,43 @@ def test_attribution_under_a_budget_is_attribution_under_the_mask(tiny):
         attnscope.generate(loaded, PROMPT, max_new_tokens=2, kv_budget=budget, recorders=[StepRoutes()])
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_windows_per_head_generate_what_their_masks_do_and_hold_their_bytes(model_type, tiny):
+    """A budget whose streaming heads keep windows of different sizes (the curve's uniform budgets): the cache stores
+    each head's own window, generates what masking each head's window does (tokens, rows to 1e-5), and holds the
+    bytes :func:`kv_bytes` promises."""
+    from attnscope.capture.kv_budget import KVBudget
+
+    loaded = tiny(model_type)
+    layout = kv_layout(loaded)
+    full = np.zeros((layout.n_layers, layout.n_kv_heads), dtype=bool)
+    recent = np.zeros(full.shape, dtype=int)
+    recent[layout.global_layers] = [WINDOW, WINDOW + 3]  # KV head 0 keeps 4 recent keys, KV head 1 keeps 7
+    budget = KVBudget(full, SINK, WINDOW, layout.windows, recent)
+    budgeted = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, kv_budget=budget)
+    group = budgeted.model.n_heads // layout.n_kv_heads
+    masks = [SinkWindow({layer: list(range(kv * group, (kv + 1) * group)) for layer in layout.global_layers}, SINK,
+                        int(recent[layout.global_layers[0], kv])) for kv in range(layout.n_kv_heads)]
+    with intervene(*masks):
+        masked = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS)
+    with intervene(SinkWindow({layer: list(range(budgeted.model.n_heads)) for layer in layout.global_layers}, SINK,
+                              WINDOW)):
+        one_window = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS)
+    assert budgeted.token_ids.tolist() == masked.token_ids.tolist()
+    assert np.abs(budgeted.arrays["rows"] - masked.arrays["rows"]).max() <= 1e-5
+    assert np.abs(budgeted.arrays["rows"] - one_window.arrays["rows"]).max() > 1e-3  # the wider window matters
+    assert f"sink {SINK} + windows {WINDOW}-{WINDOW + 3}" in budgeted.method  # the step view's heading
+    again = KVBudget.from_dict(budgeted.settings["kv_budget"])  # the explorer reads the budget back from the record
+    assert np.array_equal(again.head_windows(), budget.head_windows()) and np.array_equal(again.full, budget.full)
+    cache = budgeted_cache(loaded, budget)
+    ids = torch.tensor([loaded.tokenizer(PROMPT)["input_ids"]])
+    with torch.inference_mode():
+        loaded.model(input_ids=ids, use_cache=True, **{cache_keyword(loaded.model.forward): cache})
+    layer = cache.layers[layout.global_layers[0]]
+    assert [part.shape[2] for part in layer.parts[2:]] == [SINK + WINDOW] * 2 + [SINK + WINDOW + 3] * 2
+    assert cache.stored_bytes() == kv_bytes(budget, ids.shape[1], layout.head_dim)
+
+
 def test_a_budget_leaves_the_layers_the_model_windows_as_they_are(tiny):
     """Gemma 3's layer 0 slides (window 4): neither full nor streaming; only the global layer 1 is budgeted."""
     layout = kv_layout(tiny("gemma3_text"))
@@ -345,3 +382,26 @@ def test_bad_kv_budgets_are_one_line_exit_2_and_write_nothing(args, expect, scor
             "--save", str(tmp_path / "out" / "gen.safetensors")]
     assert_one_error_line(exit_code(argv), capsys.readouterr().err, expect)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_groups_locality_is_its_lowest_query_head_and_a_group_file_holds_only_the_max(tmp_path):
+    """The streaming choice reads the share a sink + window keeps; a KV group streams only as well as its worst query
+    head (the min), from a ``HeadScores`` or a per-head file; a per-group file (max and mean only) says so. The curve
+    reads the per-group file's retrieval score, as the cache does."""
+    from attnscope.analysis.head_functions import HeadScores
+    from attnscope.capture.kv_budget import kv_head_scores
+    from attnscope.experiments.kv_curve import CurveSettings, _given_scores
+
+    name = "locality_k4_w64"
+    locality = np.array([[0.1, 0.9, 0.3, 0.2], [0.5, 0.4, np.nan, 0.7]])
+    scores = HeadScores(model="m", scores={name: locality, "retrieval": locality}, n_kv_heads=2)
+    expected = np.array([[0.1, 0.2], [0.4, 0.7]])
+    assert np.allclose(kv_head_scores(scores, name, reduce="min"), expected)
+    assert np.allclose(kv_head_scores(scores.save(tmp_path / "head.parquet", "head"), name, reduce="min"), expected)
+    group_file = HeadScores(model="m", scores={name: np.nan_to_num(locality), "retrieval": np.nan_to_num(locality)},
+                            n_kv_heads=2).save(tmp_path / "group.parquet", "kv_head")
+    with pytest.raises(AttnscopeError, match="holds each group's max"):
+        kv_head_scores(group_file, name, reduce="min")
+    layout = KVLayout(n_layers=2, n_kv_heads=2, head_dim=8, windows=(0, 0), group=2)
+    given = _given_scores(group_file, layout, CurveSettings())
+    assert list(given) == ["retrieval"] and np.allclose(given["retrieval"], [[0.9, 0.3], [0.5, 0.7]])

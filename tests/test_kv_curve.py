@@ -12,18 +12,18 @@ import torch
 
 from attnscope import load_model
 from attnscope.capture.attention import intervene
+from attnscope.capture.kv_budget import KVBudget, full_budget, kv_bytes, kv_layout
 from attnscope.errors import AttnscopeError
 from attnscope.experiments.interventions import SinkWindow
 from attnscope.experiments.kv_curve import (
+    CacheApplier,
     Choice,
     CurveSettings,
-    HeadBudget,
     KVCurve,
-    KVLayout,
+    MaskApplier,
     budget_keeping,
     check_curve_settings,
     kv_budget_curve,
-    kv_bytes,
     masked,
     uniform_budget,
 )
@@ -61,7 +61,7 @@ IDS = torch.from_numpy(np.random.default_rng(0).integers(1000, 2000, size=(2, 12
 
 # ---- the mask a budget applies ------------------------------------------------------------------------------
 def test_share_0_restricts_every_head_and_share_1_none(tiny_llama):
-    layout = KVLayout.of(tiny_llama)
+    layout = kv_layout(tiny_llama)
     everyone = {layer: list(range(4)) for layer in range(2)}
     with intervene(SinkWindow(everyone, SINK, WINDOW)):
         reference = logits(tiny_llama, IDS)
@@ -76,10 +76,10 @@ def test_share_0_restricts_every_head_and_share_1_none(tiny_llama):
 
 
 def test_a_streaming_kv_head_restricts_its_whole_query_group(tiny_llama):
-    layout = KVLayout.of(tiny_llama)
+    layout = kv_layout(tiny_llama)
     assert layout.group == 2
-    budget = budget_keeping(layout, [(0, 0), (1, 0), (1, 1)], SINK, WINDOW, 12)  # only layer 0's KV head 1 streams
-    assert budget.recent == {(0, 1): WINDOW}
+    budget = budget_keeping(layout, [(0, 0), (1, 0), (1, 1)], SINK, WINDOW)  # only layer 0's KV head 1 streams
+    assert budget.evicting(12) == {(0, 1): WINDOW}
     with intervene(SinkWindow({0: [2, 3]}, SINK, WINDOW)):
         reference = logits(tiny_llama, IDS)
     with masked(tiny_llama, layout, budget):
@@ -89,34 +89,50 @@ def test_a_streaming_kv_head_restricts_its_whole_query_group(tiny_llama):
 
 
 def test_uniform_windows_of_different_sizes_are_each_heads_own(tiny_llama):
-    layout = KVLayout.of(tiny_llama)
-    budget = HeadBudget(SINK, {(0, 0): 2, (0, 1): 3, (1, 0): 3, (1, 1): 11}, 12)  # (1, 1) keeps all 12 keys
+    layout = kv_layout(tiny_llama)
+    recent = np.array([[2, 3], [3, 11]])  # (1, 1) keeps all 12 keys
+    budget = KVBudget(np.zeros((2, 2), dtype=bool), SINK, 2, layout.windows, recent)
     with intervene(SinkWindow({0: [0, 1]}, SINK, 2), SinkWindow({0: [2, 3], 1: [0, 1]}, SINK, 3)):
         reference = logits(tiny_llama, IDS)
     with masked(tiny_llama, layout, budget):
         assert torch.equal(logits(tiny_llama, IDS), reference)
 
 
+@pytest.mark.parametrize("choice", ["retrieval", "uniform"])
+def test_one_forward_pass_through_a_budgeted_cache_is_the_masks_loss(tiny_llama, choice):
+    """The loss on a document piece is one forward pass; through a fresh budgeted cache its streaming heads see
+    their sink + window within the pass (prefill evicts only after it): the mask's loss, to float error."""
+    layout = kv_layout(tiny_llama)
+    task = DocumentLoss(tiny_llama, length=24, n=2, skip=SINK + WINDOW)
+    budget = Choice(choice).budget(layout, 0.5, {"retrieval": layout.candidates}, SINK, WINDOW, 24, 0)
+    with torch.inference_mode():
+        cached = CacheApplier().loss(tiny_llama, task, budget)
+        masked_loss = MaskApplier().loss(tiny_llama, task, budget)
+        intact = float(task.summarise(task.evaluate_all()))
+    assert cached == pytest.approx(masked_loss, rel=1e-5, abs=1e-6)
+    assert abs(cached - intact) > 1e-4  # the budget changes the loss: the test can fail
+
+
 # ---- bytes ------------------------------------------------------------------------------------------------
 def test_bytes_equal_a_hand_count_with_grouped_heads_and_a_sliding_layer(tiny_gemma3):
-    layout = KVLayout.of(tiny_gemma3)
+    layout = kv_layout(tiny_gemma3)
     assert layout.windows == (4, 0) and layout.candidates == [(1, 0), (1, 1)]
     per_key = 2 * 16 * 4  # a key and a value of 16 float32 numbers, per KV head
-    # full: layer 0's 2 KV heads hold their window of 4 keys, layer 1's 2 hold all 100
-    assert kv_bytes(layout, None, 100) == (2 * 4 + 2 * 100) * per_key
-    assert kv_bytes(layout, budget_keeping(layout, [], SINK, WINDOW, 100), 100) == (2 * 4 + 2 * 3) * per_key
-    assert kv_bytes(layout, budget_keeping(layout, [(1, 1)], SINK, WINDOW, 100), 100) == (2 * 4 + 100 + 3) * per_key
-    assert kv_bytes(layout, None, 3) == (2 * 3 + 2 * 3) * per_key  # a text shorter than the window
+    # full: layer 0's 2 KV heads hold their window of 4 keys less the next query's own (3), layer 1's 2 hold all 100
+    assert kv_bytes(full_budget(layout), 100, 16) == (2 * 3 + 2 * 100) * per_key
+    assert kv_bytes(budget_keeping(layout, [], SINK, WINDOW), 100, 16) == (2 * 3 + 2 * 3) * per_key
+    assert kv_bytes(budget_keeping(layout, [(1, 1)], SINK, WINDOW), 100, 16) == (2 * 3 + 100 + 3) * per_key
+    assert kv_bytes(full_budget(layout), 3, 16) == (2 * 3 + 2 * 3) * per_key  # a text shorter than the window
 
 
 @pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 0.75, 1.0])
 @pytest.mark.parametrize("tokens", [20, 101])
 def test_the_uniform_budget_holds_the_shares_bytes(tiny_gemma3, share, tokens):
-    layout = KVLayout.of(tiny_gemma3)
+    layout = kv_layout(tiny_gemma3)
     ranked = Choice("retrieval").budget(layout, share, {"retrieval": layout.candidates}, 4, 5, tokens, 0)
     uniform = uniform_budget(layout, share, 4, 5, tokens)
-    assert kv_bytes(layout, uniform, tokens) == kv_bytes(layout, ranked, tokens)
-    assert len(set(uniform.recent.values())) <= 2  # one size, the remainder one key more on some heads
+    assert kv_bytes(uniform, tokens, 16) == kv_bytes(ranked, tokens, 16)
+    assert len(set(uniform.head_windows()[uniform.streamed])) <= 2  # one size, the remainder one key more on some
 
 
 # ---- the table and the page ------------------------------------------------------------------------------------
@@ -149,23 +165,28 @@ def test_the_page_holds_the_curve_and_the_table(tmp_path):
 
 
 # ---- the curve on a real model ----------------------------------------------------------------------------
-@pytest.mark.slow  # about 35 s on 2 busy cores: 2 needle generations and 4 loss passes of SmolLM2
-def test_the_curve_on_smollm2_meets_full_and_streaming_attention_at_its_ends(smollm2):
+@pytest.mark.slow  # about 35 s per way on 2 busy cores: 2 needle generations and 4 loss passes of SmolLM2
+@pytest.mark.parametrize("apply", ["mask", "cache"])
+def test_the_curve_on_smollm2_meets_full_and_streaming_attention_at_its_ends(smollm2, apply):
+    """The mask's points equal full attention and a SinkWindow on every head exactly; the budgeted cache's to float
+    error (fused attention over its parts)."""
     settings = CurveSettings(shares=(0.0, 1.0), choices=("retrieval", "uniform"), draws=1, sink=4, window=16,
                              lengths=(256,), depths=(0.9,), needles=("passkey-1",), loss_pieces=1, new_tokens=16)
     scores = {"retrieval": np.random.default_rng(0).random((30, 9))}
-    curve = kv_budget_curve(smollm2, scores, settings)
+    curve = kv_budget_curve(smollm2, scores, settings, apply=apply)
     frame = curve.to_frame().set_index(["share", "choice"])
     loss = DocumentLoss(smollm2, length=256, n=1, skip=20)
     with torch.inference_mode():
         intact = float(loss.summarise(loss.evaluate_all()))
         with intervene(SinkWindow({layer: range(9) for layer in range(30)}, 4, 16)):
             streaming = float(loss.summarise(loss.evaluate_all()))
-    assert curve.trials == 1
+    same = (lambda a, b: a == b) if apply == "mask" else (lambda a, b: a == pytest.approx(b, rel=1e-5))
+    assert curve.trials == 1 and curve.applied == apply
     for choice in ("retrieval", "uniform"):
-        assert frame.loc[(1.0, choice), "loss"] == intact and frame.loc[(1.0, choice), "accuracy"] == 1.0
-        assert frame.loc[(0.0, choice), "loss"] == streaming
+        assert same(frame.loc[(1.0, choice), "loss"], intact) and frame.loc[(1.0, choice), "accuracy"] == 1.0
+        assert same(frame.loc[(0.0, choice), "loss"], streaming)
         assert frame.loc[(1.0, choice), "kv_saving"] == 1.0
+        assert frame.loc[(0.0, choice), "peak_rss_mb"] > 100  # measured: the model's weights at least
     assert streaming > intact + 0.05  # StreamingLLM on every head costs loss: the test can fail
     assert frame.loc[(0.0, "retrieval"), "kv_bytes"] == 30 * 3 * (4 + 16) * 2 * 64 * 4  # 30 layers, 3 KV heads
 
@@ -196,6 +217,7 @@ def run_cli(capsys, *argv):
     (["--shares", "0,1.5"], "within 0..1"),
     (["--draws", "0"], "draws"),
     (["--lengths", "64", "--window", "64"], "shortest text"),
+    (["--apply", "both"], "invalid choice"),
 ])
 def test_the_command_refuses_bad_input_before_loading(capsys, tmp_path, options, message):
     code, out = run_cli(capsys, "no-such-model", *options, "--png", tmp_path / "curve.png")

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture.generate import trim_heap
 from ..capture.hooks import local_hooks
 from ..capture.recorders import AttentionCall, Recorder, per_head_out_proj
 from ..errors import AttnscopeError
+from ..memory import trim_heap
 from ..models.adapters import AttentionSite, ModuleRule, Unembedding, find_modules
 from ..models.loading import DTYPES, LoadedModel
 

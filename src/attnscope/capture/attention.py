@@ -387,9 +387,10 @@ def budgeted_attention(site: AttentionSite | None, recorder: Recorder | None, qu
     probs = None if wanted is None else \
         query.new_zeros((query.shape[0], n_heads, q_len - wanted, n_keys), dtype=torch.float32)
     sink_mass = None if probs is None or sink_logits(kwargs) is None else probs.new_zeros(probs.shape[:3])
-    parts = ((states.full_heads, states.full_keys, states.full_values, seen, None),
-             (states.stream_heads, states.stream_keys, states.stream_values,
-              seen[..., states.positions] & states.stream_mask(q_len), states.positions))
+    parts: list[tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
+        (states.full_heads, states.full_keys, states.full_values, seen, None)]
+    parts += [(part.heads, part.keys, part.values, seen[..., part.positions] & states.stream_mask(part, q_len),
+               part.positions) for part in states.streams]
     for kv_heads, keys, values, mask, columns in parts:
         if not kv_heads:
             continue

@@ -10,12 +10,10 @@ around the call apply at every step.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..arguments import check_sampling, check_seed
 from ..errors import AttnscopeError
+from ..memory import trim_heap
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel, _quiet_transformers
 from ..records.generation import GenerationRecord, packed_length, row_offset
@@ -394,21 +393,6 @@ def keeps_prompt_rows(prompt_rows: bool | None, n_layers: int, n_heads: int, n_p
     return n_layers * n_heads * packed_length(n_prompt) * 4 <= PROMPT_ROWS_BUDGET
 
 
-def _heap_trimmer() -> Callable[[], Any]:
-    """glibc's ``malloc_trim(0)`` (nothing elsewhere): hands the heap's free pages back to the system."""
-    try:
-        return cast(Callable[[], Any], partial(ctypes.CDLL("libc.so.6").malloc_trim, 0))
-    except (OSError, AttributeError):
-        return lambda: None
-
-
-# glibc's malloc_trim(0), where there is one: hands the heap's free pages back to the system. Why: once a large block is
-# freed, glibc raises its mmap threshold (up to 32 MiB), so later large blocks (each step's tensors, a long prompt's
-# per-layer scores, the logit lens's [step, vocab] logits) come from the heap, where the small long-lived pieces
-# allocated between them split their holes, so the next block of the same size no longer fits and the heap grows:
-# never handed back (SmolLM2, 256 tokens after 512: 6.3 GB peak for a record of 305 MB and a model of 1 GB), and
-# within one pass, layer after layer (the prompt's pass of 512 tokens: 0.5 GB more than it holds).
-trim_heap = _heap_trimmer()
 
 
 class _Progress:

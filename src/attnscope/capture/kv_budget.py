@@ -2,14 +2,16 @@
 
 A :class:`KVBudget` says, per layer and KV head (0-indexed), whether the head is **full** (its cache keeps every key
 and value) or **streaming** (it keeps the first ``sink`` keys and the ``window`` most recent, StreamingLLM's attention
-sinks and recent window, DuoAttention's streaming heads). :func:`choose_budget` makes one from head scores ``[layer,
-kv_head]`` (the highest scores full, by a share of the heads or a memory budget in bytes), :func:`random_budget` at
-random (seeded), and :func:`kv_bytes` is what such a cache holds for a text of ``T`` tokens.
+sinks and recent window, DuoAttention's streaming heads; a budget may give each streaming head its own window).
+:func:`choose_budget` makes one from head scores ``[layer, kv_head]`` (the highest scores full, by a share of the heads
+or a memory budget in bytes; :func:`kv_head_scores` reads them from any form attnscope writes), :func:`random_budget`
+at random (seeded), and :func:`kv_bytes` is what such a cache holds for a text of ``T`` tokens. The KV budget curve
+(:mod:`attnscope.experiments.kv_curve`) builds its budgets here too.
 
 :class:`BudgetedCache` is the cache itself: a transformers ``Cache`` to hand to ``model.generate(past_key_values=...)``
 (``cache=`` in transformers 5.24) of a model loaded with attnscope's attention function. Its streaming heads really
-hold smaller tensors, evicted as the text grows; each layer's ``update`` returns one :class:`BudgetedStates` (both
-parts, the kept positions, the head maps) that :func:`~attnscope.capture.attention.attnscope_attention` recognises:
+hold smaller tensors (the heads of one window together), evicted as the text grows; each layer's ``update`` returns
+one :class:`BudgetedStates` (the full heads' keys, each window's :class:`StreamPart` with its kept positions) that :func:`~attnscope.capture.attention.attnscope_attention` recognises:
 full heads attend over every key, streaming heads over their kept keys, with the mask's columns at the kept
 positions (rotary embeddings are applied before caching, so a cached key keeps its position). Layers the model
 already windows (Gemma 3's local layers, gpt-oss's sliding layers: transformers' ``DynamicSlidingWindowLayer``) stay
@@ -40,17 +42,28 @@ DEFAULT_SCORE = "retrieval"  # the needle-retrieval score: DuoAttention's and Ra
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What a model's cache is made of: ``n_layers``, ``n_kv_heads``, ``head_dim``, and per layer the sliding window
-    the model itself caches it with (``windows``; 0 = a global layer, one a budget chooses for)."""
+    """What a model's cache is made of: ``n_layers``, ``n_kv_heads``, ``head_dim``, per layer the sliding window the
+    model itself caches it with (``windows``; 0 = a global layer, one a budget chooses for), and ``group`` query heads
+    per KV head (adjacent, as transformers repeats them)."""
 
     n_layers: int
     n_kv_heads: int
     head_dim: int
     windows: tuple[int, ...]
+    group: int = 1
 
     @property
     def global_layers(self) -> list[int]:
         return [layer for layer, window in enumerate(self.windows) if not window]
+
+    @property
+    def candidates(self) -> list[tuple[int, int]]:
+        """The KV heads a budget chooses among, ``(layer, kv_head)`` in order: every KV head of the global layers."""
+        return [(layer, head) for layer in self.global_layers for head in range(self.n_kv_heads)]
+
+    def query_heads(self, kv_head: int) -> list[int]:
+        """The query heads sharing ``kv_head``."""
+        return list(range(kv_head * self.group, (kv_head + 1) * self.group))
 
 
 def kv_layout(model: Any) -> KVLayout:
@@ -61,7 +74,8 @@ def kv_layout(model: Any) -> KVLayout:
     windows = tuple(_model_window(layer) for layer in _model_layers(config))
     n_heads = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", 0) or text.hidden_size // n_heads)
-    return KVLayout(len(windows), int(getattr(text, "num_key_value_heads", 0) or n_heads), head_dim, windows)
+    n_kv_heads = int(getattr(text, "num_key_value_heads", 0) or n_heads)
+    return KVLayout(len(windows), n_kv_heads, head_dim, windows, n_heads // n_kv_heads)
 
 
 def _model_layers(config: Any) -> list[Any]:
@@ -86,12 +100,15 @@ def _model_window(layer: Any) -> int:
 class KVBudget:
     """Which KV heads keep every key: ``full`` bool ``[layer, kv_head]`` (False in a windowed layer: the model windows
     it itself), ``sink`` + ``window`` the keys a streaming head keeps, ``windows`` per layer the model's own sliding
-    window (0 = a global layer, whose heads are full or streaming)."""
+    window (0 = a global layer, whose heads are full or streaming). ``recent``: int ``[layer, kv_head]``, each
+    streaming head's own window where they differ (a uniform budget); None: ``window`` for each, which is then the
+    smallest of them."""
 
     full: np.ndarray
     sink: int
     window: int
     windows: tuple[int, ...]
+    recent: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         check_sizes(self.sink, self.window)
@@ -100,6 +117,10 @@ class KVBudget:
                                  f"shape {tuple(self.full.shape)}")
         if any(self.full[layer].any() for layer, window in enumerate(self.windows) if window):
             raise AttnscopeError("a layer the model windows itself has no full heads in a budget")
+        if self.recent is not None and (self.recent.shape != self.full.shape or
+                                        (self.recent[self.streamed] < self.window).any()):
+            raise AttnscopeError(f"a budget's windows per head are [layer, kv_head] = {self.full.shape}, each at "
+                                 f"least its window {self.window}")
 
     @property
     def streamed(self) -> np.ndarray:
@@ -113,20 +134,46 @@ class KVBudget:
         chosen = self.full[[not window for window in self.windows]]
         return float(chosen.mean()) if chosen.size else 1.0
 
+    def head_windows(self) -> np.ndarray:
+        """Int ``[layer, kv_head]``: the recent keys each streaming head keeps besides its sink (others: 0)."""
+        recent = np.full(self.full.shape, self.window) if self.recent is None else self.recent
+        return np.where(self.streamed, recent, 0)
+
     def layer_heads(self, layer: int) -> list[bool]:
         return [bool(flag) for flag in self.full[layer]]
 
+    def evicting(self, tokens: int) -> dict[tuple[int, int], int]:
+        """``{(layer, kv_head): window}``: the streaming heads that lose keys in a text of ``tokens`` tokens (a head
+        whose sink + window reach ``tokens`` keeps every key, as a full one does)."""
+        windows = self.head_windows()
+        return {(int(layer), int(head)): int(windows[layer, head]) for layer, head in np.argwhere(self.streamed)
+                if self.sink + windows[layer, head] < tokens}
+
+    def key(self, tokens: int) -> tuple[Any, ...]:
+        """Equal for budgets that keep the same keys of a text of ``tokens`` tokens (results are reused)."""
+        return self.sink, tuple(sorted(self.evicting(tokens).items())), tokens
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``full`` (lists of 0/1 per layer), ``streamed`` as ``[[layer, kv_head], ...]``, sizes."""
-        return {"full": self.full.astype(int).tolist(), "sink": self.sink, "window": self.window,
-                "windows": list(self.windows), "share": self.share,
-                "streamed": [[int(layer), int(head)] for layer, head in np.argwhere(self.streamed)]}
+        """JSON-ready: ``full`` (lists of 0/1 per layer), ``streamed`` as ``[[layer, kv_head], ...]``, sizes; with
+        windows per head, ``recent`` ``[[layer, kv_head, window], ...]`` too."""
+        out = {"full": self.full.astype(int).tolist(), "sink": self.sink, "window": self.window,
+               "windows": list(self.windows), "share": self.share,
+               "streamed": [[int(layer), int(head)] for layer, head in np.argwhere(self.streamed)]}
+        if self.recent is not None:
+            windows = self.head_windows()
+            out["recent"] = [[layer, head, int(windows[layer, head])] for layer, head in out["streamed"]]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVBudget:
-        """The budget :meth:`to_dict` wrote (a record's ``settings["kv_budget"]``)."""
-        return cls(np.asarray(data["full"], dtype=bool), int(data["sink"]), int(data["window"]),
-                   tuple(int(w) for w in data["windows"]))
+        """The budget :meth:`to_dict` wrote (a record's ``settings["kv_budget"]``), windows per head included."""
+        full = np.asarray(data["full"], dtype=bool)
+        recent = None
+        if "recent" in data:
+            recent = np.zeros(full.shape, dtype=int)
+            for layer, head, window in data["recent"]:
+                recent[layer, head] = window
+        return cls(full, int(data["sink"]), int(data["window"]), tuple(int(w) for w in data["windows"]), recent)
 
     def all_full(self) -> KVBudget:
         """The same layers with every KV head of the global layers full: what a plain cache holds."""
@@ -146,6 +193,11 @@ def check_sizes(sink: int, window: int) -> None:
                              f"{window}")
 
 
+def key_bytes(head_dim: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> int:
+    """Bytes of one key and its value in one KV head."""
+    return 2 * head_dim * torch.tensor([], dtype=dtype).element_size() * batch
+
+
 def check_evicts(sink: int, window: int, n_tokens: int) -> None:
     """Refuse a streaming head's ``sink`` + ``window`` that covers a whole text of ``n_tokens`` tokens (nothing
     would ever be evicted)."""
@@ -157,18 +209,23 @@ def check_evicts(sink: int, window: int, n_tokens: int) -> None:
 
 def kv_bytes(budget: KVBudget, tokens: int, head_dim: int, dtype: torch.dtype = torch.float32, batch: int = 1) -> int:
     """Bytes of keys and values a :class:`BudgetedCache` holds once a text of ``tokens`` tokens went through it: a
-    full head ``tokens`` keys, a streaming head ``min(tokens, sink + window)`` (what the last query saw), a head of a
-    layer the model windows ``min(tokens, window - 1)`` (transformers' sliding layer keeps one less than its window:
-    the next query brings its own key)."""
-    per_key = 2 * head_dim * torch.tensor([], dtype=dtype).element_size() * batch  # a key and its value
+    full head ``tokens`` keys, a streaming head ``min(tokens, sink + its window)`` (what the last query saw), a head
+    of a layer the model windows ``min(tokens, window - 1)`` (transformers' sliding layer keeps one less than its
+    window: the next query brings its own key)."""
+    windows = budget.head_windows()
     keys = 0
     for layer, window in enumerate(budget.windows):
-        n_full = int(budget.full[layer].sum())
         if window:
             keys += budget.full.shape[1] * min(tokens, window - 1)
-        else:
-            keys += n_full * tokens + (budget.full.shape[1] - n_full) * min(tokens, budget.sink + budget.window)
-    return keys * per_key
+            continue
+        for head in range(budget.full.shape[1]):
+            keys += tokens if budget.full[layer, head] else min(tokens, budget.sink + int(windows[layer, head]))
+    return keys * key_bytes(head_dim, dtype, batch)
+
+
+def full_budget(layout: KVLayout, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW) -> KVBudget:
+    """Every global KV head full: full attention, as a budget."""
+    return budget_of(layout, layout.candidates, sink, window)
 
 
 def choose_budget(scores: Any, layout: KVLayout, *, share: float | None = None, bytes: int | None = None,
@@ -181,27 +238,32 @@ def choose_budget(scores: Any, layout: KVLayout, *, share: float | None = None, 
     if values.shape != (layout.n_layers, layout.n_kv_heads):
         raise AttnscopeError(f"scores of shape {values.shape} are not this model's [layer, kv_head] = "
                              f"({layout.n_layers}, {layout.n_kv_heads}): were they computed on another model?")
-    candidates = [(layer, head) for layer in layout.global_layers for head in range(layout.n_kv_heads)]
+    candidates = layout.candidates
     n_full = _n_full(layout, len(candidates), share, bytes, tokens, sink, window, dtype)
     ranked = sorted(candidates, key=lambda lh: (-np.nan_to_num(values[lh], nan=-np.inf), lh))
-    return _budget_of(layout, ranked[:n_full], sink, window)
+    return budget_of(layout, ranked[:n_full], sink, window)
 
 
 def random_budget(layout: KVLayout, *, share: float | None = None, bytes: int | None = None, tokens: int | None = None,
                   seed: int = 0, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW,
                   dtype: torch.dtype = torch.float32) -> KVBudget:
     """As many full heads as :func:`choose_budget` would choose, drawn at random (``seed``) among the global layers'."""
-    candidates = [(layer, head) for layer in layout.global_layers for head in range(layout.n_kv_heads)]
+    candidates = layout.candidates
     n_full = _n_full(layout, len(candidates), share, bytes, tokens, sink, window, dtype)
     drawn = np.random.default_rng(seed).permutation(len(candidates))[:n_full]
-    return _budget_of(layout, [candidates[i] for i in drawn], sink, window)
+    return budget_of(layout, [candidates[i] for i in drawn], sink, window)
 
 
-def _budget_of(layout: KVLayout, full_heads: Sequence[tuple[int, int]], sink: int, window: int) -> KVBudget:
+def budget_of(layout: KVLayout, full_heads: Sequence[tuple[int, int]], sink: int, window: int) -> KVBudget:
     full = np.zeros((layout.n_layers, layout.n_kv_heads), dtype=bool)
     for layer, head in full_heads:
         full[layer, head] = True
     return KVBudget(full, sink, window, layout.windows)
+
+
+def share_count(share: float, n_candidates: int) -> int:
+    """How many of ``n_candidates`` heads a share (0-1) of full heads makes full (halves round up)."""
+    return math.floor(share * n_candidates + 0.5)
 
 
 def _n_full(layout: KVLayout, n_candidates: int, share: float | None, bytes: int | None, tokens: int | None,
@@ -215,63 +277,116 @@ def _n_full(layout: KVLayout, n_candidates: int, share: float | None, bytes: int
     if share is not None:
         if not 0.0 <= share <= 1.0:  # NaN fails too
             raise AttnscopeError(f"a share of full KV heads is between 0 and 1, got {share}")
-        return math.floor(share * n_candidates + 0.5)
+        return share_count(share, n_candidates)
     assert bytes is not None
     if tokens is None or tokens < 1:
         raise AttnscopeError("a KV budget in bytes needs the text's length in tokens")
-    streaming = kv_bytes(_budget_of(layout, [], sink, window), tokens, layout.head_dim, dtype)
+    streaming = kv_bytes(budget_of(layout, [], sink, window), tokens, layout.head_dim, dtype)
     if bytes < streaming:
         raise AttnscopeError(f"a KV budget of {bytes:,} bytes is below what sink + window of every head cost for "
                              f"{tokens} tokens: {streaming:,} bytes")
-    per_head = 2 * layout.head_dim * torch.tensor([], dtype=dtype).element_size() * \
-        (tokens - min(tokens, sink + window))  # what making one streaming head full adds
+    per_head = key_bytes(layout.head_dim, dtype) * (tokens - min(tokens, sink + window))  # one head made full
     return n_candidates if per_head == 0 else min(n_candidates, (bytes - streaming) // per_head)
 
 
-def kv_head_scores(source: Any, name: str = DEFAULT_SCORE, *, n_kv_heads: int | None = None) -> np.ndarray:
-    """Scores ``[layer, kv_head]`` of column ``name`` from ``source``: an array ``[layer, kv_head]``, a
-    ``HeadScores``, or the Parquet file ``attnscope head-functions --save`` writes (per
-    query head: the group's maximum; per KV group: its ``<name>_max`` column). A ``streaming_window_k*`` score (the
-    smallest window that keeps enough; NaN: none does) ranks NaN first: such a head needs every key."""
+def kv_head_scores(source: Any, name: str = DEFAULT_SCORE, *, layout: KVLayout | None = None,
+                   reduce: str = "max") -> np.ndarray:
+    """Scores ``[layer, kv_head]`` of score ``name`` from ``source``: an array ``[layer, kv_head]`` (as it is), a
+    ``HeadScores``, a dict ``{name: [layer, head]}`` of query-head scores, or the Parquet file ``attnscope
+    head-functions --save`` writes (or its frame): per query head, or per KV group (its ``<name>_max`` column). A
+    group's score is ``reduce`` ("max" or "min") over its query heads, NaN only where all are; a per-group file holds
+    only the max. A ``streaming_window_k*`` score (the smallest window that keeps enough; NaN: none does) ranks NaN
+    first: such a head needs every key. ``layout``: the model's (needed to group a dict or a per-head file without
+    ``kv_head``); scores of another shape are refused as another model's."""
     if isinstance(source, np.ndarray | torch.Tensor | list):
-        return np.asarray(source, dtype=float)
-    if isinstance(source, str | Path):
-        import pandas as pd
-
-        path = Path(source)
-        if not path.is_file():
-            raise AttnscopeError(f"no scores file {path}")
-        try:
-            frame = pd.read_parquet(path)
-        except Exception as error:  # noqa: BLE001 - any unreadable file is the user's input
-            raise AttnscopeError(f"{path} is not a head-scores Parquet file ({type(error).__name__})") from None
+        values = np.asarray(source, dtype=float)
+    elif isinstance(source, str | Path):
+        values = _scores_from_frame(read_scores(source), name, layout, reduce)
+    elif _is_frame(source):
+        values = _scores_from_frame(source, name, layout, reduce)
     else:
-        return _scores_of_groups(source, name)
-    return _scores_from_frame(frame, name)
+        values = _scores_of_groups(source, name, layout, reduce)
+    if layout is not None and values.shape != (layout.n_layers, layout.n_kv_heads):
+        raise AttnscopeError(f"score {name!r} is {values.shape} layers x KV heads; the model has ({layout.n_layers}, "
+                             f"{layout.n_kv_heads}): these scores come from another model")
+    return values
 
 
-def _scores_of_groups(scores: Any, name: str) -> np.ndarray:
-    """``[layer, kv_head]`` from a ``HeadScores``: the highest of each group's query heads (NaN only where all are)."""
-    if name not in scores.scores:
-        raise AttnscopeError(f"no score {name!r} here; these were computed: {', '.join(scores.scores)}")
-    values = np.asarray(scores.scores[name], dtype=float)
-    grouped = values.reshape(values.shape[0], scores.n_kv_heads, -1)  # a group's query heads are adjacent
-    best = np.where(np.isnan(grouped).all(-1), np.nan, np.nan_to_num(grouped, nan=-np.inf).max(-1))
-    return _nan_ranks(best, name)
+def has_score(source: Any, name: str, reduce: str = "max") -> bool:
+    """Whether ``source`` (as :func:`kv_head_scores` takes it, an array aside) holds score ``name`` for ``reduce``."""
+    if _is_frame(source):
+        return name in source.columns if "head" in source.columns else f"{name}_{reduce}" in source.columns
+    return name in getattr(source, "scores", source)
 
 
-def _scores_from_frame(frame: Any, name: str) -> np.ndarray:
-    column = name if "head" in frame.columns else f"{name}_max"
-    if column not in frame.columns or not {"layer", "kv_head"} <= set(frame.columns):
+def read_scores(path: str | Path) -> Any:
+    """The frame of a head-scores Parquet file; a missing or unreadable file refused in one line."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise AttnscopeError(f"no scores file {path}")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as error:  # noqa: BLE001 - any unreadable file is the user's input
+        raise AttnscopeError(f"{path} is not a head-scores Parquet file ({type(error).__name__})") from None
+    if "layer" not in frame.columns or not {"head", "kv_head"} & set(frame.columns):
+        raise AttnscopeError(f"{path} has no layer and head columns: write it with 'attnscope head-functions --save "
+                             "FILE.parquet'")
+    return frame
+
+
+def _is_frame(source: Any) -> bool:
+    return hasattr(source, "columns") and hasattr(source, "groupby")
+
+
+def _group(values: np.ndarray, n_kv_heads: int, reduce: str) -> np.ndarray:
+    """``[layer, head]`` query-head scores -> ``[layer, kv_head]``: ``reduce`` over each group, NaN where all are."""
+    grouped = values.reshape(values.shape[0], n_kv_heads, -1)  # a group's query heads are adjacent
+    fill = -np.inf if reduce == "max" else np.inf
+    best = {"max": np.max, "min": np.min}[reduce](np.nan_to_num(grouped, nan=fill), axis=-1)
+    return np.where(np.isnan(grouped).all(-1), np.nan, best)
+
+
+def _scores_of_groups(scores: Any, name: str, layout: KVLayout | None, reduce: str) -> np.ndarray:
+    """``[layer, kv_head]`` from a ``HeadScores`` or a dict of query-head scores ``[layer, head]``."""
+    found = getattr(scores, "scores", scores)
+    if name not in found:
+        raise AttnscopeError(f"no score {name!r} here; these were computed: {', '.join(found) or 'none'}")
+    values = np.asarray(found[name], dtype=float)
+    n_kv_heads = getattr(scores, "n_kv_heads", None) or (layout.n_kv_heads if layout is not None else None)
+    if n_kv_heads is None:
+        raise AttnscopeError("query-head scores need the model's layout to be grouped by KV head")
+    if layout is not None and values.shape != (layout.n_layers, layout.n_kv_heads * layout.group):
+        raise AttnscopeError(f"score {name!r} is {values.shape} layers x heads; the model has ({layout.n_layers}, "
+                             f"{layout.n_kv_heads * layout.group}): these scores come from another model")
+    return _nan_ranks(_group(values, n_kv_heads, reduce), name)
+
+
+def _scores_from_frame(frame: Any, name: str, layout: KVLayout | None, reduce: str) -> np.ndarray:
+    per_head = "head" in frame.columns
+    column = name if per_head else f"{name}_{reduce}"
+    if column not in frame.columns:
         known = sorted(c.removesuffix("_max") for c in frame.columns if c.endswith("_max") or c not in
                        ("layer", "head", "kv_head", "window", "note") and not c.endswith("_mean"))
-        raise AttnscopeError(f"no score {name!r} in the scores file; it holds: {', '.join(known) or 'none'}")
-    grouped = frame.groupby(["layer", "kv_head"])[column].max()  # per query head: the group's highest (NaN skipped)
-    n_layers, n_kv_heads = int(frame["layer"].max()) + 1, int(frame["kv_head"].max()) + 1
-    values = np.full((n_layers, n_kv_heads), np.nan)
-    for (layer, head), value in grouped.items():
-        values[int(layer), int(head)] = value
-    return _nan_ranks(values, name)
+        hint = "" if per_head or reduce == "max" else f" (a per-KV-group file holds each group's max, not its {reduce})"
+        raise AttnscopeError(f"no score {name!r} in the scores file{hint}; it holds: {', '.join(known) or 'none'}")
+    if per_head:
+        values = _frame_array(frame, "head", column)
+        if layout is not None and values.shape != (layout.n_layers, layout.n_kv_heads * layout.group):
+            raise AttnscopeError(f"the scores file is {values.shape} layers x heads; the model has "
+                                 f"({layout.n_layers}, {layout.n_kv_heads * layout.group}): these scores come from "
+                                 "another model")
+        n_kv_heads = layout.n_kv_heads if layout is not None else int(frame["kv_head"].max()) + 1
+        return _nan_ranks(_group(values, n_kv_heads, reduce), name)
+    return _nan_ranks(_frame_array(frame, "kv_head", column), name)
+
+
+def _frame_array(frame: Any, head: str, column: str) -> np.ndarray:
+    """Column ``column`` of ``frame`` as ``[layer, head]`` (by the frame's ``layer`` and ``head`` columns)."""
+    values = np.full((int(frame["layer"].max()) + 1, int(frame[head].max()) + 1), np.nan)
+    values[frame["layer"].to_numpy(int), frame[head].to_numpy(int)] = frame[column].to_numpy(float)
+    return values
 
 
 def _nan_ranks(values: np.ndarray, name: str) -> np.ndarray:
@@ -280,66 +395,75 @@ def _nan_ranks(values: np.ndarray, name: str) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
+class StreamPart:
+    """The streaming KV heads ``heads`` of one layer that keep the same ``window``: ``keys``/``values`` ``[batch,
+    n_heads, kept, d_head]`` at key slots ``positions`` (long ``[kept]``, ascending)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    heads: tuple[int, ...]
+    window: int
+
+
+@dataclass(frozen=True, eq=False)
 class BudgetedStates:
     """What a :class:`BudgetedCache` layer hands the attention function for one call, instead of keys and values.
 
     ``full_keys``/``full_values``: ``[batch, n_full, k_pos, d_head]``, every key of the full KV heads
-    ``full_heads``; ``stream_keys``/``stream_values``: ``[batch, n_stream, kept, d_head]`` of the streaming KV heads
-    ``stream_heads``, at key slots ``positions`` (long ``[kept]``, ascending); ``n_keys``: the call's key axis
-    (every position so far, the new ones included); ``sink``/``window``: what a streaming head's query sees.
+    ``full_heads``; ``streams``: the streaming KV heads, one :class:`StreamPart` per window; ``n_keys``: the call's key
+    axis (every position so far, the new ones included); ``sink``: the first keys every streaming head keeps.
     Any attention function but attnscope's fails on it in one line (it is no tensor)."""
 
     full_keys: torch.Tensor
     full_values: torch.Tensor
-    stream_keys: torch.Tensor
-    stream_values: torch.Tensor
-    positions: torch.Tensor
     full_heads: tuple[int, ...]
-    stream_heads: tuple[int, ...]
+    streams: tuple[StreamPart, ...]
     n_keys: int
     sink: int
-    window: int
 
     @property
     def n_kv_heads(self) -> int:
-        return len(self.full_heads) + len(self.stream_heads)
+        return len(self.full_heads) + sum(len(part.heads) for part in self.streams)
 
     def __getattr__(self, name: str) -> Any:  # only for names a dataclass field is not: a tensor's
         raise AttnscopeError(f"a budgeted KV cache works only with attnscope's attention function (load the model "
                              f"with attnscope.load_model); another one asked its states for {name!r}")
 
-    def stream_mask(self, q_len: int) -> torch.Tensor:
-        """Bool ``[q_pos, kept]``: the kept keys each of the call's last ``q_len`` queries sees (its sink keys and
-        its ``window`` most recent, itself included; the model's own mask is applied besides)."""
-        return self.sink_window(q_len, self.positions)
+    def stream_mask(self, part: StreamPart, q_len: int) -> torch.Tensor:
+        """Bool ``[q_pos, kept]``: the kept keys of ``part`` each of the call's last ``q_len`` queries sees (its sink
+        keys and its ``window`` most recent, itself included; the model's own mask is applied besides)."""
+        return self.sink_window(q_len, part.positions, part.window)
 
-    def sink_window(self, q_len: int, keys: torch.Tensor) -> torch.Tensor:
+    def sink_window(self, q_len: int, keys: torch.Tensor, window: int) -> torch.Tensor:
         """Bool ``[q_pos, key]``: whether key slot ``keys[j]`` is one of query ``i``'s first ``sink`` keys or its
         ``window`` most recent (the queries: the call's last ``q_len`` slots)."""
         queries = torch.arange(self.n_keys - q_len, self.n_keys, device=keys.device)[:, None]
         keys = keys[None, :]
-        return (keys < self.sink) | ((keys <= queries) & (keys > queries - self.window))
+        return (keys < self.sink) | ((keys <= queries) & (keys > queries - window))
 
     def dense_mask(self, seen: torch.Tensor, n_heads: int) -> torch.Tensor:
         """Bool ``[batch or 1, head, q_pos, k_pos]``: the keys each query head saw in this call over the whole key axis,
         ``seen`` (the model's mask, ``[batch or 1, 1, q_pos, k_pos]``) restricted to each query's sink and window for
         the query heads of streaming KV heads (for recorders that recompute attention from the call's inputs)."""
         q_len, group = seen.shape[-2], n_heads // self.n_kv_heads
-        window = self.sink_window(q_len, torch.arange(self.n_keys, device=seen.device))  # [q_pos, k_pos]
-        streamed = torch.zeros(n_heads, dtype=torch.bool, device=seen.device)
-        streamed[[h for kv in self.stream_heads for h in range(kv * group, (kv + 1) * group)]] = True
-        return seen & (window | ~streamed[:, None, None])
+        slots = torch.arange(self.n_keys, device=seen.device)
+        kept = torch.ones((n_heads, q_len, self.n_keys), dtype=torch.bool, device=seen.device)
+        for part in self.streams:
+            heads = [h for kv in part.heads for h in range(kv * group, (kv + 1) * group)]
+            kept[heads] = self.sink_window(q_len, slots, part.window)
+        return seen & kept
 
-    def dense(self, part: str) -> torch.Tensor:
-        """``part`` ("keys" or "values") over the whole key axis, ``[batch, kv_head, k_pos, d_head]``: zeros where a
+    def dense(self, which: str) -> torch.Tensor:
+        """``which`` ("keys" or "values") over the whole key axis, ``[batch, kv_head, k_pos, d_head]``: zeros where a
         streaming head evicted the key (for recorders, which read rows and values over every position)."""
-        full, stream = (self.full_keys, self.stream_keys) if part == "keys" else (self.full_values, self.stream_values)
-        reference = full if full.shape[1] else stream
-        out = reference.new_zeros((reference.shape[0], self.n_kv_heads, self.n_keys, reference.shape[-1]))
+        full = self.full_keys if which == "keys" else self.full_values
+        out = full.new_zeros((full.shape[0], self.n_kv_heads, self.n_keys, full.shape[-1]))
         out[:, list(self.full_heads)] = full
-        slots = out[:, list(self.stream_heads)]
-        slots[:, :, self.positions] = stream
-        out[:, list(self.stream_heads)] = slots
+        for part in self.streams:
+            slots = out[:, list(part.heads)]
+            slots[:, :, part.positions] = part.keys if which == "keys" else part.values
+            out[:, list(part.heads)] = slots
         return out
 
 
@@ -349,44 +473,55 @@ def _make_budgeted_layer() -> type:
 
     class BudgetedLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         """One global layer's cache under a budget: full KV heads keep every key, streaming ones the first ``sink``
-        and the ``window`` most recent; ``update`` returns :class:`BudgetedStates` as both keys and values."""
+        and their ``window`` most recent (heads of one window stored together); ``update`` returns
+        :class:`BudgetedStates` as both keys and values. ``parts``: full keys, full values, then keys and values of
+        each window's streaming heads; ``positions``: each window's kept key slots."""
 
-        def __init__(self, full: Sequence[bool], sink: int, window: int) -> None:
+        def __init__(self, full: Sequence[bool], windows: Sequence[int], sink: int) -> None:
             super().__init__()
             self.full_heads = tuple(i for i, flag in enumerate(full) if flag)
-            self.stream_heads = tuple(i for i, flag in enumerate(full) if not flag)
-            self.sink, self.window, self.seen = sink, window, 0
-            self.parts: list[torch.Tensor] = []  # full keys, full values, streaming keys, streaming values
-            self.positions = torch.zeros(0, dtype=torch.long)
+            by_window: dict[int, list[int]] = {}
+            for head, (flag, window) in enumerate(zip(full, windows, strict=True)):
+                if not flag:
+                    by_window.setdefault(int(window), []).append(head)
+            self.groups = tuple((tuple(heads), window) for window, heads in sorted(by_window.items()))
+            self.sink, self.seen = sink, 0
+            self.parts: list[torch.Tensor] = []
+            self.positions: list[torch.Tensor] = []
+
+        @property
+        def part_heads(self) -> list[tuple[int, ...]]:
+            """The KV heads of each of ``parts``."""
+            return [self.full_heads, self.full_heads, *[heads for heads, _ in self.groups for _ in "kv"]]
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            if key_states.shape[1] != len(self.full_heads) + len(self.stream_heads):
-                raise AttnscopeError(f"the KV budget has {len(self.full_heads) + len(self.stream_heads)} KV heads "
-                                     f"per layer, the model's layer {key_states.shape[1]}")
+            n_heads = len(self.full_heads) + sum(len(heads) for heads, _ in self.groups)
+            if key_states.shape[1] != n_heads:
+                raise AttnscopeError(f"the KV budget has {n_heads} KV heads per layer, the model's layer "
+                                     f"{key_states.shape[1]}")
             self.device = key_states.device
             batch, _, _, d_head = key_states.shape
-            self.parts = [key_states.new_zeros((batch, len(heads), 0, d_head))
-                          for heads in (self.full_heads, self.full_heads, self.stream_heads, self.stream_heads)]
-            self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+            self.parts = [key_states.new_zeros((batch, len(heads), 0, d_head)) for heads in self.part_heads]
+            self.positions = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in self.groups]
             self.is_initialized = True
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[Any, Any]:  # BudgetedStates twice, in the tensors' places
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            new = key_states.shape[2]
-            pieces = (key_states[:, list(self.full_heads)], value_states[:, list(self.full_heads)],
-                      key_states[:, list(self.stream_heads)], value_states[:, list(self.stream_heads)])
-            parts = [torch.cat([held, piece], dim=2) for held, piece in zip(self.parts, pieces, strict=True)]
-            positions = torch.cat([self.positions, torch.arange(self.seen, self.seen + new, device=self.device)])
-            self.seen += new
-            full_keys, full_values, stream_keys, stream_values = parts
-            states = BudgetedStates(full_keys, full_values, stream_keys, stream_values, positions=positions, full_heads=self.full_heads,
-                                    stream_heads=self.stream_heads, n_keys=self.seen, sink=self.sink,
-                                    window=self.window)
-            kept = (positions < self.sink) | (positions >= self.seen - self.window)  # what the last query saw
-            self.parts = [*parts[:2], parts[2][:, :, kept].contiguous(), parts[3][:, :, kept].contiguous()]
-            self.positions = positions[kept]
+            new = torch.arange(self.seen, self.seen + key_states.shape[2], device=self.device)
+            parts = [torch.cat([held, (key_states, value_states)[index % 2][:, list(heads)]], dim=2)
+                     for index, (held, heads) in enumerate(zip(self.parts, self.part_heads, strict=True))]
+            positions = [torch.cat([held, new]) for held in self.positions]
+            self.seen += len(new)
+            streams = tuple(StreamPart(parts[2 + 2 * index], parts[3 + 2 * index], positions[index], heads, window)
+                            for index, (heads, window) in enumerate(self.groups))
+            states = BudgetedStates(parts[0], parts[1], self.full_heads, streams, n_keys=self.seen, sink=self.sink)
+            self.parts, self.positions = parts[:2], []
+            for part in streams:  # keep what the last query saw
+                kept = (part.positions < self.sink) | (part.positions >= self.seen - part.window)
+                self.parts += [part.keys[:, :, kept].contiguous(), part.values[:, :, kept].contiguous()]
+                self.positions.append(part.positions[kept])
             return states, states
 
         def get_seq_length(self) -> int:
@@ -396,7 +531,7 @@ def _make_budgeted_layer() -> type:
             return sum(part.numel() * part.element_size() for part in self.parts)
 
         def reset(self) -> None:
-            self.parts, self.seen, self.is_initialized = [], 0, False
+            self.parts, self.positions, self.seen, self.is_initialized = [], [], 0, False
 
         def _refuse(self, *args: Any, **kwargs: Any) -> None:
             raise AttnscopeError("a budgeted KV cache cannot be cropped, reordered or repeated (beam search, "
@@ -446,7 +581,8 @@ def _make_cache_class() -> type:
                                      f"model runs {implementation!r} (load it with attnscope.load_model)")
             budget.check_layout(kv_layout(config))
             layer_class = budgeted_layer_class()
-            layers = [layer_class(budget.layer_heads(index), budget.sink, budget.window)
+            windows = budget.head_windows()
+            layers = [layer_class(budget.layer_heads(index), windows[index], budget.sink)
                       if type(layer) is DynamicLayer else layer for index, layer in enumerate(_model_layers(config))]
             super().__init__(layers=layers)
             self.budget = budget

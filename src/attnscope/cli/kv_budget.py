@@ -27,7 +27,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     defaults = CurveSettings()
     parser.add_argument("model", help="a decoder: alias, local folder, .gguf file or cached repo id")
     parser.add_argument("--scores", type=Path, metavar="FILE.parquet", help="head scores written by 'attnscope "
-                        "head-functions --save' (per head); a missing retrieval or streaming score is computed")
+                        "head-functions --save' (per head or per KV group); a missing retrieval or streaming score "
+                        "is computed")
+    parser.add_argument("--apply", choices=("cache", "mask"), default="cache", help="how a budget is applied: "
+                        "'cache', a budgeted cache that stores only the kept keys (default), or 'mask', the same keys "
+                        "masked on a full cache (the reference; it equals the cache)")
     parser.add_argument("--shares", type=_number_list(finite_float, "shares"), metavar="S,S",
                         help=f"shares of full KV heads, 0 (StreamingLLM) to 1 (full) (default: {_joined(defaults.shares)})")
     parser.add_argument("--draws", type=positive_int, default=defaults.draws, metavar="N",
@@ -80,16 +84,17 @@ def _figures(args: argparse.Namespace) -> list[Path | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..capture.kv_budget import read_scores
     from ..capture.loading import load_model
-    from ..experiments.kv_curve import check_curve_settings, kv_budget_curve, scores_from_file
+    from ..experiments.kv_curve import check_curve_settings, kv_budget_curve
     from .outputs import output_files, writing
 
     settings = settings_from(args)
     check_curve_settings(settings)
-    scores = scores_from_file(args.scores) if args.scores is not None else None
+    scores = read_scores(args.scores) if args.scores is not None else None
     with output_files(*_figures(args)):
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-        curve = kv_budget_curve(loaded, scores, settings, progress=True)
+        curve = kv_budget_curve(loaded, scores, settings, apply=args.apply, progress=True)
         written = []
         if args.png is not None:
             with writing(args.png):
@@ -113,20 +118,22 @@ def _print(curve: KVCurve) -> None:
 
     print(f"{curve.model}: needle trials answered with full attention {curve.trials} of {curve.asked}; KV bytes at "
           f"{curve.kv_tokens} tokens (full: {curve.full_bytes:,}); streaming heads keep the first {curve.settings.sink} "
-          f"+ {curve.settings.window} most recent keys; random: mean over {curve.settings.draws} draws [95% interval]")
+          f"+ {curve.settings.window} most recent keys; applied as {APPLIED[curve.applied]}; random: mean over "
+          f"{curve.settings.draws} draws [95% interval]; peak RSS: the point's highest, the model's weights included")
     table = Table()
-    for name in ("share", "choice", "full KV heads", "needle accuracy", "loss", "KV bytes", "saving"):
+    for name in ("share", "choice", "full KV heads", "needle accuracy", "loss", "KV bytes", "saving", "peak RSS MB"):
         table.add_column(name)
     for row in curve.to_frame().itertuples():
         table.add_row(f"{row.share:g}", row.choice, str(row.full_kv_heads),
                       _with_interval(row.accuracy, row.accuracy_low, row.accuracy_high),
                       _with_interval(row.loss, row.loss_low, row.loss_high), f"{row.kv_bytes:,}",
-                      f"{row.kv_saving:.2f}x")
+                      f"{row.kv_saving:.2f}x", "-" if math.isnan(row.peak_rss_mb) else f"{row.peak_rss_mb:,.0f}")
     console = Console()
     (console if console.is_terminal else Console(width=WIDE)).print(table)  # a pipe's 80 columns fold the intervals
 
 
-WIDE = 140  # characters: the table with intervals on one line each
+APPLIED = {"cache": "a budgeted cache", "mask": "a mask on a full cache"}
+WIDE = 160  # characters: the table with intervals on one line each
 
 
 def _with_interval(mean: float, low: float, high: float) -> str:
@@ -138,8 +145,10 @@ EXAMPLES = """examples:
   attnscope head-functions -m qwen0.5b -s retrieval -s locality --sinks 4 --windows 64 --save qwen-heads.parquet
   attnscope kv-budget qwen0.5b --scores qwen-heads.parquet --lengths 1024,2048 --html qwen-kv.html
 A KV head is full (every key) or streaming (the first --sink keys + the --window most recent) as a whole; only the
-global layers' KV heads are chosen (a sliding-window layer keeps its own window). The budget is applied as a mask on
-a full cache, which a budgeted cache equals token for token. Layers and heads are 0-indexed.
+global layers' KV heads are chosen (a sliding-window layer keeps its own window). A budget runs as a budgeted cache
+(--apply cache, the default: it stores only the kept keys) or as a mask on a full cache (--apply mask, the
+reference); the two give the same tokens. Peak RSS per point includes the model's weights. Layers and heads are
+0-indexed.
 """
 
 COMMANDS = (

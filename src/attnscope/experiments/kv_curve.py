@@ -22,32 +22,51 @@ For each share ``s`` of full KV heads (0 = StreamingLLM, every global head strea
 At each point: **needle accuracy** (:mod:`~attnscope.experiments.needles` trials over lengths x depths x needles,
 only the trials the full model answers, so full attention scores 1), **next-token loss** on pieces of the shipped
 long documents (:class:`~attnscope.experiments.metrics.DocumentLoss`, the predictions at ``sink + window`` and later,
-where the first key is hidden) and **KV bytes** (keys and values, counted: a full head holds ``T`` keys, a
-streaming one ``min(T, sink + window)``, a windowed layer ``min(T, its window)``) at ``T`` = the longest haystack,
-with the ratio full / budget.
+where the first key is hidden), **KV bytes** at ``T`` = the longest haystack
+(:func:`~attnscope.capture.kv_budget.kv_bytes`: what the budgeted cache holds, counted: a full head ``T`` keys, a
+streaming one ``min(T, sink + w)``, a windowed layer ``min(T, its window - 1)``) with the ratio full / budget, and
+the **peak RSS** of the point's runs (the process's ``VmHWM``, reset before each run: the model's weights included).
 
-How a budget is applied is one small piece (:data:`Applier`): by default :func:`masked`, the restriction as a mask on
-a full cache (:class:`~attnscope.experiments.interventions.SinkWindow`), which the budgeted cache must equal token for
-token (issue 49, item 2). A real budgeted cache can be passed instead. Layers and heads are 0-indexed.
+A budget is one :class:`~attnscope.capture.kv_budget.KVBudget` (the uniform choice's with windows per head), and how
+it is applied is one small piece (:class:`Applier`): by default :class:`CacheApplier`, the real
+:class:`~attnscope.capture.kv_budget.BudgetedCache` (which equals the mask: same tokens, rows to 1e-5, and stores
+less), or :class:`MaskApplier`, the restriction as a mask on a full cache
+(:class:`~attnscope.experiments.interventions.SinkWindow`), the reference. The loss of a piece is one forward pass
+under either: within a pass the cache's streaming heads see exactly their sink + window, but every key of the piece
+exists until the pass ends, so only generation's memory is bounded by the budget. Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 
 from ..capture.attention import intervene
-from ..capture.extract import as_loaded, layer_windows
-from ..capture.generate import generation_shape
+from ..capture.extract import as_loaded
+from ..capture.generate import cache_keyword
+from ..capture.kv_budget import (
+    KVBudget,
+    KVLayout,
+    budget_of,
+    budgeted_cache,
+    full_budget,
+    has_score,
+    kv_bytes,
+    kv_head_scores,
+    kv_layout,
+    read_scores,
+    share_count,
+)
 from ..errors import AttnscopeError
+from ..memory import peak_mb, reset_peak
 from ..models.loading import LoadedModel
-from .interventions import SinkWindow, attention_shape
+from .interventions import SinkWindow
 from .metrics import DocumentLoss
 from .needles import (
     DEFAULT_DEPTHS,
@@ -64,135 +83,58 @@ CHOICES = ("retrieval", "streaming", "random", "uniform")
 DRAWS = 5
 SINK, WINDOW = 4, 64
 KVHead = tuple[int, int]  # (layer, kv_head), 0-indexed
-Scores = dict[str, np.ndarray]  # column -> float [layer, head] (query heads)
-
-
-# ---- the cache's shape and its bytes -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KVLayout:
-    """What a KV cache of the model holds per key: ``n_layers`` x ``n_kv_heads`` heads of ``group`` query heads
-    each, keys and values of ``d_head`` numbers of ``itemsize`` bytes; ``windows`` per layer (0 = global)."""
-
-    n_layers: int
-    n_kv_heads: int
-    group: int
-    d_head: int
-    itemsize: int
-    windows: tuple[int, ...]
-
-    @classmethod
-    def of(cls, loaded: LoadedModel) -> KVLayout:
-        shape = generation_shape(loaded, 1, 1)
-        windows = layer_windows(loaded) or (0,) * shape.n_layers
-        itemsize = torch.empty(0, dtype=getattr(torch, str(loaded.dtype).replace("torch.", ""))).element_size()
-        return cls(shape.n_layers, shape.n_kv_heads, shape.n_heads // shape.n_kv_heads, shape.d_head, itemsize,
-                   tuple(windows))
-
-    @property
-    def candidates(self) -> list[KVHead]:
-        """The KV heads a budget chooses among: every KV head of the global layers, in order."""
-        return [(layer, kv) for layer in range(self.n_layers) if not self.windows[layer]
-                for kv in range(self.n_kv_heads)]
-
-    def key_bytes(self) -> int:
-        """Bytes one key and its value take in one KV head."""
-        return 2 * self.d_head * self.itemsize
-
-    def query_heads(self, kv_head: int) -> list[int]:
-        """The query heads sharing ``kv_head`` (adjacent, as transformers repeats them)."""
-        return list(range(kv_head * self.group, (kv_head + 1) * self.group))
-
-
-@dataclass(frozen=True)
-class HeadBudget:
-    """One budget at a context of ``tokens`` keys: ``recent`` ``{(layer, kv_head): w}`` the streaming KV heads and
-    the recent keys each keeps (besides the first ``sink``); every other KV head is full."""
-
-    sink: int
-    recent: dict[KVHead, int]
-    tokens: int
-
-    def key(self) -> tuple[Any, ...]:
-        """Equal for budgets that keep the same keys (results are reused between them): a head whose sink + recent
-        keys reach ``tokens`` keeps every key, as a full one does."""
-        return self.sink, tuple(sorted(self.streaming().items())), self.tokens
-
-    def streaming(self) -> dict[KVHead, int]:
-        """The heads that lose keys at ``tokens``: ``{(layer, kv_head): w}``."""
-        return {head: recent for head, recent in self.recent.items() if self.sink + recent < self.tokens}
-
-
-def kv_bytes(layout: KVLayout, budget: HeadBudget | None, tokens: int) -> int:
-    """Bytes of keys and values a cache of ``tokens`` keys holds under ``budget`` (None: full attention): per layer
-    and KV head, ``tokens`` keys (full), ``min(tokens, sink + w)`` (streaming) or ``min(tokens, window)`` (a layer
-    the model windows)."""
-    total = 0
-    for layer in range(layout.n_layers):
-        for kv in range(layout.n_kv_heads):
-            kept = tokens
-            if layout.windows[layer]:
-                kept = min(tokens, layout.windows[layer])
-            elif budget is not None and (layer, kv) in budget.recent:
-                kept = min(tokens, budget.sink + budget.recent[(layer, kv)])
-            total += kept
-    return total * layout.key_bytes()
+KVScores = dict[str, np.ndarray]  # score -> float [layer, kv_head]
 
 
 # ---- choosing the full heads -------------------------------------------------------------------------------
-def group_scores(layout: KVLayout, values: np.ndarray, reduce: Callable[..., np.ndarray]) -> np.ndarray:
-    """``[layer, head]`` query-head scores -> ``[layer, kv_head]`` by ``reduce`` over each group (NaN kept)."""
-    grouped = np.asarray(values, dtype=np.float64).reshape(layout.n_layers, layout.n_kv_heads, layout.group)
-    return np.asarray(reduce(grouped, axis=-1))
+def _ranked(layout: KVLayout, order_key: np.ndarray) -> list[KVHead]:
+    """Global KV heads sorted by ``order_key`` ``[layer, kv_head]`` ascending, stably (ties by position)."""
+    candidates = layout.candidates
+    values = np.array([order_key[head] for head in candidates])
+    return [candidates[i] for i in np.argsort(values, kind="stable")]
 
 
-def retrieval_rank(layout: KVLayout, scores: Scores) -> list[KVHead]:
-    """Global KV heads, highest retrieval first (NaN last; ties by position)."""
+def retrieval_rank(layout: KVLayout, scores: KVScores) -> list[KVHead]:
+    """Global KV heads, highest retrieval first (a group's: its highest query head; NaN last)."""
     if "retrieval" not in scores:
         raise AttnscopeError(f"no retrieval score here; these were given: {', '.join(scores) or 'none'}")
-    grouped = group_scores(layout, np.nan_to_num(scores["retrieval"], nan=-np.inf), np.max)
-    return _ranked(layout, -grouped)
+    return _ranked(layout, -np.nan_to_num(scores["retrieval"], nan=-np.inf))
 
 
-def streaming_rank(layout: KVLayout, scores: Scores, sink: int, window: int) -> list[KVHead]:
+def streaming_rank(layout: KVLayout, scores: KVScores, sink: int, window: int) -> list[KVHead]:
     """Global KV heads, least streamable first (module docstring; ties by position)."""
-    kept = f"locality_k{sink}_w{window}"
+    kept, smallest = streaming_names(sink, window)
     if kept in scores:
-        return _ranked(layout, group_scores(layout, np.nan_to_num(scores[kept], nan=-np.inf), np.min))
-    smallest = f"streaming_window_k{sink}"
+        return _ranked(layout, np.nan_to_num(scores[kept], nan=-np.inf))
     if smallest in scores:
-        return _ranked(layout, -group_scores(layout, np.nan_to_num(scores[smallest], nan=np.inf), np.max))
+        return _ranked(layout, -scores[smallest])  # NaN (no window keeps enough) is +inf already: first
     raise AttnscopeError(f"no streaming score for sink {sink}: need {kept} or {smallest} (attnscope head-functions "
                          f"-s locality --sinks {sink} --windows {window}); these were given: {', '.join(scores)}")
 
 
-def _ranked(layout: KVLayout, order_key: np.ndarray) -> list[KVHead]:
-    """Global KV heads sorted by ``order_key`` ``[layer, kv_head]`` ascending, stably."""
-    candidates = layout.candidates
-    values = np.array([order_key[layer, kv] for layer, kv in candidates])
-    return [candidates[i] for i in np.argsort(values, kind="stable")]
+def streaming_names(sink: int, window: int) -> tuple[str, str]:
+    """The streaming scores a choice reads: the share kept by sink + window (a group's: its lowest query head) and
+    the smallest window that keeps enough (a group's: its largest)."""
+    return f"locality_k{sink}_w{window}", f"streaming_window_k{sink}"
 
 
-def n_full(layout: KVLayout, share: float) -> int:
-    return round(share * len(layout.candidates))
-
-
-def budget_keeping(layout: KVLayout, full: Sequence[KVHead], sink: int, window: int, tokens: int) -> HeadBudget:
+def budget_keeping(layout: KVLayout, full: Sequence[KVHead], sink: int, window: int) -> KVBudget:
     """Every global KV head not in ``full`` streaming with ``sink`` + ``window``."""
-    kept = set(full)
-    return HeadBudget(sink, {head: window for head in layout.candidates if head not in kept}, tokens)
+    return budget_of(layout, full, sink, window)
 
 
-def uniform_budget(layout: KVLayout, share: float, sink: int, window: int, tokens: int) -> HeadBudget:
+def uniform_budget(layout: KVLayout, share: float, sink: int, window: int, tokens: int) -> KVBudget:
     """Every global KV head streaming with the same key budget, sized so that the bytes equal ``share``'s at
-    ``tokens`` keys (module docstring); a head whose keys reach ``tokens`` keeps them all, as a full one does."""
+    ``tokens`` keys (module docstring): windows per head, the remainder one key more on the first heads."""
     heads = layout.candidates
-    if not heads:
-        return HeadBudget(sink, {}, tokens)
-    f = n_full(layout, share)
-    streaming_keys = min(tokens, sink + window)
-    total = f * tokens + (len(heads) - f) * streaming_keys  # the share's keys over the global heads
+    n_full = share_count(share, len(heads))
+    total = n_full * tokens + (len(heads) - n_full) * min(tokens, sink + window)  # the share's keys
     each, extra = divmod(total, len(heads))
-    return HeadBudget(sink, {head: each + (index < extra) - sink for index, head in enumerate(heads)}, tokens)
+    recent = np.zeros((layout.n_layers, layout.n_kv_heads), dtype=int)
+    for index, head in enumerate(heads):
+        recent[head] = each + (index < extra) - sink
+    return KVBudget(np.zeros_like(recent, dtype=bool), sink, int(recent[tuple(zip(*heads))].min()), layout.windows,
+                    recent)
 
 
 @dataclass(frozen=True)
@@ -203,7 +145,7 @@ class Choice:
     draw: int = 0
 
     def budget(self, layout: KVLayout, share: float, ranks: dict[str, list[KVHead]], sink: int, window: int,
-               tokens: int, seed: int) -> HeadBudget:
+               tokens: int, seed: int) -> KVBudget:
         if self.name == "uniform":
             return uniform_budget(layout, share, sink, window, tokens)
         if self.name == "random":
@@ -211,22 +153,68 @@ class Choice:
             order = [layout.candidates[i] for i in rng.permutation(len(layout.candidates))]
         else:
             order = ranks[self.name]
-        return budget_keeping(layout, order[: n_full(layout, share)], sink, window, tokens)
+        return budget_keeping(layout, order[: share_count(share, len(layout.candidates))], sink, window)
 
 
 # ---- applying a budget (the pluggable piece) -----------------------------------------------------------------
-Applier = Callable[[LoadedModel, KVLayout, HeadBudget], AbstractContextManager[None]]
-
-
 @contextmanager
-def masked(loaded: LoadedModel, layout: KVLayout, budget: HeadBudget) -> Iterator[None]:
+def masked(loaded: LoadedModel, layout: KVLayout, budget: KVBudget) -> Iterator[None]:
     """The budget as a mask on a full cache: each streaming KV head's query heads see only the first ``sink`` keys
     and their ``w`` most recent (:class:`SinkWindow`, one per distinct ``w``)."""
     by_window: dict[int, dict[int, list[int]]] = {}
-    for (layer, kv), recent in budget.streaming().items():  # a head that keeps every key needs no mask
-        by_window.setdefault(recent, {}).setdefault(layer, []).extend(layout.query_heads(kv))
+    windows = budget.head_windows()
+    for layer, kv in np.argwhere(budget.streamed):
+        by_window.setdefault(int(windows[layer, kv]), {}).setdefault(int(layer), []).extend(layout.query_heads(kv))
     with intervene(*[SinkWindow(heads, budget.sink, recent) for recent, heads in by_window.items()]):
         yield
+
+
+class Applier(Protocol):
+    """How a budget is applied to one needle trial (its answer counted or not) and to the loss on documents."""
+
+    name: str
+
+    def answer(self, loaded: LoadedModel, prompt: NeedlePrompt, budget: KVBudget, new_tokens: int) -> bool: ...
+
+    def loss(self, loaded: LoadedModel, task: DocumentLoss, budget: KVBudget) -> float: ...
+
+
+class MaskApplier:
+    """The budget as a mask on a full cache (:func:`masked`): the reference; stores every key."""
+
+    name = "mask"
+
+    def answer(self, loaded: LoadedModel, prompt: NeedlePrompt, budget: KVBudget, new_tokens: int) -> bool:
+        with masked(loaded, kv_layout(loaded), budget):
+            return run_trial(loaded, prompt, max_new_tokens=new_tokens).counted
+
+    def loss(self, loaded: LoadedModel, task: DocumentLoss, budget: KVBudget) -> float:
+        with masked(loaded, kv_layout(loaded), budget):
+            return float(task.summarise(task.evaluate_all(loaded)))
+
+
+class CacheApplier:
+    """The budget as a :class:`~attnscope.capture.kv_budget.BudgetedCache`: needle answers generated with it (its
+    streaming heads evict as the text grows); the loss of a piece is one forward pass through a fresh one, whose
+    streaming heads see their sink + window within the pass (equal to the mask) and evict after it, so the pass's
+    memory is not bounded by the budget (every key of the piece exists during the pass)."""
+
+    name = "cache"
+
+    def answer(self, loaded: LoadedModel, prompt: NeedlePrompt, budget: KVBudget, new_tokens: int) -> bool:
+        return run_trial(loaded, prompt, max_new_tokens=new_tokens, kv_budget=budget).counted
+
+    def loss(self, loaded: LoadedModel, task: DocumentLoss, budget: KVBudget) -> float:
+        stats = np.zeros((task.n_examples, len(task.columns)))
+        keyword = cache_keyword(loaded.model.forward)
+        for batch in task.batches:
+            output = loaded.model(**batch.inputs, use_cache=True, **{keyword: budgeted_cache(loaded, budget)})
+            stats[batch.index] = task.stats(output.logits, batch)
+        return float(task.summarise(stats))
+
+
+APPLIERS: dict[str, Applier] = {"cache": CacheApplier(), "mask": MaskApplier()}
+DEFAULT_APPLY = "cache"  # equal to the mask (tokens, rows to 1e-5), fused attention, and it really stores less
 
 
 # ---- the curve ---------------------------------------------------------------------------------------------
@@ -277,36 +265,6 @@ def check_curve_settings(settings: CurveSettings) -> None:
                              "longer texts")
 
 
-def scores_from_file(path: str | Path) -> Scores:
-    """Per-head score columns ``[layer, head]`` of a Parquet file written by ``attnscope head-functions --save``."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise AttnscopeError(f"no scores file {path}")
-    try:
-        frame = pd.read_parquet(path)
-    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
-        raise AttnscopeError(f"cannot read {path} as Parquet: {error}") from None
-    if "head" not in frame or "layer" not in frame:
-        raise AttnscopeError(f"{path} has no layer and head columns: write it with 'attnscope head-functions --save "
-                             "FILE.parquet' (per head, the default)")
-    n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
-    frame = frame.sort_values(["layer", "head"])
-    skip = {"layer", "head", "kv_head", "window", "note"}
-    return {name: frame[name].to_numpy(dtype=np.float64).reshape(n_layers, n_heads) for name in frame.columns
-            if name not in skip and frame[name].dtype.kind in "fiu"}
-
-
-def check_scores_shape(loaded: LoadedModel, scores: Scores) -> None:
-    """Scores of another model (another layer x head shape) refused, one line."""
-    _, n_layers, n_heads = attention_shape(loaded, "self")
-    for name, values in scores.items():
-        if np.shape(values) != (n_layers, n_heads):
-            raise AttnscopeError(f"score {name!r} is {np.shape(values)} layers x heads; {loaded.name} has "
-                                 f"({n_layers}, {n_heads}): these scores come from another model")
-
-
 @dataclass(frozen=True, eq=False)
 class KVCurve:
     """The curve's ``records`` (one per share, choice and draw: accuracy, loss, KV bytes, the full KV heads) on
@@ -321,11 +279,13 @@ class KVCurve:
     trials: int
     asked: int
     records: list[dict[str, Any]] = field(repr=False)
+    applied: str = DEFAULT_APPLY
 
     def to_frame(self) -> Any:
         """One row per (share, choice): ``accuracy``, ``loss`` (for random: the mean over the draws, with
         ``*_low``/``*_high`` a Student-t 95% interval of the mean; NaN elsewhere), ``kv_bytes`` and
-        ``kv_saving`` (full bytes over the budget's)."""
+        ``kv_saving`` (full bytes over the budget's), ``peak_rss_mb`` (the highest of the point's runs, MB; NaN where
+        not measured)."""
         import pandas as pd
 
         rows = []
@@ -337,6 +297,8 @@ class KVCurve:
                     values = np.array([r[metric] for r in found])
                     row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(values)
                 row["kv_bytes"], row["kv_saving"] = found[0]["kv_bytes"], found[0]["kv_saving"]
+                peaks = [r["peak_rss_mb"] for r in found if r.get("peak_rss_mb") is not None]
+                row["peak_rss_mb"] = max(peaks) if peaks else float("nan")
                 rows.append(row)
         return pd.DataFrame(rows)
 
@@ -347,7 +309,7 @@ class KVCurve:
         from ..analysis.head_functions import frame_rows
 
         return {"model": self.model, "settings": asdict(self.settings), "kv_tokens": self.kv_tokens,
-                "full_kv_bytes": self.full_bytes, "baseline_loss": self.baseline_loss,
+                "full_kv_bytes": self.full_bytes, "baseline_loss": self.baseline_loss, "applied_as": self.applied,
                 "needle_trials": {"answered_by_full_model": self.trials, "asked": self.asked},
                 "indexing": "layers and KV heads are 0-indexed", "table": frame_rows(self.to_frame()),
                 "records": self.records}
@@ -384,7 +346,7 @@ class KVCurve:
                  f"{self.settings.window} most recent", "needle trials (answered by the full model / asked)":
                  f"{self.trials} / {self.asked}", "KV bytes counted at": f"{self.kv_tokens} tokens",
                  "full attention's KV bytes": self.full_bytes, "full attention's loss": f"{self.baseline_loss:.4f}",
-                 "indexing": "layers and KV heads 0-indexed"}
+                 "applied as": self.applied, "indexing": "layers and KV heads 0-indexed"}
         return write_summary(path, f"KV budget curve: {self.model}", facts, [figure.name], self.to_frame())
 
 
@@ -405,110 +367,132 @@ def _choices(settings: CurveSettings) -> list[Choice]:
 
 
 class _Evaluator:
-    """Accuracy and loss under budgets, each distinct budget run once."""
+    """Accuracy and loss under budgets, each distinct budget run once, with the peak resident memory of its run
+    (MB, the model's weights included; None where not measured)."""
 
-    def __init__(self, loaded: LoadedModel, layout: KVLayout, apply: Applier, loss: DocumentLoss,
-                 new_tokens: int) -> None:
-        self.loaded, self.layout, self.apply, self.loss, self.new_tokens = loaded, layout, apply, loss, new_tokens
-        self.done: dict[tuple[Any, ...], float] = {}
+    def __init__(self, loaded: LoadedModel, apply: Applier, loss: DocumentLoss, new_tokens: int) -> None:
+        self.loaded, self.apply, self.loss, self.new_tokens = loaded, apply, loss, new_tokens
+        self.done: dict[tuple[Any, ...], tuple[float, float | None]] = {}
 
-    def answered_in_full(self, prompt: NeedlePrompt, sink: int) -> None:
-        """Remember that the full model answered ``prompt``: a budget that streams no head answers it again."""
-        self.done[("needle", prompt.ids, *HeadBudget(sink, {}, len(prompt.ids)).key())] = 1.0
+    def needle_tokens(self, prompt: NeedlePrompt) -> int:
+        """The most keys a trial's queries see: its prompt and answer."""
+        return len(prompt.ids) + self.new_tokens
 
-    def full_loss(self, sink: int, tokens: int) -> float:
-        """The full model's loss, remembered for budgets that stream no head."""
-        return self.loss_under(HeadBudget(sink, {}, tokens))
+    def answered_in_full(self, prompt: NeedlePrompt, full: KVBudget, peak: float | None) -> None:
+        """Remember that the full model answered ``prompt``: a budget that evicts no key answers it again."""
+        self.done[("needle", prompt.ids, *full.key(self.needle_tokens(prompt)))] = (1.0, peak)
 
-    def answered(self, prompt: NeedlePrompt, budget: HeadBudget) -> float:
-        key = ("needle", prompt.ids, *budget.key())
+    def answered(self, prompt: NeedlePrompt, budget: KVBudget) -> tuple[float, float | None]:
+        return self._once(("needle", prompt.ids, *budget.key(self.needle_tokens(prompt))),
+                          lambda: self.apply.answer(self.loaded, prompt, budget, self.new_tokens))
+
+    def loss_under(self, budget: KVBudget, tokens: int) -> tuple[float, float | None]:
+        return self._once(("loss", *budget.key(tokens)), lambda: self.apply.loss(self.loaded, self.loss, budget))
+
+    def _once(self, key: tuple[Any, ...], run: Callable[[], float]) -> tuple[float, float | None]:
         if key not in self.done:
-            with self.apply(self.loaded, self.layout, budget), torch.inference_mode():
-                self.done[key] = float(run_trial(self.loaded, prompt, max_new_tokens=self.new_tokens).counted)
+            reset_peak()
+            with torch.inference_mode():
+                value = float(run())
+            self.done[key] = (value, peak_mb())
         return self.done[key]
 
-    def loss_under(self, budget: HeadBudget) -> float:
-        key = ("loss", *budget.key())
-        if key not in self.done:
-            with self.apply(self.loaded, self.layout, budget), torch.inference_mode():
-                self.done[key] = float(self.loss.summarise(self.loss.evaluate_all(self.loaded)))
-        return self.done[key]
 
-
-def kv_budget_curve(model: LoadedModel | str, scores: Scores | Any | str | Path | None = None,
-                    settings: CurveSettings | None = None, *, apply: Applier = masked,
-                    progress: bool = False) -> KVCurve:
+def kv_budget_curve(model: LoadedModel | str, scores: Any = None, settings: CurveSettings | None = None, *,
+                    apply: Applier | str = DEFAULT_APPLY, progress: bool = False) -> KVCurve:
     """The curve of the module docstring on ``model``. ``scores``: a
     :class:`~attnscope.analysis.head_functions.HeadScores`, its ``scores`` dict, a Parquet file of ``attnscope
-    head-functions --save``, or None; a missing retrieval score is computed from the full model's needle trials, a
-    missing streaming score by :func:`~attnscope.head_scores` (locality at ``sink`` + ``window`` on one document).
-    ``apply``: how a budget is applied (default :func:`masked`). Every premise is checked before the model runs.
+    head-functions --save`` (per head or per KV group), or None; a missing retrieval score is computed from the full
+    model's needle trials, a missing streaming score by :func:`~attnscope.head_scores` (locality at ``sink`` +
+    ``window`` on one document). ``apply``: how a budget is applied, ``"cache"`` (default: the real
+    :class:`~attnscope.capture.kv_budget.BudgetedCache`) or ``"mask"`` (:func:`masked`), or an :class:`Applier`.
+    Every premise is checked before the model runs.
 
     >>> curve = kv_budget_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))  # doctest: +SKIP
     >>> curve.to_frame()                                                                                 # doctest: +SKIP
     """
+    applier = applier_named(apply) if isinstance(apply, str) else apply
     loaded = as_loaded(model)
     settings = settings or CurveSettings()
     check_curve_settings(settings)
-    given = _given_scores(scores)
-    check_scores_shape(loaded, given)
-    layout = KVLayout.of(loaded)
+    layout = kv_layout(loaded)
     if not layout.candidates:
         raise AttnscopeError(f"{loaded.name} has no global layer: every layer already keeps only its window")
+    given = _given_scores(scores, layout, settings)
     prompts = trial_prompts(loaded, lengths=settings.lengths, depths=settings.depths, needles=settings.needles,
                             document_name=settings.needle_document, max_new_tokens=settings.new_tokens)
     loss = DocumentLoss(loaded, length=settings.text_tokens, n=settings.loss_pieces,
                         skip=settings.sink + settings.window)
-    with torch.inference_mode():
-        full_trials = [run_trial(loaded, prompt, max_new_tokens=settings.new_tokens)
-                       for prompt in _bar(prompts, progress, "needle trials, full attention")]
+    evaluator = _Evaluator(loaded, applier, loss, settings.new_tokens)
+    full = full_budget(layout, settings.sink, settings.window)
+    full_trials = []
+    for prompt in _bar(prompts, progress, "needle trials, full attention"):
+        reset_peak()
+        with torch.inference_mode():
+            full_trials.append(run_trial(loaded, prompt, max_new_tokens=settings.new_tokens))
+        if full_trials[-1].counted:
+            evaluator.answered_in_full(prompt, full, peak_mb())
     kept = [prompt for prompt, trial in zip(prompts, full_trials) if trial.counted]
     if not kept:
         raise AttnscopeError(f"{loaded.name} answered none of the {len(prompts)} needle trials with full attention: "
                              "no accuracy to lose (try other lengths, needles or the chat form)")
     ranks = _ranks(loaded, layout, given, full_trials, settings, progress)
-    evaluator = _Evaluator(loaded, layout, apply, loss, settings.new_tokens)
-    for prompt in kept:
-        evaluator.answered_in_full(prompt, settings.sink)
     kv_tokens = max(settings.lengths)
-    full_bytes = kv_bytes(layout, None, kv_tokens)
-    baseline = evaluator.full_loss(settings.sink, settings.text_tokens)
+    dtype = cache_dtype(loaded)
+    full_bytes = kv_bytes(full, kv_tokens, layout.head_dim, dtype)
+    baseline = evaluator.loss_under(full, settings.text_tokens)[0]
     points = [(share, choice) for share in settings.shares for choice in _choices(settings)]
-    records = [_point(evaluator, share, choice, ranks, settings, kept, full_bytes)
+    records = [_point(evaluator, layout, share, choice, ranks, settings, kept, full_bytes, dtype)
                for share, choice in _bar(points, progress, "KV budgets")]
-    return KVCurve(loaded.name, settings, kv_tokens, full_bytes, baseline, len(kept), len(prompts), records)
+    return KVCurve(loaded.name, settings, kv_tokens, full_bytes, baseline, len(kept), len(prompts), records,
+                   applier.name)
 
 
-def _point(evaluator: _Evaluator, share: float, choice: Choice, ranks: dict[str, list[KVHead]],
-           settings: CurveSettings, prompts: Sequence[NeedlePrompt], full_bytes: int) -> dict[str, Any]:
+def applier_named(name: str) -> Applier:
+    if name not in APPLIERS:
+        raise AttnscopeError(f"unknown way to apply a KV budget {name!r}; choose from {', '.join(APPLIERS)}")
+    return APPLIERS[name]
+
+
+def cache_dtype(loaded: LoadedModel) -> torch.dtype:
+    """The dtype the model's keys and values are cached in (its own)."""
+    return cast(torch.dtype, getattr(torch, str(loaded.dtype).replace("torch.", "")))
+
+
+def _point(evaluator: _Evaluator, layout: KVLayout, share: float, choice: Choice, ranks: dict[str, list[KVHead]],
+           settings: CurveSettings, prompts: Sequence[NeedlePrompt], full_bytes: int,
+           dtype: torch.dtype) -> dict[str, Any]:
     """One record: accuracy over ``prompts`` and loss under ``choice``'s budget at ``share`` (sized per text's length
-    for the uniform choice), its bytes at the longest haystack."""
-    layout = evaluator.layout
+    for the uniform choice), its bytes at the longest haystack, the highest peak RSS of its runs."""
 
-    def budget_at(tokens: int) -> HeadBudget:
+    def budget_at(tokens: int) -> KVBudget:
         return choice.budget(layout, share, ranks, settings.sink, settings.window, tokens, settings.seed)
 
     kv_tokens = max(settings.lengths)
     reported = budget_at(kv_tokens)
-    budget_bytes = kv_bytes(layout, reported, kv_tokens)
-    full_heads = 0 if choice.name == "uniform" else len(layout.candidates) - len(reported.recent)
-    return {"share": share, "choice": choice.name, "draw": choice.draw, "full_kv_heads": full_heads,
-            "accuracy": float(np.mean([evaluator.answered(p, budget_at(len(p.ids))) for p in prompts])),
-            "loss": evaluator.loss_under(budget_at(settings.text_tokens)), "kv_bytes": budget_bytes,
-            "kv_saving": full_bytes / budget_bytes,
-            "streaming": [[layer, kv, recent] for (layer, kv), recent in sorted(reported.recent.items())]}
+    budget_bytes = kv_bytes(reported, kv_tokens, layout.head_dim, dtype)
+    answers = [evaluator.answered(p, budget_at(len(p.ids))) for p in prompts]
+    loss = evaluator.loss_under(budget_at(settings.text_tokens), settings.text_tokens)
+    peaks = [peak for _, peak in (*answers, loss) if peak is not None]
+    windows = reported.head_windows()
+    return {"share": share, "choice": choice.name, "draw": choice.draw, "full_kv_heads": int(reported.full.sum()),
+            "accuracy": float(np.mean([value for value, _ in answers])), "loss": loss[0], "kv_bytes": budget_bytes,
+            "kv_saving": full_bytes / budget_bytes, "peak_rss_mb": max(peaks) if peaks else None,
+            "streaming": [[int(layer), int(kv), int(windows[layer, kv])] for layer, kv in np.argwhere(reported.streamed)]}
 
 
-def _given_scores(scores: Any) -> Scores:
+def _given_scores(scores: Any, layout: KVLayout, settings: CurveSettings) -> KVScores:
+    """The scores the choices read, ``[layer, kv_head]`` each, from what was given (another model's refused)."""
     if scores is None:
         return {}
-    if isinstance(scores, (str, Path)):
-        return scores_from_file(scores)
-    found = getattr(scores, "scores", scores)  # a HeadScores or its dict
-    return {name: np.asarray(values, dtype=np.float64) for name, values in dict(found).items()}
+    source = read_scores(scores) if isinstance(scores, str | Path) else scores
+    kept, smallest = streaming_names(settings.sink, settings.window)
+    wanted = {"retrieval": "max", kept: "min", smallest: "max"}
+    return {name: kv_head_scores(source, name, layout=layout, reduce=reduce) for name, reduce in wanted.items()
+            if has_score(source, name, reduce)}
 
 
-def _ranks(loaded: LoadedModel, layout: KVLayout, given: Scores, full_trials: Sequence[Any],
+def _ranks(loaded: LoadedModel, layout: KVLayout, given: KVScores, full_trials: Sequence[Any],
            settings: CurveSettings, progress: bool) -> dict[str, list[KVHead]]:
     """Each scored choice's order of the global KV heads, computing what ``given`` lacks."""
     from ..analysis.retrieval import mean_retrieval_score
@@ -517,16 +501,17 @@ def _ranks(loaded: LoadedModel, layout: KVLayout, given: Scores, full_trials: Se
     ranks: dict[str, list[KVHead]] = {}
     if "retrieval" in settings.choices:
         if "retrieval" not in scores:
-            scores["retrieval"] = mean_retrieval_score([t.scores for t in full_trials], [t.counted for t in full_trials])
+            per_head = mean_retrieval_score([t.scores for t in full_trials], [t.counted for t in full_trials])
+            scores["retrieval"] = kv_head_scores({"retrieval": per_head}, "retrieval", layout=layout)
         ranks["retrieval"] = retrieval_rank(layout, scores)
     if "streaming" in settings.choices:
-        names = (f"locality_k{settings.sink}_w{settings.window}", f"streaming_window_k{settings.sink}")
-        if not any(name in scores for name in names):
+        kept, smallest = streaming_names(settings.sink, settings.window)
+        if kept not in scores and smallest not in scores:
             from .head_functions import HeadScoreSettings, head_scores
 
             found = head_scores(loaded, ["locality"], HeadScoreSettings(
                 sinks=(settings.sink,), windows=(settings.window,), max_tokens=settings.text_tokens), progress=progress)
-            scores.update(found.scores)
+            scores[kept] = kv_head_scores(found, kept, layout=layout, reduce="min")
         ranks["streaming"] = streaming_rank(layout, scores, settings.sink, settings.window)
     return ranks
 

@@ -34,6 +34,7 @@ import numpy as np
 from ..analysis.retrieval import RETRIEVAL_THRESHOLD, mean_retrieval_score, retrieval_score, step_top_keys
 from ..capture.extract import as_loaded
 from ..capture.generate import check_generation, generate, prompt_ids
+from ..capture.kv_budget import KVBudget
 from ..data import Needle, document, needle
 from ..errors import AttnscopeError
 from ..models.loading import LoadedModel
@@ -285,11 +286,13 @@ def answered(item: Needle, answer: str) -> bool:
     return " ".join(item.answer.lower().split()) in " ".join(answer.lower().split())
 
 
-def run_trial(loaded: LoadedModel, prompt: NeedlePrompt, *, max_new_tokens: int = MAX_NEW_TOKENS) -> NeedleTrial:
-    """Generate the answer greedily, keeping decode-step rows only, and score every head on it."""
+def run_trial(loaded: LoadedModel, prompt: NeedlePrompt, *, max_new_tokens: int = MAX_NEW_TOKENS,
+              kv_budget: KVBudget | None = None) -> NeedleTrial:
+    """Generate the answer greedily, keeping decode-step rows only, and score every head on it; ``kv_budget``:
+    generate with a :class:`~attnscope.capture.kv_budget.BudgetedCache` under it."""
     started = time.perf_counter()
     gen = generate(loaded, prompt.text, chat=prompt.chat, max_new_tokens=max_new_tokens, norms=False,
-                   prompt_rows=False, candidates=1)
+                   prompt_rows=False, candidates=1, kv_budget=kv_budget)
     if list(gen.token_ids[: gen.prompt_length]) != list(prompt.ids):
         raise AttnscopeError("the generation ran other prompt tokens than the trial located its needle in")
     top_keys = step_top_keys(gen)

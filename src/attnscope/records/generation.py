@@ -316,12 +316,14 @@ NAMED_STREAMED_HEADS = 8  # more streamed heads than this are counted, not named
 
 def kv_budget_phrase(budget: Mapping[str, Any] | None) -> str:
     """``", KV budget: 50% of KV heads full, the others sink 4 + window 64 (streamed: L0H1, L2H0)"`` (past
-    :data:`NAMED_STREAMED_HEADS`, ``(67 KV heads streamed)``) from a record's
+    :data:`NAMED_STREAMED_HEADS`, ``(67 KV heads streamed)``; windows per head: ``windows 60-61``) from a record's
     ``settings["kv_budget"]`` (:meth:`attnscope.capture.kv_budget.KVBudget.to_dict`), or "" without one."""
     if not budget:
         return ""
     heads = budget["streamed"]
     streamed = f"streamed: {', '.join(f'L{layer}H{head}' for layer, head in heads) or 'none'}" \
         if len(heads) <= NAMED_STREAMED_HEADS else f"{len(heads)} KV heads streamed"
-    return (f", KV budget: {budget['share']:.0%} of KV heads full, the others sink {budget['sink']} + window "
-            f"{budget['window']} ({streamed})")
+    windows = sorted({window for *_, window in budget.get("recent", [])}) or [budget["window"]]
+    window = f"window {windows[0]}" if len(windows) == 1 else f"windows {windows[0]}-{windows[-1]}"
+    return (f", KV budget: {budget['share']:.0%} of KV heads full, the others sink {budget['sink']} + {window} "
+            f"({streamed})")
