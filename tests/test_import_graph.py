@@ -36,7 +36,7 @@ import attnscope
 PACKAGE = Path(attnscope.__file__).parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("version", "_lazy", "errors", "files", "progress", "inputs", "arguments", "data", "browser")),
+    ("base", ("version", "_lazy", "errors", "files", "progress", "inputs", "arguments", "data", "browser", "memory")),
     ("records", ("records", "record", "generation")),  # record, generation: old import paths, re-exports
     ("models", ("models",)),
     ("capture", ("capture",)),
