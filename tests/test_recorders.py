@@ -179,7 +179,8 @@ def test_a_recorder_excludes_the_built_in_records_options(models):
         pass
 
 
-EXEMPT = ("getattr", "module", "attnscope_site")  # the nn.Module's site, set by load_model: not the recorder
+EXEMPT = {("getattr", "module", "attnscope_site"),  # the nn.Module's site, set by load_model: not the recorder
+          ("isinstance", "key", "BudgetedStates")}  # the key states a budgeted KV cache's layer returns: not the recorder
 ASKING_THE_TYPE = {"isinstance", "getattr", "hasattr", "type"}
 THE_COMPUTATION = ("attnscope_attention", "_fused_with_last_rows", "chunked_attention", "attnscope_mask")
 CONCRETE = {"FullRecord", "PlannedRecord", "PerSite", "StepRows", "NewestCrossRows", "RowCollector", "CapturePlan",
@@ -193,7 +194,7 @@ def test_the_attention_function_never_asks_which_recorder_it_has():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASKING_THE_TYPE:
             args = tuple(a.id if isinstance(a, ast.Name) else a.value if isinstance(a, ast.Constant) else None
                          for a in node.args[:2])
-            if (node.func.id, *args) != EXEMPT:
+            if (node.func.id, *args) not in EXEMPT:
                 asked.append(f"line {node.lineno}: {ast.unparse(node)}")
     assert asked == []
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in THE_COMPUTATION]
