@@ -55,6 +55,7 @@ from ..capture.kv_budget import (
     KVLayout,
     budget_of,
     budgeted_cache,
+    check_sizes,
     full_budget,
     has_score,
     kv_bytes,
@@ -253,9 +254,7 @@ def check_curve_settings(settings: CurveSettings) -> None:
         raise AttnscopeError(f"unknown choice {unknown[0] if unknown else None!r}; choose from {', '.join(CHOICES)}")
     if settings.draws < 1:
         raise AttnscopeError(f"random choices need at least 1 draw, got {settings.draws}")
-    if settings.sink < 0 or settings.window < 1:
-        raise AttnscopeError(f"streaming heads need sink >= 0 and window >= 1, got {settings.sink} and "
-                             f"{settings.window}")
+    check_sizes(settings.sink, settings.window)
     if not settings.lengths or settings.loss_pieces < 1 or settings.new_tokens < 1:
         raise AttnscopeError("the curve needs at least one haystack length, one loss piece and one new token")
     shortest = min(*settings.lengths, settings.text_tokens)
