@@ -28,12 +28,13 @@ from torch import nn
 from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
-from ..capture.recorders import CallInputs
+from ..capture.recorders import CallInputs, per_head_out_proj
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from ..records import attribution as names
 from ..records.generation import GenerationRecord
+from .route_parts import PEAK_KEYS, OutWeights, value_peaks
 from .routes import (
     PARTS_BUDGET,
     TAU,
@@ -50,6 +51,7 @@ from .routes import (
 )
 from .terms import _first, _output_norms, blocks_by_layer, unembedding
 
+WALK_BLOCKS = 10  # blocks of PARTS_BUDGET elements one row block's walk holds at once (route_parts, float64 pairs)
 EDGES_PER_STEP = 2048  # a step's kept edges assumed by the memory estimate (SmolLM2 at tau 0.04: a few hundred)
 
 
@@ -69,6 +71,8 @@ class StepRoutes(GenerationRecorder):
         self.queries: dict[int, GrowingTensor] = {}  # per layer: [head, pos, d_head]
         self.keys: dict[int, GrowingTensor] = {}  # per layer: [kv_head, pos, d_head]
         self.values: dict[int, GrowingTensor] = {}
+        self.peaks: dict[int, GrowingTensor] = {}  # per layer: [head, pos], route_parts.value_peaks of each value
+        self.weights: dict[int, OutWeights] = {}  # per layer: W_O by head, made once
         self.bands: dict[int, tuple[GrowingTensor, GrowingTensor]] = {}  # per layer: first and last key [pos]
         # per layer: its calls' scaling, softcap and learned sinks (the same at every call)
         self.calls: dict[int, tuple[float, float | None, torch.Tensor | None]] = {}
@@ -83,14 +87,16 @@ class StepRoutes(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's edges (``EDGES_PER_STEP`` assumed: their number depends on the text and ``tau``).
-        Working: every position's queries, keys, values, key bands and residual streams (in buffers up to half
-        again as large), one layer's walk (every head's output at every key, ``[head, key, d_model]``, and
-        three blocks of :data:`~attnscope.attribution.routes.PARTS_BUDGET` parts), and the edges of every row a walk
+        Working: every position's queries, keys, values, the values' peaks, key bands and residual streams (in
+        buffers up to half again as large), one layer's walk (``WALK_BLOCKS`` blocks of
+        :data:`~attnscope.attribution.routes.PARTS_BUDGET` elements, and the peaks of a pass's new values, found
+        :data:`~attnscope.attribution.route_parts.PEAK_KEYS` at a time), and the edges of every row a walk
         reached (:meth:`~attnscope.attribution.routes.KeptRows.bound`: every row of every layer, at most)."""
         positions = shape.n_positions
-        per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16)
+        per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16
+                                          + shape.n_heads * 4)
                         + (shape.n_layers + 1) * shape.d_model * 4)
-        walk = shape.n_heads * positions * shape.d_model * 4 * 2 + 3 * PARTS_BUDGET * 4
+        walk = shape.n_heads * PEAK_KEYS * shape.d_model * 4 + WALK_BLOCKS * PARTS_BUDGET * 4
         kept = shape.max_new_tokens * EDGES_PER_STEP * (8 * 8 + 4 + 4 * shape.n_heads)
         rows = KeptRows.bound(shape.n_layers, positions, shape.n_heads, self.tau)
         return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk) + rows)
@@ -115,6 +121,11 @@ class StepRoutes(GenerationRecorder):
         self.queries.setdefault(site.layer, GrowingTensor(axis=1)).append(query)
         self.keys.setdefault(site.layer, GrowingTensor(axis=1)).append(key[:, n_keys - n_new :])
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(value[:, n_keys - n_new :])
+        if site.layer not in self.weights:
+            per_head = per_head_out_proj(site, query.shape[0], unavailable="routes")
+            self.weights[site.layer] = OutWeights.of(per_head, key.shape[0])
+        peaks = value_peaks(value[:, n_keys - n_new :], self.weights[site.layer])
+        self.peaks.setdefault(site.layer, GrowingTensor(axis=1)).append(peaks)
         firsts, lasts = self.bands.setdefault(site.layer, (GrowingTensor(dtype=torch.long),
                                                            GrowingTensor(dtype=torch.long)))
         firsts.append(first + start)
@@ -153,9 +164,9 @@ class StepRoutes(GenerationRecorder):
             firsts, lasts = self.bands[layer]
             inputs[layer] = LayerInputs(self.queries[layer].view(n), self.keys[layer].view(n),
                                         self.values[layer].view(n), scaling, firsts.view(n), lasts.view(n), softcap,
-                                        sinks)
+                                        sinks, self.peaks[layer].view(n))
         residuals = [self.residuals[layer].view(n) for layer in range(len(self.residuals))]
-        return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1)
+        return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1, weights=self.weights)
 
     def walk_step(self, index: int) -> None:
         """Step ``index``'s route (its pass ended at position ``t``), kept as arrays of its edges; the rows earlier

@@ -23,8 +23,10 @@ band (first..last key: causal, or a sliding window's; keys outside get weight 0,
 at a time, :class:`RerunInputs` runs that layer's block again on its recorded input, stopped as its attention call
 begins (:class:`RouteInputs`, a :class:`~attnscope.capture.recorders.Recorder` that hears each call's inputs), so
 no more than one layer's queries, keys and values exist at once (every layer's would be gigabytes at 32,768 tokens).
-The walk recomputes the probability rows of the positions it reaches, ``chunk`` rows at a time, so no more than
-``[chunk, key, d_model]`` parts exist at once (:data:`PARTS_BUDGET` elements), and it checks the recomputed output
+The walk recomputes the probability rows of the positions it reaches, ``chunk`` rows at a time, and finds every
+part's proximity without forming most parts (:mod:`~attnscope.attribution.route_parts`: a linear term, a correction
+on the few coordinates a part can overshoot, and in full only the parts of strongly attended keys), in blocks of at
+most :data:`PARTS_BUDGET` elements, and it checks the recomputed output
 projection's output against the model's at the chosen position (a model that does something else there, e.g. gates
 its heads, is refused rather than approximated).
 
@@ -66,10 +68,11 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from .dla import _ids_of, _resolve_position, last_logits_only
+from .route_parts import OutWeights, part_proximities, value_peaks
 from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
 
 TAU = 0.04  # the paper's threshold for its Llama 2 graphs
-PARTS_BUDGET = 1 << 22  # elements of one [chunk, key, d_model] block of parts (three exist at once)
+PARTS_BUDGET = 1 << 22  # elements of one block of a walk's work ([head, row, key], [head, key, row, K], ...)
 MASK_ROWS = 1024  # mask rows read at once when a mask becomes a band of keys
 CHECK_TOLERANCE = 1e-3  # recomputed vs the model's attention output, as a share of its largest value
 ROW_BYTES = 600  # a KeptRow's fixed cost in Python: its tuple, three floats, three small arrays
@@ -92,6 +95,7 @@ class LayerInputs:
     last: torch.Tensor
     softcap: float | None = None
     sinks: torch.Tensor | None = None
+    peaks: torch.Tensor | None = None  # [head, pos]: max_d |v_j W_O^h| (route_parts.value_peaks), found when None
 
 
 def key_band(mask: torch.Tensor | None, causal: bool | None, n_queries: int, n_keys: int) -> tuple[torch.Tensor, ...]:
@@ -235,20 +239,6 @@ class LayerImportance:
     ffn_residual: torch.Tensor
 
 
-def head_outputs(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Each head's output per unit of weight on each key, ``v_j W_O^h``: ``[head, key, d_model]`` from ``values``
-    ``[kv_head, key, d_head]`` (query head h reads kv head h // group) and ``weight`` ``[head, d_head, d_model]``. Each
-    head's product is written in place: stacking a list of them copied ``[head, key, d_model]`` once more per layer
-    and step of a generation's routes."""
-    n_heads = weight.shape[0]
-    group = n_heads // values.shape[0]
-    out = torch.empty((n_heads, values.shape[1], weight.shape[-1]), dtype=torch.result_type(values, weight),
-                      device=values.device)
-    for h in range(n_heads):
-        torch.matmul(values[h // group], weight[h], out=out[h])
-    return out
-
-
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
 
@@ -281,6 +271,7 @@ class RouteTensors:
     norms: dict[int, nn.Module]
     position: int
     checked: dict[int, torch.Tensor] = field(default_factory=dict)
+    weights: dict[int, OutWeights] = field(default_factory=dict)  # each layer's W_O by head, made once
 
     @property
     def n_layers(self) -> int:
@@ -289,19 +280,27 @@ class RouteTensors:
     @torch.inference_mode()
     def importance(self, layer: int, positions: Sequence[int]) -> LayerImportance:
         """The importances of ``layer``'s parts at rows ``positions``, computed in chunks of rows."""
-        data, site = self.inputs[layer], self.sites[layer]
+        data = self.inputs[layer]
         order = [int(p) for p in positions]
         index = torch.tensor(order, dtype=torch.long)
         lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
         n_heads = data.query.shape[0]
-        weight = per_head_out_proj(site, n_heads, unavailable="routes")  # [head, d_head, d_model]
-        values = data.value[:, lo:hi].to(weight.device)  # [kv_head, key, d_head]
-        heads_out = head_outputs(values, weight)  # [head, key, d_model]
-        step = max(1, PARTS_BUDGET // max(1, (hi - lo) * heads_out.shape[-1]))
-        pieces = [self._rows(layer, order[s : s + step], lo, hi, heads_out) for s in range(0, len(order), step)]
+        weights = self.out_weights(layer)
+        values = data.value[:, lo:hi]  # [kv_head, key, d_head]
+        peaks = value_peaks(values, weights) if data.peaks is None else data.peaks[:, lo:hi]  # [head, key]
+        step = max(1, PARTS_BUDGET // max(1, (hi - lo) * n_heads))  # rows whose [head, row, key] blocks fit
+        pieces = [self._rows(layer, order[s : s + step], lo, hi, (values, weights, peaks))
+                  for s in range(0, len(order), step)]
         heads = torch.zeros((len(order), self.residuals[0].shape[0], n_heads))
         heads[:, lo:hi] = torch.cat([p[0] for p in pieces])
         return LayerImportance(tuple(order), heads, *(torch.cat([p[i] for p in pieces]) for i in (1, 2, 3)))
+
+    def out_weights(self, layer: int) -> OutWeights:
+        """``layer``'s output projection by head (:class:`~attnscope.attribution.route_parts.OutWeights`), kept."""
+        if layer not in self.weights:
+            per_head = per_head_out_proj(self.sites[layer], self.inputs[layer].query.shape[0], unavailable="routes")
+            self.weights[layer] = OutWeights.of(per_head, self.inputs[layer].key.shape[0])
+        return self.weights[layer]
 
     def _probs(self, data: LayerInputs, rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """The attention rows of queries ``rows`` over keys ``lo..hi-1``: ``[head, row, key]``."""
@@ -316,13 +315,20 @@ class RouteTensors:
             sinks = sinks[:, :, rows]
         return softmax_with_sinks(scores[None], sinks)[0][0]
 
-    def _rows(self, layer: int, rows: list[int], lo: int, hi: int, heads_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One chunk of rows: heads ``[row, key, head]``, residual, ffn, ffn_residual ``[row]`` (normalised)."""
+    def _rows(self, layer: int, rows: list[int], lo: int, hi: int,
+              keys: tuple[torch.Tensor, OutWeights, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """One chunk of rows: heads ``[row, key, head]``, residual, ffn, ffn_residual ``[row]`` (normalised);
+        ``keys``: the values ``[kv_head, key, d_head]``, ``W_O`` by head and the values' peaks ``[head, key]``
+        (:mod:`~attnscope.attribution.route_parts`)."""
         data, site = self.inputs[layer], self.sites[layer]
+        values, weights, peaks = keys
         index = torch.tensor(rows, dtype=torch.long)
         probs = self._probs(data, index, lo, hi)  # [head, row, key]
         bias = getattr(site.out_proj, "bias", None)
-        projected = torch.einsum("hrk,hkd->rd", probs, heads_out)  # [row, d_model]: the output projection's output
+        mixed = grouped_matmul(probs[None], values[None])[0]  # [head, row, d_head]: each head's output
+        heads, d_head, d_model = weights.per_head.shape
+        # [row, head x d_head] @ [head x d_head, d_model] (a view of W_O's transpose): the output projection's output
+        projected = mixed.transpose(0, 1).reshape(len(rows), heads * d_head) @ weights.per_head.reshape(-1, d_model)
         if bias is not None:
             projected = projected + bias.detach().float()
         self._check(layer, rows, projected)
@@ -330,10 +336,7 @@ class RouteTensors:
         frozen = self._frozen(layer, projected)
         attention = projected if not frozen else torch.stack([_through(f, o) for f, o in zip(frozen, projected)])
         y = x + attention
-        parts = torch.empty((len(rows), hi - lo, probs.shape[0]))
-        for h in range(probs.shape[0]):
-            z = probs[h][:, :, None] * heads_out[h][None]  # [row, key, d_model]
-            parts[:, :, h] = proximity(_linear_parts(frozen, z) if frozen else z, y[:, None, :])
+        parts = part_proximities(probs, values, weights, peaks, y, frozen, PARTS_BUDGET)  # [row, key, head]
         residual = proximity(x, y)
         total = parts.sum((1, 2)) + residual
         ffn_out = after - y
@@ -364,14 +367,6 @@ def _through(frozen: FrozenNorm, vector: torch.Tensor) -> torch.Tensor:
     gain = frozen.gain.float()
     centred = vector - vector.mean() if frozen.centred else vector
     return gain * centred + (0.0 if frozen.bias is None else frozen.bias.float())
-
-
-def _linear_parts(frozen: list[FrozenNorm], parts: torch.Tensor) -> torch.Tensor:
-    """Parts ``[row, key, d_model]`` through each row's frozen norm, without its bias (it joins ``y`` once)."""
-    gains = torch.stack([f.gain.float() for f in frozen])[:, None, :]  # [row, 1, d_model]
-    if frozen[0].centred:
-        parts = parts - parts.mean(-1, keepdim=True)
-    return parts * gains
 
 
 # ---- the forward pass ------------------------------------------------------------------------------------------

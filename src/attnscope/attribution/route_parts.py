@@ -1,0 +1,182 @@
+"""The proximity of every (key, head) part of an attention block's output, exactly, without forming every part.
+
+A route's row ``i`` at one layer has a part ``z_jh = α^h_ij G(u_jh)`` per source key j and head h, where
+``u_jh = v_j W_O^h`` (``d_model`` wide) and ``G`` is the identity or the row's frozen post-attention norm (linear).
+Forming every part costs ``head x key x d_head x d_model`` per layer, which made a generation's routes cost about
+15 GFLOP per step at 1,536 positions of SmolLM2. The proximity needs less:
+
+``|y_d| − |y_d − z_d| = sign(y_d) z_d − C_d``, where the correction ``C_d = 2 max(0, |z_d| − |y_d|)`` when ``z_d``
+has the sign of ``y_d`` (the part overshoots ``y`` on that coordinate), ``|z_d|`` when ``y_d = 0``, and 0 otherwise.
+The linear term summed over coordinates is ``α (G^T sign(y)) · u_jh``: one ``d_head``-wide dot product per key,
+since ``u`` is linear in ``v``. A correction can only be non-zero on a coordinate where ``|z_d| > |y_d|``; with
+``peak_jh = max_d |u_jhd|``, no coordinate with ``|y_d| >= bound_jh = α peak_jh max|G|`` can have one. So with the
+coordinates sorted by ``|y_d|`` and a prefix of the ``K`` smallest: a part whose bound is at most the ``(K+1)``-th
+smallest ``|y_d|`` ("light") needs its correction on those ``K`` coordinates only, and the few others ("heavy": the
+keys a head attends to strongly) are formed in full. ``K`` is chosen per block of rows to minimise the work. Nothing is
+approximated: every proximity is the same number as forming the part, up to float rounding.
+
+Layers, heads and positions are 0-indexed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .terms import FrozenNorm
+
+PEAK_KEYS = 1024  # keys whose parts are formed at once when their peaks are found ([head, key, d_model])
+HEAVY_COST = 4  # a heavy part's work per coordinate over a light part's (every head's output at its key is formed)
+PEAK_MARGIN = 1.0 + 1e-5  # bounds raised by float32 rounding's worst case: a part is never called light wrongly
+
+
+@dataclass(frozen=True)
+class OutWeights:
+    """One layer's ``W_O`` by head: ``per_head`` ``[head, d_head, d_model]`` (a view of the weight), ``joined``
+    ``[kv_head, d_head, group x d_model]`` (:func:`join_heads`: a copy, made once per layer) and ``group``."""
+
+    per_head: torch.Tensor
+    joined: torch.Tensor
+    group: int
+
+    @classmethod
+    def of(cls, per_head: torch.Tensor, n_kv_heads: int) -> OutWeights:
+        return cls(per_head, join_heads(per_head, n_kv_heads), per_head.shape[0] // n_kv_heads)
+
+
+def join_heads(weight: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Each kv head's group of ``weight`` ``[head, d_head, m]`` side by side: ``[kv_head, d_head, group x m]``."""
+    n_heads, d_head, m = weight.shape
+    group = n_heads // n_kv_heads
+    return weight.reshape(n_kv_heads, group, d_head, m).transpose(1, 2).reshape(n_kv_heads, d_head, group * m)
+
+
+def grouped_outputs(values: torch.Tensor, joined: torch.Tensor, group: int) -> torch.Tensor:
+    """``values`` ``[kv_head, key, d_head]`` times each head's weight, ``joined`` by :func:`join_heads` (head h
+    reads kv head h // group): ``[head, key, m]``. One product per kv head: a broadcast product would copy every
+    value once per head of its group."""
+    n_kv, n_keys, _ = values.shape
+    grouped = torch.bmm(values, joined).view(n_kv, n_keys, group, joined.shape[-1] // group)
+    return grouped.movedim(2, 1).reshape(n_kv * group, n_keys, -1)
+
+
+def _grouped(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`grouped_outputs` for a small ``weight`` ``[head, d_head, m]`` joined on the spot."""
+    return grouped_outputs(values, join_heads(weight, values.shape[0]), weight.shape[0] // values.shape[0])
+
+
+def value_peaks(values: torch.Tensor, weights: OutWeights) -> torch.Tensor:
+    """``max_d |v_j W_O^h|_d``, ``[head, key]``, from ``values`` ``[kv_head, key, d_head]``, ``PEAK_KEYS`` keys at a
+    time."""
+    pieces = [grouped_outputs(values[:, start : start + PEAK_KEYS].float(), weights.joined, weights.group)
+              .abs_().amax(-1) for start in range(0, values.shape[1], PEAK_KEYS)]
+    return torch.cat(pieces, dim=1) if pieces else torch.empty((weights.per_head.shape[0], 0))
+
+
+def part_proximities(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, peaks: torch.Tensor,
+                     whole: torch.Tensor, frozen: list[FrozenNorm], budget: int) -> torch.Tensor:
+    """``max(0, ||y||_1 − ||y − z_jh||_1)`` of every part ``z_jh = probs[h, r, j] G_r(v_j W_O^h)``, ``[row, key,
+    head]`` float32, for rows with weights ``probs`` ``[head, row, key]`` and sums ``whole`` ``[row, d_model]``;
+    ``values`` ``[kv_head, key, d_head]``, ``peaks`` ``[head, key]`` (:func:`value_peaks`), ``frozen``: each row's
+    frozen norm ``G_r`` or none; ``budget``: elements of the largest block formed at once."""
+    gains, centred = _gains(frozen, whole)
+    bound = probs * peaks[:, None, :] * (gains.abs().amax(-1) * (2.0 if centred else 1.0) * PEAK_MARGIN)[None, :, None]
+    magnitude = whole.abs()
+    order = magnitude.argsort(-1)  # [row, d_model]: coordinates by |y|, smallest first
+    floors = torch.cat([magnitude.gather(-1, order), torch.full_like(magnitude[:, :1], float("inf"))], -1)
+    prefix = _prefix_length(bound, floors)
+    heavy = bound > floors[None, :, prefix, None]  # [head, row, key]: may overshoot beyond the prefix
+    weight = weights.per_head
+    near = _linear(probs, values, weight, whole, gains, centred)
+    if prefix:
+        near -= _corrections(probs, values, weight, whole, gains, centred, order[:, :prefix], budget)
+    result = near.clamp_min_(0.0)
+    if bool(heavy.any()):
+        result[heavy] = _formed(probs, values, weights, whole, gains, centred, heavy, budget)
+    return result.permute(1, 2, 0)
+
+
+def _gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Each row's gain ``[row, d_model]`` (float32; ones without a norm) and whether the norm centres its input."""
+    if not frozen:
+        return torch.ones_like(whole), False
+    return torch.stack([f.gain.float() for f in frozen]), frozen[0].centred
+
+
+def _prefix_length(bound: torch.Tensor, floors: torch.Tensor) -> int:
+    """The prefix length ``K`` (0, a power of two, or every coordinate) that minimises the work: ``K`` coordinates
+    per part, plus ``HEAVY_COST`` per heavy part (``bound`` above ``floors[row, K]``, the ``K``-th smallest
+    ``|y_d|``; ``floors`` ``[row, d_model + 1]`` ends in infinity)."""
+    d_model = floors.shape[-1] - 1
+    lengths = torch.tensor([0] + [1 << p for p in range(d_model.bit_length()) if 1 << p < d_model] + [d_model])
+    n_rows = bound.shape[1]
+    # per row, how many of its candidate floors each part's bound exceeds: the part is heavy below that many
+    exceeded = torch.searchsorted(floors[:, lengths].contiguous(), bound.transpose(0, 1).reshape(n_rows, -1))
+    light = torch.bincount(exceeded.flatten(), minlength=len(lengths) + 1).cumsum(0)[:-1]  # [length]
+    cost = bound.numel() * lengths + (bound.numel() - light) * d_model * HEAVY_COST
+    return int(lengths[int(cost.argmin())])
+
+
+def _directions(whole: torch.Tensor, gains: torch.Tensor, centred: bool) -> torch.Tensor:
+    """``G^T sign(y)`` per row ``[row, d_model]``: ``w · u = sign(y) · G(u)`` for every ``u``."""
+    direction = whole.sign() * gains
+    return direction - direction.mean(-1, keepdim=True) if centred else direction
+
+
+def _linear(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
+            gains: torch.Tensor, centred: bool) -> torch.Tensor:
+    """``sign(y) · z_jh`` of every part ``[head, row, key]``, as ``α v_j · (W_O^h w)``: a sum of terms each the size
+    of one coordinate of the part, not the difference of two norms of ``y``, so float32 keeps it to rounding."""
+    pulled = torch.matmul(weight, _directions(whole, gains, centred).T)  # [head, d_head, row]
+    return probs * _grouped(values, pulled).transpose(1, 2)
+
+
+def _corrections(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
+                 gains: torch.Tensor, centred: bool, columns: torch.Tensor, budget: int) -> torch.Tensor:
+    """Each part's correction ``Σ_d C_d`` over each row's prefix ``columns`` ``[row, K]``: ``[head, row, key]``,
+    in blocks of rows of at most ``budget`` elements ``[head, key, row, K]``."""
+    n_heads, n_rows, n_keys = probs.shape
+    prefix = columns.shape[1]
+    shift = _grouped(values, weight.mean(-1, keepdim=True)) if centred else None  # [head, key, 1]: mean(u)
+    total = torch.empty((n_heads, n_rows, n_keys))
+    step = max(1, budget // max(1, n_heads * n_keys * prefix))
+    for start in range(0, n_rows, step):
+        rows = slice(start, start + step)
+        cols = columns[rows]  # [row, K]
+        u = _grouped(values, weight[:, :, cols.flatten()])  # [head, key, row * K]
+        if shift is not None:
+            u = u - shift
+        u = u.view(n_heads, n_keys, -1, prefix).transpose(1, 2)  # [head, row, key, K]
+        z = probs[:, rows, :, None] * gains[rows].gather(-1, cols)[None, :, None, :] * u
+        total[:, rows] = _overshoot(z, whole[rows].gather(-1, cols)[None, :, None, :]).sum(-1)
+    return total
+
+
+def _overshoot(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """``C_d = sign(y_d) z_d − (|y_d| − |y_d − z_d|)`` per coordinate (broadcast): ``2 max(0, |z| − |y|)`` where
+    ``z`` has ``y``'s sign, ``|z|`` where ``y = 0``, 0 elsewhere."""
+    magnitude = parts.abs()
+    over = (magnitude - whole.abs()).clamp_min_(0.0).mul_(2.0).mul_(parts.sign() == whole.sign())
+    return torch.where(whole == 0, magnitude, over)
+
+
+def _formed(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, whole: torch.Tensor,
+            gains: torch.Tensor, centred: bool, heavy: torch.Tensor, budget: int) -> torch.Tensor:
+    """The proximity of each heavy part, formed in full (``d_model`` wide), in ``heavy.nonzero()`` order
+    ``[n_heavy]``: every head's output at the keys involved, ``budget // (head x d_model)`` keys at once."""
+    from .routes import proximity  # the one definition of the proximity (routes imports this module)
+
+    found = heavy.nonzero()  # [n, 3]: head, row, key, head-major
+    keys, which = torch.unique(found[:, 2], return_inverse=True)
+    out = torch.empty(found.shape[0])
+    step = max(1, budget // (heavy.shape[0] * weights.per_head.shape[-1]))
+    for start in range(0, keys.shape[0], step):
+        outputs = grouped_outputs(values[:, keys[start : start + step]], weights.joined, weights.group)
+        if centred:
+            outputs = outputs - outputs.mean(-1, keepdim=True)
+        picked = ((which >= start) & (which < start + step)).nonzero()[:, 0]
+        h, r, j = found[picked].unbind(-1)
+        z = probs[h, r, j][:, None] * gains[r] * outputs[h, which[picked] - start]
+        out[picked] = proximity(z, whole[r])
+    return out
