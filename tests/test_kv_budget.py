@@ -384,6 +384,12 @@ def test_bad_kv_budgets_are_one_line_exit_2_and_write_nothing(args, expect, scor
     assert not (tmp_path / "out").exists()
 
 
+def test_a_share_out_of_range_is_named_before_the_missing_scores_file(scores_files, capsys):
+    """The budget's own value is checked first: without --kv-scores, a share of 1.5 is still called out of range."""
+    argv = ["generate", PROMPT, "-m", scores_files["model"], "-n", "4", "--kv-budget", "1.5"]
+    assert_one_error_line(exit_code(argv), capsys.readouterr().err, "between 0 and 1")
+
+
 def test_a_groups_locality_is_its_lowest_query_head_and_a_group_file_holds_only_the_max(tmp_path):
     """The streaming choice reads the share a sink + window keeps; a KV group streams only as well as its worst query
     head (the min), from a ``HeadScores`` or a per-head file; a per-group file (max and mean only) says so. The curve

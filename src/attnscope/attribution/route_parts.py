@@ -74,6 +74,16 @@ def value_peaks(values: torch.Tensor, weights: OutWeights) -> torch.Tensor:
     return torch.cat(pieces, dim=1) if pieces else torch.empty((weights.per_head.shape[0], 0))
 
 
+def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
+
+    Summed per coordinate as ``|y| − |y − z| = z (2y − z) / (|y| + |y − z|)``: the difference of two large sums
+    (a residual stream with massive activations has an L1 norm in the thousands) would lose the small parts to
+    float32 rounding; this form keeps each term's rounding relative to the term itself."""
+    denominator = (whole - parts).abs_().add_(whole.abs()).clamp_min_(torch.finfo(parts.dtype).tiny)
+    return (2 * whole - parts).mul_(parts).div_(denominator).sum(-1).clamp_min_(0.0)
+
+
 def part_proximities(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, peaks: torch.Tensor,
                      whole: torch.Tensor, frozen: list[FrozenNorm], budget: int) -> torch.Tensor:
     """``max(0, ||y||_1 − ||y − z_jh||_1)`` of every part ``z_jh = probs[h, r, j] G_r(v_j W_O^h)``, ``[row, key,
@@ -165,8 +175,6 @@ def _formed(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, whol
             gains: torch.Tensor, centred: bool, heavy: torch.Tensor, budget: int) -> torch.Tensor:
     """The proximity of each heavy part, formed in full (``d_model`` wide), in ``heavy.nonzero()`` order
     ``[n_heavy]``: every head's output at the keys involved, ``budget // (head x d_model)`` keys at once."""
-    from .routes import proximity  # the one definition of the proximity (routes imports this module)
-
     found = heavy.nonzero()  # [n, 3]: head, row, key, head-major
     keys, which = torch.unique(found[:, 2], return_inverse=True)
     out = torch.empty(found.shape[0])

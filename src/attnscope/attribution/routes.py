@@ -68,7 +68,7 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from .dla import _ids_of, _resolve_position, last_logits_only
-from .route_parts import OutWeights, part_proximities, value_peaks
+from .route_parts import OutWeights, part_proximities, proximity, value_peaks
 from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
 
 TAU = 0.04  # the paper's threshold for its Llama 2 graphs
@@ -237,16 +237,6 @@ class LayerImportance:
     residual: torch.Tensor
     ffn: torch.Tensor
     ffn_residual: torch.Tensor
-
-
-def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """``max(0, ||y||_1 − ||y − z||_1)`` of parts ``z`` ``[..., d]`` of ``y`` ``[..., d]`` (broadcast): ``[...]``.
-
-    Summed per coordinate as ``|y| − |y − z| = z (2y − z) / (|y| + |y − z|)``: the difference of two large sums
-    (a residual stream with massive activations has an L1 norm in the thousands) would lose the small parts to
-    float32 rounding; this form keeps each term's rounding relative to the term itself."""
-    denominator = (whole - parts).abs_().add_(whole.abs()).clamp_min_(torch.finfo(parts.dtype).tiny)
-    return (2 * whole - parts).mul_(parts).div_(denominator).sum(-1).clamp_min_(0.0)
 
 
 def shares(proximities: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -234,15 +234,15 @@ def _kv_budget_from_args(args: argparse.Namespace, changes: GenerationChanges) -
         if args.kv_scores is not None:
             raise AttnscopeError("--kv-scores chooses the full heads of a --kv-budget: give --kv-budget too")
         return {}
+    budget = parse_budget(args.kv_budget)  # the value itself first: a fix to it should not wait on another option's
+    if isinstance(budget, float) and not 0.0 <= budget <= 1.0:
+        raise AttnscopeError(f"--kv-budget: a share of full KV heads is between 0 and 1, got {args.kv_budget}")
+    check_sizes(args.kv_sink, args.kv_window)
     if args.kv_scores is None:
         raise AttnscopeError("--kv-budget needs --kv-scores FILE.parquet (attnscope head-functions --save) to choose "
                              "the full heads from")
     if not changes.empty:
         raise AttnscopeError("--kv-budget does not combine with interventions (--ablate, --corrupt, --skip-*)")
-    budget = parse_budget(args.kv_budget)
-    if isinstance(budget, float) and not 0.0 <= budget <= 1.0:
-        raise AttnscopeError(f"--kv-budget: a share of full KV heads is between 0 and 1, got {args.kv_budget}")
-    check_sizes(args.kv_sink, args.kv_window)
     return {"kv_budget": budget, "kv_scores": kv_head_scores(args.kv_scores, args.kv_score),
             "kv_sink": args.kv_sink, "kv_window": args.kv_window}
 

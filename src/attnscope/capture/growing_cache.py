@@ -1,0 +1,109 @@
+"""A key/value cache layer that grows in place: generation without copying the whole cache at every step.
+
+transformers' ``DynamicLayer`` appends a step's keys and values with ``torch.cat``, so every step of every layer
+allocates the whole cache again and frees the old one (SmolLM2 at 1,536 tokens: about 69 MB per step). Beside a
+record that also grows, those freed blocks stay with the process (glibc keeps them for reuse, fragmented), so
+``attnscope.generate`` had to hand the heap back after every token (``malloc_trim``, about 18 ms a step at a
+thousand generated tokens), and the copies themselves took a sixth of a plain step. :class:`GrowingLayer` keeps each
+layer's keys and values in buffers with room to spare (half again as large when full) and writes a step's keys into
+place: the keys and values it returns are views of the first ``length`` positions, equal to the concatenation.
+
+:func:`growing_caches` swaps it in for the full-attention layers of the cache ``generate`` prepares (sliding-window
+layers, other caches and a cache the caller gives are left as they are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+MIN_ROOM = 256  # positions a buffer holds at least
+
+
+class GrowingLayer(DynamicLayer):
+    """A :class:`~transformers.cache_utils.DynamicLayer` whose keys and values ``[batch, kv_head, pos, d_head]`` are
+    views of buffers with room to grow along ``pos``."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys and values after the cached ones; return every cached position's (views)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, added = self.get_seq_length(), key_states.shape[-2]
+        if self.buffers is None or length + added > self.buffers[0].shape[-2]:
+            self.buffers = self._grown(length, key_states, value_states, length + added)
+        keys, values = self.buffers
+        keys[..., length : length + added, :] = key_states
+        values[..., length : length + added, :] = value_states
+        self.keys, self.values = keys[..., : length + added, :], values[..., : length + added, :]
+        return self.keys, self.values
+
+    def _grown(self, length: int, key_states: torch.Tensor, value_states: torch.Tensor,
+               needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """New buffers with room for ``needed`` positions and half again, the ``length`` cached ones copied in."""
+        room = max(needed + needed // 2, MIN_ROOM)
+        grown = []
+        for cached, new in ((self.keys, key_states), (self.values, value_states)):
+            buffer = new.new_empty((*new.shape[:-2], room, new.shape[-1]))
+            if length and cached is not None:
+                buffer[..., :length, :] = cached
+            grown.append(buffer)
+        return grown[0], grown[1]
+
+    def _dropped_buffers(self) -> None:
+        """After an operation that replaces the views (crop, batch selection), the next update starts new buffers."""
+        self.buffers = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        self._dropped_buffers()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._dropped_buffers()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._dropped_buffers()
+
+    def reset(self) -> None:
+        super().reset()
+        self.buffers = None
+
+
+def swap_layers(cache: Any) -> None:
+    """Replace the not yet used full-attention ``DynamicLayer``\\ s of a ``DynamicCache`` (or of an encoder-decoder
+    cache's self-attention part) with :class:`GrowingLayer`\\ s; any other cache is left as it is."""
+    inner = getattr(cache, "self_attention_cache", cache)
+    if type(inner) is not DynamicCache:
+        return
+    for index, layer in enumerate(inner.layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            inner.layers[index] = GrowingLayer()
+
+
+@contextmanager
+def growing_caches(model: Any) -> Iterator[None]:
+    """While open, the cache ``model.generate`` prepares for itself grows in place (:func:`swap_layers`)."""
+    prepare = model._prepare_cache_for_generation
+
+    def prepared(generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        result = prepare(generation_config, model_kwargs, *args, **kwargs)
+        for name in ("cache", "past_key_values"):
+            if model_kwargs.get(name) is not None and not getattr(model_kwargs[name], "_is_user_defined", False):
+                swap_layers(model_kwargs[name])
+        return result
+
+    model._prepare_cache_for_generation = prepared
+    try:
+        yield
+    finally:
+        del model._prepare_cache_for_generation
