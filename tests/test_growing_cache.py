@@ -67,9 +67,10 @@ def test_generate_grows_its_own_cache_in_place_and_leaves_a_given_cache_alone(ti
         with growing_caches(model):
             given = DynamicCache(config=model.config)
             model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, cache=given)
+        model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)  # outside: as before
     finally:
         type(model)._prepare_cache_for_generation = original
     assert record.n_steps == 3
     assert all(isinstance(layer, GrowingLayer) for layer in seen[0].layers)
     assert not any(isinstance(layer, GrowingLayer) for layer in given.layers)
-    assert "_prepare_cache_for_generation" not in vars(model)  # the swap is undone on leaving
+    assert not any(isinstance(layer, GrowingLayer) for layer in seen[-1].layers)

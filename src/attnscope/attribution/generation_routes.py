@@ -51,7 +51,7 @@ from .routes import (
 )
 from .terms import _first, _output_norms, blocks_by_layer, unembedding
 
-WALK_BLOCKS = 10  # blocks of PARTS_BUDGET elements one row block's walk holds at once (route_parts, float64 pairs)
+WALK_BLOCKS = 10  # blocks of PARTS_BUDGET elements a block of rows' walk holds at once (route_parts)
 EDGES_PER_STEP = 2048  # a step's kept edges assumed by the memory estimate (SmolLM2 at tau 0.04: a few hundred)
 
 

@@ -71,7 +71,7 @@ def value_peaks(values: torch.Tensor, weights: OutWeights) -> torch.Tensor:
     time."""
     pieces = [grouped_outputs(values[:, start : start + PEAK_KEYS].float(), weights.joined, weights.group)
               .abs_().amax(-1) for start in range(0, values.shape[1], PEAK_KEYS)]
-    return torch.cat(pieces, dim=1) if pieces else torch.empty((weights.per_head.shape[0], 0))
+    return torch.cat(pieces, dim=1) if pieces else torch.empty((weights.per_head.shape[0], 0), device=values.device)
 
 
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,8 @@ def _prefix_length(bound: torch.Tensor, floors: torch.Tensor) -> int:
     per part, plus ``HEAVY_COST`` per heavy part (``bound`` above ``floors[row, K]``, the ``K``-th smallest
     ``|y_d|``; ``floors`` ``[row, d_model + 1]`` ends in infinity)."""
     d_model = floors.shape[-1] - 1
-    lengths = torch.tensor([0] + [1 << p for p in range(d_model.bit_length()) if 1 << p < d_model] + [d_model])
+    lengths = torch.tensor([0] + [1 << p for p in range(d_model.bit_length()) if 1 << p < d_model] + [d_model],
+                           device=floors.device)
     n_rows = bound.shape[1]
     # per row, how many of its candidate floors each part's bound exceeds: the part is heavy below that many
     exceeded = torch.searchsorted(floors[:, lengths].contiguous(), bound.transpose(0, 1).reshape(n_rows, -1))
@@ -149,7 +150,7 @@ def _corrections(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor
     n_heads, n_rows, n_keys = probs.shape
     prefix = columns.shape[1]
     shift = _grouped(values, weight.mean(-1, keepdim=True)) if centred else None  # [head, key, 1]: mean(u)
-    total = torch.empty((n_heads, n_rows, n_keys))
+    total = torch.empty((n_heads, n_rows, n_keys), device=probs.device)
     step = max(1, budget // max(1, n_heads * n_keys * prefix))
     for start in range(0, n_rows, step):
         rows = slice(start, start + step)
@@ -177,7 +178,7 @@ def _formed(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, whol
     ``[n_heavy]``: every head's output at the keys involved, ``budget // (head x d_model)`` keys at once."""
     found = heavy.nonzero()  # [n, 3]: head, row, key, head-major
     keys, which = torch.unique(found[:, 2], return_inverse=True)
-    out = torch.empty(found.shape[0])
+    out = torch.empty(found.shape[0], device=probs.device)
     step = max(1, budget // (heavy.shape[0] * weights.per_head.shape[-1]))
     for start in range(0, keys.shape[0], step):
         outputs = grouped_outputs(values[:, keys[start : start + step]], weights.joined, weights.group)

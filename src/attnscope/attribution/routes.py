@@ -276,7 +276,7 @@ class RouteTensors:
         lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
         n_heads = data.query.shape[0]
         weights = self.out_weights(layer)
-        values = data.value[:, lo:hi]  # [kv_head, key, d_head]
+        values = data.value[:, lo:hi].to(weights.per_head.device)  # [kv_head, key, d_head]
         peaks = value_peaks(values, weights) if data.peaks is None else data.peaks[:, lo:hi]  # [head, key]
         step = max(1, PARTS_BUDGET // max(1, (hi - lo) * n_heads))  # rows whose [head, row, key] blocks fit
         pieces = [self._rows(layer, order[s : s + step], lo, hi, (values, weights, peaks))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -90,20 +91,35 @@ def swap_layers(cache: Any) -> None:
             inner.layers[index] = GrowingLayer()
 
 
-@contextmanager
-def growing_caches(model: Any) -> Iterator[None]:
-    """While open, the cache ``model.generate`` prepares for itself grows in place (:func:`swap_layers`)."""
+_GROWING: ContextVar[bool] = ContextVar("attnscope_growing_caches", default=False)
+
+
+def _install(model: Any) -> None:
+    """Wrap ``model``'s cache preparation once, for good: the wrapper swaps layers only inside
+    :func:`growing_caches` (a context variable, so a generation in another thread is not touched, and no thread's
+    exit can undo what another installed)."""
+    if getattr(model, "_attnscope_grows", False):
+        return
     prepare = model._prepare_cache_for_generation
 
     def prepared(generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         result = prepare(generation_config, model_kwargs, *args, **kwargs)
-        for name in ("cache", "past_key_values"):
-            if model_kwargs.get(name) is not None and not getattr(model_kwargs[name], "_is_user_defined", False):
-                swap_layers(model_kwargs[name])
+        if _GROWING.get():
+            for name in ("cache", "past_key_values"):
+                if model_kwargs.get(name) is not None and not getattr(model_kwargs[name], "_is_user_defined", False):
+                    swap_layers(model_kwargs[name])
         return result
 
     model._prepare_cache_for_generation = prepared
+    model._attnscope_grows = True
+
+
+@contextmanager
+def growing_caches(model: Any) -> Iterator[None]:
+    """While open, the cache ``model.generate`` prepares for itself grows in place (:func:`swap_layers`)."""
+    _install(model)
+    token = _GROWING.set(True)
     try:
         yield
     finally:
-        del model._prepare_cache_for_generation
+        _GROWING.reset(token)
