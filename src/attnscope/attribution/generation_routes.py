@@ -28,7 +28,7 @@ from torch import nn
 from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
-from ..capture.recorders import CallInputs, per_head_out_proj
+from ..capture.recorders import CallInputs
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
@@ -122,8 +122,7 @@ class StepRoutes(GenerationRecorder):
         self.keys.setdefault(site.layer, GrowingTensor(axis=1)).append(key[:, n_keys - n_new :])
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(value[:, n_keys - n_new :])
         if site.layer not in self.weights:
-            per_head = per_head_out_proj(site, query.shape[0], unavailable="routes")
-            self.weights[site.layer] = OutWeights.of(per_head, key.shape[0])
+            self.weights[site.layer] = OutWeights.of_site(site, query.shape[0], key.shape[0])
         peaks = value_peaks(value[:, n_keys - n_new :], self.weights[site.layer])
         self.peaks.setdefault(site.layer, GrowingTensor(axis=1)).append(peaks)
         firsts, lasts = self.bands.setdefault(site.layer, (GrowingTensor(dtype=torch.long),

@@ -62,7 +62,7 @@ from torch import nn
 from ..capture.attention import allowed_keys, capture, grouped_matmul, softmax_with_sinks
 from ..capture.extract import as_loaded, n_config_heads
 from ..capture.hooks import local_hooks
-from ..capture.recorders import CallInputs, CaptureComplete, Recorder, per_head_out_proj
+from ..capture.recorders import CallInputs, CaptureComplete, Recorder
 from ..capture.tokens import readable_tokens
 from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
@@ -288,8 +288,8 @@ class RouteTensors:
     def out_weights(self, layer: int) -> OutWeights:
         """``layer``'s output projection by head (:class:`~attnscope.attribution.route_parts.OutWeights`), kept."""
         if layer not in self.weights:
-            per_head = per_head_out_proj(self.sites[layer], self.inputs[layer].query.shape[0], unavailable="routes")
-            self.weights[layer] = OutWeights.of(per_head, self.inputs[layer].key.shape[0])
+            data = self.inputs[layer]
+            self.weights[layer] = OutWeights.of_site(self.sites[layer], data.query.shape[0], data.key.shape[0])
         return self.weights[layer]
 
     def _probs(self, data: LayerInputs, rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
