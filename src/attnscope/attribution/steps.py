@@ -30,7 +30,16 @@ from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from ..records import attribution as names
-from .terms import PositionRows, ResidualParts, decompose, lens_top, logit_direction, residual_parts
+from .terms import (
+    LENS_LOGITS_BYTES,
+    LENS_SOFTMAX_ROWS,
+    PositionRows,
+    ResidualParts,
+    decompose,
+    lens_top,
+    logit_direction,
+    residual_parts,
+)
 
 ATTRIBUTION_TOP_HEADS = 10  # heads per step whose terms are kept split over the source tokens
 LENS_TOP = 3  # tokens per layer and step of the logit lens kept
@@ -65,8 +74,8 @@ class StepAttribution(GenerationRecorder):
     def _start(self) -> None:
         """Nothing kept yet (a recorder may serve several generations, one after the other)."""
         self.rows: dict[int, dict[int, torch.Tensor]] = {}  # per pass not yet split: per layer its last row [head, k]
-        # per layer: every key's value so far [kv_head, pos, d_head], float64 as the terms read them (converting every
-        # key's value at every step cost more than the step's own pass at a thousand keys)
+        # per layer: every key's value so far [kv_head, pos, d_head], float32: each step reads them all once, for
+        # its heads' outputs (Terms.sources_of converts only the top heads' to float64)
         self.values: dict[int, GrowingTensor] = {}
         self.sites: dict[int, AttentionSite] = {}
         self.passes = GenerationPasses(self.split)
@@ -79,15 +88,18 @@ class StepAttribution(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
-        buffer up to half again as large, float64), each pass's block outputs for the lens, one step's rows and
-        terms for every layer, and the lens's logits of ``LENS_STEPS`` steps."""
+        buffer up to half again as large), each pass's block outputs for the lens, one step's rows for every layer,
+        its top heads' splits, and the lens's logits (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the
+        softmax of :data:`~attnscope.attribution.terms.LENS_SOFTMAX_ROWS` rows) beside ``LENS_STEPS`` steps' block
+        outputs stacked."""
         steps, positions = shape.max_new_tokens, shape.n_positions
         kept = steps * (shape.n_layers * shape.n_heads * 4 + self.top_heads * (positions * 4 + 16)
                         + shape.n_layers * self.lens_top * 12)
-        values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 8
+        values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
         blocks = steps * shape.n_layers * shape.d_model * 4
-        one_step = shape.n_layers * shape.n_heads * positions * (shape.d_head + 1) * 4 * 2  # float32, then float64
-        lens = LENS_STEPS * shape.vocab * 4 * 3
+        one_step = shape.n_layers * shape.n_heads * positions * 4 * 2 + self.top_heads * positions * (shape.d_head + 2) * 8
+        lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
+                + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
         return MemoryEstimate(kept=int(kept), working=int(values + blocks + one_step + lens))
 
     def wants(self, site: AttentionSite) -> bool:
@@ -103,7 +115,7 @@ class StepAttribution(GenerationRecorder):
         self.passes.heard(site.layer, added)
         # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
         self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
-        self.values.setdefault(site.layer, GrowingTensor(axis=1, dtype=torch.float64)).append(
+        self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(
             call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
 
@@ -133,12 +145,12 @@ class StepAttribution(GenerationRecorder):
                               attention={layer: pieces["attention", layer][index] for layer in rows.rows},
                               ffn={layer: pieces["ffn", layer][index] for layer in rows.rows})
         with hooks_paused():  # the terms run the norms, whose hooks would keep their inputs as a pass's
-            terms = decompose(self.loaded, rows, parts, *logit_direction(self.loaded, token), 0, self.weights)
+            terms = decompose(self.loaded, rows, parts, *logit_direction(self.loaded, token), 0, self.weights,
+                              split=False)
         step_heads = terms.heads.float().cpu().numpy()  # [layer, head]
         top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")[: self.top_heads],
                                         step_heads.shape), axis=-1)  # [rank, 2]
-        layers, heads_of = torch.as_tensor(top[:, 0]), torch.as_tensor(top[:, 1])
-        split = terms.head_sources[layers, heads_of].float().cpu().numpy()  # [rank, t + 1]
+        split = terms.sources_of(rows, top.tolist()).float().cpu().numpy()  # [rank, t + 1]
         self.steps.append((step_heads, terms.total(), top, split))
         for key, kept in pieces.items():
             if key[0] != "blocks":  # the lens reads every step's block outputs at the end
@@ -148,8 +160,7 @@ class StepAttribution(GenerationRecorder):
     def position_rows(self, index: int, t: int) -> PositionRows:
         """Pass ``index``'s last rows (position ``t``) as :class:`~attnscope.attribution.terms.PositionRows`
         (a row's keys are the last ``k`` positions up to its own: a sliding-window layer's hold fewer; the others are
-        0), with the values of keys ``0..t``, grouped (``[kv_head, source_pos, d_head]`` float64: the terms read them so,
-        :func:`~attnscope.attribution.terms.per_source_terms`)."""
+        0), with the values of keys ``0..t``, grouped (``[kv_head, source_pos, d_head]`` float32)."""
         rows = PositionRows((t,))
         for layer, row in self.rows[index].items():
             n_heads = row.shape[0]
