@@ -70,7 +70,8 @@ def test_each_row_is_computed_once_and_every_step_equals_single_pass_routes(smol
 def test_a_walk_over_kept_rows_gives_the_walk_of_fresh_rows_at_every_tau(smollm2):
     """One forward pass of the text, walked at several positions in turn over one KeptRows, against a fresh walk of
     each: the same edges in the same order, numbers to float32 rounding (rows computed in other chunks of rows sum
-    their keys in another order)."""
+    their keys in another order, and split each part's proximity between its linear and formed terms at another
+    prefix: a few millionths of a share)."""
     from attnscope.attribution.routes import route_tensors
 
     ids = list(smollm2.tokenizer(PROMPT)["input_ids"])
@@ -80,8 +81,8 @@ def test_a_walk_over_kept_rows_gives_the_walk_of_fresh_rows_at_every_tau(smollm2
         for position in range(len(ids) - 3, len(ids)):
             got, fresh = walk(tensors, position, tau, known), walk(tensors, position, tau)
             assert [(e.source, e.target, e.via) for e in got] == [(e.source, e.target, e.via) for e in fresh]
-            assert [e.importance for e in got] == pytest.approx([e.importance for e in fresh], abs=1e-6)
-            assert [e.heads for e in got] == [pytest.approx(e.heads, abs=1e-6) for e in fresh]
+            assert [e.importance for e in got] == pytest.approx([e.importance for e in fresh], rel=1e-5, abs=1e-6)
+            assert [e.heads for e in got] == [pytest.approx(e.heads, rel=1e-5, abs=1e-6) for e in fresh]
         with pytest.raises(ValueError):
             walk(tensors, len(ids) - 1, tau + 0.01, known)
 

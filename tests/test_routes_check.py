@@ -83,8 +83,9 @@ def test_the_unpruned_flow_equals_full_rollout_and_the_graph_kept_at_tau_zero(ti
     graph, tensors = routes_and_tensors(tiny_llama, SENTENCES[2], tau=0.0)
     tokens, heads = route_flow(tensors, graph.position)
     by_hand_tokens, by_hand_heads = rollout_by_hand(tensors, graph.position)
-    np.testing.assert_allclose(tokens, by_hand_tokens, atol=1e-9)
-    np.testing.assert_allclose(heads, by_hand_heads, atol=1e-9)
+    # float32 importances: rows computed in other chunks (here every row at once) differ by float32 rounding
+    np.testing.assert_allclose(tokens, by_hand_tokens, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(heads, by_hand_heads, rtol=1e-5, atol=1e-9)
     assert tokens.sum() == pytest.approx(1.0, abs=1e-5) and (tokens >= 0).all()
     np.testing.assert_allclose(token_scores(graph), tokens, atol=1e-6)  # every edge with any importance is kept
     pruned = attnscope.routes(tiny_llama, SENTENCES[2], tau=0.1)

@@ -5,14 +5,14 @@ A route's row ``i`` at one layer has a part ``z_jh = α^h_ij G(u_jh)`` per sourc
 Forming every part costs ``head x key x d_head x d_model`` per layer, which made a generation's routes cost about
 15 GFLOP per step at 1,536 positions of SmolLM2. The proximity needs less:
 
-``|y_d| − |y_d − z_d| = sign(y_d) z_d − C_d``, where the correction ``C_d = 2 max(0, |z_d| − |y_d|)`` when ``z_d``
-has the sign of ``y_d`` (the part overshoots ``y`` on that coordinate), ``|z_d|`` when ``y_d = 0``, and 0 otherwise.
-The linear term summed over coordinates is ``α (G^T sign(y)) · u_jh``: one ``d_head``-wide dot product per key,
-since ``u`` is linear in ``v``. A correction can only be non-zero on a coordinate where ``|z_d| > |y_d|``; with
-``peak_jh = max_d |u_jhd|``, no coordinate with ``|y_d| >= bound_jh = α peak_jh max|G|`` can have one. So with the
-coordinates sorted by ``|y_d|`` and a prefix of the ``K`` smallest: a part whose bound is at most the ``(K+1)``-th
-smallest ``|y_d|`` ("light") needs its correction on those ``K`` coordinates only, and the few others ("heavy": the
-keys a head attends to strongly) are formed in full. ``K`` is chosen per block of rows to minimise the work. Nothing is
+On coordinate d, ``|y_d| − |y_d − z_d| = sign(y_d) z_d`` unless the part overshoots ``y`` there (``z_d`` has the
+sign of ``y_d`` and ``|z_d| > |y_d|``, or ``y_d = 0``), which needs ``|z_d| > |y_d|``; with ``peak_jh = max_d |u_jhd|``,
+no coordinate with ``|y_d| >= bound_jh = α peak_jh max|G|`` can be overshot. So with the coordinates sorted by
+``|y_d|`` and a prefix P of the ``K`` smallest, a part whose bound is at most the ``(K+1)``-th smallest ``|y_d|``
+("light") has proximity ``Σ_{d∉P} sign(y_d) z_d + Σ_{d∈P} (|y_d| − |y_d − z_d|)``: the first sum is
+``α (G^T s) · u_jh`` with ``s`` the signs of ``y`` outside P, one ``d_head``-wide dot product per key since ``u`` is
+linear in ``v``; the second is formed on the ``K`` coordinates only. The few other parts ("heavy": the keys a head
+attends to strongly) are formed in full. ``K`` is chosen per block of rows to minimise the work. Nothing is
 approximated: every proximity is the same number as forming the part, up to float rounding.
 
 Layers, heads and positions are 0-indexed.
@@ -107,9 +107,10 @@ def part_proximities(probs: torch.Tensor, values: torch.Tensor, weights: OutWeig
     prefix = _prefix_length(bound, floors)
     heavy = bound > floors[None, :, prefix, None]  # [head, row, key]: may overshoot beyond the prefix
     weight = weights.per_head
-    near = _linear(probs, values, weight, whole, gains, centred)
+    signs = whole.sign().scatter_(-1, order[:, :prefix], 0.0)  # [row, d_model]: sign(y) outside the prefix
+    near = _linear(probs, values, weight, signs, gains, centred)
     if prefix:
-        near -= _corrections(probs, values, weight, whole, gains, centred, order[:, :prefix], budget)
+        near += _prefix(probs, values, weight, whole, gains, centred, order[:, :prefix], budget)
     result = near.clamp_min_(0.0)
     if bool(heavy.any()):
         result[heavy] = _formed(probs, values, weights, whole, gains, centred, heavy, budget)
@@ -138,47 +139,48 @@ def _prefix_length(bound: torch.Tensor, floors: torch.Tensor) -> int:
     return int(lengths[int(cost.argmin())])
 
 
-def _directions(whole: torch.Tensor, gains: torch.Tensor, centred: bool) -> torch.Tensor:
-    """``G^T sign(y)`` per row ``[row, d_model]``: ``w · u = sign(y) · G(u)`` for every ``u``."""
-    direction = whole.sign() * gains
+def _directions(signs: torch.Tensor, gains: torch.Tensor, centred: bool) -> torch.Tensor:
+    """``G^T s`` per row ``[row, d_model]`` for ``signs`` ``s`` ``[row, d_model]``: ``w · u = s · G(u)`` for every
+    ``u``."""
+    direction = signs * gains
     return direction - direction.mean(-1, keepdim=True) if centred else direction
 
 
-def _linear(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
+def _linear(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor,
             gains: torch.Tensor, centred: bool) -> torch.Tensor:
-    """``sign(y) · z_jh`` of every part ``[head, row, key]``, as ``α v_j · (W_O^h w)``: a sum of terms each the size
-    of one coordinate of the part, not the difference of two norms of ``y``, so float32 keeps it to rounding."""
-    pulled = torch.matmul(weight, _directions(whole, gains, centred).T)  # [head, d_head, row]
+    """``s · z_jh`` of every part ``[head, row, key]`` for each row's ``signs`` ``s`` ``[row, d_model]``, as
+    ``α v_j · (W_O^h w)``: a sum of terms each the size of one coordinate of the part, not the difference of two
+    norms of ``y``, so float32 keeps it to rounding."""
+    pulled = torch.matmul(weight, _directions(signs, gains, centred).T)  # [head, d_head, row]
     return probs * _grouped(values, pulled).transpose(1, 2)
 
 
-def _corrections(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
-                 gains: torch.Tensor, centred: bool, columns: torch.Tensor, budget: int) -> torch.Tensor:
-    """Each part's correction ``Σ_d C_d`` over each row's prefix ``columns`` ``[row, K]``: ``[head, row, key]``,
-    in blocks of rows of at most ``budget`` elements ``[head, key, row, K]``."""
+def _prefix(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
+            gains: torch.Tensor, centred: bool, columns: torch.Tensor, budget: int) -> torch.Tensor:
+    """``Σ_d (|y_d| − |y_d − z_d|)`` of every part over each row's prefix ``columns`` ``[row, K]``: ``[head, row,
+    key]``, in blocks of rows of at most ``budget`` elements. Heads stay grouped by kv head (``[kv_head, key, group,
+    row, K]``, as the grouped product leaves them): reordering them would copy every block once more."""
     n_heads, n_rows, n_keys = probs.shape
-    prefix = columns.shape[1]
-    shift = _grouped(values, weight.mean(-1, keepdim=True)) if centred else None  # [head, key, 1]: mean(u)
-    total = torch.empty((n_heads, n_rows, n_keys), device=probs.device)
+    n_kv, prefix = values.shape[0], columns.shape[1]
+    group = n_heads // n_kv
+    shift = None  # [kv_head, key, group]: mean(u) over every coordinate, which a centring norm subtracts
+    if centred:
+        shift = _grouped(values, weight.mean(-1, keepdim=True)).view(n_kv, group, n_keys).transpose(1, 2)
+    by_key = probs.view(n_kv, group, n_rows, n_keys).permute(0, 3, 1, 2)  # [kv_head, key, group, row]: a view
+    total = torch.empty((n_kv, n_keys, group, n_rows), device=probs.device)
     step = max(1, budget // max(1, n_heads * n_keys * prefix))
     for start in range(0, n_rows, step):
         rows = slice(start, start + step)
         cols = columns[rows]  # [row, K]
-        u = _grouped(values, weight[:, :, cols.flatten()])  # [head, key, row * K]
+        scale = gains[rows].gather(-1, cols)  # [row, K]: the norm's gain on each prefix coordinate
+        picked = join_heads(weight[:, :, cols.flatten()] * scale.flatten(), n_kv)  # [kv_head, d_head, group x row x K]
+        parts = torch.bmm(values, picked).view(n_kv, n_keys, group, cols.shape[0], prefix)  # G(u) on the prefix
         if shift is not None:
-            u = u - shift
-        u = u.view(n_heads, n_keys, -1, prefix).transpose(1, 2)  # [head, row, key, K]
-        z = probs[:, rows, :, None] * gains[rows].gather(-1, cols)[None, :, None, :] * u
-        total[:, rows] = _overshoot(z, whole[rows].gather(-1, cols)[None, :, None, :]).sum(-1)
-    return total
-
-
-def _overshoot(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """``C_d = sign(y_d) z_d − (|y_d| − |y_d − z_d|)`` per coordinate (broadcast): ``2 max(0, |z| − |y|)`` where
-    ``z`` has ``y``'s sign, ``|z|`` where ``y = 0``, 0 elsewhere."""
-    magnitude = parts.abs()
-    over = (magnitude - whole.abs()).clamp_min_(0.0).mul_(2.0).mul_(parts.sign() == whole.sign())
-    return torch.where(whole == 0, magnitude, over)
+            parts -= shift[..., None, None] * scale
+        wanted = whole[rows].gather(-1, cols)  # [row, K]: y on the prefix
+        parts.mul_(by_key[..., rows, None]).sub_(wanted)  # z − y
+        total[..., rows] = wanted.abs().sum(-1) - parts.abs_().sum(-1)
+    return total.permute(0, 2, 3, 1).reshape(n_heads, n_rows, n_keys)
 
 
 def _formed(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, whole: torch.Tensor,
