@@ -31,15 +31,21 @@ def smollm2():
 
 
 def counting_rows(monkeypatch) -> list[tuple[int, int]]:
-    """Every (layer, position) whose importances ``RouteTensors.importance`` computes, in order (the real method runs)."""
+    """Every (layer, position) whose importances ``RouteTensors.importance`` or ``importance_across`` (a position at
+    several layers together) computes, in order (the real methods run)."""
     computed: list[tuple[int, int]] = []
-    original = RouteTensors.importance
+    one_layer, across = RouteTensors.importance, RouteTensors.importance_across
 
     def importance(self, layer, positions):
         computed.extend((layer, int(p)) for p in positions)
-        return original(self, layer, positions)
+        return one_layer(self, layer, positions)
+
+    def importance_across(self, layers, position):
+        computed.extend((layer, int(position)) for layer in layers)
+        return across(self, layers, position)
 
     monkeypatch.setattr(RouteTensors, "importance", importance)
+    monkeypatch.setattr(RouteTensors, "importance_across", importance_across)
     return computed
 
 

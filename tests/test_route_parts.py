@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnscope.attribution import route_parts
-from attnscope.attribution.route_parts import OutWeights, part_proximities, value_peaks
+from attnscope.attribution.route_parts import OutWeights, layers_part_proximities, part_proximities, value_peaks
 from attnscope.attribution.terms import FrozenNorm
 
 N_HEADS, N_KV, D_HEAD, D_MODEL, N_KEYS, N_ROWS = 6, 2, 8, 48, 70, 5
@@ -70,9 +70,9 @@ def test_the_case_takes_every_path(monkeypatch):
     seen = {}
     original = route_parts._formed
 
-    def spy(probs, values, weights, whole, gains, centred, heavy, budget):
+    def spy(result, by_key, values, joined, whole, gains, centred, heavy, budget):
         seen["heavy"] = int(heavy.sum())
-        return original(probs, values, weights, whole, gains, centred, heavy, budget)
+        return original(result, by_key, values, joined, whole, gains, centred, heavy, budget)
 
     monkeypatch.setattr(route_parts, "_formed", spy)
     part_proximities(probs, values, weights, value_peaks(values, weights), whole, [], budget=1 << 12)
@@ -84,3 +84,24 @@ def test_peaks_are_the_largest_coordinate_of_each_heads_output():
     group = N_HEADS // N_KV
     expected = torch.stack([(values[h // group] @ weight[h]).abs().amax(-1) for h in range(N_HEADS)])
     torch.testing.assert_close(value_peaks(values, OutWeights.of(weight, N_KV)), expected)
+
+
+@pytest.mark.parametrize("kind", ["none", "scaled", "centred"])
+@pytest.mark.parametrize("budget", [1 << 16, 1 << 9])  # every layer at once; one layer's rows a few at a time
+def test_several_layers_at_once_equal_each_layers_formed_parts(kind, budget):
+    """Three layers with their own weights, values, rows and norms in one call (a generation's step computes its
+    position's row at every layer together): each layer's proximities equal its parts formed in float64, whether
+    its blocks hold several layers or a few rows of one."""
+    cases = [case(seed, zeros=seed == 11) for seed in (7, 11, 13)]
+    frozen = [frozen_norms(kind, whole) for *_, whole in cases]
+    weights = [OutWeights.of(weight, N_KV) for _, _, weight, _ in cases]
+    gains = torch.stack([torch.stack([f.gain.float() for f in norms]) if norms else torch.ones_like(c[3])
+                         for norms, c in zip(frozen, cases)])
+    got = layers_part_proximities(torch.stack([c[0] for c in cases]), torch.stack([c[1] for c in cases]),
+                                  torch.stack([w.joined for w in weights]),
+                                  torch.stack([value_peaks(c[1], w) for c, w in zip(cases, weights)]),
+                                  torch.stack([c[3] for c in cases]), gains, kind == "centred", budget)
+    assert got.shape == (3, N_ROWS, N_KEYS, N_HEADS)
+    for layer, ((probs, values, weight, whole), norms) in enumerate(zip(cases, frozen)):
+        expected = by_forming(probs, values, weight, whole, norms)
+        torch.testing.assert_close(got[layer].double(), expected, atol=2e-6, rtol=1e-5)

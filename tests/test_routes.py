@@ -175,7 +175,32 @@ def test_chunked_importance_equals_the_naive_parts_on_shipped_models(name):
     if not ALIASES[name].installed:
         pytest.skip(f"{name} is not installed")
     text = "The capital of France is Paris, and the capital of Italy is"
-    assert chunked_vs_naive_error(load_model(name), text) <= TOLERANCE
+    loaded = load_model(name)
+    assert chunked_vs_naive_error(loaded, text) <= TOLERANCE
+    assert across_vs_naive_error(loaded, text) <= TOLERANCE
+
+
+def across_vs_naive_error(loaded, text: str) -> float:
+    """The largest |batched - naive| importance over the rows of a few positions at every layer, each position's rows
+    computed together (``importance_across``, as a generation's step computes its own position's)."""
+    ids = _ids(loaded, text)
+    expected = naive_importance(loaded, ids)
+    tensors, _ = route_tensors(loaded, ids, len(ids) - 1)
+    error = 0.0
+    for position in (0, len(ids) // 2, len(ids) - 1):
+        for layer, got in enumerate(tensors.importance_across(range(tensors.n_layers), position)):
+            assert got.positions == (position,)
+            for name in ("heads", "residual", "ffn", "ffn_residual"):
+                difference = float((getattr(got, name)[0].double() - expected[layer][name][position]).abs().max())
+                error = max(error, float("inf") if math.isnan(difference) else difference)
+    return error
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_one_positions_rows_at_every_layer_together_equal_the_naive_parts(tiny, kind):
+    """The tiny Gemma 3's layers see different bands of keys (sliding, full, sliding) and freeze their own
+    post-attention norms: one batch still gives each layer's own numbers."""
+    assert across_vs_naive_error(tiny(kind), TEXT) <= TOLERANCE
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])

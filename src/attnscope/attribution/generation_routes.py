@@ -12,7 +12,9 @@ pass is over (when the next pass begins), so the walks run while the text is gen
 them) and only the kept edges are stored; nothing is walked or re-run at the end. A row's edges depend on that row
 alone, so each (layer, position) a walk reaches is computed once and its kept edges serve every later step's walk
 (:class:`~attnscope.attribution.routes.KeptRows`): a step computes the rows of its own position and of the few
-earlier ones no walk reached before, not its whole route again. Layers and heads are 0-indexed.
+earlier ones no walk reached before, not its whole route again. Its own position's rows, which its walk reaches at
+nearly every layer, are computed before the walk for every layer together, as one batch
+(:meth:`~attnscope.attribution.routes.RouteTensors.importance_across`). Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
+from ..capture.generate import (
+    GenerationPasses,
+    GenerationRecorder,
+    GenerationShape,
+    GrowingTensor,
+    LayerBuffers,
+    RecordAdditions,
+)
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
 from ..capture.recorders import CallInputs
@@ -52,6 +61,7 @@ from .routes import (
 from .terms import _first, _output_norms, blocks_by_layer, unembedding
 
 WALK_BLOCKS = 10  # blocks of PARTS_BUDGET elements a block of rows' walk holds at once (route_parts)
+ACROSS_BLOCKS = 8  # [layer, head, key] blocks a step's rows at every layer hold at once (bounds, terms, shares)
 EDGES_PER_STEP = 2048  # a step's kept edges assumed by the memory estimate (SmolLM2 at tau 0.04: a few hundred)
 
 
@@ -66,13 +76,14 @@ class StepRoutes(GenerationRecorder):
         self.norms: dict[int, nn.Module] = {}
         self._start()
 
-    def _start(self) -> None:
+    def _start(self, n_layers: int = 0) -> None:
         """Nothing kept yet (a recorder may serve several generations, one after the other)."""
         self.queries: dict[int, GrowingTensor] = {}  # per layer: [head, pos, d_head]
-        self.keys: dict[int, GrowingTensor] = {}  # per layer: [kv_head, pos, d_head]
-        self.values: dict[int, GrowingTensor] = {}
+        self.keys = LayerBuffers(n_layers, axis=1)  # [layer, kv_head, pos, d_head]: a step reads every layer's
+        self.values = LayerBuffers(n_layers, axis=1)
         self.peaks: dict[int, GrowingTensor] = {}  # per layer: [head, pos], route_parts.value_peaks of each value
         self.weights: dict[int, OutWeights] = {}  # per layer: W_O by head, made once
+        self.stacked: dict[tuple[int, ...], torch.Tensor] = {}  # every layer's joined W_O, stacked once
         self.bands: dict[int, tuple[GrowingTensor, GrowingTensor]] = {}  # per layer: first and last key [pos]
         # per layer: its calls' scaling, softcap and learned sinks (the same at every call)
         self.calls: dict[int, tuple[float, float | None, torch.Tensor | None]] = {}
@@ -90,13 +101,18 @@ class StepRoutes(GenerationRecorder):
         Working: every position's queries, keys, values, the values' peaks, key bands and residual streams (in
         buffers up to half again as large), one layer's walk (``WALK_BLOCKS`` blocks of
         :data:`~attnscope.attribution.routes.PARTS_BUDGET` elements, and the peaks of a pass's new values, found
-        :data:`~attnscope.attribution.route_parts.PEAK_KEYS` at a time), and the edges of every row a walk
-        reached (:meth:`~attnscope.attribution.routes.KeptRows.bound`: every row of every layer, at most)."""
+        :data:`~attnscope.attribution.route_parts.PEAK_KEYS` at a time), a step's own rows at every layer at once
+        (``ACROSS_BLOCKS`` ``[layer, head, key]`` blocks), the old keys and values while their buffers grow (every
+        layer's at once: :class:`~attnscope.capture.generate.LayerBuffers`), every
+        layer's ``W_O`` once more (stacked), and the edges of every row a walk reached
+        (:meth:`~attnscope.attribution.routes.KeptRows.bound`: every row of every layer, at most)."""
         positions = shape.n_positions
         per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16
                                           + shape.n_heads * 4)
                         + (shape.n_layers + 1) * shape.d_model * 4)
         walk = shape.n_heads * PEAK_KEYS * shape.d_model * 4 + WALK_BLOCKS * PARTS_BUDGET * 4
+        across = shape.n_layers * positions * 4 * (2 * shape.n_kv_heads * shape.d_head + ACROSS_BLOCKS * shape.n_heads)
+        walk += across + shape.n_layers * shape.n_heads * shape.d_head * shape.d_model * 4
         kept = shape.max_new_tokens * EDGES_PER_STEP * (8 * 8 + 4 + 4 * shape.n_heads)
         rows = KeptRows.bound(shape.n_layers, positions, shape.n_heads, self.tau)
         return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk) + rows)
@@ -119,8 +135,8 @@ class StepRoutes(GenerationRecorder):
         first, last = key_band(inputs.attention_mask, inputs.causal, n_new, n_keys)
         start = seen + n_new - n_keys  # absolute position of the call's key 0 (a window's cache holds the last ones)
         self.queries.setdefault(site.layer, GrowingTensor(axis=1)).append(query)
-        self.keys.setdefault(site.layer, GrowingTensor(axis=1)).append(key[:, n_keys - n_new :])
-        self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(value[:, n_keys - n_new :])
+        self.keys.append(site.layer, key[:, n_keys - n_new :])
+        self.values.append(site.layer, value[:, n_keys - n_new :])
         if site.layer not in self.weights:
             self.weights[site.layer] = OutWeights.of_site(site, query.shape[0], key.shape[0])
         peaks = value_peaks(value[:, n_keys - n_new :], self.weights[site.layer])
@@ -136,9 +152,9 @@ class StepRoutes(GenerationRecorder):
     @contextmanager
     def recording(self, loaded: LoadedModel) -> Iterator[None]:
         check_route_model(loaded)
-        self._start()
-        self.norms = _output_norms(loaded, unembedding(loaded).attention_norm)
         blocks = blocks_by_layer(loaded)
+        self._start(len(blocks))
+        self.norms = _output_norms(loaded, unembedding(loaded).attention_norm)
 
         def block_input(layer: int) -> Any:
             def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -161,18 +177,22 @@ class StepRoutes(GenerationRecorder):
         inputs = {}
         for layer, (scaling, softcap, sinks) in self.calls.items():
             firsts, lasts = self.bands[layer]
-            inputs[layer] = LayerInputs(self.queries[layer].view(n), self.keys[layer].view(n),
-                                        self.values[layer].view(n), scaling, firsts.view(n), lasts.view(n), softcap,
+            inputs[layer] = LayerInputs(self.queries[layer].view(n), self.keys.view(layer, n),
+                                        self.values.view(layer, n), scaling, firsts.view(n), lasts.view(n), softcap,
                                         sinks, self.peaks[layer].view(n))
         residuals = [self.residuals[layer].view(n) for layer in range(len(self.residuals))]
-        return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1, weights=self.weights)
+        stacks = {"key": self.keys.stacked(n), "value": self.values.stacked(n)}
+        return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1, weights=self.weights,
+                            stacked=self.stacked, layer_stacks=stacks)
 
     def walk_step(self, index: int) -> None:
         """Step ``index``'s route (its pass ended at position ``t``), kept as arrays of its edges; the rows earlier
         steps' walks reached are not computed again (:class:`~attnscope.attribution.routes.KeptRows`)."""
         t = self.passes.ends[index]
+        tensors = self.tensors(t)
         with hooks_paused():  # the walk runs the post-attention norms: no hook may keep their inputs
-            edges = walk(self.tensors(t), t, self.tau, self.known)
+            self.known.compute_across(tensors, t)  # the step's own row at every layer, in one batch
+            edges = walk(tensors, t, self.tau, self.known)
         n_heads = self.queries[0].view().shape[0]
         codes = [[index, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)]
                  for edge in edges]

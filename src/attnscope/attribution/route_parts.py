@@ -98,23 +98,41 @@ def part_proximities(probs: torch.Tensor, values: torch.Tensor, weights: OutWeig
     """``max(0, ||y||_1 − ||y − z_jh||_1)`` of every part ``z_jh = probs[h, r, j] G_r(v_j W_O^h)``, ``[row, key,
     head]`` float32, for rows with weights ``probs`` ``[head, row, key]`` and sums ``whole`` ``[row, d_model]``;
     ``values`` ``[kv_head, key, d_head]``, ``peaks`` ``[head, key]`` (:func:`value_peaks`), ``frozen``: each row's
-    frozen norm ``G_r`` or none; ``budget``: elements of the largest block formed at once."""
+    frozen norm ``G_r`` or none; ``budget``: elements of the largest block formed at once. One layer's
+    :func:`layers_part_proximities`."""
     gains, centred = _gains(frozen, whole)
-    bound = probs * peaks[:, None, :] * (gains.abs().amax(-1) * (2.0 if centred else 1.0) * PEAK_MARGIN)[None, :, None]
+    return layers_part_proximities(probs[None], values[None], weights.joined[None], peaks[None], whole[None],
+                                   gains[None], centred, budget)[0]
+
+
+def layers_part_proximities(probs: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, peaks: torch.Tensor,
+                            whole: torch.Tensor, gains: torch.Tensor, centred: bool, budget: int) -> torch.Tensor:
+    """:func:`part_proximities` of rows of several layers at once, ``[layer, row, key, head]``: ``probs`` ``[layer,
+    head, row, key]``, ``values`` ``[layer, kv_head, key, d_head]``, ``joined`` ``[layer, kv_head, d_head, group x
+    d_model]`` (:func:`join_heads` of each layer's ``W_O``), ``peaks`` ``[layer, head, key]``, ``whole`` and the
+    frozen norms' ``gains`` ``[layer, row, d_model]`` (ones without a norm); ``centred``: the norms centre their
+    input. Inside, a head is (kv head, head of its group) and parts are laid out ``[layer, kv_head, key, group,
+    row]``, as the grouped products leave them."""
+    n_layers, n_heads, n_rows, n_keys = probs.shape
+    n_kv = values.shape[1]
+    by_key = probs.view(n_layers, n_kv, n_heads // n_kv, n_rows, n_keys).permute(0, 1, 4, 2, 3)  # a view
+    scale = gains.abs().amax(-1) * (2.0 if centred else 1.0) * PEAK_MARGIN  # [layer, row]
+    bound = by_key * peaks.view(n_layers, n_kv, -1, n_keys).transpose(2, 3)[..., None] * scale[:, None, None, None]
     magnitude = whole.abs()
-    order = magnitude.argsort(-1)  # [row, d_model]: coordinates by |y|, smallest first
-    floors = torch.cat([magnitude.gather(-1, order), torch.full_like(magnitude[:, :1], float("inf"))], -1)
-    prefix = _prefix_length(bound, floors)
-    heavy = bound > floors[None, :, prefix, None]  # [head, row, key]: may overshoot beyond the prefix
-    weight = weights.per_head
-    signs = whole.sign().scatter_(-1, order[:, :prefix], 0.0)  # [row, d_model]: sign(y) outside the prefix
-    near = _linear(probs, values, weight, signs, gains, centred)
-    if prefix:
-        near += _prefix(probs, values, weight, whole, gains, centred, order[:, :prefix], budget)
+    order = magnitude.argsort(-1)  # [layer, row, d_model]: coordinates by |y|, smallest first
+    floors = torch.cat([magnitude.gather(-1, order), torch.full_like(magnitude[..., :1], float("inf"))], -1)
+    prefixes = _prefix_lengths(bound, floors)  # per layer
+    chosen = torch.tensor(prefixes, device=floors.device)
+    heavy = bound > floors.gather(-1, chosen.view(-1, 1, 1).expand(-1, n_rows, 1)).view(n_layers, 1, 1, 1, n_rows)
+    inside = torch.arange(whole.shape[-1], device=whole.device) < chosen.view(-1, 1, 1)  # [layer, 1, d]: the prefix
+    signs = torch.empty_like(whole).scatter_(-1, order, whole.sign().gather(-1, order).masked_fill_(inside, 0.0))
+    near = _linear(by_key, values, joined, _directions(signs, gains, centred))  # sign(y) outside the prefix
+    if max(prefixes):
+        near += _prefix(by_key, values, joined, whole, gains, centred, order[..., : max(prefixes)], chosen, budget)
     result = near.clamp_min_(0.0)
     if bool(heavy.any()):
-        result[heavy] = _formed(probs, values, weights, whole, gains, centred, heavy, budget)
-    return result.permute(1, 2, 0)
+        _formed(result, by_key, values, joined, whole, gains, centred, heavy, budget)
+    return result.permute(0, 4, 2, 1, 3).reshape(n_layers, n_rows, n_keys, n_heads)
 
 
 def _gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -124,79 +142,106 @@ def _gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.Tensor,
     return torch.stack([f.gain.float() for f in frozen]), frozen[0].centred
 
 
-def _prefix_length(bound: torch.Tensor, floors: torch.Tensor) -> int:
-    """The prefix length ``K`` (0, a power of two, or every coordinate) that minimises the work: ``K`` coordinates
-    per part, plus ``HEAVY_COST`` per heavy part (``bound`` above ``floors[row, K]``, the ``K``-th smallest
-    ``|y_d|``; ``floors`` ``[row, d_model + 1]`` ends in infinity)."""
+def _prefix_lengths(bound: torch.Tensor, floors: torch.Tensor) -> list[int]:
+    """Each layer's prefix length ``K`` (0, a power of two, or every coordinate) that minimises its work: ``K``
+    coordinates per part, plus ``HEAVY_COST`` per heavy part (``bound`` ``[layer, kv_head, key, group, row]`` above
+    ``floors[layer, row, K]``, the ``K``-th smallest ``|y_d|``; ``floors`` ``[layer, row, d_model + 1]`` ends in
+    infinity). Per layer, so that a row's numbers do not depend on the layers computed beside it."""
     d_model = floors.shape[-1] - 1
     lengths = torch.tensor([0] + [1 << p for p in range(d_model.bit_length()) if 1 << p < d_model] + [d_model],
                            device=floors.device)
-    n_rows = bound.shape[1]
+    n_layers, n_rows = floors.shape[:2]
     # per row, how many of its candidate floors each part's bound exceeds: the part is heavy below that many
-    exceeded = torch.searchsorted(floors[:, lengths].contiguous(), bound.transpose(0, 1).reshape(n_rows, -1))
-    light = torch.bincount(exceeded.flatten(), minlength=len(lengths) + 1).cumsum(0)[:-1]  # [length]
-    cost = bound.numel() * lengths + (bound.numel() - light) * d_model * HEAVY_COST
-    return int(lengths[int(cost.argmin())])
+    exceeded = torch.searchsorted(floors[..., lengths].contiguous(), bound.movedim(-1, 1).reshape(n_layers, n_rows, -1))
+    offsets = torch.arange(n_layers, device=floors.device).view(-1, 1, 1) * (len(lengths) + 1)
+    counts = torch.bincount((exceeded + offsets).flatten(), minlength=n_layers * (len(lengths) + 1))
+    light = counts.view(n_layers, -1).cumsum(1)[:, :-1]  # [layer, length]
+    parts = bound[0].numel()
+    cost = parts * lengths + (parts - light) * d_model * HEAVY_COST
+    return lengths[cost.argmin(1)].tolist()
 
 
 def _directions(signs: torch.Tensor, gains: torch.Tensor, centred: bool) -> torch.Tensor:
-    """``G^T s`` per row ``[row, d_model]`` for ``signs`` ``s`` ``[row, d_model]``: ``w · u = s · G(u)`` for every
-    ``u``."""
+    """``G^T s`` per row ``[..., row, d_model]`` for ``signs`` ``s``: ``w · u = s · G(u)`` for every ``u``."""
     direction = signs * gains
     return direction - direction.mean(-1, keepdim=True) if centred else direction
 
 
-def _linear(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor,
-            gains: torch.Tensor, centred: bool) -> torch.Tensor:
-    """``s · z_jh`` of every part ``[head, row, key]`` for each row's ``signs`` ``s`` ``[row, d_model]``, as
-    ``α v_j · (W_O^h w)``: a sum of terms each the size of one coordinate of the part, not the difference of two
-    norms of ``y``, so float32 keeps it to rounding."""
-    pulled = torch.matmul(weight, _directions(signs, gains, centred).T)  # [head, d_head, row]
-    return probs * _grouped(values, pulled).transpose(1, 2)
+def _linear(by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """``w · z_jh`` of every part ``[layer, kv_head, key, group, row]`` for each row's ``directions`` ``w``
+    ``[layer, row, d_model]``, as ``α v_j · (W_O^h w)``: a sum of terms each the size of one coordinate of the part,
+    not the difference of two norms of ``y``, so float32 keeps it to rounding."""
+    n_layers, n_kv, _, group, n_rows = by_key.shape
+    d_head = values.shape[-1]
+    # [layer, kv_head x d_head x group, d_model] @ [layer, d_model, row]: W_O^h w laid out as join_heads leaves it
+    pulled = torch.bmm(joined.view(n_layers, -1, directions.shape[-1]), directions.transpose(1, 2))
+    outputs = torch.matmul(values, pulled.view(n_layers, n_kv, d_head, group * n_rows))  # [layer, kv, key, group x row]
+    return outputs.view(by_key.shape).mul_(by_key)
 
 
-def _prefix(probs: torch.Tensor, values: torch.Tensor, weight: torch.Tensor, whole: torch.Tensor,
-            gains: torch.Tensor, centred: bool, columns: torch.Tensor, budget: int) -> torch.Tensor:
-    """``Σ_d (|y_d| − |y_d − z_d|)`` of every part over each row's prefix ``columns`` ``[row, K]``: ``[head, row,
-    key]``, in blocks of rows of at most ``budget`` elements. Heads stay grouped by kv head (``[kv_head, key, group,
-    row, K]``, as the grouped product leaves them): reordering them would copy every block once more."""
-    n_heads, n_rows, n_keys = probs.shape
-    n_kv, prefix = values.shape[0], columns.shape[1]
-    group = n_heads // n_kv
-    shift = None  # [kv_head, key, group]: mean(u) over every coordinate, which a centring norm subtracts
+def _blocks(n_layers: int, n_rows: int, per_row: int, budget: int) -> list[tuple[slice, slice]]:
+    """Blocks of (layers, rows) of at most ``budget`` elements, ``per_row`` elements per row of one layer: every row
+    of several layers at once where one layer's rows fit, else one layer's rows a few at a time."""
+    if n_rows * per_row <= budget:
+        step = max(1, budget // max(1, n_rows * per_row))
+        return [(slice(b, b + step), slice(0, n_rows)) for b in range(0, n_layers, step)]
+    step = max(1, budget // max(1, per_row))
+    return [(slice(b, b + 1), slice(r, r + step)) for b in range(n_layers) for r in range(0, n_rows, step)]
+
+
+def _prefix(by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, whole: torch.Tensor,
+            gains: torch.Tensor, centred: bool, columns: torch.Tensor, lengths: torch.Tensor, budget: int) -> torch.Tensor:
+    """``Σ_d (|y_d| − |y_d − z_d|)`` of every part over each layer's prefix, the first ``lengths[layer]`` of
+    ``columns`` ``[layer, row, K]`` (the others give exactly 0: their weights and ``y`` are zeroed, so one batch
+    serves layers of different prefixes): ``[layer, kv_head, key, group, row]``, in blocks of at most ``budget``
+    elements ``[layer, kv_head, key, group, row, K]``."""
+    n_layers, n_kv, n_keys, group, n_rows = by_key.shape
+    d_head, prefix = values.shape[-1], columns.shape[-1]
+    by_head = joined.view(n_layers, n_kv, d_head, group, -1)  # [layer, kv_head, d_head, group, d_model]
+    shift = None  # [layer, kv_head, key, group]: mean(u) over every coordinate, which a centring norm subtracts
     if centred:
-        shift = _grouped(values, weight.mean(-1, keepdim=True)).view(n_kv, group, n_keys).transpose(1, 2)
-    by_key = probs.view(n_kv, group, n_rows, n_keys).permute(0, 3, 1, 2)  # [kv_head, key, group, row]: a view
-    total = torch.empty((n_kv, n_keys, group, n_rows), device=probs.device)
-    step = max(1, budget // max(1, n_heads * n_keys * prefix))
-    for start in range(0, n_rows, step):
-        rows = slice(start, start + step)
-        cols = columns[rows]  # [row, K]
-        scale = gains[rows].gather(-1, cols)  # [row, K]: the norm's gain on each prefix coordinate
-        picked = join_heads(weight[:, :, cols.flatten()] * scale.flatten(), n_kv)  # [kv_head, d_head, group x row x K]
-        parts = torch.bmm(values, picked).view(n_kv, n_keys, group, cols.shape[0], prefix)  # G(u) on the prefix
+        shift = torch.matmul(values, by_head.mean(-1))
+    used = torch.arange(prefix, device=columns.device) < lengths.view(-1, 1, 1)  # [layer, 1, K]
+    total = torch.empty(by_key.shape, device=by_key.device)
+    for layers, rows in _blocks(n_layers, n_rows, n_kv * group * n_keys * prefix, budget):
+        cols = columns[layers, rows]  # [layer, row, K]
+        scale = gains[layers, rows].gather(-1, cols) * used[layers]  # [layer, row, K]: the norm's gain, 0 past
+        n_b, n_r = cols.shape[:2]
+        index = cols.reshape(n_b, 1, 1, 1, -1).expand(-1, n_kv, d_head, group, -1)
+        picked = by_head[layers].gather(-1, index).mul_(scale.reshape(n_b, 1, 1, 1, -1))  # [.., group, row x K]
+        parts = torch.matmul(values[layers], picked.view(n_b, n_kv, d_head, -1))  # G(u) on the prefix
+        parts = parts.view(n_b, n_kv, n_keys, group, n_r, prefix)
         if shift is not None:
-            parts -= shift[..., None, None] * scale
-        wanted = whole[rows].gather(-1, cols)  # [row, K]: y on the prefix
-        parts.mul_(by_key[..., rows, None]).sub_(wanted)  # z − y
-        total[..., rows] = wanted.abs().sum(-1) - parts.abs_().sum(-1)
-    return total.permute(0, 2, 3, 1).reshape(n_heads, n_rows, n_keys)
+            parts -= shift[layers, ..., None, None] * scale[:, None, None, None]
+        wanted = (whole[layers, rows].gather(-1, cols) * used[layers])[:, None, None, None]  # y on the prefix, 0 past
+        parts.mul_(by_key[layers, ..., rows, None]).sub_(wanted)  # z − y
+        total[layers, ..., rows] = wanted.abs().sum(-1) - parts.abs_().sum(-1)
+    return total
 
 
-def _formed(probs: torch.Tensor, values: torch.Tensor, weights: OutWeights, whole: torch.Tensor,
-            gains: torch.Tensor, centred: bool, heavy: torch.Tensor, budget: int) -> torch.Tensor:
-    """The proximity of each heavy part, formed in full (``d_model`` wide), in ``heavy.nonzero()`` order
-    ``[n_heavy]``: every head's output at the keys involved, ``budget // (head x d_model)`` keys at once."""
-    found = heavy.nonzero()  # [n, 3]: head, row, key, head-major
-    keys, which = torch.unique(found[:, 2], return_inverse=True)
-    out = torch.empty(found.shape[0], device=probs.device)
-    step = max(1, budget // (heavy.shape[0] * weights.per_head.shape[-1]))
-    for start in range(0, keys.shape[0], step):
-        outputs = grouped_outputs(values[:, keys[start : start + step]], weights.joined, weights.group)
-        if centred:
-            outputs = outputs - outputs.mean(-1, keepdim=True)
-        picked = ((which >= start) & (which < start + step)).nonzero()[:, 0]
-        h, r, j = found[picked].unbind(-1)
-        z = probs[h, r, j][:, None] * gains[r] * outputs[h, which[picked] - start]
-        out[picked] = proximity(z, whole[r])
-    return out
+def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor,
+            whole: torch.Tensor, gains: torch.Tensor, centred: bool, heavy: torch.Tensor, budget: int) -> None:
+    """Write into ``result`` ``[layer, kv_head, key, group, row]`` the proximity of each ``heavy`` part, formed in full
+    (``d_model`` wide): per layer, its heads' outputs at the keys where it has heavy parts, ``budget // (head x
+    d_model)`` keys at once. One layer at a time: layers have from a few to hundreds of such keys, so a batch
+    padded to the most would form several times the parts."""
+    n_layers, n_kv, _, group, _ = by_key.shape
+    d_model = joined.shape[-1] // group
+    step = max(1, budget // (n_kv * group * d_model))
+    found = heavy.nonzero()  # [n, 5]: layer, kv_head, key, group, row, ascending by layer
+    starts = torch.searchsorted(found[:, 0].contiguous(), torch.arange(n_layers + 1, device=found.device)).tolist()
+    for layer in range(n_layers):
+        mine = found[starts[layer] : starts[layer + 1]]
+        if not len(mine):
+            continue
+        keys, slot = torch.unique(mine[:, 2], return_inverse=True)
+        for first in range(0, len(keys), step):
+            outputs = torch.matmul(values[layer][:, keys[first : first + step]], joined[layer])  # [kv, key, group x d]
+            outputs = outputs.view(n_kv, -1, group, d_model)
+            if centred:
+                outputs = outputs - outputs.mean(-1, keepdim=True)
+            picked = mine if len(keys) <= step else mine[(slot >= first) & (slot < first + step)]
+            at = slot if len(keys) <= step else slot[(slot >= first) & (slot < first + step)]
+            _, k, j, g, r = picked.unbind(-1)
+            z = by_key[layer, k, j, g, r][:, None] * gains[layer, r] * outputs[k, at - first, g]
+            result[layer, k, j, g, r] = proximity(z, whole[layer, r])

@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,7 +68,7 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from .dla import _ids_of, _resolve_position, last_logits_only
-from .route_parts import OutWeights, part_proximities, proximity, value_peaks
+from .route_parts import OutWeights, layers_part_proximities, proximity, value_peaks
 from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
 
 TAU = 0.04  # the paper's threshold for its Llama 2 graphs
@@ -262,6 +262,9 @@ class RouteTensors:
     position: int
     checked: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, OutWeights] = field(default_factory=dict)  # each layer's W_O by head, made once
+    stacked: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)  # joined W_O of several layers, kept
+    # every layer's keys and values as one tensor each, [layer, kv_head, pos, d_head], where they are kept that way
+    layer_stacks: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
@@ -274,16 +277,36 @@ class RouteTensors:
         order = [int(p) for p in positions]
         index = torch.tensor(order, dtype=torch.long)
         lo, hi = int(data.first[index].min()), int(data.last[index].max()) + 1
-        n_heads = data.query.shape[0]
-        weights = self.out_weights(layer)
-        values = data.value[:, lo:hi].to(weights.per_head.device)  # [kv_head, key, d_head]
-        peaks = value_peaks(values, weights) if data.peaks is None else data.peaks[:, lo:hi]  # [head, key]
-        step = max(1, PARTS_BUDGET // max(1, (hi - lo) * n_heads))  # rows whose [head, row, key] blocks fit
-        pieces = [self._rows(layer, order[s : s + step], lo, hi, (values, weights, peaks))
-                  for s in range(0, len(order), step)]
-        heads = torch.zeros((len(order), self.residuals[0].shape[0], n_heads))
-        heads[:, lo:hi] = torch.cat([p[0] for p in pieces])
-        return LayerImportance(tuple(order), heads, *(torch.cat([p[i] for p in pieces]) for i in (1, 2, 3)))
+        step = max(1, PARTS_BUDGET // max(1, (hi - lo) * data.query.shape[0]))  # rows whose [head, row, key] fit
+        peaks = self._peaks([layer], lo, hi)
+        pieces = [self._block([layer], order[s : s + step], lo, hi, peaks) for s in range(0, len(order), step)]
+        heads = torch.zeros((len(order), self.residuals[0].shape[0], data.query.shape[0]))
+        heads[:, lo:hi] = torch.cat([p[0][0] for p in pieces])
+        return LayerImportance(tuple(order), heads, *(torch.cat([p[i][0] for p in pieces]) for i in (1, 2, 3)))
+
+    @torch.inference_mode()
+    def importance_across(self, layers: Sequence[int], position: int) -> list[LayerImportance]:
+        """The importances of row ``position`` at each of ``layers``, computed together: a generation's step needs
+        its own position's row at nearly every layer, and one batch of a few dozen torch ops serves them all where
+        a row at a time paid each op's dispatch once per layer. Layers whose rows cannot share a batch (per-query
+        sinks, post-attention norms of different kinds) are computed one at a time."""
+        layers = list(layers)
+        if not self._batchable(layers):
+            return [self.importance(layer, [position]) for layer in layers]
+        datas = [self.inputs[layer] for layer in layers]
+        lo = min(int(d.first[position]) for d in datas)
+        hi = max(int(d.last[position]) for d in datas) + 1
+        found = self._block(layers, [position], lo, hi, self._peaks(layers, lo, hi))
+        heads = torch.zeros((len(layers), 1, self.residuals[0].shape[0], datas[0].query.shape[0]))
+        heads[..., lo:hi, :] = found[0]
+        return [LayerImportance((position,), heads[b], *(part[b] for part in found[1:])) for b in range(len(layers))]
+
+    def _batchable(self, layers: list[int]) -> bool:
+        """Whether ``layers``' rows can share one batch: sinks at most one per head, norms (or none) of one kind."""
+        sinks = [self.inputs[layer].sinks for layer in layers]
+        per_query = any(s is not None and s.dim() == 4 for s in sinks)
+        norms = {(layer in self.norms, isinstance(self.norms.get(layer), nn.LayerNorm)) for layer in layers}
+        return not per_query and len(norms) == 1
 
     def out_weights(self, layer: int) -> OutWeights:
         """``layer``'s output projection by head (:class:`~attnscope.attribution.route_parts.OutWeights`), kept."""
@@ -292,48 +315,75 @@ class RouteTensors:
             self.weights[layer] = OutWeights.of_site(self.sites[layer], data.query.shape[0], data.key.shape[0])
         return self.weights[layer]
 
-    def _probs(self, data: LayerInputs, rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """The attention rows of queries ``rows`` over keys ``lo..hi-1``: ``[head, row, key]``."""
-        scores = grouped_matmul(data.query[None, :, rows], data.key[None, :, lo:hi].transpose(2, 3))[0] * data.scaling
-        if data.softcap is not None:
-            scores = torch.tanh(scores / data.softcap) * data.softcap
-        keys = torch.arange(lo, hi)
-        seen = (keys[None, :] >= data.first[rows, None]) & (keys[None, :] <= data.last[rows, None])  # [row, key]
-        scores = scores.masked_fill(~seen[None], torch.finfo(scores.dtype).min)
-        sinks = data.sinks
-        if sinks is not None and sinks.dim() == 4:
-            sinks = sinks[:, :, rows]
-        return softmax_with_sinks(scores[None], sinks)[0][0]
+    def joined(self, layers: list[int]) -> torch.Tensor:
+        """``layers``' :attr:`OutWeights.joined` stacked, ``[layer, kv_head, d_head, group x d_model]``: a view for one
+        layer; for several, stacked once and kept, each layer's own then a view of the stack (not a second copy)."""
+        if len(layers) == 1:
+            return self.out_weights(layers[0]).joined[None]
+        key = tuple(layers)
+        if key not in self.stacked:
+            stack = torch.stack([self.out_weights(layer).joined for layer in layers])
+            for b, layer in enumerate(layers):
+                self.weights[layer] = replace(self.weights[layer], joined=stack[b])
+            self.stacked[key] = stack
+        return self.stacked[key]
 
-    def _rows(self, layer: int, rows: list[int], lo: int, hi: int,
-              keys: tuple[torch.Tensor, OutWeights, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """One chunk of rows: heads ``[row, key, head]``, residual, ffn, ffn_residual ``[row]`` (normalised);
-        ``keys``: the values ``[kv_head, key, d_head]``, ``W_O`` by head and the values' peaks ``[head, key]``
-        (:mod:`~attnscope.attribution.route_parts`)."""
-        data, site = self.inputs[layer], self.sites[layer]
-        values, weights, peaks = keys
+    def _peaks(self, layers: list[int], lo: int, hi: int) -> torch.Tensor:
+        """The values' peaks ``[layer, head, key]`` over keys ``lo..hi-1`` (:func:`~.route_parts.value_peaks`):
+        kept ones where the generation kept them, else found here."""
+        device = self.out_weights(layers[0]).per_head.device
+        kept = [self.inputs[layer].peaks for layer in layers]
+        return _stacked([value_peaks(self.inputs[layer].value[:, lo:hi].to(device), self.out_weights(layer))
+                         if peaks is None else peaks[:, lo:hi] for layer, peaks in zip(layers, kept)])
+
+    def _block(self, layers: list[int], rows: list[int], lo: int, hi: int,
+               peaks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rows ``rows`` of each of ``layers`` over keys ``lo..hi-1`` (``peaks``: :meth:`_peaks`): heads ``[layer,
+        row, key, head]``, residual, ffn and ffn_residual ``[layer, row]`` (normalised); see
+        :mod:`~attnscope.attribution.route_parts`."""
+        datas = [self.inputs[layer] for layer in layers]
         index = torch.tensor(rows, dtype=torch.long)
-        probs = self._probs(data, index, lo, hi)  # [head, row, key]
-        bias = getattr(site.out_proj, "bias", None)
-        mixed = grouped_matmul(probs[None], values[None])[0]  # [head, row, d_head]: each head's output
-        heads, d_head, d_model = weights.per_head.shape
-        # [row, head x d_head] @ [head x d_head, d_model] (a view of W_O's transpose): the output projection's output
-        projected = mixed.transpose(0, 1).reshape(len(rows), heads * d_head) @ weights.per_head.reshape(-1, d_model)
+        values = self._of_layers("value", layers, lo, hi).to(self.out_weights(layers[0]).per_head.device)
+        probs = _probs(datas, self._of_layers("key", layers, lo, hi), index, lo)  # [layer, head, row, key]
+        mixed = grouped_matmul(probs, values)  # [layer, head, row, d_head]: each head's output
+        projected = torch.stack([self._projected(layer, mixed[b], rows) for b, layer in enumerate(layers)])
+        frozen = [self._frozen(layer, projected[b]) for b, layer in enumerate(layers)]
+        attention = torch.stack([o if not f else torch.stack([_through(n, v) for n, v in zip(f, o)])
+                                 for f, o in zip(frozen, projected)])  # [layer, row, d_model]
+        gains = torch.stack([torch.stack([n.gain.float() for n in f]) if f else torch.ones_like(o)
+                             for f, o in zip(frozen, projected)])
+        x = torch.stack([self.residuals[layer][index] for layer in layers])
+        after = torch.stack([self.residuals[layer + 1][index] for layer in layers])
+        y = x + attention
+        centred = any(bool(f) and f[0].centred for f in frozen)
+        parts = layers_part_proximities(probs, values, self.joined(layers), peaks, y, gains, centred, PARTS_BUDGET)
+        residual = proximity(x, y)
+        total = parts.sum((2, 3)) + residual
+        ffn, kept = proximity(after - y, after), proximity(y, after)
+        ffn_total = ffn + kept
+        return (shares(parts, total[..., None, None]), shares(residual, total), shares(ffn, ffn_total),
+                shares(kept, ffn_total))
+
+    def _of_layers(self, name: str, layers: list[int], lo: int, hi: int) -> torch.Tensor:
+        """``layers``' keys or values (``name``) over keys ``lo..hi-1``, ``[layer, kv_head, key, d_head]``: a view
+        where every layer's are kept as one tensor, else stacked here."""
+        whole = self.layer_stacks.get(name)
+        if whole is not None and layers == list(range(whole.shape[0])):
+            return whole[:, :, lo:hi]
+        return _stacked([getattr(self.inputs[layer], name)[:, lo:hi] for layer in layers])
+
+    def _projected(self, layer: int, mixed: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """The output projection's output ``[row, d_model]`` from each head's output ``mixed`` ``[head, row,
+        d_head]``, checked against the model's where it was kept."""
+        per_head = self.out_weights(layer).per_head
+        heads, d_head, d_model = per_head.shape
+        # [row, head x d_head] @ [head x d_head, d_model] (a view of W_O's transpose)
+        projected = mixed.transpose(0, 1).reshape(len(rows), heads * d_head) @ per_head.reshape(-1, d_model)
+        bias = getattr(self.sites[layer].out_proj, "bias", None)
         if bias is not None:
             projected = projected + bias.detach().float()
         self._check(layer, rows, projected)
-        x, after = self.residuals[layer][index], self.residuals[layer + 1][index]
-        frozen = self._frozen(layer, projected)
-        attention = projected if not frozen else torch.stack([_through(f, o) for f, o in zip(frozen, projected)])
-        y = x + attention
-        parts = part_proximities(probs, values, weights, peaks, y, frozen, PARTS_BUDGET)  # [row, key, head]
-        residual = proximity(x, y)
-        total = parts.sum((1, 2)) + residual
-        ffn_out = after - y
-        ffn, kept = proximity(ffn_out, after), proximity(y, after)
-        ffn_total = ffn + kept
-        return (shares(parts, total[:, None, None]), shares(residual, total), shares(ffn, ffn_total),
-                shares(kept, ffn_total))
+        return projected
 
     def _frozen(self, layer: int, projected: torch.Tensor) -> list[FrozenNorm]:
         """The post-attention norm of each row frozen at its input (none without one)."""
@@ -360,6 +410,42 @@ def _through(frozen: FrozenNorm, vector: torch.Tensor) -> torch.Tensor:
 
 
 # ---- the forward pass ------------------------------------------------------------------------------------------
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` stacked on a new first axis (a view for one)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
+
+
+def _probs(datas: list[LayerInputs], keys: torch.Tensor, rows: torch.Tensor, lo: int) -> torch.Tensor:
+    """The attention rows of queries ``rows`` at each layer of ``datas`` over its ``keys`` ``[layer, kv_head, key,
+    d_head]``, keys ``lo..``: ``[layer, head, row, key]`` (0 outside each row's band of keys)."""
+    query = _stacked([d.query[:, rows] for d in datas])
+    scores = grouped_matmul(query, keys.transpose(2, 3))
+    scores = scores * torch.tensor([d.scaling for d in datas], dtype=scores.dtype)[:, None, None, None]
+    for b, d in enumerate(datas):
+        if d.softcap is not None:
+            scores[b] = torch.tanh(scores[b] / d.softcap) * d.softcap
+    positions = torch.arange(lo, lo + keys.shape[2])
+    first = torch.stack([d.first[rows] for d in datas])[..., None]  # [layer, row, 1]
+    last = torch.stack([d.last[rows] for d in datas])[..., None]
+    seen = (positions >= first) & (positions <= last)  # [layer, row, key]
+    scores = scores.masked_fill(~seen[:, None], torch.finfo(scores.dtype).min)
+    return softmax_with_sinks(scores, _sinks(datas, rows))[0]
+
+
+def _sinks(datas: list[LayerInputs], rows: torch.Tensor) -> torch.Tensor | None:
+    """The layers' learned sink logits as ``softmax_with_sinks`` takes them, ``[head]`` for one layer or ``[layer,
+    head, 1, 1]`` (minus infinity for a layer without: no mass), or per query ``[1, head, row, 1]`` (one layer)."""
+    sinks = [d.sinks for d in datas]
+    if all(s is None for s in sinks):
+        return None
+    if len(datas) == 1:
+        only = sinks[0]
+        return only[:, :, rows] if only is not None and only.dim() == 4 else only
+    n_heads = datas[0].query.shape[0]
+    return torch.stack([torch.full((n_heads,), float("-inf")) if s is None else s.float().reshape(n_heads)
+                        for s in sinks])[:, :, None, None]
+
+
 def check_route_model(loaded: LoadedModel) -> None:
     """Refuse, in one line, a model whose prediction routes cannot follow (before any text runs)."""
     if loaded.is_encoder_decoder or not loaded.causal:
@@ -526,6 +612,14 @@ class KeptRows:
             rows = tensors.importance(layer, missing)
             for r, i in enumerate(rows.positions):
                 self.rows[layer, i] = KeptRow.of(rows, r, self.tau)
+
+    def compute_across(self, tensors: RouteTensors, position: int) -> None:
+        """Compute and keep the rows of ``position`` at every layer not kept yet, together
+        (:meth:`RouteTensors.importance_across`): a walk from ``position`` reaches it at nearly every layer."""
+        missing = [layer for layer in range(tensors.n_layers) if (layer, position) not in self.rows]
+        if missing:
+            for layer, rows in zip(missing, tensors.importance_across(missing, position)):
+                self.rows[layer, position] = KeptRow.of(rows, 0, self.tau)
 
     @staticmethod
     def bound(n_layers: int, n_positions: int, n_heads: int, tau: float) -> int:

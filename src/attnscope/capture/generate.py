@@ -241,6 +241,44 @@ class GrowingTensor:
         return self.buffer.narrow(self.axis, 0, self.length if length is None else length)
 
 
+class LayerBuffers:
+    """One float32 tensor per layer, each growing along ``axis`` like a :class:`GrowingTensor`, kept together in one
+    buffer ``[layer, ...]``: :meth:`stacked` is every layer's first entries as one view, where stacking the layers'
+    own buffers would copy them all (a route step reads every layer's keys and values together). Growing copies
+    every layer's at once, so the old buffer and the new are held together for that moment."""
+
+    def __init__(self, n_layers: int, axis: int) -> None:
+        self.n_layers, self.axis = n_layers, axis
+        self.lengths = [0] * n_layers
+        self.buffer: torch.Tensor | None = None
+
+    def append(self, layer: int, piece: torch.Tensor) -> None:
+        n, length = piece.shape[self.axis], self.lengths[layer]
+        if self.buffer is None or length + n > self.buffer.shape[self.axis + 1]:
+            shape = [self.n_layers, *piece.shape]
+            shape[self.axis + 1] = max(16, int(GrowingTensor.GROWTH * (length + n)))
+            grown = torch.zeros(shape, dtype=torch.float32, device=piece.device)
+            if self.buffer is not None:
+                kept = self.buffer.shape[self.axis + 1]
+                grown.narrow(self.axis + 1, 0, kept).copy_(self.buffer)
+            self.buffer = grown
+        self.buffer[layer].narrow(self.axis, length, n).copy_(piece.detach())
+        self.lengths[layer] = length + n
+
+    def has(self, layer: int) -> bool:
+        return self.lengths[layer] > 0
+
+    def view(self, layer: int, length: int) -> torch.Tensor:
+        """Layer ``layer``'s first ``length`` entries along the axis."""
+        assert self.buffer is not None, "nothing appended yet"
+        return self.buffer[layer].narrow(self.axis, 0, length)
+
+    def stacked(self, length: int) -> torch.Tensor:
+        """Every layer's first ``length`` entries, ``[layer, ...]`` (a view)."""
+        assert self.buffer is not None, "nothing appended yet"
+        return self.buffer.narrow(self.axis + 1, 0, length)
+
+
 class GenerationPasses:
     """A generation's forward passes as a recorder hears them (the prompt's, then one per token), each finished once:
     ``ends`` holds each pass's last position; layer 0's call (heard first in every pass) begins a pass, so the passes
