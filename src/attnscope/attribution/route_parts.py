@@ -12,7 +12,8 @@ no coordinate with ``|y_d| >= bound_jh = α peak_jh max|G|`` can be overshot. So
 ("light") has proximity ``Σ_{d∉P} sign(y_d) z_d + Σ_{d∈P} (|y_d| − |y_d − z_d|)``: the first sum is
 ``α (G^T s) · u_jh`` with ``s`` the signs of ``y`` outside P, one ``d_head``-wide dot product per key since ``u`` is
 linear in ``v``; the second is formed on the ``K`` coordinates only. The few other parts ("heavy": the keys a head
-attends to strongly) are formed in full. ``K`` is chosen per block of rows to minimise the work. Nothing is
+attends to strongly) are formed in full. ``K`` is chosen per layer (for its block of rows) to minimise the work;
+rows of several layers go through one batch (:func:`layers_part_proximities`). Nothing is
 approximated: every proximity is the same number as forming the part, up to float rounding.
 
 Layers, heads and positions are 0-indexed.
