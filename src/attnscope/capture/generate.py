@@ -265,9 +265,6 @@ class LayerBuffers:
         self.buffer[layer].narrow(self.axis, length, n).copy_(piece.detach())
         self.lengths[layer] = length + n
 
-    def has(self, layer: int) -> bool:
-        return self.lengths[layer] > 0
-
     def view(self, layer: int, length: int) -> torch.Tensor:
         """Layer ``layer``'s first ``length`` entries along the axis."""
         assert self.buffer is not None, "nothing appended yet"
