@@ -101,7 +101,7 @@ def part_proximities(probs: torch.Tensor, values: torch.Tensor, weights: OutWeig
     ``values`` ``[kv_head, key, d_head]``, ``peaks`` ``[head, key]`` (:func:`value_peaks`), ``frozen``: each row's
     frozen norm ``G_r`` or none; ``budget``: elements of the largest block formed at once. One layer's
     :func:`layers_part_proximities`."""
-    gains, centred = _gains(frozen, whole)
+    gains, centred = frozen_gains(frozen, whole)
     return layers_part_proximities(probs[None], values[None], weights.joined[None], peaks[None], whole[None],
                                    gains[None], centred, budget)[0]
 
@@ -136,7 +136,7 @@ def layers_part_proximities(probs: torch.Tensor, values: torch.Tensor, joined: t
     return result.permute(0, 4, 2, 1, 3).reshape(n_layers, n_rows, n_keys, n_heads)
 
 
-def _gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def frozen_gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Each row's gain ``[row, d_model]`` (float32; ones without a norm) and whether the norm centres its input."""
     if not frozen:
         return torch.ones_like(whole), False
@@ -241,8 +241,10 @@ def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, jo
             outputs = outputs.view(n_kv, -1, group, d_model)
             if centred:
                 outputs = outputs - outputs.mean(-1, keepdim=True)
-            picked = mine if len(keys) <= step else mine[(slot >= first) & (slot < first + step)]
-            at = slot if len(keys) <= step else slot[(slot >= first) & (slot < first + step)]
+            picked, at = mine, slot
+            if len(keys) > step:  # only this block's keys' parts
+                keep = (slot >= first) & (slot < first + step)
+                picked, at = mine[keep], slot[keep]
             _, k, j, g, r = picked.unbind(-1)
             z = by_key[layer, k, j, g, r][:, None] * gains[layer, r] * outputs[k, at - first, g]
             result[layer, k, j, g, r] = proximity(z, whole[layer, r])

@@ -68,7 +68,7 @@ from ..errors import AttnscopeError
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from .dla import _ids_of, _resolve_position, last_logits_only
-from .route_parts import OutWeights, layers_part_proximities, proximity, value_peaks
+from .route_parts import OutWeights, frozen_gains, layers_part_proximities, proximity, value_peaks
 from .terms import FrozenNorm, _first, _output_norms, blocks_by_layer, freeze_norm, unembedding
 
 TAU = 0.04  # the paper's threshold for its Llama 2 graphs
@@ -350,12 +350,12 @@ class RouteTensors:
         frozen = [self._frozen(layer, projected[b]) for b, layer in enumerate(layers)]
         attention = torch.stack([o if not f else torch.stack([_through(n, v) for n, v in zip(f, o)])
                                  for f, o in zip(frozen, projected)])  # [layer, row, d_model]
-        gains = torch.stack([torch.stack([n.gain.float() for n in f]) if f else torch.ones_like(o)
-                             for f, o in zip(frozen, projected)])
+        per_layer = [frozen_gains(f, o) for f, o in zip(frozen, projected)]  # [row, d_model] gains, centred
+        gains = torch.stack([g for g, _ in per_layer])
         x = torch.stack([self.residuals[layer][index] for layer in layers])
         after = torch.stack([self.residuals[layer + 1][index] for layer in layers])
         y = x + attention
-        centred = any(bool(f) and f[0].centred for f in frozen)
+        centred = any(c for _, c in per_layer)
         parts = layers_part_proximities(probs, values, self.joined(layers), peaks, y, gains, centred, PARTS_BUDGET)
         residual = proximity(x, y)
         total = parts.sum((2, 3)) + residual
