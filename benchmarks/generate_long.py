@@ -35,8 +35,8 @@ garbage collected and heap trimmed: the model's weights and what the process hel
 ``trace_record_mb`` (the ``nbytes`` of the record's arrays), ``peak_rss_over_model_and_record`` = peak / (start +
 record), ``trace_estimate_mb`` (``check_generation``'s estimate above the start), ``trace_same_tokens`` (as plain) and
 ``trace_rows_max_abs_err`` (kept rows of a few positions against a teacher-forced capture). ``--model qwen1.5b`` runs
-Qwen2.5 1.5B for 2,048 tokens with ``attribute`` only (``qwen1.5b_trace_2048_peak_mb``). ``--quick``: prompts of 1,024
-tokens and 64 tokens after 128.
+Qwen2.5 1.5B (in bfloat16, as on a laptop) for 2,048 tokens with ``attribute`` only (``qwen1.5b_trace_2048_peak_mb``).
+``--quick``: prompts of 1,024 tokens and 64 tokens after 128.
 The last line is one JSON object of figures.
 """
 
@@ -147,6 +147,9 @@ def measure(loaded, length: int) -> dict[str, float | int | bool]:  # type: igno
 TRACE = {"smollm2": (512, 1024), "qwen1.5b": (512, 2048)}
 TRACE_QUICK, TRACE_SMOKE = (128, 64), (32, 4)
 TRACE_VARIANTS = {"smollm2": ("rows", "attribute", "routes"), "qwen1.5b": ("attribute",)}
+# Qwen2.5 1.5B in bfloat16, as a laptop runs it: its float32 weights (6 GB) beside 2,048 steps' rows (4.4 GB) leave
+# no room under the 12 GB target (session 21, float32, 2 cores: peak 14,194 MB from 7,318 MB before the call)
+DTYPES = {"qwen1.5b": "bfloat16"}
 CHECKED_ROWS = 8  # positions, spread over the text, whose rows are compared with a teacher-forced capture
 
 
@@ -255,7 +258,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"cpu: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-    loaded = attnscope.load_model(args.model)
+    dtype = DTYPES.get(args.model, "float32")
+    loaded = attnscope.load_model(args.model, dtype=dtype)
     attnscope.generate(loaded, "The sea is", max_new_tokens=4)  # warm-up
     plain_generate(loaded, loaded.tokenizer("The sea is")["input_ids"], 4)
     rows = [measure(loaded, length) for length in lengths]
@@ -264,7 +268,7 @@ def main() -> None:
         size = TRACE_SMOKE if args.smoke else TRACE_QUICK if args.quick else TRACE[args.model]
         figures.update(trace(loaded, args.model, *size))
     figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name(),
-               "model": args.model, "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
+               "model": args.model, "dtype": dtype, "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
     name = "generate_long" if args.model == "smollm2" else f"generate_long_{args.model}"
     full = lengths == list(LENGTHS.get(args.model, ())) and not args.quick and args.only is None
     emit(name, figures, keep=full)

@@ -25,7 +25,7 @@ import torch
 from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
-from ..capture.recorders import AttentionCall
+from ..capture.recorders import AttentionCall, per_head_out_proj
 from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
@@ -38,6 +38,7 @@ from .terms import (
     decompose,
     lens_top,
     logit_direction,
+    mixed_values,
     residual_parts,
 )
 
@@ -74,6 +75,8 @@ class StepAttribution(GenerationRecorder):
     def _start(self) -> None:
         """Nothing kept yet (a recorder may serve several generations, one after the other)."""
         self.rows: dict[int, dict[int, torch.Tensor]] = {}  # per pass not yet split: per layer its last row [head, k]
+        # the same passes' heads' outputs through their slices of W_O [head, d_model]
+        self.projected: dict[int, dict[int, torch.Tensor]] = {}
         # per layer: every key's value so far [kv_head, pos, d_head], float32: each step reads them all once, for
         # its heads' outputs (Terms.sources_of converts only the top heads' to float64)
         self.values: dict[int, GrowingTensor] = {}
@@ -114,7 +117,15 @@ class StepAttribution(GenerationRecorder):
         added = call.first_query + call.query.shape[2]  # one key per query of the pass
         self.passes.heard(site.layer, added)
         # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
-        self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
+        row = call.probs[0, :, -1].detach().float().clone()
+        self.rows.setdefault(self.passes.current, {})[site.layer] = row
+        # formed here, while the call's values are in the cache and W_O is about to be read by the model (a step's
+        # split read every value and every W_O again: most of its time)
+        if site.layer not in self.weights:
+            self.weights[site.layer] = per_head_out_proj(site, row.shape[0])
+        outputs = mixed_values(row, call.value[0].detach())  # [head, d_head]
+        self.projected.setdefault(self.passes.current, {})[site.layer] = torch.bmm(
+            outputs[:, None], self.weights[site.layer])[:, 0]
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(
             call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
@@ -155,7 +166,7 @@ class StepAttribution(GenerationRecorder):
         for key, kept in pieces.items():
             if key[0] != "blocks":  # the lens reads every step's block outputs at the end
                 kept[index] = kept[index][:0].clone()
-        del self.rows[index]
+        del self.rows[index], self.projected[index]
 
     def position_rows(self, index: int, t: int) -> PositionRows:
         """Pass ``index``'s last rows (position ``t``) as :class:`~attnscope.attribution.terms.PositionRows`
@@ -167,6 +178,7 @@ class StepAttribution(GenerationRecorder):
             table = torch.zeros((1, n_heads, t + 1), dtype=torch.float32, device=row.device)
             table[0, :, t + 1 - row.shape[-1] :] = row
             rows.rows[layer], rows.values[layer] = table, self.values[layer].view(t + 1)  # [kv_head, source_pos, d_head]
+            rows.projected[layer] = self.projected[index][layer][None]
             rows.sites[layer] = self.sites[layer]
         return rows
 

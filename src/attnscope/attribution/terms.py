@@ -65,6 +65,9 @@ class PositionRows(Recorder):
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     sites: dict[int, AttentionSite] = field(default_factory=dict)
+    # per layer, where a generation's step knew it already: each head's output through its slice of W_O (no bias),
+    # ``[position, head, d_model]`` float32, formed while the call's values and W_O were in the cache
+    projected: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -367,10 +370,12 @@ class Terms:
     """The logit's terms at one position for one direction (float64 tensors).
 
     ``heads`` ``[layer, head]``, ``head_sources`` ``[layer, head, source_pos]`` (sum over sources =
-    ``heads``; empty when :func:`decompose` did not split them), ``readouts`` ``[layer, head, d_head]`` (what one unit
-    of each head's output adds), ``mlps`` ``[layer]``, ``attention_bias`` ``[layer]`` (the output projection's bias,
+    ``heads``; empty when :func:`decompose` did not split them), ``mlps`` ``[layer]``, ``attention_bias`` ``[layer]`` (the output projection's bias,
     through the post-attention norm where there is one), ``embeddings`` and ``final_bias`` (final
-    norm's bias and LM head's bias), ``final_scale`` (the final norm's 1 / rms, or 1 / std)."""
+    norm's bias and LM head's bias), ``final_scale`` (the final norm's 1 / rms, or 1 / std). By layer, for
+    :meth:`sources_of`: ``out_weights`` (per-head ``W_O``, ``[head, d_head, d_model]`` float32) and ``directions``
+    (``[d_model]``: the direction as the layer's attention output meets it, through its post-attention norm where
+    it has one)."""
 
     heads: torch.Tensor
     head_sources: torch.Tensor
@@ -379,7 +384,8 @@ class Terms:
     embeddings: float
     final_bias: float
     final_scale: float
-    readouts: torch.Tensor
+    out_weights: dict[int, torch.Tensor]
+    directions: dict[int, torch.Tensor]
 
     def total(self) -> float:
         return float(self.heads.sum() + self.mlps.sum() + self.attention_bias.sum()) + self.embeddings + self.final_bias
@@ -392,15 +398,25 @@ class Terms:
         for layer, head in heads:
             values = rows.values[layer]  # [kv_head, source_pos, d_head]
             kv = head // (rows.rows[layer].shape[1] // values.shape[0])
-            per_source = values[kv, : t + 1].double() @ self.readouts[layer, head]
+            per_source = values[kv, : t + 1].double() @ head_readouts(self.out_weights[layer][head],
+                                                                      self.directions[layer])
             split.append(rows.rows[layer][index, head, : t + 1].double() * per_source)
         return torch.stack(split)
 
 
+# per model: each pattern's norms by layer, found once (a generation's attribution asks for them at every step)
+_OUTPUT_NORMS: WeakKeyDictionary[nn.Module, dict[str, dict[int, nn.Module]]] = WeakKeyDictionary()
+
+
 def _output_norms(loaded: LoadedModel, pattern: str) -> dict[int, nn.Module]:
+    """The modules matching ``pattern`` (a post-sublayer norm), by layer; none for an empty pattern."""
     if not pattern:
         return {}
-    return {layer: module for (_, layer), module in find_modules(loaded.model, (ModuleRule("self", pattern),)).items()}
+    found = _OUTPUT_NORMS.setdefault(loaded.model, {})
+    if pattern not in found:
+        found[pattern] = {layer: module for (_, layer), module
+                          in find_modules(loaded.model, (ModuleRule("self", pattern),)).items()}
+    return found[pattern]
 
 
 @torch.inference_mode()
@@ -410,9 +426,10 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
     """The terms of ``direction · N(x_t) + head_bias`` (``direction``: ``[d_model]``, an LM head row or a
     difference of two) at ``t = rows.positions[index]`` (``parts`` kept the same positions).
     ``weights``: a cache of each layer's per-head ``W_O`` across calls (filled on first use). ``split``: every
-    head's term split over the sources (``Terms.head_sources``); without it, each head's term is its output (the
-    row times the values, float32) read out in float64, and :meth:`Terms.sources_of` splits the heads wanted (a
-    generation's steps keep a few heads' splits: splitting every head read every value in float64 at every step).
+    head's term split over the sources (``Terms.head_sources``); without it, each head's term is its output through
+    W_O (``rows.projected``, float32, formed by the generation's step) read out in float64, and
+    :meth:`Terms.sources_of` splits the heads wanted (a generation's steps keep a few heads' splits: splitting every
+    head read every value in float64 at every step, and reading out every head read all of W_O again).
     Call it outside :func:`residual_parts`: it runs the norms, whose hooks would keep its inputs."""
     facts = unembedding(loaded)
     if parts.final is None or parts.embeddings is None:
@@ -422,47 +439,70 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
     final = freeze_norm(named_module(loaded, facts.final_norm), parts.final[index])
     u = direction.double().to(final.gain.device)
     w = final.pull_back(u)
-    attention_norms, ffn_norms = _output_norms(loaded, facts.attention_norm), _output_norms(loaded, facts.ffn_norm)
     layers = sorted(rows.rows)
     n_heads = rows.rows[layers[0]].shape[1]
-    sources = torch.zeros((len(layers), n_heads, t + 1) if split else (0,), dtype=torch.float64)
-    heads, readouts = torch.zeros((len(layers), n_heads), dtype=torch.float64), []
-    mlps = torch.zeros(len(layers), dtype=torch.float64)
-    biases = torch.zeros(len(layers), dtype=torch.float64)
-    rebuilt = parts.embeddings[index].double().clone()  # the last residual stream, summed from its parts: a check
-    partial_sums = torch.zeros_like(rebuilt)  # sum over the model's residual additions of |the stream after it|
+    # each sublayer's output as the residual stream receives it, and the direction pulled back through its norm
+    w_attention, attention_added, attention_norm_bias = _joined(
+        _output_norms(loaded, facts.attention_norm), layers, [parts.attention[layer][index] for layer in layers], w)
+    w_mlp, mlp_added, mlp_norm_bias = _joined(
+        _output_norms(loaded, facts.ffn_norm), layers, [parts.ffn[layer][index] for layer in layers], w)
     for layer in layers:
-        site, out = rows.sites[layer], parts.attention[layer][index]
-        post = attention_norms.get(layer)
-        frozen = None if post is None else freeze_norm(post, out)
-        w_attention = w if frozen is None else frozen.pull_back(w)
         if layer not in weights:
-            weights[layer] = per_head_out_proj(site, n_heads)
-        # [head, d_head]: what one unit of head output adds; float32 (copying W_O to float64 cost more than the pass)
-        r = (weights[layer] @ w_attention.float()).double()
-        readouts.append(r)
-        row = rows.rows[layer][index, :, : t + 1]  # [head, source_pos]
-        if split:
-            sources[layer] = row.double() * per_source_terms(rows.values[layer], r, t + 1)
-            heads[layer] = sources[layer].sum(-1)
-        else:
-            heads[layer] = (mixed_values(row, rows.values[layer]).double() * r).sum(-1)
-        bias = getattr(site.out_proj, "bias", None)
-        biases[layer] = (0.0 if bias is None else float(bias.double() @ w_attention)) + (
-            0.0 if frozen is None else frozen.bias_term(w))
-        rebuilt += out.double() if post is None else post(out[None])[0].double()
-        partial_sums += rebuilt.abs()
-        mlp_out = parts.ffn[layer][index]
-        post_ffn = ffn_norms.get(layer)
-        w_mlp = w if post_ffn is None else freeze_norm(post_ffn, mlp_out).pull_back(w)
-        mlps[layer] = float(mlp_out.double() @ w_mlp)
-        rebuilt += mlp_out.double() if post_ffn is None else post_ffn(mlp_out[None])[0].double()
-        partial_sums += rebuilt.abs()
-    rounding = rounding_bound(partial_sums, DTYPES[loaded.dtype])
-    _check_rebuilt(loaded, rebuilt, parts.final[index].double(), rounding=rounding)
+            weights[layer] = per_head_out_proj(rows.sites[layer], n_heads)
+    directions = dict(zip(layers, w_attention, strict=True))
+    sources = torch.zeros(0, dtype=torch.float64)
+    if split:
+        sources = torch.stack([rows.rows[layer][index, :, : t + 1].double() * per_source_terms(
+            rows.values[layer], head_readouts(weights[layer], directions[layer]), t + 1)
+            for layer in layers])  # [layer, head, source_pos]
+        heads = sources.sum(-1)
+    else:
+        assert set(layers) <= set(rows.projected), "without the split, every layer's heads' outputs through W_O are read"
+        projected = torch.stack([rows.projected[layer][index] for layer in layers])  # [layer, head, d_model]
+        heads = torch.einsum("lhd,ld->lh", projected.double(), w_attention)
+    out_biases = _out_proj_biases([rows.sites[layer] for layer in layers], w.shape[-1])  # [layer, d_model]
+    biases = (out_biases * w_attention).sum(-1) + attention_norm_bias
+    # the last residual stream summed from its parts in the model's order (a check), and the running sums' sizes
+    added = torch.stack((attention_added, mlp_added), 1).flatten(0, 1)  # [2 x layer, d_model]: a0, m0, a1, m1, ..
+    streams = parts.embeddings[index].double() + added.cumsum(0)
+    rounding = rounding_bound(streams.abs().sum(0), DTYPES[loaded.dtype])
+    _check_rebuilt(loaded, streams[-1], parts.final[index].double(), rounding=rounding)
+    mlps = (torch.stack([parts.ffn[layer][index] for layer in layers]).double() * w_mlp).sum(-1) + mlp_norm_bias
     return Terms(heads=heads, head_sources=sources, mlps=mlps, attention_bias=biases,
                  embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
-                 final_scale=final.scale, readouts=torch.stack(readouts))
+                 final_scale=final.scale, out_weights=weights, directions=directions)
+
+
+def head_readouts(out_weights: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """What one unit of each head's output adds along ``direction`` (``[d_model]``): ``out_weights`` (per-head
+    ``W_O``, ``[head, d_head, d_model]`` float32, or one head's ``[d_head, d_model]``) times it, ``[head, d_head]``
+    (``[d_head]``) float64, formed in float32 (copying W_O to float64 cost more than the pass)."""
+    return (out_weights @ direction.float()).double()
+
+
+def _joined(norms: dict[int, nn.Module], layers: list[int], outputs: list[torch.Tensor],
+            w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each layer's sublayer ``outputs`` (``[d_model]`` each) as they join the residual stream, through the layer's
+    norm where it has one (Gemma 2/3's post-sublayer norms) or as they are: the direction ``w`` pulled back through
+    the norm ``[layer, d_model]``, the joined outputs ``[layer, d_model]`` and the norm's bias read out ``[layer]``,
+    float64."""
+    raw = torch.stack(outputs).double()
+    if not norms:
+        return w.expand(len(layers), -1), raw, torch.zeros(len(layers), dtype=torch.float64)
+    pulled, joined, bias = w.repeat(len(layers), 1), raw.clone(), torch.zeros(len(layers), dtype=torch.float64)
+    for i, layer in enumerate(layers):
+        if layer in norms:
+            frozen = freeze_norm(norms[layer], outputs[i])
+            pulled[i], bias[i] = frozen.pull_back(w), frozen.bias_term(w)
+            joined[i] = norms[layer](outputs[i][None])[0].double()
+    return pulled, joined, bias
+
+
+def _out_proj_biases(sites: list[AttentionSite], d_model: int) -> torch.Tensor:
+    """Each site's output projection's bias, ``[site, d_model]`` float64 (0 where it has none)."""
+    biases = [cast(torch.Tensor | None, getattr(site.out_proj, "bias", None)) for site in sites]
+    return torch.stack([torch.zeros(d_model, dtype=torch.float64) if bias is None else bias.detach().double()
+                        for bias in biases])
 
 
 def mixed_values(row: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
