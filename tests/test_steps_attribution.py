@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from attnscope import GenerationRecord, generate, load_model
+from attnscope.attribution import steps as steps_module
 from attnscope.attribution.dla import direct_logit_attribution, logit_lens
 from attnscope.attribution.steps import ATTRIBUTION_TOP_HEADS, LENS_TOP, StepAttribution
 from attnscope.capture import generate as generate_module
@@ -45,8 +46,12 @@ def step_position(gen: GenerationRecord, step: int) -> int:
 def test_each_steps_terms_equal_attribution_run_alone_at_its_position(smollm2, attributed):
     """Every step: the heads' terms and the logit, the top heads by |term| and their per-source split,
     equal direct_logit_attribution of the same tokens at that position (its own forward pass)."""
-    gen, ids = attributed, attributed.token_ids.tolist()
-    top, sources = gen.arrays["attribution_top"], gen.arrays["attribution_sources"]
+    assert_steps_equal_attribution_alone(smollm2, attributed)
+
+
+def assert_steps_equal_attribution_alone(smollm2, gen: GenerationRecord) -> None:
+    """Each step's terms, logit, top heads and their split against direct_logit_attribution at its position."""
+    ids, top, sources = gen.token_ids.tolist(), gen.arrays["attribution_top"], gen.arrays["attribution_sources"]
     assert top.shape == (gen.n_steps, ATTRIBUTION_TOP_HEADS, 2)
     assert sources.shape == (gen.n_steps, ATTRIBUTION_TOP_HEADS, len(ids) - 1)
     for step in range(gen.n_steps):
@@ -60,6 +65,24 @@ def test_each_steps_terms_equal_attribution_run_alone_at_its_position(smollm2, a
             np.testing.assert_allclose(sources[step, rank, : position + 1], alone.head_sources[layer, head], atol=1e-4)
             assert not sources[step, rank, position + 1:].any(), "nothing past the step's own position"
             assert abs(sources[step, rank].sum() - gen.arrays["attribution_heads"][step, layer, head]) < 1e-4
+
+
+def test_steps_split_in_batches_equal_attribution_run_alone(smollm2, monkeypatch):
+    """Steps are split a few at a time (``SPLIT_STEPS``): with batches of 3 over 7 steps (two full batches, one left
+    for the end), every step's terms, top heads and their split equal direct_logit_attribution at its position, and
+    each batch's rows and residual pieces are let go once it is split."""
+    monkeypatch.setattr(steps_module, "SPLIT_STEPS", 3)
+    held = []  # after each batch: (steps split, whether every split step's rows were let go)
+    split_pending = StepAttribution.split_pending
+
+    def counted(self):
+        split_pending(self)
+        held.append((len(self.steps), all(index >= len(self.steps) for index in self.rows)))
+
+    monkeypatch.setattr(StepAttribution, "split_pending", counted)
+    assert_steps_equal_attribution_alone(smollm2, generate(smollm2, PROMPT, max_new_tokens=7,
+                                                           recorders=[StepAttribution()]))
+    assert held == [(3, True), (6, True), (7, True)], "batches of 3 split while generating, the last at the end"
 
 
 def test_each_steps_lens_equals_the_logit_lens_run_alone(smollm2, attributed):

@@ -7,9 +7,10 @@ s-th forward pass (the prompt's pass, then one per step on the key/value cache).
 :func:`~attnscope.attribution.terms.decompose` needs at ``t``, and no pass is added: of every self-attention call,
 its last query row and the values of the keys it added (each key's value once, so they grow with the text, and
 a sliding-window layer's evicted keys stay known), and, by hooks, the residual-stream pieces at the pass's last
-position. Each step's chosen token's logit is split into its terms as soon as its pass is over (when the next pass
-begins, whose input is that token), and only the terms are kept: the pass's rows and pieces are let go, so memory
-grows with the record, not with the steps' rows (1,024 steps after 512 tokens of SmolLM2 held 1.7 GB of them).
+position. Each step's chosen token's logit is split into its terms once its pass is over (when the next pass begins,
+whose input is that token), ``SPLIT_STEPS`` steps together (each value and each layer's W_O read once for them all),
+and only the terms are kept: the passes' rows and pieces are let go, so memory grows with the record, not with the
+steps' rows (1,024 steps after 512 tokens of SmolLM2 held 1.7 GB of them).
 Interventions active around the generation apply, as they did to the tokens chosen. Layers and heads are 0-indexed.
 """
 
@@ -25,7 +26,7 @@ import torch
 from ..capture.generate import GenerationPasses, GenerationRecorder, GenerationShape, GrowingTensor, RecordAdditions
 from ..capture.hooks import hooks_paused, local_hooks
 from ..capture.plan import MemoryEstimate
-from ..capture.recorders import AttentionCall, per_head_out_proj
+from ..capture.recorders import AttentionCall
 from ..capture.tokens import readable_tokens
 from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
@@ -35,16 +36,16 @@ from .terms import (
     LENS_SOFTMAX_ROWS,
     PositionRows,
     ResidualParts,
-    decompose,
+    decompose_positions,
     lens_top,
     logit_direction,
-    mixed_values,
     residual_parts,
 )
 
 ATTRIBUTION_TOP_HEADS = 10  # heads per step whose terms are kept split over the source tokens
 LENS_TOP = 3  # tokens per layer and step of the logit lens kept
 LENS_STEPS = 64  # steps whose logit lens runs at once ([step, vocab] logits per layer)
+SPLIT_STEPS = 16  # steps whose terms are split at once (their rows held until then)
 
 
 class StepAttribution(GenerationRecorder):
@@ -75,8 +76,7 @@ class StepAttribution(GenerationRecorder):
     def _start(self) -> None:
         """Nothing kept yet (a recorder may serve several generations, one after the other)."""
         self.rows: dict[int, dict[int, torch.Tensor]] = {}  # per pass not yet split: per layer its last row [head, k]
-        # the same passes' heads' outputs through their slices of W_O [head, d_model]
-        self.projected: dict[int, dict[int, torch.Tensor]] = {}
+        self.pending: list[int] = []  # passes over, split together once SPLIT_STEPS of them are (or at the end)
         # per layer: every key's value so far [kv_head, pos, d_head], float32: each step reads them all once, for
         # its heads' outputs (Terms.sources_of converts only the top heads' to float64)
         self.values: dict[int, GrowingTensor] = {}
@@ -91,8 +91,8 @@ class StepAttribution(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
-        buffer up to half again as large), each pass's block outputs for the lens, one step's rows for every layer,
-        its top heads' splits, and the lens's logits (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the
+        buffer up to half again as large), each pass's block outputs for the lens, ``SPLIT_STEPS`` steps' rows for every
+        layer (and their padded tables), one step's top heads' splits, and the lens's logits (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the
         softmax of :data:`~attnscope.attribution.terms.LENS_SOFTMAX_ROWS` rows) beside ``LENS_STEPS`` steps' block
         outputs stacked."""
         steps, positions = shape.max_new_tokens, shape.n_positions
@@ -100,7 +100,7 @@ class StepAttribution(GenerationRecorder):
                         + shape.n_layers * self.lens_top * 12)
         values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
         blocks = steps * shape.n_layers * shape.d_model * 4
-        one_step = shape.n_layers * shape.n_heads * positions * 4 * 2 + self.top_heads * positions * (shape.d_head + 2) * 8
+        one_step = SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2 + self.top_heads * positions * (shape.d_head + 2) * 8
         lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
                 + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
         return MemoryEstimate(kept=int(kept), working=int(values + blocks + one_step + lens))
@@ -117,15 +117,7 @@ class StepAttribution(GenerationRecorder):
         added = call.first_query + call.query.shape[2]  # one key per query of the pass
         self.passes.heard(site.layer, added)
         # a copy: the last row alone (a view would hold the call's whole [head, q, k] block until the step is split)
-        row = call.probs[0, :, -1].detach().float().clone()
-        self.rows.setdefault(self.passes.current, {})[site.layer] = row
-        # formed here, while the call's values are in the cache and W_O is about to be read by the model (a step's
-        # split read every value and every W_O again: most of its time)
-        if site.layer not in self.weights:
-            self.weights[site.layer] = per_head_out_proj(site, row.shape[0])
-        outputs = mixed_values(row, call.value[0].detach())  # [head, d_head]
-        self.projected.setdefault(self.passes.current, {})[site.layer] = torch.bmm(
-            outputs[:, None], self.weights[site.layer])[:, 0]
+        self.rows.setdefault(self.passes.current, {})[site.layer] = call.probs[0, :, -1].detach().float().clone()
         self.values.setdefault(site.layer, GrowingTensor(axis=1)).append(
             call.value[0, :, call.value.shape[2] - added :])
         self.sites[site.layer] = site
@@ -146,39 +138,58 @@ class StepAttribution(GenerationRecorder):
             yield
 
     def split(self, index: int) -> None:
-        """Step ``index``'s terms (its pass ended at position ``t`` and chose the token fed to the next pass), kept as
-        arrays; then its rows and residual pieces are let go."""
+        """Pass ``index`` is over: its step is split with the next ones, ``SPLIT_STEPS`` at a time (each value and each
+        layer's W_O read once for them all: read at every step, they took most of a step's attribution)."""
+        self.pending.append(index)
+        if len(self.pending) == SPLIT_STEPS:
+            self.split_pending()
+
+    def split_pending(self) -> None:
+        """The pending steps' terms (step ``index``'s pass ended at position ``t`` and chose the token fed to the next
+        pass), kept as arrays; then their rows and residual pieces are let go."""
         assert self.loaded is not None and self.parts is not None, "StepAttribution used outside recording()"
-        t, token = self.passes.ends[index], self.fed[index]
-        rows = self.position_rows(index, t)
+        if not self.pending:
+            return
+        indices, self.pending = self.pending, []
+        rows = self.position_rows(indices)
         pieces = self.parts.pieces
-        parts = ResidualParts(None, embeddings=pieces["embeddings", 0][index], final=pieces["final", 0][index],
-                              attention={layer: pieces["attention", layer][index] for layer in rows.rows},
-                              ffn={layer: pieces["ffn", layer][index] for layer in rows.rows})
+        joined = {key: torch.cat([kept[index] for index in indices]) for key, kept in pieces.items()
+                  if key[0] != "blocks"}  # [step, d_model] each
+        parts = ResidualParts(None, embeddings=joined["embeddings", 0], final=joined["final", 0],
+                              attention={layer: joined["attention", layer] for layer in rows.rows},
+                              ffn={layer: joined["ffn", layer] for layer in rows.rows})
+        directions = [logit_direction(self.loaded, self.fed[index]) for index in indices]
         with hooks_paused():  # the terms run the norms, whose hooks would keep their inputs as a pass's
-            terms = decompose(self.loaded, rows, parts, *logit_direction(self.loaded, token), 0, self.weights,
-                              split=False)
-        step_heads = terms.heads.float().cpu().numpy()  # [layer, head]
-        top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")[: self.top_heads],
-                                        step_heads.shape), axis=-1)  # [rank, 2]
-        split = terms.sources_of(rows, top.tolist()).float().cpu().numpy()  # [rank, t + 1]
-        self.steps.append((step_heads, terms.total(), top, split))
+            terms = decompose_positions(self.loaded, rows, parts, torch.stack([d for d, _ in directions]),
+                                        [bias for _, bias in directions], range(len(indices)), self.weights,
+                                        split=False)
+        for k, step_terms in enumerate(terms):
+            step_heads = step_terms.heads.float().cpu().numpy()  # [layer, head]
+            top = np.stack(np.unravel_index(np.argsort(-np.abs(step_heads), axis=None, kind="stable")
+                                            [: self.top_heads], step_heads.shape), axis=-1)  # [rank, 2]
+            split = step_terms.sources_of(rows, top.tolist(), k).float().cpu().numpy()  # [rank, t + 1]
+            self.steps.append((step_heads, step_terms.total(), top, split))
         for key, kept in pieces.items():
             if key[0] != "blocks":  # the lens reads every step's block outputs at the end
-                kept[index] = kept[index][:0].clone()
-        del self.rows[index], self.projected[index]
+                for index in indices:
+                    kept[index] = kept[index][:0].clone()
+        for index in indices:
+            del self.rows[index]
 
-    def position_rows(self, index: int, t: int) -> PositionRows:
-        """Pass ``index``'s last rows (position ``t``) as :class:`~attnscope.attribution.terms.PositionRows`
+    def position_rows(self, indices: list[int]) -> PositionRows:
+        """Passes ``indices``' last rows (at positions ``t``) as :class:`~attnscope.attribution.terms.PositionRows`
         (a row's keys are the last ``k`` positions up to its own: a sliding-window layer's hold fewer; the others are
-        0), with the values of keys ``0..t``, grouped (``[kv_head, source_pos, d_head]`` float32)."""
-        rows = PositionRows((t,))
-        for layer, row in self.rows[index].items():
-            n_heads = row.shape[0]
-            table = torch.zeros((1, n_heads, t + 1), dtype=torch.float32, device=row.device)
-            table[0, :, t + 1 - row.shape[-1] :] = row
-            rows.rows[layer], rows.values[layer] = table, self.values[layer].view(t + 1)  # [kv_head, source_pos, d_head]
-            rows.projected[layer] = self.projected[index][layer][None]
+        0), with the values of keys ``0..max(t)``, grouped (``[kv_head, source_pos, d_head]`` float32)."""
+        ends = [self.passes.ends[index] for index in indices]
+        rows = PositionRows(tuple(ends))
+        for layer in self.rows[indices[0]]:
+            n_heads = self.rows[indices[0]][layer].shape[0]
+            table = torch.zeros((len(indices), n_heads, max(ends) + 1), dtype=torch.float32,
+                                device=self.rows[indices[0]][layer].device)
+            for k, (index, t) in enumerate(zip(indices, ends, strict=True)):
+                row = self.rows[index][layer]
+                table[k, :, t + 1 - row.shape[-1] : t + 1] = row
+            rows.rows[layer], rows.values[layer] = table, self.values[layer].view(max(ends) + 1)
             rows.sites[layer] = self.sites[layer]
         return rows
 
@@ -189,6 +200,7 @@ class StepAttribution(GenerationRecorder):
         n_steps, n_sources = len(sequence) - n_prompt, len(sequence) - 1
         self.fed += sequence[n_prompt + len(self.fed) : n_prompt + n_steps]  # the chosen tokens no pass was fed
         self.passes.finish(n_steps)
+        self.split_pending()
         sources = np.zeros((n_steps, min(self.top_heads, self.steps[0][0].size), n_sources), dtype=np.float32)
         for index, (_, _, _, split) in enumerate(self.steps[:n_steps]):
             sources[index, :, : split.shape[-1]] = split

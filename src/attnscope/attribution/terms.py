@@ -65,9 +65,6 @@ class PositionRows(Recorder):
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     sites: dict[int, AttentionSite] = field(default_factory=dict)
-    # per layer, where a generation's step knew it already: each head's output through its slice of W_O (no bias),
-    # ``[position, head, d_model]`` float32, formed while the call's values and W_O were in the cache
-    projected: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -424,77 +421,103 @@ def decompose(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, dir
               head_bias: float = 0.0, index: int = 0, weights: dict[int, torch.Tensor] | None = None, *,
               split: bool = True) -> Terms:
     """The terms of ``direction · N(x_t) + head_bias`` (``direction``: ``[d_model]``, an LM head row or a
-    difference of two) at ``t = rows.positions[index]`` (``parts`` kept the same positions).
+    difference of two) at ``t = rows.positions[index]`` (``parts`` kept the same positions): one position of
+    :func:`decompose_positions`."""
+    return decompose_positions(loaded, rows, parts, direction[None], [head_bias], [index], weights, split=split)[0]
+
+
+@torch.inference_mode()
+def decompose_positions(loaded: LoadedModel, rows: PositionRows, parts: ResidualParts, directions: torch.Tensor,
+                        head_biases: Sequence[float], indices: Sequence[int],
+                        weights: dict[int, torch.Tensor] | None = None, *, split: bool = True) -> list[Terms]:
+    """The terms at ``rows.positions[i]`` for each ``i`` of ``indices``, each of its own direction (``directions``
+    ``[index, d_model]``; ``head_biases`` beside them): a generation's steps, a few at a time.
     ``weights``: a cache of each layer's per-head ``W_O`` across calls (filled on first use). ``split``: every
-    head's term split over the sources (``Terms.head_sources``); without it, each head's term is its output through
-    W_O (``rows.projected``, float32, formed by the generation's step) read out in float64, and
-    :meth:`Terms.sources_of` splits the heads wanted (a generation's steps keep a few heads' splits: splitting every
-    head read every value in float64 at every step, and reading out every head read all of W_O again).
+    head's term split over the sources (``Terms.head_sources``); without it, each head's term is its output (the row
+    times the values, float32) read out in float64, every position's at once per layer (each value and each W_O read
+    once for them all, not once per step), and :meth:`Terms.sources_of` splits the heads wanted.
     Call it outside :func:`residual_parts`: it runs the norms, whose hooks would keep its inputs."""
     facts = unembedding(loaded)
     if parts.final is None or parts.embeddings is None:
         raise AttnscopeError(f"model {loaded.name!r} ran without the hooks direct logit attribution needs")
     weights = {} if weights is None else weights
-    t = rows.positions[index]
-    final = freeze_norm(named_module(loaded, facts.final_norm), parts.final[index])
-    u = direction.double().to(final.gain.device)
-    w = final.pull_back(u)
+    at = torch.tensor(list(indices), dtype=torch.long, device=parts.final.device)
+    final, final_scales = freeze_norm_rows(named_module(loaded, facts.final_norm), parts.final[at])
+    u = directions.double().to(final.gain.device)  # [index, d_model]
+    w = final.pull_back(u.T).T * final_scales[:, None]  # [index, d_model]
     layers = sorted(rows.rows)
     n_heads = rows.rows[layers[0]].shape[1]
-    # each sublayer's output as the residual stream receives it, and the direction pulled back through its norm
-    w_attention, attention_added, attention_norm_bias = _joined(
-        _output_norms(loaded, facts.attention_norm), layers, [parts.attention[layer][index] for layer in layers], w)
-    w_mlp, mlp_added, mlp_norm_bias = _joined(
-        _output_norms(loaded, facts.ffn_norm), layers, [parts.ffn[layer][index] for layer in layers], w)
     for layer in layers:
         if layer not in weights:
             weights[layer] = per_head_out_proj(rows.sites[layer], n_heads)
-    directions = dict(zip(layers, w_attention, strict=True))
-    sources = torch.zeros(0, dtype=torch.float64)
+    # each sublayer's output as the residual stream receives it, and the direction pulled back through its norm
+    w_attention, attention_added, attention_norm_bias = _joined(
+        _output_norms(loaded, facts.attention_norm), layers, [parts.attention[layer][at] for layer in layers], w)
+    w_mlp, mlp_added, mlp_norm_bias = _joined(
+        _output_norms(loaded, facts.ffn_norm), layers, [parts.ffn[layer][at] for layer in layers], w)
     if split:
-        sources = torch.stack([rows.rows[layer][index, :, : t + 1].double() * per_source_terms(
-            rows.values[layer], head_readouts(weights[layer], directions[layer]), t + 1)
-            for layer in layers])  # [layer, head, source_pos]
-        heads = sources.sum(-1)
+        sources = [torch.stack([rows.rows[layer][i, :, : rows.positions[i] + 1].double() * per_source_terms(
+            rows.values[layer], head_readouts(weights[layer], w_attention[l, k]), rows.positions[i] + 1)
+            for l, layer in enumerate(layers)]) for k, i in enumerate(indices)]  # per index [layer, head, source_pos]
+        heads = torch.stack([split_terms.sum(-1) for split_terms in sources])
     else:
-        assert set(layers) <= set(rows.projected), "without the split, every layer's heads' outputs through W_O are read"
-        projected = torch.stack([rows.projected[layer][index] for layer in layers])  # [layer, head, d_model]
-        heads = torch.einsum("lhd,ld->lh", projected.double(), w_attention)
+        heads = torch.stack([_read_heads(rows.rows[layer][at], rows.values[layer], weights[layer], w_attention[l])
+                             for l, layer in enumerate(layers)], 1)  # [index, layer, head]
     out_biases = _out_proj_biases([rows.sites[layer] for layer in layers], w.shape[-1])  # [layer, d_model]
-    biases = (out_biases * w_attention).sum(-1) + attention_norm_bias
-    # the last residual stream summed from its parts in the model's order (a check), and the running sums' sizes
-    added = torch.stack((attention_added, mlp_added), 1).flatten(0, 1)  # [2 x layer, d_model]: a0, m0, a1, m1, ..
-    streams = parts.embeddings[index].double() + added.cumsum(0)
-    rounding = rounding_bound(streams.abs().sum(0), DTYPES[loaded.dtype])
-    _check_rebuilt(loaded, streams[-1], parts.final[index].double(), rounding=rounding)
-    mlps = (torch.stack([parts.ffn[layer][index] for layer in layers]).double() * w_mlp).sum(-1) + mlp_norm_bias
-    return Terms(heads=heads, head_sources=sources, mlps=mlps, attention_bias=biases,
-                 embeddings=float(parts.embeddings[index].double() @ w), final_bias=final.bias_term(u) + head_bias,
-                 final_scale=final.scale, out_weights=weights, directions=directions)
+    biases = (out_biases[:, None] * w_attention).sum(-1) + attention_norm_bias  # [layer, index]
+    mlps = (torch.stack([parts.ffn[layer][at] for layer in layers]).double() * w_mlp).sum(-1) + mlp_norm_bias
+    _check_streams(loaded, parts.embeddings[at], attention_added, mlp_added, parts.final[at])
+    embeddings = (parts.embeddings[at].double() * w).sum(-1)
+    final_bias = [0.0 if final.bias is None else float(final.bias @ u[k]) for k in range(len(indices))]
+    return [Terms(heads=heads[k], head_sources=sources[k] if split else torch.zeros(0, dtype=torch.float64),
+                  mlps=mlps[:, k], attention_bias=biases[:, k], embeddings=float(embeddings[k]),
+                  final_bias=final_bias[k] + head_biases[k], final_scale=float(final_scales[k]), out_weights=weights,
+                  directions=dict(zip(layers, w_attention[:, k], strict=True))) for k in range(len(indices))]
 
 
-def head_readouts(out_weights: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-    """What one unit of each head's output adds along ``direction`` (``[d_model]``): ``out_weights`` (per-head
-    ``W_O``, ``[head, d_head, d_model]`` float32, or one head's ``[d_head, d_model]``) times it, ``[head, d_head]``
-    (``[d_head]``) float64, formed in float32 (copying W_O to float64 cost more than the pass)."""
-    return (out_weights @ direction.float()).double()
+def _read_heads(rows: torch.Tensor, values: torch.Tensor, out_weights: torch.Tensor,
+                directions: torch.Tensor) -> torch.Tensor:
+    """One layer's head terms at several positions, ``[position, head]`` float64: each position's rows ``rows``
+    ``[position, head, source_pos]`` mixing ``values`` ``[kv_head, source_pos.., d_head]`` (grouped), read out along
+    its direction (``directions`` ``[position, d_model]``) through ``out_weights`` (``[head, d_head, d_model]``)."""
+    n_positions, n_heads, n_sources = rows.shape
+    n_kv = values.shape[0]
+    grouped = rows.float().reshape(n_positions, n_kv, -1, n_sources).transpose(0, 1).reshape(n_kv, -1, n_sources)
+    outputs = torch.bmm(grouped, values[:, :n_sources].float())  # [kv_head, position x group, d_head]
+    outputs = outputs.view(n_kv, n_positions, -1, outputs.shape[-1]).transpose(0, 1).reshape(n_positions, n_heads, -1)
+    readouts = out_weights @ directions.T.float()  # [head, d_head, position]
+    return torch.einsum("phd,hdp->ph", outputs.double(), readouts.double())
+
+
+def _check_streams(loaded: LoadedModel, embeddings: torch.Tensor, attention_added: torch.Tensor,
+                   mlp_added: torch.Tensor, final: torch.Tensor) -> None:
+    """Each position's last residual stream summed from its parts in the model's order (embeddings ``[position,
+    d_model]``, then each layer's ``attention_added`` and ``mlp_added`` ``[layer, position, d_model]``) against the
+    model's (``final``), within the model's own rounding of its running sums."""
+    added = torch.stack((attention_added, mlp_added), 1).flatten(0, 1)  # [2 x layer, position, d_model]: a0, m0, ..
+    streams = embeddings.double() + added.cumsum(0)
+    rounding = rounding_bound(streams.abs().sum(0), DTYPES[loaded.dtype])  # [position, d_model]
+    for k in range(len(final)):
+        _check_rebuilt(loaded, streams[-1, k], final[k].double(), rounding=rounding[k])
 
 
 def _joined(norms: dict[int, nn.Module], layers: list[int], outputs: list[torch.Tensor],
             w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each layer's sublayer ``outputs`` (``[d_model]`` each) as they join the residual stream, through the layer's
-    norm where it has one (Gemma 2/3's post-sublayer norms) or as they are: the direction ``w`` pulled back through
-    the norm ``[layer, d_model]``, the joined outputs ``[layer, d_model]`` and the norm's bias read out ``[layer]``,
-    float64."""
+    """Each layer's sublayer ``outputs`` (``[position, d_model]`` each) as they join the residual stream, through the
+    layer's norm where it has one (Gemma 2/3's post-sublayer norms) or as they are, for each position's direction
+    ``w`` ``[position, d_model]``: the direction pulled back through the norm and the joined outputs ``[layer,
+    position, d_model]``, and the norm's bias read out ``[layer, position]``, float64."""
     raw = torch.stack(outputs).double()
     if not norms:
-        return w.expand(len(layers), -1), raw, torch.zeros(len(layers), dtype=torch.float64)
-    pulled, joined, bias = w.repeat(len(layers), 1), raw.clone(), torch.zeros(len(layers), dtype=torch.float64)
+        return w.expand(len(layers), -1, -1), raw, torch.zeros(raw.shape[:2], dtype=torch.float64)
+    pulled, joined = w.repeat(len(layers), 1, 1), raw.clone()
+    bias = torch.zeros(raw.shape[:2], dtype=torch.float64)
     for i, layer in enumerate(layers):
         if layer in norms:
-            frozen = freeze_norm(norms[layer], outputs[i])
-            pulled[i], bias[i] = frozen.pull_back(w), frozen.bias_term(w)
-            joined[i] = norms[layer](outputs[i][None])[0].double()
+            unit, scales = freeze_norm_rows(norms[layer], outputs[i])
+            pulled[i] = unit.pull_back(w.T).T * scales[:, None]
+            bias[i] = 0.0 if unit.bias is None else w @ unit.bias
+            joined[i] = norms[layer](outputs[i]).double()
     return pulled, joined, bias
 
 
@@ -505,13 +528,11 @@ def _out_proj_biases(sites: list[AttentionSite], d_model: int) -> torch.Tensor:
                         for bias in biases])
 
 
-def mixed_values(row: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Each head's output ``Σ_j α_hj v_j`` ``[head, d_head]`` (float32) of one query's ``row`` ``[head, source_pos]``
-    and ``values`` ``[kv_head, source_pos.., d_head]`` (grouped: head h reads kv head h // group), one product per
-    kv head."""
-    n_heads, n_kv_heads = row.shape[0], values.shape[0]
-    grouped = row.float().view(n_kv_heads, n_heads // n_kv_heads, -1)  # [kv_head, group, source_pos]
-    return torch.bmm(grouped, values[:, : row.shape[-1]].float()).view(n_heads, -1)
+def head_readouts(out_weights: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """What one unit of each head's output adds along ``direction`` (``[d_model]``): ``out_weights`` (per-head
+    ``W_O``, ``[head, d_head, d_model]`` float32, or one head's ``[d_head, d_model]``) times it, ``[head, d_head]``
+    (``[d_head]``) float64, formed in float32 (copying W_O to float64 cost more than the pass)."""
+    return (out_weights @ direction.float()).double()
 
 
 def per_source_terms(values: torch.Tensor, r: torch.Tensor, n_sources: int) -> torch.Tensor:
