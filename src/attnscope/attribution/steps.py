@@ -91,16 +91,18 @@ class StepAttribution(GenerationRecorder):
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
         """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
-        buffer up to half again as large), each pass's block outputs for the lens, ``SPLIT_STEPS`` steps' rows for every
-        layer (and their padded tables), one step's top heads' splits, and the lens's logits (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the
-        softmax of :data:`~attnscope.attribution.terms.LENS_SOFTMAX_ROWS` rows) beside ``LENS_STEPS`` steps' block
-        outputs stacked."""
+        buffer up to half again as large), each pass's block outputs for the lens, ``SPLIT_STEPS`` steps' rows for
+        every layer (and their padded tables), one step's top heads' splits, and the lens's logits
+        (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the softmax of
+        :data:`~attnscope.attribution.terms.LENS_SOFTMAX_ROWS` rows) beside ``LENS_STEPS`` steps' block outputs
+        stacked."""
         steps, positions = shape.max_new_tokens, shape.n_positions
         kept = steps * (shape.n_layers * shape.n_heads * 4 + self.top_heads * (positions * 4 + 16)
                         + shape.n_layers * self.lens_top * 12)
         values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
         blocks = steps * shape.n_layers * shape.d_model * 4
-        one_step = SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2 + self.top_heads * positions * (shape.d_head + 2) * 8
+        one_step = (SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2
+                    + self.top_heads * positions * (shape.d_head + 2) * 8)
         lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
                 + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
         return MemoryEstimate(kept=int(kept), working=int(values + blocks + one_step + lens))

@@ -367,10 +367,10 @@ class Terms:
     """The logit's terms at one position for one direction (float64 tensors).
 
     ``heads`` ``[layer, head]``, ``head_sources`` ``[layer, head, source_pos]`` (sum over sources =
-    ``heads``; empty when :func:`decompose` did not split them), ``mlps`` ``[layer]``, ``attention_bias`` ``[layer]`` (the output projection's bias,
-    through the post-attention norm where there is one), ``embeddings`` and ``final_bias`` (final
-    norm's bias and LM head's bias), ``final_scale`` (the final norm's 1 / rms, or 1 / std). By layer, for
-    :meth:`sources_of`: ``out_weights`` (per-head ``W_O``, ``[head, d_head, d_model]`` float32) and ``directions``
+    ``heads``; empty when :func:`decompose` did not split them), ``mlps`` ``[layer]``, ``attention_bias``
+    ``[layer]`` (the output projection's bias, through the post-attention norm where there is one),
+    ``embeddings`` and ``final_bias`` (final norm's bias and LM head's bias), ``final_scale`` (the final norm's
+    1 / rms, or 1 / std). By layer, for :meth:`sources_of`: ``out_weights`` (per-head ``W_O``, ``[head, d_head, d_model]`` float32) and ``directions``
     (``[d_model]``: the direction as the layer's attention output meets it, through its post-attention norm where
     it has one)."""
 
