@@ -268,7 +268,8 @@ def main() -> None:
         size = TRACE_SMOKE if args.smoke else TRACE_QUICK if args.quick else TRACE[args.model]
         figures.update(trace(loaded, args.model, *size))
     figures = {**figures, "threads": torch.get_num_threads(), "cpu": cpu_name(),
-               "model": args.model, "dtype": dtype, "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
+               "model": args.model, "dtype": dtype,
+               "document": "the State of the Union address sotu-1981-jimmy-carter (shipped)"}
     name = "generate_long" if args.model == "smollm2" else f"generate_long_{args.model}"
     full = lengths == list(LENGTHS.get(args.model, ())) and not args.quick and args.only is None
     emit(name, figures, keep=full)

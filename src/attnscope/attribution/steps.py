@@ -101,11 +101,11 @@ class StepAttribution(GenerationRecorder):
                         + shape.n_layers * self.lens_top * 12)
         values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
         blocks = steps * shape.n_layers * shape.d_model * 4
-        one_step = (SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2
+        split_batch = (SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2
                     + self.top_heads * positions * (shape.d_head + 2) * 8)
         lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
                 + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
-        return MemoryEstimate(kept=int(kept), working=int(values + blocks + one_step + lens))
+        return MemoryEstimate(kept=int(kept), working=int(values + blocks + split_batch + lens))
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -184,10 +184,8 @@ class StepAttribution(GenerationRecorder):
         0), with the values of keys ``0..max(t)``, grouped (``[kv_head, source_pos, d_head]`` float32)."""
         ends = [self.passes.ends[index] for index in indices]
         rows = PositionRows(tuple(ends))
-        for layer in self.rows[indices[0]]:
-            n_heads = self.rows[indices[0]][layer].shape[0]
-            table = torch.zeros((len(indices), n_heads, max(ends) + 1), dtype=torch.float32,
-                                device=self.rows[indices[0]][layer].device)
+        for layer, first in self.rows[indices[0]].items():
+            table = torch.zeros((len(indices), first.shape[0], max(ends) + 1), dtype=torch.float32, device=first.device)
             for k, (index, t) in enumerate(zip(indices, ends, strict=True)):
                 row = self.rows[index][layer]
                 table[k, :, t + 1 - row.shape[-1] : t + 1] = row

@@ -326,6 +326,15 @@ def _through_norm(norm: nn.Module | None, outputs: torch.Tensor,
     return unit.pull_back(readout), scales, bias
 
 
+def _through_norm_each(norm: nn.Module, outputs: torch.Tensor,
+                       directions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_through_norm` with each position's own direction (``directions`` ``[position, d_model]``, float64):
+    each pulled back through ``norm`` frozen at that position's output ``[position, d_model]``, the norm's bias read
+    out along it ``[position]``, and the position's scale ``[position]``."""
+    read, scales, bias = _through_norm(norm, outputs, directions.T)  # every direction at every position's scale 1
+    return read.T * scales[:, None], bias, scales
+
+
 @torch.inference_mode()
 def layer_input_components(loaded: LoadedModel, parts: ResidualParts, head_outputs: dict[int, torch.Tensor],
                            layer: int, readout: torch.Tensor, actual: torch.Tensor) -> Components:
@@ -370,9 +379,9 @@ class Terms:
     ``heads``; empty when :func:`decompose` did not split them), ``mlps`` ``[layer]``, ``attention_bias``
     ``[layer]`` (the output projection's bias, through the post-attention norm where there is one),
     ``embeddings`` and ``final_bias`` (final norm's bias and LM head's bias), ``final_scale`` (the final norm's
-    1 / rms, or 1 / std). By layer, for :meth:`sources_of`: ``out_weights`` (per-head ``W_O``, ``[head, d_head, d_model]`` float32) and ``directions``
-    (``[d_model]``: the direction as the layer's attention output meets it, through its post-attention norm where
-    it has one)."""
+    1 / rms, or 1 / std). By layer, for :meth:`sources_of`: ``out_weights`` (per-head ``W_O``, ``[head, d_head,
+    d_model]`` float32) and ``directions`` (``[d_model]``: the direction as the layer's attention output meets it,
+    through its post-attention norm where it has one)."""
 
     heads: torch.Tensor
     head_sources: torch.Tensor
@@ -442,9 +451,8 @@ def decompose_positions(loaded: LoadedModel, rows: PositionRows, parts: Residual
         raise AttnscopeError(f"model {loaded.name!r} ran without the hooks direct logit attribution needs")
     weights = {} if weights is None else weights
     at = torch.tensor(list(indices), dtype=torch.long, device=parts.final.device)
-    final, final_scales = freeze_norm_rows(named_module(loaded, facts.final_norm), parts.final[at])
-    u = directions.double().to(final.gain.device)  # [index, d_model]
-    w = final.pull_back(u.T).T * final_scales[:, None]  # [index, d_model]
+    u = directions.double().to(parts.final.device)  # [index, d_model]
+    w, final_biases, final_scales = _through_norm_each(named_module(loaded, facts.final_norm), parts.final[at], u)
     layers = sorted(rows.rows)
     n_heads = rows.rows[layers[0]].shape[1]
     for layer in layers:
@@ -468,10 +476,9 @@ def decompose_positions(loaded: LoadedModel, rows: PositionRows, parts: Residual
     mlps = (torch.stack([parts.ffn[layer][at] for layer in layers]).double() * w_mlp).sum(-1) + mlp_norm_bias
     _check_streams(loaded, parts.embeddings[at], attention_added, mlp_added, parts.final[at])
     embeddings = (parts.embeddings[at].double() * w).sum(-1)
-    final_bias = [0.0 if final.bias is None else float(final.bias @ u[k]) for k in range(len(indices))]
     return [Terms(heads=heads[k], head_sources=sources[k] if split else torch.zeros(0, dtype=torch.float64),
                   mlps=mlps[:, k], attention_bias=biases[:, k], embeddings=float(embeddings[k]),
-                  final_bias=final_bias[k] + head_biases[k], final_scale=float(final_scales[k]), out_weights=weights,
+                  final_bias=float(final_biases[k]) + head_biases[k], final_scale=float(final_scales[k]), out_weights=weights,
                   directions=dict(zip(layers, w_attention[:, k], strict=True))) for k in range(len(indices))]
 
 
@@ -514,9 +521,7 @@ def _joined(norms: dict[int, nn.Module], layers: list[int], outputs: list[torch.
     bias = torch.zeros(raw.shape[:2], dtype=torch.float64)
     for i, layer in enumerate(layers):
         if layer in norms:
-            unit, scales = freeze_norm_rows(norms[layer], outputs[i])
-            pulled[i] = unit.pull_back(w.T).T * scales[:, None]
-            bias[i] = 0.0 if unit.bias is None else w @ unit.bias
+            pulled[i], bias[i], _ = _through_norm_each(norms[layer], outputs[i], w)
             joined[i] = norms[layer](outputs[i]).double()
     return pulled, joined, bias
 
