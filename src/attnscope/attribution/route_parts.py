@@ -31,7 +31,6 @@ from .terms import FrozenNorm
 
 PEAK_KEYS = 1024  # keys whose parts are formed at once when their peaks are found ([head, key, d_model])
 HEAVY_COST = 4  # a heavy part's work per coordinate over a light part's (every head's output at its key is formed)
-FEW_KEYS = 4  # value_peaks of at most this many keys read W_O by head, the model's own layout
 PEAK_MARGIN = 1.0 + 1e-5  # bounds raised by float32 rounding's worst case: a part is never called light wrongly
 
 
@@ -80,11 +79,6 @@ def _grouped(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def value_peaks(values: torch.Tensor, weights: OutWeights) -> torch.Tensor:
     """``max_d |v_j W_O^h|_d``, ``[head, key]``, from ``values`` ``[kv_head, key, d_head]``, ``PEAK_KEYS`` keys at a
     time."""
-    if values.shape[1] <= FEW_KEYS:  # a generation step's new key: through W_O by head, as the model's weight lays it
-        # out (a view for a float32 model), which the output projection reads next, from the cache (join_heads' copy
-        # was read from memory at every step, beside it)
-        expanded = values.float().repeat_interleave(weights.group, 0)  # [head, key, d_head]
-        return torch.bmm(expanded, weights.per_head).abs_().amax(-1)
     pieces = [grouped_outputs(values[:, start : start + PEAK_KEYS].float(), weights.joined, weights.group)
               .abs_().amax(-1) for start in range(0, values.shape[1], PEAK_KEYS)]
     return torch.cat(pieces, dim=1) if pieces else torch.empty((weights.per_head.shape[0], 0), device=values.device)
