@@ -2,13 +2,18 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/kv_budget.py            # Qwen2.5 0.5B, 8,192-token haystacks (hours on 2 cores)
-    .venv/bin/python benchmarks/kv_budget.py --record   # the same, kept in docs/bench/kv_budget.json
+    .venv/bin/python benchmarks/kv_budget.py --threads 2          # Qwen2.5 0.5B, 8,192-token haystacks (1.5 h)
+    .venv/bin/python benchmarks/kv_budget.py --threads 2 --record # the same, kept in docs/bench/kv_budget.json
     .venv/bin/python benchmarks/kv_budget.py --quick    # SmolLM2 at 512 tokens, 2 trials, 5 random draws (minutes)
     .venv/bin/python benchmarks/kv_budget.py --smoke    # SmolLM2 at 256 tokens, 1 trial, shares 0 and 1
 
 Figures (the last line printed is one JSON object; layers and KV heads 0-indexed). The curve is
-:func:`attnscope.experiments.kv_curve.kv_budget_curve` with the real budgeted cache (``apply="cache"``), bytes counted.
+:func:`attnscope.experiments.kv_curve.kv_budget_curve` with the real budgeted cache (``apply="cache"``), bytes counted,
+the heads ranked by the model's shipped head list (:func:`attnscope.data.head_list`: retrieval and locality scores
+measured on other haystacks and needles than the curve's, so no choice is fitted to the trials it is judged on).
+Every run of the curve is kept in ``benchmarks/runs/kv_budget_runs_<size>.jsonl`` as it ends: a run that stops (the
+session ends, the machine is needed) is started again with the same command and reads back what was done; the
+generation figures below are always measured anew, so a curve run under load can be finished by a run alone.
 
 * ``kv_saving_at_95``: full attention's KV bytes over the budget's at the smallest share of full KV heads (chosen by
   retrieval score) whose needle accuracy is at least 95% of full attention's; with the share, the bytes, and the
@@ -39,6 +44,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +59,7 @@ import attnscope
 from attnscope.analysis.head_functions import frame_rows
 from attnscope.capture.generate import cache_keyword, returned_cache
 from attnscope.capture.kv_budget import KVBudget, KVLayout, budgeted_cache, kv_layout
-from attnscope.data import document
+from attnscope.data import document, head_list
 from attnscope.experiments.kv_curve import CHOICES, CurveSettings, KVCurve, kv_budget_curve, masked, uniform_budget
 from attnscope.experiments.needles import DEFAULT_DOCUMENT
 from attnscope.memory import peak_mb, reset_peak
@@ -67,12 +73,29 @@ SIZES: dict[str, dict[str, Any]] = {
         shares=(0.0, 0.25, 0.5, 1.0), draws=5, sink=4, window=64, lengths=(512,), depths=(0.5,),
         needles=("passkey-1", "passkey-2"), new_tokens=16, loss_pieces=2),
         "equal_tokens": 256, "equal_new_tokens": 16, "context": 2048, "new_tokens": 32, "chunk": 512, "rounds": 2},
+    # Sized for 2 CPU cores: a needle trial at 8,192 tokens takes about a minute there, and the grid runs 3 trials
+    # under each of 3 x 8 inner budgets (1.5 hours), so the loss is taken on one 2,048-token piece per budget.
     "full": {"model": "qwen0.5b", "settings": CurveSettings(
-        shares=(0.0, 0.125, 0.25, 0.375, 0.5, 0.75, 1.0), draws=5, sink=4, window=64, lengths=(8192,),
-        depths=(0.1, 0.5, 0.9), needles=("passkey-1", "passkey-2", "sentence-1"), loss_pieces=4),
+        shares=(0.0, 0.125, 0.25, 0.5, 1.0), draws=5, sink=4, window=64, lengths=(8192,),
+        depths=(0.1, 0.5, 0.9), needles=("passkey-1",), loss_pieces=1, loss_tokens=2048),
         "equal_tokens": 512, "equal_new_tokens": 32, "context": 8192, "new_tokens": 64, "chunk": 512, "rounds": 3},
 }
 ACCURACY_KEPT = 0.95  # of full attention's needle accuracy
+SCORES = "the shipped head list attnscope.data.head_list({!r})"
+RUNS = Path(__file__).resolve().parent / "runs"  # where a curve's runs are kept between runs (git-ignored)
+
+
+def kept_runs(which: str, fresh: bool) -> Path | None:
+    """The file the curve keeps its runs in (none for ``--smoke``), emptied first when ``fresh``."""
+    if which == "smoke":
+        return None
+    path = RUNS / f"kv_budget_runs_{which}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        path.unlink(missing_ok=True)
+    elif path.is_file():
+        print(f"  reading back the runs kept in {path} (--fresh runs them again)", flush=True)
+    return path
 
 
 def saving_at(curve: KVCurve, choice: str) -> dict[str, Any] | None:
@@ -208,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
                                                  "(one JSON line last)")
     parser.add_argument("--quick", action="store_true", help="SmolLM2 at 512 tokens, 2 trials (minutes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--fresh", action="store_true",
+                        help=f"run every point again (default: read back the runs kept in {RUNS}/ by an earlier run "
+                             "of the same size that stopped or finished)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     which, load_before = sized_run(args)
     size = SIZES[which]
     loaded = attnscope.load_model(size["model"])
     settings = size["settings"]
-    curve = kv_budget_curve(loaded, None, settings, apply="cache", progress=True)
+    runs = kept_runs(which, args.fresh)
+    curve = kv_budget_curve(loaded, head_list(size["model"]), settings, apply="cache", progress=True, runs=runs)
     at_95 = saving_at(curve, "retrieval")
     if at_95 is not None:
         at_95["random_accuracy"] = random_at(curve, at_95["share"])
@@ -232,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     generation = generation_figures(loaded, budget, size["context"], size["new_tokens"], size["chunk"],
                                     size["rounds"])
     figures: dict[str, Any] = {
-        "size": which, "model": loaded.name, "kv_tokens": curve.kv_tokens, "needle_trials": curve.trials,
+        "size": which, "model": loaded.name, "settings": asdict(settings), "scores": SCORES.format(size["model"]),
+        "kv_tokens": curve.kv_tokens, "needle_trials": curve.trials, "needle_trials_asked": curve.asked,
+        "baseline_loss": curve.baseline_loss,
         "kv_saving_at_95": at_95,
         "kv_saving_at_95_by_choice": {choice: saving_at(curve, choice) for choice in CHOICES
                                       if choice in curve.settings.choices},

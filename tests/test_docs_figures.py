@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,3 +304,41 @@ def test_the_routes_check_region_renders_from_made_up_figures():
     assert "the route's flow comes 5 of 5, behind ALTI rollout, route (kept edges), attention rollout, last layer's " \
         "attention; by sizes" in worse
     assert "has not been recorded on this checkout yet" in docs.render_region("routes_check", docs.load_figures(), {})
+
+
+def _recorded_kv_budget(at_95: dict[str, Any] | None) -> dict[str, Any]:
+    """Figures shaped as benchmarks/kv_budget.py writes them (made up)."""
+    def row(share: float, choice: str, accuracy: float, interval: bool = False) -> dict[str, Any]:
+        low, high = (accuracy - 0.2, accuracy + 0.2) if interval else (None, None)
+        return {"share": share, "choice": choice, "full_kv_heads": int(48 * share), "accuracy": accuracy,
+                "accuracy_low": low, "accuracy_high": high, "loss": 3.25, "loss_low": 3.2 if interval else None,
+                "loss_high": 3.3 if interval else None, "kv_bytes": 1_000_000, "kv_saving": 3.9, "peak_rss_mb": 1234.5}
+
+    return {"model": "qwen0.5b", "settings": {"lengths": [8192], "needles": ["passkey-1"], "depths": [0.1, 0.9],
+                                             "sink": 4, "window": 64, "draws": 5, "loss_pieces": 1, "loss_tokens": 2048},
+            "scores": "the shipped head list", "needle_trials": 2, "needle_trials_asked": 2, "baseline_loss": 3.0,
+            "kv_tokens": 8192, "torch_threads": 2, "curve": [row(0.25, "retrieval", 1.0), row(0.25, "random", 0.4, True)],
+            "kv_saving_at_95": at_95, "kv_saving_at_95_by_choice": {"retrieval": at_95, "random": None},
+            "budget_equals_mask": True, "budget_equals_mask_detail": {
+                "prompt_tokens": 512, "new_tokens": 32, "budgets": {"retrieval_0.25": {"rows_max_difference": 1.5e-6}}},
+            "generation": {"context_tokens": 8192, "budget_share": 0.25, "full": {"peak_mb": 2000.0, "tok_s": 5.0},
+                           "budgeted": {"peak_mb": 1800.0, "tok_s": 5.5}, "cache_saving": 3.4, "new_tokens": 64,
+                           "rounds": 3},
+            "peak_rss_saving_8k": 1.11, "tok_s_ratio": 1.1}
+
+
+def test_the_kv_budget_region_renders_from_made_up_figures():
+    at_95 = {"share": 0.25, "saving": 3.9, "accuracy": 1.0, "random_accuracy": [0.4, 0.2, 0.6]}
+    bench = {"kv_budget": {"cpu": "a test CPU", "date": "2026-12-02", "command": "python benchmarks/kv_budget.py",
+                           "figures": _recorded_kv_budget(at_95)}}
+    text = docs.render_region("kv_budget_bench", docs.load_figures(), bench)
+    assert "| 0.25 | random | 12 | 0.40 [0.20, 0.60] | 3.250 [3.200, 3.300] | 1,000,000 | 3.90x | 1,234 |" in text
+    assert "| 0.25 | retrieval | 12 | 1.00 | 3.250 | 1,000,000 | 3.90x | 1,234 |" in text
+    assert "| 3.90x (share 0.25, accuracy 1.00; random heads at that share 0.40 [0.20, 0.60]) | ≥ 1.5 |" in text
+    assert "| the same, heads chosen random | none of the grid | |" in text
+    assert "| true (retrieval_0.25: rows within 1.5e-06) | true |" in text
+    assert "| 1.100 (5.50 against 5.00 tokens/s) | ≥ 1.0 |" in text
+    missed = docs.render_region("kv_budget_bench", docs.load_figures(), {"kv_budget": {
+        **bench["kv_budget"], "figures": _recorded_kv_budget(None)}})
+    assert "| `kv_saving_at_95` | no share of the grid keeps 95% of full attention's accuracy | ≥ 1.5 |" in missed
+    assert "its figures render here" in docs.render_region("kv_budget_bench", docs.load_figures(), {})

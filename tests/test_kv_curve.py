@@ -5,6 +5,8 @@ Layers and heads are 0-indexed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,6 +16,7 @@ from attnscope import load_model
 from attnscope.capture.attention import intervene
 from attnscope.capture.kv_budget import KVBudget, full_budget, kv_bytes, kv_layout
 from attnscope.errors import AttnscopeError
+from attnscope.experiments import kv_curve
 from attnscope.experiments.interventions import SinkWindow
 from attnscope.experiments.kv_curve import (
     CacheApplier,
@@ -21,6 +24,7 @@ from attnscope.experiments.kv_curve import (
     CurveSettings,
     KVCurve,
     MaskApplier,
+    RunStore,
     budget_keeping,
     check_curve_settings,
     kv_budget_curve,
@@ -191,6 +195,44 @@ def test_the_curve_on_smollm2_meets_full_and_streaming_attention_at_its_ends(smo
     assert frame.loc[(0.0, "retrieval"), "kv_bytes"] == 30 * 3 * (4 + 16) * 2 * 64 * 4  # 30 layers, 3 KV heads
 
 
+# ---- runs kept between calls --------------------------------------------------------------------------------
+def test_a_curve_given_its_runs_again_reads_them_back_and_runs_nothing_else(smollm2, tmp_path, monkeypatch):
+    settings = CurveSettings(shares=(0.0, 1.0), choices=("retrieval",), draws=1, sink=4, window=16, lengths=(256,),
+                             depths=(0.9,), needles=("passkey-1",), loss_pieces=1, new_tokens=16)
+    scores = {"retrieval": np.random.default_rng(0).random((30, 9))}
+    runs = tmp_path / "runs.jsonl"
+    first = kv_budget_curve(smollm2, scores, settings, runs=runs)
+    assert len(runs.read_text().splitlines()) == 4  # the full trial, the streaming trial, the two budgets' losses
+
+    def ran_again(*args, **kwargs):
+        raise AssertionError("a kept run ran again")
+
+    monkeypatch.setattr(kv_curve, "run_trial", ran_again)
+    monkeypatch.setattr(CacheApplier, "loss", ran_again)
+    again = kv_budget_curve(smollm2, scores, settings, runs=runs)
+    assert again.records == first.records and again.baseline_loss == first.baseline_loss
+    with pytest.raises(AssertionError, match="ran again"):  # longer answers: another run, nothing read back
+        kv_budget_curve(smollm2, scores, dataclasses.replace(settings, new_tokens=12), runs=runs)
+
+
+def test_a_run_kept_under_other_settings_is_not_read_back(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    RunStore(path, ("smollm2", 16)).put(("needle", (1, 2, 3)), {"value": 1.0, "peak": None})
+    assert RunStore(path, ("smollm2", 16)).get(("needle", (1, 2, 3))) == {"value": 1.0, "peak": None}
+    assert RunStore(path, ("smollm2", 24)).get(("needle", (1, 2, 3))) is None
+    assert RunStore(path, ("smollm2", 16)).get(("needle", (1, 2, 4))) is None
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "no-such-folder" / "runs.jsonl", "cannot write the curve's runs"),
+    (lambda tmp: tmp, "is not a file"),
+    (lambda tmp: (tmp / "runs.jsonl").write_text('{"key": "a"}\n') and tmp / "runs.jsonl", "line 1 is not a run"),
+])
+def test_a_runs_file_that_cannot_be_used_is_refused_in_one_line(tmp_path, make, message):
+    with pytest.raises(AttnscopeError, match=message):
+        RunStore(make(tmp_path), ("smollm2",))
+
+
 # ---- bad input ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("settings, message", [
     (CurveSettings(shares=(0.0, 1.5)), "within 0..1"),
@@ -218,6 +260,7 @@ def run_cli(capsys, *argv):
     (["--draws", "0"], "draws"),
     (["--lengths", "64", "--window", "64"], "shortest text"),
     (["--apply", "both"], "invalid choice"),
+    (["--runs", "no-such-folder/runs.jsonl"], "cannot write the curve's runs"),
 ])
 def test_the_command_refuses_bad_input_before_loading(capsys, tmp_path, options, message):
     code, out = run_cli(capsys, "no-such-model", *options, "--png", tmp_path / "curve.png")

@@ -53,6 +53,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"loss: pieces of the shipped documents (default: {defaults.loss_pieces})")
     parser.add_argument("--loss-tokens", type=positive_int, metavar="N",
                         help="loss: tokens per piece (default: the longest haystack)")
+    parser.add_argument("--runs", type=Path, metavar="FILE.jsonl", help="keep every run of the curve in FILE as it "
+                        "ends; the same command given the same FILE again reads back what was done and runs only the "
+                        "rest (a curve of hours that stopped resumes; runs under other settings are not read back)")
     add_compute_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the table and the records as one JSON object")
     parser.add_argument("--png", type=Path, metavar="FILE.png", help="draw the curve (accuracy and loss against "
@@ -86,15 +89,17 @@ def _figures(args: argparse.Namespace) -> list[Path | None]:
 def _run(args: argparse.Namespace) -> int:
     from ..capture.kv_budget import read_scores
     from ..capture.loading import load_model
-    from ..experiments.kv_curve import check_curve_settings, kv_budget_curve
+    from ..experiments.kv_curve import check_curve_settings, check_runs, kv_budget_curve
     from .outputs import output_files, writing
 
     settings = settings_from(args)
     check_curve_settings(settings)
     scores = read_scores(args.scores) if args.scores is not None else None
+    if args.runs is not None:
+        check_runs(args.runs)
     with output_files(*_figures(args)):
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-        curve = kv_budget_curve(loaded, scores, settings, apply=args.apply, progress=True)
+        curve = kv_budget_curve(loaded, scores, settings, apply=args.apply, progress=True, runs=args.runs)
         written = []
         if args.png is not None:
             with writing(args.png):

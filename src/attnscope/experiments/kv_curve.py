@@ -38,6 +38,9 @@ exists until the pass ends, so only generation's memory is bounded by the budget
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -365,13 +368,78 @@ def _choices(settings: CurveSettings) -> list[Choice]:
             for draw in (range(settings.draws) if name == "random" else [0])]
 
 
+class RunStore:
+    """Runs already done, kept in a JSON-lines file so that a long curve resumes where it stopped: one line per run,
+    ``{"key": digest, "run": {...}}``. A digest covers the run's key (the text's tokens and the keys the budget keeps)
+    and ``context`` (the model, how budgets are applied, the answer length, the loss pieces), so a file written under
+    other settings is never read back as this curve's."""
+
+    def __init__(self, path: str | Path, context: tuple[Any, ...]) -> None:
+        self.path, self.context = Path(path), context
+        self.runs: dict[str, dict[str, Any]] = {}
+        if self.path.is_file():
+            for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+                try:
+                    entry = json.loads(line)
+                    self.runs[entry["key"]] = entry["run"]
+                except (ValueError, KeyError, TypeError):
+                    raise AttnscopeError(f"{self.path} line {number} is not a run of a KV budget curve") from None
+        # checked before any slow work, and without making the file: a run lost at the end would be run again
+        if self.path.exists() and not self.path.is_file():
+            raise AttnscopeError(f"{self.path} is not a file: give a file for the curve's runs")
+        if not self.path.parent.is_dir() or not os.access(self.path if self.path.exists() else self.path.parent,
+                                                           os.W_OK):
+            raise AttnscopeError(f"cannot write the curve's runs to {self.path}: make its folder, or give another")
+
+    def digest(self, key: tuple[Any, ...]) -> str:
+        return hashlib.sha256(repr((self.context, key)).encode()).hexdigest()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        return self.runs.get(self.digest(key))
+
+    def put(self, key: tuple[Any, ...], run: dict[str, Any]) -> None:
+        digest = self.digest(key)
+        self.runs[digest] = run
+        with self.path.open("a") as out:
+            out.write(json.dumps({"key": digest, "run": run}) + "\n")
+
+
+def check_runs(path: str | Path) -> None:
+    """Refuse in one line a runs file that cannot be read back or written (:class:`RunStore`), making nothing."""
+    RunStore(path, ())
+
+
+@dataclass(frozen=True)
+class FullRun:
+    """A needle trial under full attention, as the curve needs it: whether it ``counted``, each head's retrieval
+    ``scores`` ``[layer, head]``, the run's ``peak`` RSS (MB)."""
+
+    counted: bool
+    scores: np.ndarray
+    peak: float | None
+
+
 class _Evaluator:
     """Accuracy and loss under budgets, each distinct budget run once, with the peak resident memory of its run
-    (MB, the model's weights included; None where not measured)."""
+    (MB, the model's weights included; None where not measured); ``store``: where runs are kept between calls."""
 
-    def __init__(self, loaded: LoadedModel, apply: Applier, loss: DocumentLoss, new_tokens: int) -> None:
-        self.loaded, self.apply, self.loss, self.new_tokens = loaded, apply, loss, new_tokens
+    def __init__(self, loaded: LoadedModel, apply: Applier, loss: DocumentLoss, new_tokens: int,
+                 store: RunStore | None = None) -> None:
+        self.loaded, self.apply, self.loss, self.new_tokens, self.store = loaded, apply, loss, new_tokens, store
         self.done: dict[tuple[Any, ...], tuple[float, float | None]] = {}
+
+    def full_run(self, prompt: NeedlePrompt) -> FullRun:
+        """The full model's trial on ``prompt`` (read back from the store when it holds it)."""
+        key = ("full", prompt.ids)
+        stored = self.store.get(key) if self.store is not None else None
+        if stored is None:
+            reset_peak()
+            with torch.inference_mode():
+                trial = run_trial(self.loaded, prompt, max_new_tokens=self.new_tokens)
+            stored = {"counted": trial.counted, "scores": trial.scores.tolist(), "peak": peak_mb()}
+            if self.store is not None:
+                self.store.put(key, stored)
+        return FullRun(bool(stored["counted"]), np.array(stored["scores"], dtype=float), stored["peak"])
 
     def needle_tokens(self, prompt: NeedlePrompt) -> int:
         """The most keys a trial's queries see: its prompt and answer."""
@@ -390,22 +458,29 @@ class _Evaluator:
 
     def _once(self, key: tuple[Any, ...], run: Callable[[], float]) -> tuple[float, float | None]:
         if key not in self.done:
-            reset_peak()
-            with torch.inference_mode():
-                value = float(run())
-            self.done[key] = (value, peak_mb())
+            stored = self.store.get(key) if self.store is not None else None
+            if stored is None:
+                reset_peak()
+                with torch.inference_mode():
+                    value = float(run())
+                stored = {"value": value, "peak": peak_mb()}
+                if self.store is not None:
+                    self.store.put(key, stored)
+            self.done[key] = (float(stored["value"]), stored["peak"])
         return self.done[key]
 
 
 def kv_budget_curve(model: LoadedModel | str, scores: Any = None, settings: CurveSettings | None = None, *,
-                    apply: Applier | str = DEFAULT_APPLY, progress: bool = False) -> KVCurve:
+                    apply: Applier | str = DEFAULT_APPLY, progress: bool = False,
+                    runs: str | Path | None = None) -> KVCurve:
     """The curve of the module docstring on ``model``. ``scores``: a
     :class:`~attnscope.analysis.head_functions.HeadScores`, its ``scores`` dict, a Parquet file of ``attnscope
     head-functions --save`` (per head or per KV group), or None; a missing retrieval score is computed from the full
     model's needle trials, a missing streaming score by :func:`~attnscope.head_scores` (locality at ``sink`` +
     ``window`` on one document). ``apply``: how a budget is applied, ``"cache"`` (default: the real
     :class:`~attnscope.capture.kv_budget.BudgetedCache`) or ``"mask"`` (:func:`masked`), or an :class:`Applier`.
-    Every premise is checked before the model runs.
+    ``runs``: a JSON-lines file that keeps every run as it ends (:class:`RunStore`); a curve given the same file
+    again reads back the runs it holds and runs only the rest. Every premise is checked before the model runs.
 
     >>> curve = kv_budget_curve("smollm2", settings=CurveSettings(lengths=(512,), shares=(0, 0.5, 1)))  # doctest: +SKIP
     >>> curve.to_frame()                                                                                 # doctest: +SKIP
@@ -422,15 +497,14 @@ def kv_budget_curve(model: LoadedModel | str, scores: Any = None, settings: Curv
                             document_name=settings.needle_document, max_new_tokens=settings.new_tokens)
     loss = DocumentLoss(loaded, length=settings.text_tokens, n=settings.loss_pieces,
                         skip=settings.sink + settings.window)
-    evaluator = _Evaluator(loaded, applier, loss, settings.new_tokens)
+    store = None if runs is None else RunStore(runs, _run_context(loaded, applier, settings))
+    evaluator = _Evaluator(loaded, applier, loss, settings.new_tokens, store)
     full = full_budget(layout, settings.sink, settings.window)
     full_trials = []
     for prompt in _bar(prompts, progress, "needle trials, full attention"):
-        reset_peak()
-        with torch.inference_mode():
-            full_trials.append(run_trial(loaded, prompt, max_new_tokens=settings.new_tokens))
+        full_trials.append(evaluator.full_run(prompt))
         if full_trials[-1].counted:
-            evaluator.answered_in_full(prompt, full, peak_mb())
+            evaluator.answered_in_full(prompt, full, full_trials[-1].peak)
     kept = [prompt for prompt, trial in zip(prompts, full_trials) if trial.counted]
     if not kept:
         raise AttnscopeError(f"{loaded.name} answered none of the {len(prompts)} needle trials with full attention: "
@@ -445,6 +519,13 @@ def kv_budget_curve(model: LoadedModel | str, scores: Any = None, settings: Curv
                for share, choice in _bar(points, progress, "KV budgets")]
     return KVCurve(loaded.name, settings, kv_tokens, full_bytes, baseline, len(kept), len(prompts), records,
                    applier.name)
+
+
+def _run_context(loaded: LoadedModel, applier: Applier, settings: CurveSettings) -> tuple[Any, ...]:
+    """What a run's value depends on beyond its key: the model, how budgets are applied, the answers' length, the
+    loss pieces (how many, how long, the first prediction counted)."""
+    return (loaded.name, str(loaded.dtype), applier.name, settings.new_tokens, settings.loss_pieces,
+            settings.text_tokens, settings.sink + settings.window)
 
 
 def applier_named(name: str) -> Applier:
@@ -491,7 +572,7 @@ def _given_scores(scores: Any, layout: KVLayout, settings: CurveSettings) -> KVS
             if has_score(source, name, reduce)}
 
 
-def _ranks(loaded: LoadedModel, layout: KVLayout, given: KVScores, full_trials: Sequence[Any],
+def _ranks(loaded: LoadedModel, layout: KVLayout, given: KVScores, full_trials: Sequence[FullRun],
            settings: CurveSettings, progress: bool) -> dict[str, list[KVHead]]:
     """Each scored choice's order of the global KV heads, computing what ``given`` lacks."""
     from ..analysis.retrieval import mean_retrieval_score
