@@ -53,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_json
 
-from bench_json import add_smoke_flag, emit, sized_run
+from bench_json import RUNS, add_smoke_flag, emit, sized_run
 
 import attnscope
 from attnscope.analysis.head_functions import frame_rows
@@ -82,14 +82,14 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 ACCURACY_KEPT = 0.95  # of full attention's needle accuracy
 SCORES = "the shipped head list attnscope.data.head_list({!r})"
-RUNS = Path(__file__).resolve().parent / "runs"  # where a curve's runs are kept between runs (git-ignored)
 
 
-def kept_runs(which: str, fresh: bool) -> Path | None:
-    """The file the curve keeps its runs in (none for ``--smoke``), emptied first when ``fresh``."""
+def kept_runs(which: str, fresh: bool, name: str = "kv_budget") -> Path | None:
+    """The file a curve keeps its runs in, ``benchmarks/runs/<name>_runs_<which>.jsonl`` (none for ``--smoke``),
+    emptied first when ``fresh``."""
     if which == "smoke":
         return None
-    path = RUNS / f"kv_budget_runs_{which}.jsonl"
+    path = RUNS / f"{name}_runs_{which}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     if fresh:
         path.unlink(missing_ok=True)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="SmolLM2 at 512 tokens, 2 trials (minutes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--fresh", action="store_true",
-                        help=f"run every point again (default: read back the runs kept in {RUNS}/ by an earlier run "
+                        help="run every point again (default: read back the runs kept in benchmarks/runs/ by an earlier run "
                              "of the same size that stopped or finished)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)

@@ -342,3 +342,25 @@ def test_the_kv_budget_region_renders_from_made_up_figures():
         **bench["kv_budget"], "figures": _recorded_kv_budget(None)}})
     assert "| `kv_saving_at_95` | no share of the grid keeps 95% of full attention's accuracy | ≥ 1.5 |" in missed
     assert "its figures render here" in docs.render_region("kv_budget_bench", docs.load_figures(), {})
+
+
+def test_the_kv_curves_region_renders_each_model_or_why_it_has_none():
+    table = [{"share": share, "choice": choice, "kv_saving": 1 / max(share, 0.1), "accuracy": share,
+              "accuracy_low": share - 0.1 if choice == "random" else None, "accuracy_high": share + 0.1 if choice ==
+              "random" else None, "loss": 3.5 - share} for share in (0.0, 0.5, 1.0) for choice in ("retrieval", "random")]
+    curve = {"model": "smollm2", "date": "2026-12-02", "cpu": "a test CPU", "baseline_loss": 2.5, "table": table,
+             "settings": {"lengths": [2048], "needles": ["passkey-1"], "depths": [0.5], "sink": 4, "window": 64,
+                          "loss_pieces": 1, "loss_tokens": 2048, "shares": [0.0, 0.5, 1.0],
+                          "choices": ["retrieval", "random"]},
+             "needle_trials": {"answered_by_full_model": 1, "asked": 1},
+             "saving_at_95": {"retrieval": {"share": 1.0, "saving": 1.0}, "random": None}}
+    bench = {"kv_curves": {"command": "python benchmarks/kv_curves.py", "cpu": "a test CPU", "date": "2026-12-02",
+                           "figures": {"torch_threads": 2, "scores": "each model's shipped head list", "models": {
+                               "smollm2": curve, "gemma3": {"refused": "gemma3 answered none of the 3 trials"}}}}}
+    text = docs.render_region("kv_curves", docs.load_figures(), bench)
+    assert "| share | saving | retrieval | random |" in text
+    assert "| 0.5 | 2.00x | 0.50 / 3.000 | 0.50 [0.40, 0.60] / 3.000 |" in text
+    assert "retrieval 1.0 (1.00x); random none of the grid." in text
+    assert "![smollm2: needle accuracy and loss against the share of full KV heads](img/kv_curve_smollm2.png)" in text
+    assert "### `gemma3`\n\nNo curve: gemma3 answered none of the 3 trials" in text
+    assert "they render here" in docs.render_region("kv_curves", docs.load_figures(), {})
