@@ -223,14 +223,30 @@ def test_a_run_kept_under_other_settings_is_not_read_back(tmp_path):
     assert RunStore(path, ("smollm2", 16)).get(("needle", (1, 2, 4))) is None
 
 
+def test_a_run_cut_off_as_it_was_written_is_dropped_and_the_others_read_back(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    store = RunStore(path, ("smollm2",))
+    store.put(("loss", 1), {"value": 4.0, "peak": None})
+    kept = path.read_text()
+    path.write_text(kept + '{"key": "ab12", "run": {"val')  # the process stopped in the middle of a line
+    again = RunStore(path, ("smollm2",))
+    assert again.get(("loss", 1)) == {"value": 4.0, "peak": None} and path.read_text() == kept
+    path.write_text(kept.rstrip("\n"))  # a whole last line without its newline is a run
+    assert RunStore(path, ("smollm2",)).get(("loss", 1)) is not None and path.read_text() == kept
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda tmp: tmp / "no-such-folder" / "runs.jsonl", "cannot write the curve's runs"),
     (lambda tmp: tmp, "is not a file"),
+    (lambda tmp: (tmp / "notes.txt").write_text("my notes") and tmp / "notes.txt", "line 1 is not a run"),
     (lambda tmp: (tmp / "runs.jsonl").write_text('{"key": "a"}\n') and tmp / "runs.jsonl", "line 1 is not a run"),
 ])
 def test_a_runs_file_that_cannot_be_used_is_refused_in_one_line(tmp_path, make, message):
+    path = make(tmp_path)
+    before = path.read_text() if path.is_file() else None
     with pytest.raises(AttnscopeError, match=message):
-        RunStore(make(tmp_path), ("smollm2",))
+        RunStore(path, ("smollm2",))
+    assert (path.read_text() if path.is_file() else None) == before  # a user's file is left as it was
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------

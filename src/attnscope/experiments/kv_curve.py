@@ -376,20 +376,37 @@ class RunStore:
 
     def __init__(self, path: str | Path, context: tuple[Any, ...]) -> None:
         self.path, self.context = Path(path), context
-        self.runs: dict[str, dict[str, Any]] = {}
-        if self.path.is_file():
-            for number, line in enumerate(self.path.read_text().splitlines(), start=1):
-                try:
-                    entry = json.loads(line)
-                    self.runs[entry["key"]] = entry["run"]
-                except (ValueError, KeyError, TypeError):
-                    raise AttnscopeError(f"{self.path} line {number} is not a run of a KV budget curve") from None
+        self.runs: dict[str, dict[str, Any]] = self._read() if self.path.is_file() else {}
         # checked before any slow work, and without making the file: a run lost at the end would be run again
         if self.path.exists() and not self.path.is_file():
             raise AttnscopeError(f"{self.path} is not a file: give a file for the curve's runs")
         if not self.path.parent.is_dir() or not os.access(self.path if self.path.exists() else self.path.parent,
                                                            os.W_OK):
             raise AttnscopeError(f"cannot write the curve's runs to {self.path}: make its folder, or give another")
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        """The runs the file holds; a last line cut off as it was written (the run stopped) is dropped from the file,
+        and that run runs again. Anything else that is no run is refused, the file left as it is."""
+        text = self.path.read_text()
+        lines = text.split("\n")
+        tail = lines.pop()  # "" when the file ends with a newline
+        runs = dict(self._entry(line, number) for number, line in enumerate(lines, start=1))
+        if tail:
+            try:
+                runs.update([self._entry(tail, len(lines) + 1)])
+                self.path.write_text(text + "\n")
+            except AttnscopeError:
+                if not tail.startswith('{"key": '):
+                    raise
+                self.path.write_text(text[: len(text) - len(tail)])
+        return runs
+
+    def _entry(self, line: str, number: int) -> tuple[str, dict[str, Any]]:
+        try:
+            entry = json.loads(line)
+            return str(entry["key"]), dict(entry["run"])
+        except (ValueError, KeyError, TypeError):
+            raise AttnscopeError(f"{self.path} line {number} is not a run of a KV budget curve") from None
 
     def digest(self, key: tuple[Any, ...]) -> str:
         return hashlib.sha256(repr((self.context, key)).encode()).hexdigest()
@@ -429,17 +446,13 @@ class _Evaluator:
         self.done: dict[tuple[Any, ...], tuple[float, float | None]] = {}
 
     def full_run(self, prompt: NeedlePrompt) -> FullRun:
-        """The full model's trial on ``prompt`` (read back from the store when it holds it)."""
-        key = ("full", prompt.ids)
-        stored = self.store.get(key) if self.store is not None else None
-        if stored is None:
-            reset_peak()
-            with torch.inference_mode():
-                trial = run_trial(self.loaded, prompt, max_new_tokens=self.new_tokens)
-            stored = {"counted": trial.counted, "scores": trial.scores.tolist(), "peak": peak_mb()}
-            if self.store is not None:
-                self.store.put(key, stored)
-        return FullRun(bool(stored["counted"]), np.array(stored["scores"], dtype=float), stored["peak"])
+        """The full model's trial on ``prompt``."""
+        def trial() -> dict[str, Any]:
+            found = run_trial(self.loaded, prompt, max_new_tokens=self.new_tokens)
+            return {"counted": found.counted, "scores": found.scores.tolist()}
+
+        kept = self._kept(("full", prompt.ids), trial)
+        return FullRun(bool(kept["counted"]), np.array(kept["scores"], dtype=float), kept["peak"])
 
     def needle_tokens(self, prompt: NeedlePrompt) -> int:
         """The most keys a trial's queries see: its prompt and answer."""
@@ -458,16 +471,21 @@ class _Evaluator:
 
     def _once(self, key: tuple[Any, ...], run: Callable[[], float]) -> tuple[float, float | None]:
         if key not in self.done:
-            stored = self.store.get(key) if self.store is not None else None
-            if stored is None:
-                reset_peak()
-                with torch.inference_mode():
-                    value = float(run())
-                stored = {"value": value, "peak": peak_mb()}
-                if self.store is not None:
-                    self.store.put(key, stored)
-            self.done[key] = (float(stored["value"]), stored["peak"])
+            kept = self._kept(key, lambda: {"value": float(run())})
+            self.done[key] = (float(kept["value"]), kept["peak"])
         return self.done[key]
+
+    def _kept(self, key: tuple[Any, ...], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """What ``run()`` gives for ``key``, with its ``peak`` RSS: read back where the store holds it, else run and
+        kept."""
+        kept = self.store.get(key) if self.store is not None else None
+        if kept is None:
+            reset_peak()
+            with torch.inference_mode():
+                kept = {**run(), "peak": peak_mb()}
+            if self.store is not None:
+                self.store.put(key, kept)
+        return kept
 
 
 def kv_budget_curve(model: LoadedModel | str, scores: Any = None, settings: CurveSettings | None = None, *,
