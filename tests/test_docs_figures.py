@@ -306,6 +306,12 @@ def test_the_routes_check_region_renders_from_made_up_figures():
     assert "has not been recorded on this checkout yet" in docs.render_region("routes_check", docs.load_figures(), {})
 
 
+def recorded_bench(name: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """``docs/bench`` as the templates read it, holding one made-up record of benchmark ``name``."""
+    return {name: {"cpu": "a test CPU", "date": "2026-12-02", "command": f"python benchmarks/{name}.py",
+                   "figures": figures}}
+
+
 def _recorded_kv_budget(at_95: dict[str, Any] | None) -> dict[str, Any]:
     """Figures shaped as benchmarks/kv_budget.py writes them (made up)."""
     def row(share: float, choice: str, accuracy: float, interval: bool = False) -> dict[str, Any]:
@@ -329,8 +335,7 @@ def _recorded_kv_budget(at_95: dict[str, Any] | None) -> dict[str, Any]:
 
 def test_the_kv_budget_region_renders_from_made_up_figures():
     at_95 = {"share": 0.25, "saving": 3.9, "accuracy": 1.0, "random_accuracy": [0.4, 0.2, 0.6]}
-    bench = {"kv_budget": {"cpu": "a test CPU", "date": "2026-12-02", "command": "python benchmarks/kv_budget.py",
-                           "figures": _recorded_kv_budget(at_95)}}
+    bench = recorded_bench("kv_budget", _recorded_kv_budget(at_95))
     text = docs.render_region("kv_budget_bench", docs.load_figures(), bench)
     assert "| 0.25 | random | 12 | 0.40 [0.20, 0.60] | 3.250 [3.200, 3.300] | 1,000,000 | 3.90x | 1,234 |" in text
     assert "| 0.25 | retrieval | 12 | 1.00 | 3.250 | 1,000,000 | 3.90x | 1,234 |" in text
@@ -338,8 +343,8 @@ def test_the_kv_budget_region_renders_from_made_up_figures():
     assert "| the same, heads chosen random | none of the grid | |" in text
     assert "| true (retrieval_0.25: rows within 1.5e-06) | true |" in text
     assert "| 1.100 (5.50 against 5.00 tokens/s) | ≥ 1.0 |" in text
-    missed = docs.render_region("kv_budget_bench", docs.load_figures(), {"kv_budget": {
-        **bench["kv_budget"], "figures": _recorded_kv_budget(None)}})
+    missed = docs.render_region("kv_budget_bench", docs.load_figures(),
+                                recorded_bench("kv_budget", _recorded_kv_budget(None)))
     assert "| `kv_saving_at_95` | no share of the grid keeps 95% of full attention's accuracy | ≥ 1.5 |" in missed
     assert "its figures render here" in docs.render_region("kv_budget_bench", docs.load_figures(), {})
 
@@ -354,9 +359,8 @@ def test_the_kv_curves_region_renders_each_model_or_why_it_has_none():
                           "choices": ["retrieval", "random"]},
              "needle_trials": {"answered_by_full_model": 1, "asked": 1},
              "saving_at_95": {"retrieval": {"share": 1.0, "saving": 1.0}, "random": None}}
-    bench = {"kv_curves": {"command": "python benchmarks/kv_curves.py", "cpu": "a test CPU", "date": "2026-12-02",
-                           "figures": {"torch_threads": 2, "scores": "each model's shipped head list", "models": {
-                               "smollm2": curve, "gemma3": {"refused": "gemma3 answered none of the 3 trials"}}}}}
+    bench = recorded_bench("kv_curves", {"torch_threads": 2, "scores": "each model's shipped head list", "models": {
+        "smollm2": curve, "gemma3": {"refused": "gemma3 answered none of the 3 trials"}}})
     text = docs.render_region("kv_curves", docs.load_figures(), bench)
     assert "| share | saving | retrieval | random |" in text
     assert "| 0.5 | 2.00x | 0.50 / 3.000 | 0.50 [0.40, 0.60] / 3.000 |" in text
