@@ -80,7 +80,7 @@ bench-routes: install-test
 bench-head-functions: install-test
 	$(BIN)/python benchmarks/head_functions.py $(RECORD_FLAG)
 
-# KV budgets: saving at 95% of full attention's needle accuracy (Qwen2.5 0.5B, 8,192 tokens; 1.5 hours on 2 cores),
+# KV budgets: saving at 95% of full attention's needle accuracy (Qwen2.5 0.5B, 8,192 tokens; an hour on 2 cores),
 # then the curves of the four head-list models (hours); both resume where a stopped run left off
 bench-kv-budget: install-test
 	$(BIN)/python benchmarks/kv_budget.py --threads 2 $(RECORD_FLAG)
