@@ -13,7 +13,8 @@ the heads ranked by the model's shipped head list (:func:`attnscope.data.head_li
 measured on other haystacks and needles than the curve's, so no choice is fitted to the trials it is judged on).
 Every run of the curve is kept in ``benchmarks/runs/kv_budget_runs_<size>.jsonl`` as it ends: a run that stops (the
 session ends, the machine is needed) is started again with the same command and reads back what was done; the
-generation figures below are always measured anew, so a curve run under load can be finished by a run alone.
+generation figures below are always measured anew, so a curve run under load can be finished by a run alone. Kept
+runs are read back whatever code made them: after changing the code a curve runs, give ``--fresh``.
 
 * ``kv_saving_at_95``: full attention's KV bytes over the budget's at the smallest share of full KV heads (chosen by
   retrieval score) whose needle accuracy is at least 95% of full attention's; with the share, the bytes, and the
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--fresh", action="store_true",
                         help="run every point again (default: read back the runs kept in benchmarks/runs/ by an earlier run "
-                             "of the same size that stopped or finished)")
+                             "of the same size that stopped or finished; give it after changing code the curve runs)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     which, load_before = sized_run(args)

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1,024 tokens, one trial, shares 0, 0.5 and 1 (minutes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--fresh", action="store_true", help="run every point again (default: read back the runs "
-                        "kept in benchmarks/runs/ by an earlier run that stopped or finished)")
+                        "kept in benchmarks/runs/ by an earlier run that stopped or finished; give it after changing "
+                        "code the curve runs)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     which, load_before = sized_run(args)
