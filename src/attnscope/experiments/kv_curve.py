@@ -376,13 +376,14 @@ class RunStore:
 
     def __init__(self, path: str | Path, context: tuple[Any, ...]) -> None:
         self.path, self.context = Path(path), context
-        self.runs: dict[str, dict[str, Any]] = self._read() if self.path.is_file() else {}
-        # checked before any slow work, and without making the file: a run lost at the end would be run again
+        # checked before any slow work, and without making the file: a run lost at the end would be run again; and
+        # before reading, which may mend a cut-off last line
         if self.path.exists() and not self.path.is_file():
             raise AttnscopeError(f"{self.path} is not a file: give a file for the curve's runs")
         if not self.path.parent.is_dir() or not os.access(self.path if self.path.exists() else self.path.parent,
                                                            os.W_OK):
             raise AttnscopeError(f"cannot write the curve's runs to {self.path}: make its folder, or give another")
+        self.runs: dict[str, dict[str, Any]] = self._read() if self.path.is_file() else {}
 
     def _read(self) -> dict[str, dict[str, Any]]:
         """The runs the file holds; a last line cut off as it was written (the run stopped) is dropped from the file,
@@ -422,7 +423,8 @@ class RunStore:
 
 
 def check_runs(path: str | Path) -> None:
-    """Refuse in one line a runs file that cannot be read back or written (:class:`RunStore`), making nothing."""
+    """Refuse in one line a runs file that cannot be read back or written (:class:`RunStore`), making no file (a
+    last line cut off as it was written is dropped, as the curve would drop it)."""
     RunStore(path, ())
 
 
