@@ -102,7 +102,7 @@ class StepAttribution(GenerationRecorder):
         values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
         blocks = steps * shape.n_layers * shape.d_model * 4
         split_batch = (SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2
-                    + self.top_heads * positions * (shape.d_head + 2) * 8)
+                       + self.top_heads * positions * (shape.d_head + 2) * 8)
         lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
                 + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
         return MemoryEstimate(kept=int(kept), working=int(values + blocks + split_batch + lens))
