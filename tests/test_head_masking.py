@@ -28,6 +28,7 @@ from attnscope.experiments.metrics import (
     LanguageModelTask,
     RepeatedHalfLoss,
     Task,
+    float64_logsumexp,
     token_batches,
 )
 from attnscope.experiments.random_tokens import repeated_random_tokens
@@ -288,6 +289,13 @@ def test_the_repeated_half_loss_counts_the_repeat_but_its_first_token(planted):
     ids = torch.tensor(repeated_random_tokens(loaded, 6, sequences=5, seed=2))  # ([bos]) + half + half
     first = ids.shape[1] - 6 + 1  # the repeat's second token
     assert float(task.summarise(task.evaluate_all(loaded))) == pytest.approx(direct_loss(loaded, ids, first), abs=1e-9)
+
+
+def test_the_chunked_float64_normalizer_equals_one_whole_logsumexp():
+    rows = torch.randn(45, 300, generator=torch.Generator().manual_seed(0)) * 20
+    whole = rows.double().logsumexp(-1)
+    for chunk in (1, 7, 45, 256):  # chunks that divide the rows, leave a remainder, and exceed them
+        assert torch.equal(float64_logsumexp(rows, chunk), whole)
 
 
 def test_the_document_loss_counts_the_predictions_past_skip(planted):
