@@ -267,6 +267,49 @@ def run_model(alias: str, quick: bool, out: Path, img: Path) -> dict[str, Any]:
     return info
 
 
+# scores whose pooled column is the plain mean of the sets' and that need no needle trial: --scores may re-run them
+RESCORABLE = ("induction", "previous_token", "duplicate_token", "echo", "receiver")
+
+
+def kept_columns(table: Path, shape: tuple[int, int]) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """A written ``<alias>.csv`` read back: its pooled columns and each set's (:func:`head_frame`), ``[layer, head]``,
+    in the file's order."""
+    import pandas as pd
+
+    frame = pd.read_csv(table).sort_values(["layer", "head"])
+    facts = ("layer", "head", "kv_head", "window")
+    suffixes = tuple(f"_{evidence.name}" for evidence in SETS)
+    pooled = [name for name in frame.columns if name not in facts and not name.endswith(suffixes)]
+    column = {name: frame[name].to_numpy(dtype=float).reshape(shape) for name in frame.columns if name not in facts}
+    return ({name: column[name] for name in pooled},
+            [{name: column[name + suffix] for name in pooled} for suffix in suffixes])
+
+
+def rescore_model(alias: str, names: list[str], out: Path, img: Path) -> dict[str, Any]:
+    """Re-run only the scores ``names`` of :data:`RESCORABLE` on both sets; every other column, the trials and the
+    rest of the summary are read back from the files already in ``out``, which are then written again."""
+    started = time.perf_counter()
+    say_slow_step(f"head lists: loading {alias} (scores {', '.join(names)} only)")
+    loaded = attnscope.load_model(alias)
+    info = json.loads((out / f"{alias}.json").read_text(encoding="utf-8"))
+    pooled_kept, sets_kept = kept_columns(out / f"{alias}.csv", (info["layers"], info["heads"]))
+    per_set = []
+    for found, evidence, kept in zip(set_settings(alias, quick=False), SETS, sets_kept):
+        say_slow_step(f"head lists: {alias}, set {evidence.name.upper()}")
+        fresh = attnscope.head_scores(loaded, names, found, progress=True)
+        per_set.append(replace(fresh, scores={name: fresh.scores.get(name, kept[name]) for name in kept}))
+    pooled = replace(per_set[0], scores={name: np.mean([found.scores[name] for found in per_set], axis=0)
+                                         if name in names else pooled_kept[name] for name in pooled_kept}, settings={})
+    info["stability"].update({name: found for name, found in stability(per_set).items() if name in names})
+    info["top"].update({name: top_heads(pooled, name) for name in names})
+    info["rescored"] = {"scores": names, "date": date.today().isoformat(), "cpu": cpu_name(),
+                        "seconds": round(time.perf_counter() - started, 1), "attnscope": attnscope.__version__,
+                        "command": f"python scripts/head_lists.py --models {alias} --scores {' '.join(names)}"}
+    for path in write_model(alias, out, img, pooled, per_set, info):
+        print(f"  wrote {path}", file=sys.stderr)
+    return info
+
+
 def headline(info: dict[str, Any]) -> dict[str, Any]:
     """What is printed per model: counted trials, the retrieval share, stability and the top heads."""
     return {"alias": info["alias"], "counted": f"{info['trials']['counted']} of {info['trials']['total']}",
@@ -275,9 +318,19 @@ def headline(info: dict[str, Any]) -> dict[str, Any]:
             "top3": {name: heads[:3] for name, heads in info["top"].items()}, "seconds": info["seconds"]}
 
 
-def check_premises(models: list[str], out: Path, img: Path) -> None:
-    """What needs no model, before the first one loads: the grids, and that the outputs can be written."""
+def check_premises(models: list[str], out: Path, img: Path, scores: list[str] | None = None) -> None:
+    """What needs no model, before the first one loads: the grids, that the outputs can be written, and for
+    ``scores`` (a partial re-run) that each can be re-run alone and each model's files are there to keep."""
     from attnscope.models.registry import ALIASES
+
+    for name in scores or ():
+        if name not in RESCORABLE:
+            raise AttnscopeError(f"--scores re-runs only {', '.join(RESCORABLE)} (got {name!r}); the others need "
+                                 "the whole run")
+    for alias in models if scores else ():
+        for path in (out / f"{alias}.csv", out / f"{alias}.json"):
+            if not path.is_file():
+                raise AttnscopeError(f"--scores keeps the other columns of {path}, which does not exist")
 
     for alias in models:
         if alias not in ALIASES:  # the lists are of built-in models, named by their aliases
@@ -296,13 +349,18 @@ def main(argv: list[str] | None = None) -> int:
                         f"written to {QUICK_OUT}/ unless --out/--img say otherwise: checks the command runs")
     parser.add_argument("--out", type=Path, help=f"where the data files go (default: {OUT.relative_to(ROOT)})")
     parser.add_argument("--img", type=Path, help=f"where the pictures go (default: {IMG.relative_to(ROOT)})")
+    parser.add_argument("--scores", nargs="+", metavar="SCORE", help=f"re-run only these scores (of "
+                        f"{', '.join(RESCORABLE)}) on both sets, keeping every other column, the trials and the "
+                        "summary of the files already in --out")
     args = parser.parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else OUT)
     img = args.img or (QUICK_OUT if args.quick else IMG)
     try:
-        check_premises(args.models, out, img)
+        if args.scores and args.quick:
+            raise AttnscopeError("--scores re-runs the full grid's scores: it cannot be --quick")
+        check_premises(args.models, out, img, args.scores)
         for alias in args.models:
-            info = run_model(alias, args.quick, out, img)
+            info = rescore_model(alias, args.scores, out, img) if args.scores else run_model(alias, args.quick, out, img)
             print(json.dumps(headline(info)), flush=True)
             gc.collect()  # the model goes before the next loads
     except AttnscopeError as error:

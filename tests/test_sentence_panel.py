@@ -92,7 +92,7 @@ def test_a_text_too_short_for_vertical_scores_ships_a_panel_without_receivers_an
         warnings.simplefilter("error")  # numpy's "Mean of empty slice" would print under every generate --html
         panel = generation_payload(record)["sentences"]
     shipped = decoded_panel(panel)
-    assert shipped["spans"].tolist() == [[0, 3], [3, 6]] and shipped["receivers"].shape == (0, 2)
+    assert shipped["spans"].tolist() == [[1, 3], [3, 6]] and shipped["receivers"].shape == (0, 2)  # "The": the sink
     assert np.isnan(shipped["vertical_all"]).all() and np.isnan(shipped["kurtosis"]).all()
 
 

