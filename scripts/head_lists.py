@@ -4,6 +4,7 @@ sets of evidence, written as data files, pictures and a summary (one command).
     OMP_NUM_THREADS=1 .venv/bin/python scripts/head_lists.py                      # the four models, shipped files
     OMP_NUM_THREADS=1 .venv/bin/python scripts/head_lists.py --models smollm2      # one model
     OMP_NUM_THREADS=1 .venv/bin/python scripts/head_lists.py --quick --models smollm2   # tiny grid, ./head-lists-quick/
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/head_lists.py --scores receiver     # one score again, the rest kept
 
 For each model, every score of the registry (:func:`attnscope.analysis.head_functions.head_functions`: induction,
 previous-token, duplicate-token, echo, locality / streaming window, receiver, retrieval) is computed twice, on the
@@ -327,14 +328,12 @@ def check_premises(models: list[str], out: Path, img: Path, scores: list[str] | 
         if name not in RESCORABLE:
             raise AttnscopeError(f"--scores re-runs only {', '.join(RESCORABLE)} (got {name!r}); the others need "
                                  "the whole run")
-    for alias in models if scores else ():
-        for path in (out / f"{alias}.csv", out / f"{alias}.json"):
-            if not path.is_file():
-                raise AttnscopeError(f"--scores keeps the other columns of {path}, which does not exist")
-
     for alias in models:
         if alias not in ALIASES:  # the lists are of built-in models, named by their aliases
             raise AttnscopeError(f"unknown model alias {alias!r}; choose from {', '.join(ALIASES)}")
+        for path in (out / f"{alias}.csv", out / f"{alias}.json") if scores else ():
+            if not path.is_file():
+                raise AttnscopeError(f"--scores keeps the other columns of {path}, which does not exist")
         for found in set_settings(alias, quick=False):
             check_bounds(score_names(), found)
     for folder in (out, img):

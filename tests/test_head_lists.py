@@ -5,6 +5,7 @@ docs page and the benchmark name every list."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,20 @@ def test_the_page_shows_every_list():
     page = (ROOT / "docs" / "head-lists.md").read_text(encoding="utf-8")
     for alias in SHIPPED:
         assert f"img/head_lists_{alias}.png" in page and (ROOT / "docs" / "img" / f"head_lists_{alias}.png").is_file()
+
+
+def test_a_partial_rerun_refuses_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    """``scripts/head_lists.py --scores``: a score that needs the whole run, a model without files to keep, and
+    --quick are refused (exit 2) before any model loads, and nothing is written."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("head_lists_script", ROOT / "scripts" / "head_lists.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    for argv, message in ((["--scores", "retrieval"], "re-runs only"),
+                          (["--scores", "receiver", "--out", str(tmp_path)], "which does not exist"),
+                          (["--scores", "receiver", "--quick"], "cannot be --quick")):
+        assert script.main(["--models", "smollm2", "--img", str(tmp_path / "img"), *argv]) == 2
+        assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
