@@ -121,7 +121,8 @@ COMMANDS = (
   attnscope sentences --file report.txt --json            # planned capture: [layer, head, S, S] at any length
   attnscope generate "Explain why the sky is blue." --chat -n 96 --prompt-rows all --save gen.safetensors
   attnscope sentences --record gen.safetensors --suppress -o sentences.png
-Sentences end at . ! ? before whitespace, at newlines, special tokens and the prompt's end. Each sentence pair's
+Sentences end at . ! ? before whitespace, at newlines, special tokens and the prompt's end. The text's first token
+is in no sentence: it is BOS, or, for a model without one, the token where attention sinks. Each sentence pair's
 attention is the block mean of the token matrix (Bogdan et al. 2025); a sentence's vertical score is the mean it
 receives from sentences at least --proximity later; receiver heads have the largest (Fisher) kurtosis of them.""",
             _arguments, _run),
