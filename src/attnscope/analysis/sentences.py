@@ -45,8 +45,6 @@ import numpy as np
 from ..errors import AttnscopeError
 from ..records.format import SENTENCE_ATTENTION
 
-NO_SENTENCE = "the text has no sentence (only special tokens, whitespace or a single token)"
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -325,8 +323,14 @@ def _planned(record: AttentionRecord, planned: np.ndarray, sentences: Sentences 
                              source="planned")
 
 
-def _check_spans(sentences: Sentences, n_tokens: int) -> None:
+def require_sentences(sentences: Sentences) -> Sentences:
+    """``sentences``, refused in one line where there are none (only special tokens, whitespace or the sink)."""
     if not len(sentences):
-        raise AttnscopeError(NO_SENTENCE)
+        raise AttnscopeError("the text has no sentence (only special tokens, whitespace or a single token)")
+    return sentences
+
+
+def _check_spans(sentences: Sentences, n_tokens: int) -> None:
+    require_sentences(sentences)
     if sentences.n_tokens != n_tokens:
         raise AttnscopeError(f"the sentences were split from {sentences.n_tokens} tokens, the record has {n_tokens}")

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from ..analysis.sentences import (
-    NO_SENTENCE,
     PROXIMITY,
     ReceiverHeads,
     SentenceAttention,
     Sentences,
     record_sentences,
+    require_sentences,
     sentence_attention,
     split_sentences,
 )
@@ -64,10 +64,7 @@ def text_sentences(loaded: LoadedModel, text: str, max_length: int | None = None
     if max_length is not None and max_length < 1:
         raise AttnscopeError(f"the maximum length must be at least 1 token, got {max_length}")
     side = encode_window(loaded, [(0, (text, None))], min(max_length or loaded.max_length, loaded.max_length))[0].source
-    sentences = split_sentences(side.tokens, side.special_mask, sink_first=True)
-    if not len(sentences):
-        raise AttnscopeError(NO_SENTENCE)
-    return sentences
+    return require_sentences(split_sentences(side.tokens, side.special_mask, sink_first=True))
 
 
 def sentence_record(loaded: LoadedModel, text: str, sentences: Sentences, *, chunk: int = 256,
@@ -200,10 +197,7 @@ def _record_ids(record: AttentionRecord | GenerationRecord) -> tuple[torch.Tenso
 
 
 def _sentences_of(record: AttentionRecord | GenerationRecord) -> Sentences:
-    sentences = record_sentences(record)
-    if not len(sentences):
-        raise AttnscopeError(NO_SENTENCE)
-    return sentences
+    return require_sentences(record_sentences(record))
 
 
 @dataclass(frozen=True)
