@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -700,6 +701,8 @@ def _environment() -> Any:
                               extensions=["jinja2.ext.do"])
     environment.filters["fmt"] = lambda value, spec: format(value, spec)
     environment.filters["pct"] = lambda share, digits=1: f"{100 * share:.{digits}f}%"
+    # an interval of a mean accuracy, recorded as a t-interval before it was clipped to what an accuracy can be
+    environment.filters["accuracy_bound"] = lambda bound: bound if math.isnan(bound) else min(1.0, max(0.0, bound))
     environment.filters["words"] = _first_words
     environment.filters["refusals_by_kind"] = refusals_by_kind
     environment.filters["token"] = lambda token: json.dumps(token, ensure_ascii=False)  # quoted, "\n" visible

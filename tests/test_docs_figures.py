@@ -364,6 +364,9 @@ def test_the_kv_curves_region_renders_each_model_or_why_it_has_none():
     text = docs.render_region("kv_curves", docs.load_figures(), bench)
     assert "| share | saving | retrieval | random |" in text
     assert "| 0.5 | 2.00x | 0.50 / 3.000 | 0.50 [0.40, 0.60] / 3.000 |" in text
+    # an accuracy's interval recorded beyond 0..1 (made-up here: -0.1 and 1.1) is shown clipped
+    assert "| 0.0 | 10.00x | 0.00 / 3.500 | 0.00 [0.00, 0.10] / 3.500 |" in text
+    assert "| 1.0 | 1.00x | 1.00 / 2.500 | 1.00 [0.90, 1.00] / 2.500 |" in text
     assert "retrieval 1.0 (1.00x); random none of the grid." in text
     assert "![smollm2: needle accuracy and loss against the share of full KV heads](img/kv_curve_smollm2.png)" in text
     assert "### `gemma3`\n\nNo curve: gemma3 answered none of the 3 trials" in text

@@ -143,7 +143,7 @@ def test_the_uniform_budget_holds_the_shares_bytes(tiny_gemma3, share, tokens):
 def hand_curve() -> KVCurve:
     settings = CurveSettings(shares=(0.0, 1.0), choices=("random", "uniform"), draws=3)
     records = [{"share": share, "choice": "random", "draw": draw, "full_kv_heads": int(share * 4), "accuracy": acc,
-                "loss": 3.0 - share, "kv_bytes": 100 if share else 25, "kv_saving": 1.0 if share else 4.0,
+                "loss": 3.0 - share + 0.1 * draw, "kv_bytes": 100 if share else 25, "kv_saving": 1.0 if share else 4.0,
                 "streaming": []} for share, draw, acc in [(0.0, 0, 0.0), (0.0, 1, 0.5), (0.0, 2, 1.0),
                                                            (1.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 1.0)]]
     records += [{"share": share, "choice": "uniform", "draw": 0, "full_kv_heads": 0, "accuracy": 0.25,
@@ -153,11 +153,16 @@ def hand_curve() -> KVCurve:
 
 
 def test_the_table_gives_random_draws_a_mean_and_a_t_interval():
+    """The interval of a mean accuracy is clipped to 0..1 (a t-interval of 3 draws, 0, 0.5 and 1, would reach from
+    -0.74 to 1.74); a loss's is not."""
     frame = hand_curve().to_frame().set_index(["share", "choice"])
     row = frame.loc[(0.0, "random")]
-    half = 4.302652729911275 * 0.5 / np.sqrt(3)  # t(0.975, 2 dof) x sd (0.5) / sqrt(3)
-    assert row["accuracy"] == 0.5 and row["accuracy_low"] == pytest.approx(0.5 - half)
-    assert row["accuracy_high"] == pytest.approx(0.5 + half) and row["kv_saving"] == 4.0
+    t = 4.302652729911275  # t(0.975, 2 dof)
+    assert row["accuracy"] == 0.5 and (row["accuracy_low"], row["accuracy_high"]) == (0.0, 1.0)
+    assert 0.5 - t * 0.5 / np.sqrt(3) < 0.0  # the unclipped interval leaves 0..1: the clipping is tested
+    assert row["loss"] == pytest.approx(3.1)
+    assert (row["loss_low"], row["loss_high"]) == pytest.approx((3.1 - t * 0.1 / np.sqrt(3), 3.1 + t * 0.1 / np.sqrt(3)))
+    assert row["kv_saving"] == 4.0
     assert np.isnan(frame.loc[(0.0, "uniform"), "accuracy_low"])  # one value, no interval
 
 

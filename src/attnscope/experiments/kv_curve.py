@@ -285,7 +285,7 @@ class KVCurve:
 
     def to_frame(self) -> Any:
         """One row per (share, choice): ``accuracy``, ``loss`` (for random: the mean over the draws, with
-        ``*_low``/``*_high`` a Student-t 95% interval of the mean; NaN elsewhere), ``kv_bytes`` and
+        ``*_low``/``*_high`` a Student-t 95% interval of the mean, the accuracy's clipped to 0..1; NaN elsewhere), ``kv_bytes`` and
         ``kv_saving`` (full bytes over the budget's), ``peak_rss_mb`` (the highest of the point's runs, MB; NaN where
         not measured)."""
         import pandas as pd
@@ -297,7 +297,10 @@ class KVCurve:
                 row = {"share": share, "choice": choice, "full_kv_heads": found[0]["full_kv_heads"]}
                 for metric in ("accuracy", "loss"):
                     values = np.array([r[metric] for r in found])
-                    row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(values)
+                    mean, low, high = mean_interval(values)
+                    if metric == "accuracy":  # a share of trials: its interval cannot leave 0..1
+                        low, high = (float(np.clip(bound, 0.0, 1.0)) for bound in (low, high))  # NaN stays
+                    row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
                 row["kv_bytes"], row["kv_saving"] = found[0]["kv_bytes"], found[0]["kv_saving"]
                 peaks = [r["peak_rss_mb"] for r in found if r.get("peak_rss_mb") is not None]
                 row["peak_rss_mb"] = max(peaks) if peaks else float("nan")
