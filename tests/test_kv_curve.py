@@ -161,7 +161,8 @@ def test_the_table_gives_random_draws_a_mean_and_a_t_interval():
     assert row["accuracy"] == 0.5 and (row["accuracy_low"], row["accuracy_high"]) == (0.0, 1.0)
     assert 0.5 - t * 0.5 / np.sqrt(3) < 0.0  # the unclipped interval leaves 0..1: the clipping is tested
     assert row["loss"] == pytest.approx(3.1)
-    assert (row["loss_low"], row["loss_high"]) == pytest.approx((3.1 - t * 0.1 / np.sqrt(3), 3.1 + t * 0.1 / np.sqrt(3)))
+    half = t * 0.1 / np.sqrt(3)  # t x sd (0.1) / sqrt(3)
+    assert (row["loss_low"], row["loss_high"]) == pytest.approx((3.1 - half, 3.1 + half))
     assert row["kv_saving"] == 4.0
     assert np.isnan(frame.loc[(0.0, "uniform"), "accuracy_low"])  # one value, no interval
 

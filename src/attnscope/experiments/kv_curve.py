@@ -285,9 +285,9 @@ class KVCurve:
 
     def to_frame(self) -> Any:
         """One row per (share, choice): ``accuracy``, ``loss`` (for random: the mean over the draws, with
-        ``*_low``/``*_high`` a Student-t 95% interval of the mean, the accuracy's clipped to 0..1; NaN elsewhere), ``kv_bytes`` and
-        ``kv_saving`` (full bytes over the budget's), ``peak_rss_mb`` (the highest of the point's runs, MB; NaN where
-        not measured)."""
+        ``*_low``/``*_high`` a Student-t 95% interval of the mean, the accuracy's clipped to 0..1; NaN elsewhere),
+        ``kv_bytes`` and ``kv_saving`` (full bytes over the budget's), ``peak_rss_mb`` (the highest of the point's
+        runs, MB; NaN where not measured)."""
         import pandas as pd
 
         rows = []
