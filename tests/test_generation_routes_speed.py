@@ -114,6 +114,69 @@ def test_kept_rows_stay_within_their_stated_bound(smollm2):
     assert StepRoutes().memory(shape).working >= bound > 30 * shape.n_positions * ROW_BYTES
 
 
+def test_coded_rows_are_the_walks_edges_in_its_order_and_stay_within_their_bound(smollm2):
+    """Each reached row's record arrays (``CodedRow``) against its edges as the walk gives them (``KeptRow.walked``):
+    the same edges in the same order, with their numbers; walking by ``walk_rows`` reaches the rows ``walk`` does; a
+    row's bytes stay within ``CodedRow.bound``'s per-row cost, which the recorder's estimate counts."""
+    from attnscope.attribution.generation_routes import CODED_ROW_BYTES, CodedRow
+    from attnscope.attribution.routes import route_tensors, walk_rows
+    from attnscope.records import attribution as names
+
+    ids = list(smollm2.tokenizer(PROMPT)["input_ids"])
+    tensors, _ = route_tensors(smollm2, ids, len(ids) - 1)
+    n_heads = smollm2.config.num_attention_heads
+    for tau in (0.02, 0.6):
+        known, coded = KeptRows(tau), []
+
+        def visit(layer, i, row, tau=tau, coded=coded):
+            coded.append(CodedRow.of(row, layer, i, tau, n_heads))
+            _, below = row.walked(layer, i, tau)
+            assert sorted(coded[-1].below) == sorted(below), (layer, i)
+            return coded[-1].below
+
+        walk_rows(tensors, len(ids) - 1, tau, known, visit)
+        edges = walk(tensors, len(ids) - 1, tau)
+        codes = np.concatenate([row.codes for row in coded])
+        kinds, vias = names.ROUTE_NODE_KINDS, names.ROUTE_VIAS
+        assert codes.tolist() == [[e.source.layer, e.source.position, kinds.index(e.source.kind), e.target.layer,
+                                   e.target.position, kinds.index(e.target.kind), vias.index(e.via)] for e in edges]
+        importance = np.array([e.importance for e in edges], dtype=np.float32)  # the record's dtype
+        assert np.concatenate([row.importance for row in coded]).tolist() == importance.tolist()
+        heads = np.array([e.heads or (0.0,) * n_heads for e in edges], dtype=np.float32)
+        assert np.concatenate([row.heads for row in coded]).tolist() == heads.tolist()
+        for row in coded:
+            held = sys.getsizeof(row) + sum(sys.getsizeof(v) for v in row) + sys.getsizeof((0, 0)) + 8
+            assert held <= CODED_ROW_BYTES + len(row.codes) * (4 * (8 + n_heads) + 8), row
+            assert len(row.codes) < 1 / tau + 4
+    shape = GenerationShape(n_layers=30, n_heads=9, n_kv_heads=3, d_head=64, d_model=576, vocab=49152, n_prompt=512,
+                            max_new_tokens=1024)
+    bounds = KeptRows.bound(30, shape.n_positions, 9, 0.04) + CodedRow.bound(30, shape.n_positions, 9, 0.04)
+    assert StepRoutes().memory(shape).working >= bounds
+
+
+def test_a_key_band_is_served_again_only_for_the_same_call():
+    """The recorder keeps the last call's band: the same mask tensor (every layer of a pass) gets it again, another
+    tensor with the same shape gets its own band, and a call without a mask its causal band."""
+    import torch
+
+    from attnscope.attribution.routes import key_band
+    from attnscope.capture.recorders import CallInputs
+
+    recorder, empty = StepRoutes(), torch.zeros(1, 1, 1, 1)
+    causal = torch.ones(1, 1, 4, 6, dtype=torch.bool).tril(2)
+    window = causal & ~torch.ones(1, 1, 4, 6, dtype=torch.bool).tril(0)  # keys i+1..i+2 of row i
+
+    def band(mask, causal_flag=None):
+        return recorder.band(CallInputs(empty, empty, empty, mask, 1.0, causal_flag), 4, 6)
+
+    for mask in (causal, window, causal.clone(), None):
+        first, last = band(mask, True if mask is None else None)
+        want = key_band(mask, True if mask is None else None, 4, 6)
+        assert first.tolist() == want[0].tolist() and last.tolist() == want[1].tolist()
+    assert band(window)[0].tolist() == [1, 2, 3, 4]
+    assert band(window)[0] is band(window)[0]
+
+
 def test_passes_finish_once_each_in_order_and_catch_up_at_the_end():
     finished: list[int] = []
     passes = GenerationPasses(finished.append)

@@ -11,17 +11,19 @@ its own call's mask (shifted to absolute positions). Each step's route is walked
 pass is over (when the next pass begins), so the walks run while the text is generated (the progress bar counts
 them) and only the kept edges are stored; nothing is walked or re-run at the end. A row's edges depend on that row
 alone, so each (layer, position) a walk reaches is computed once and its kept edges serve every later step's walk
-(:class:`~attnscope.attribution.routes.KeptRows`): a step computes the rows of its own position and of the few
-earlier ones no walk reached before, not its whole route again. Its own position's rows, which its walk reaches at
-nearly every layer, are computed before the walk for every layer together, as one batch
-(:meth:`~attnscope.attribution.routes.RouteTensors.importance_across`). Layers and heads are 0-indexed.
+(:class:`~attnscope.attribution.routes.KeptRows`; coded once as rows of the record's arrays, :class:`CodedRow`, so
+a step's edges are joined arrays, not a few thousand Python objects): a step computes the rows of its own position
+and of the few earlier ones no walk reached before, not its whole route again. Its own position's rows, which its
+walk reaches at nearly every layer, are computed before the walk for every layer together, as one batch
+(:meth:`~attnscope.attribution.routes.RouteTensors.importance_across`), and so are the peaks of the values the pass
+added. Layers and heads are 0-indexed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -43,11 +45,12 @@ from ..models.adapters import AttentionSite
 from ..models.loading import LoadedModel
 from ..records import attribution as names
 from ..records.generation import GenerationRecord
-from .route_parts import PEAK_KEYS, OutWeights, value_peaks
+from .route_parts import PEAK_KEYS, OutWeights
 from .routes import (
     PARTS_BUDGET,
     TAU,
     Edge,
+    KeptRow,
     KeptRows,
     LayerInputs,
     Node,
@@ -55,13 +58,15 @@ from .routes import (
     RouteTensors,
     check_route_model,
     check_tau,
+    joined_stack,
     key_band,
-    walk,
+    walk_rows,
 )
 from .terms import _first, _output_norms, blocks_by_layer, unembedding
 
 WALK_BLOCKS = 10  # blocks of PARTS_BUDGET elements a block of rows' walk holds at once (route_parts)
 ACROSS_BLOCKS = 8  # [layer, head, key] blocks a step's rows at every layer hold at once (bounds, terms, shares)
+CODED_ROW_BYTES = 800  # a CodedRow's fixed cost in Python: its tuple, three small arrays and a list
 EDGES_PER_STEP = 2048  # a step's kept edges assumed by the memory estimate (SmolLM2 at tau 0.04: a few hundred)
 
 
@@ -81,7 +86,8 @@ class StepRoutes(GenerationRecorder):
         self.queries: dict[int, GrowingTensor] = {}  # per layer: [head, pos, d_head]
         self.keys = LayerBuffers(n_layers, axis=1)  # [layer, kv_head, pos, d_head]: a step reads every layer's
         self.values = LayerBuffers(n_layers, axis=1)
-        self.peaks: dict[int, GrowingTensor] = {}  # per layer: [head, pos], route_parts.value_peaks of each value
+        self.peaks = GrowingTensor(axis=2)  # [layer, head, pos]: route_parts.value_peaks of each value, found by
+        # peaks_up_to for every layer together before a walk
         self.weights: dict[int, OutWeights] = {}  # per layer: W_O by head, made once
         self.stacked: dict[tuple[int, ...], torch.Tensor] = {}  # every layer's joined W_O, stacked once
         self.bands: dict[int, tuple[GrowingTensor, GrowingTensor]] = {}  # per layer: first and last key [pos]
@@ -91,6 +97,8 @@ class StepRoutes(GenerationRecorder):
         self.residuals: dict[int, GrowingTensor] = {}  # block inputs [pos, d_model], then the last block's output
         self.passes = GenerationPasses(self.walk_step)
         self.known = KeptRows(self.tau)  # each (layer, position)'s kept edges, once a walk has reached it
+        self.coded: dict[tuple[int, int], CodedRow] = {}  # each walked row's edges as record arrays, made once
+        self.last_band: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] | None = None  # (call, band)
         self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per walked step: codes, importance, heads
 
     option = "leave out the routes (recorders=[StepRoutes()], --routes)"
@@ -104,8 +112,9 @@ class StepRoutes(GenerationRecorder):
         :data:`~attnscope.attribution.route_parts.PEAK_KEYS` at a time), a step's own rows at every layer at once
         (``ACROSS_BLOCKS`` ``[layer, head, key]`` blocks), the old keys and values while their buffers grow (every
         layer's at once: :class:`~attnscope.capture.generate.LayerBuffers`), every
-        layer's ``W_O`` once more (stacked), and the edges of every row a walk reached
-        (:meth:`~attnscope.attribution.routes.KeptRows.bound`: every row of every layer, at most)."""
+        layer's ``W_O`` once more (stacked), and the edges of every row a walk reached, twice: as the walk keeps them
+        and as record arrays (:meth:`~attnscope.attribution.routes.KeptRows.bound`, :meth:`CodedRow.bound`: every row
+        of every layer, at most)."""
         positions = shape.n_positions
         per_position = (shape.n_layers * ((shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4 + 16
                                           + shape.n_heads * 4)
@@ -114,7 +123,8 @@ class StepRoutes(GenerationRecorder):
         across = shape.n_layers * positions * 4 * (2 * shape.n_kv_heads * shape.d_head + ACROSS_BLOCKS * shape.n_heads)
         walk += across + shape.n_layers * shape.n_heads * shape.d_head * shape.d_model * 4
         kept = shape.max_new_tokens * EDGES_PER_STEP * (8 * 8 + 4 + 4 * shape.n_heads)
-        rows = KeptRows.bound(shape.n_layers, positions, shape.n_heads, self.tau)
+        rows = (KeptRows.bound(shape.n_layers, positions, shape.n_heads, self.tau)
+                + CodedRow.bound(shape.n_layers, positions, shape.n_heads, self.tau))
         return MemoryEstimate(kept=kept, working=int(1.5 * positions * per_position + walk) + rows)
 
     def wants(self, site: AttentionSite) -> bool:
@@ -132,15 +142,13 @@ class StepRoutes(GenerationRecorder):
         n_new, n_keys = query.shape[1], key.shape[1]
         self.passes.heard(site.layer, n_new)
         seen = self.queries[site.layer].length if site.layer in self.queries else 0
-        first, last = key_band(inputs.attention_mask, inputs.causal, n_new, n_keys)
+        first, last = self.band(inputs, n_new, n_keys)
         start = seen + n_new - n_keys  # absolute position of the call's key 0 (a window's cache holds the last ones)
         self.queries.setdefault(site.layer, GrowingTensor(axis=1)).append(query)
         self.keys.append(site.layer, key[:, n_keys - n_new :])
         self.values.append(site.layer, value[:, n_keys - n_new :])
         if site.layer not in self.weights:
             self.weights[site.layer] = OutWeights.of_site(site, query.shape[0], key.shape[0])
-        peaks = value_peaks(value[:, n_keys - n_new :], self.weights[site.layer])
-        self.peaks.setdefault(site.layer, GrowingTensor(axis=1)).append(peaks)
         firsts, lasts = self.bands.setdefault(site.layer, (GrowingTensor(dtype=torch.long),
                                                            GrowingTensor(dtype=torch.long)))
         firsts.append(first + start)
@@ -148,6 +156,17 @@ class StepRoutes(GenerationRecorder):
         self.calls[site.layer] = (inputs.scaling, inputs.softcap,
                                   None if inputs.sinks is None else inputs.sinks.detach().float())
         self.sites[site.layer] = site
+
+    def band(self, inputs: CallInputs, n_new: int, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`~attnscope.attribution.routes.key_band` of the call; a pass hands every layer of one kind the same
+        mask tensor, so the last one's band is kept (with the mask, so that its identity cannot be reused) and
+        served again."""
+        known = (inputs.attention_mask, inputs.causal, n_new, n_keys)
+        if self.last_band is not None and self.last_band[0][0] is known[0] and self.last_band[0][1:] == known[1:]:
+            return self.last_band[1]
+        band = key_band(inputs.attention_mask, inputs.causal, n_new, n_keys)
+        self.last_band = (known, (band[0], band[1]))
+        return self.last_band[1]
 
     @contextmanager
     def recording(self, loaded: LoadedModel) -> Iterator[None]:
@@ -171,15 +190,30 @@ class StepRoutes(GenerationRecorder):
             stack.enter_context(local_hooks([blocks[-1]], last_output))
             yield
 
+    def peaks_up_to(self, n: int) -> torch.Tensor:
+        """The values' peaks ``[layer, head, pos]`` of positions ``0..n-1`` (:func:`~.route_parts.value_peaks`), those
+        not found yet found now for every layer together, ``PEAK_KEYS`` parts of a head at a time: one batch a step
+        where a call each cost a millisecond a step of SmolLM2's 30 layers."""
+        n_layers = self.values.n_layers  # a decoder's every block attends to itself: layers 0..n_layers-1
+        joined, group = joined_stack(self.weights, self.stacked, list(range(n_layers))), self.weights[0].group
+        step = max(1, PEAK_KEYS // n_layers)
+        for start in range(self.peaks.length, n, step):
+            values = self.values.stacked(n)[:, :, start : min(n, start + step)]  # [layer, kv_head, pos, d_head]
+            outputs = torch.matmul(values, joined)  # [layer, kv_head, pos, group x d_model]
+            peaks = outputs.view(*outputs.shape[:3], group, -1).abs_().amax(-1)  # [layer, kv_head, pos, group]
+            self.peaks.append(peaks.permute(0, 1, 3, 2).reshape(n_layers, -1, values.shape[2]))
+        return self.peaks.view(n)
+
     def tensors(self, t: int) -> RouteTensors:
         """What the passes up to position ``t`` kept, as one forward pass of the text ``0..t`` (views, no copy)."""
         n = t + 1
+        peaks = self.peaks_up_to(n)
         inputs = {}
         for layer, (scaling, softcap, sinks) in self.calls.items():
             firsts, lasts = self.bands[layer]
             inputs[layer] = LayerInputs(self.queries[layer].view(n), self.keys.view(layer, n),
                                         self.values.view(layer, n), scaling, firsts.view(n), lasts.view(n), softcap,
-                                        sinks, self.peaks[layer].view(n))
+                                        sinks, peaks[layer])
         residuals = [self.residuals[layer].view(n) for layer in range(len(self.residuals))]
         stacks = {"key": self.keys.stacked(n), "value": self.values.stacked(n)}
         return RouteTensors(inputs, residuals, self.sites, self.norms, position=-1, weights=self.weights,
@@ -190,16 +224,23 @@ class StepRoutes(GenerationRecorder):
         steps' walks reached are not computed again (:class:`~attnscope.attribution.routes.KeptRows`)."""
         t = self.passes.ends[index]
         tensors = self.tensors(t)
+        n_heads = self.queries[0].view().shape[0]
+        reached: list[CodedRow] = []
+
+        def visit(layer: int, i: int, row: KeptRow) -> list[int]:
+            if (layer, i) not in self.coded:
+                self.coded[layer, i] = CodedRow.of(row, layer, i, self.tau, n_heads)
+            reached.append(self.coded[layer, i])
+            return self.coded[layer, i].below
+
         with hooks_paused():  # the walk runs the post-attention norms: no hook may keep their inputs
             self.known.compute_across(tensors, t)  # the step's own row at every layer, in one batch
-            edges = walk(tensors, t, self.tau, self.known)
-        n_heads = self.queries[0].view().shape[0]
-        codes = [[index, *_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)]
-                 for edge in edges]
-        self.steps.append((np.array(codes, dtype=np.int64).reshape(-1, 8),
-                           np.array([edge.importance for edge in edges], dtype=np.float32),
-                           np.array([edge.heads or (0.0,) * n_heads for edge in edges],
-                                    dtype=np.float32).reshape(-1, n_heads)))
+            walk_rows(tensors, t, self.tau, self.known, visit)
+        rows = reached or [CodedRow.none(n_heads)]
+        codes = np.concatenate([row.codes for row in rows]).astype(np.int64)
+        self.steps.append((np.concatenate([np.full((len(codes), 1), index, dtype=np.int64), codes], axis=1),
+                           np.concatenate([row.importance for row in rows]),
+                           np.concatenate([row.heads for row in rows])))
 
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
         """The steps' edges as arrays (a step whose pass was never followed by another is walked here)."""
@@ -214,8 +255,58 @@ class StepRoutes(GenerationRecorder):
         return RecordAdditions(arrays)
 
 
-def _coded(node: Node) -> list[int]:
-    return [node.layer, node.position, names.ROUTE_NODE_KINDS.index(node.kind)]
+class CodedRow(NamedTuple):
+    """One walked row's kept edges (:meth:`~attnscope.attribution.routes.KeptRow.walked`, in its order) as rows of the
+    record's arrays, made once and shared by every step whose walk reaches the row: ``codes`` int32 ``[edge, 7]``
+    (source layer, position, kind; target layer, position, kind; via: ``route_edges`` without its step),
+    ``importance`` float32 ``[edge]``, ``heads`` float32 ``[edge, head]`` (0 for an edge not through the heads),
+    the record's dtypes but for the codes (int64 there), and ``below``: the positions the edges reach in the stream
+    entering the row's layer."""
+
+    codes: np.ndarray
+    importance: np.ndarray
+    heads: np.ndarray
+    below: list[int]
+
+    @classmethod
+    def of(cls, row: KeptRow, layer: int, i: int, tau: float, n_heads: int) -> CodedRow:
+        kinds, vias = names.ROUTE_NODE_KINDS, names.ROUTE_VIAS
+        attention, ffn = (layer, i, kinds.index("attention")), (layer, i, kinds.index("ffn"))
+        out = (layer + 1, i, kinds.index("residual"))
+        fixed: list[tuple[tuple[int, int, int], tuple[int, int, int], float, str]] = []
+        if row.ffn > tau:
+            fixed += [(attention, ffn, row.ffn, "ffn"), (ffn, out, row.ffn, "ffn")]
+        if row.ffn_residual > tau:
+            fixed.append((attention, out, row.ffn_residual, "residual"))
+        if not fixed:  # nothing kept leads up from this attention node (as KeptRow.walked)
+            return cls.none(n_heads)
+        below = row.sources_above.tolist()
+        if row.residual > tau:
+            fixed.append(((layer, i, kinds.index("residual")), attention, row.residual, "residual"))
+            below.append(i)
+        sources = row.sources_above  # each an edge (layer, j, residual) -> the attention node, via the heads
+        through = np.column_stack([np.full_like(sources, layer), sources,
+                                   np.full_like(sources, kinds.index("residual")),
+                                   np.tile(np.array([*attention, vias.index("attention")]), (len(sources), 1))])
+        codes = np.concatenate([np.array([[*s, *t, vias.index(via)] for s, t, _, via in fixed]),
+                                through.reshape(-1, 7)]).astype(np.int32)
+        importance = np.concatenate([[value for _, _, value, _ in fixed], row.importance]).astype(np.float32)
+        heads = np.concatenate([np.zeros((len(fixed), n_heads)), row.heads.reshape(-1, n_heads)]).astype(np.float32)
+        return cls(codes, importance, heads, below)
+
+    @classmethod
+    def none(cls, n_heads: int) -> CodedRow:
+        """A row with no kept edge."""
+        return cls(np.empty((0, 7), dtype=np.int32), np.empty(0, dtype=np.float32),
+                   np.empty((0, n_heads), dtype=np.float32), [])
+
+    @staticmethod
+    def bound(n_layers: int, n_positions: int, n_heads: int, tau: float) -> int:
+        """Bytes of every row of a text of ``n_positions`` coded: fewer than ``1 / tau`` attention edges a row (at
+        most one per position) and 4 others, each 4 bytes per code, importance and head and 8 per position below, and
+        ``CODED_ROW_BYTES``."""
+        per_row = min(n_positions, int(1 / tau) if tau > 0 else n_positions) + 4
+        return n_layers * n_positions * (CODED_ROW_BYTES + per_row * (4 * (7 + 1 + n_heads) + 8))
 
 
 def step_routes(record: GenerationRecord, step: int, tau: float = TAU) -> Routes:

@@ -223,28 +223,29 @@ def _prefix(by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, wh
 def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor,
             whole: torch.Tensor, gains: torch.Tensor, centred: bool, heavy: torch.Tensor, budget: int) -> None:
     """Write into ``result`` ``[layer, kv_head, key, group, row]`` the proximity of each ``heavy`` part, formed in full
-    (``d_model`` wide): per layer, its heads' outputs at the keys where it has heavy parts, ``budget // (head x
-    d_model)`` keys at once. One layer at a time: layers have from a few to hundreds of such keys, so a batch
-    padded to the most would form several times the parts."""
-    n_layers, n_kv, _, group, _ = by_key.shape
+    (``d_model`` wide): every head's output at each (layer, key) where a part is heavy, ``budget // (head x
+    d_model)`` such keys at once (one product per layer among them: layers have from a few to hundreds of such keys,
+    so a batch padded to the most would form several times the parts), then those keys' parts together."""
+    _, n_kv, n_keys, group, _ = by_key.shape
     d_model = joined.shape[-1] // group
+    found = heavy.nonzero()  # [n, 5]: layer, kv_head, key, group, row
+    pairs, slot = torch.unique(found[:, 0] * n_keys + found[:, 2], return_inverse=True)  # (layer, key), ascending
+    order = slot.argsort(stable=True)  # the parts by (layer, key)
+    found, slot = found[order], slot[order]
     step = max(1, budget // (n_kv * group * d_model))
-    found = heavy.nonzero()  # [n, 5]: layer, kv_head, key, group, row, ascending by layer
-    starts = torch.searchsorted(found[:, 0].contiguous(), torch.arange(n_layers + 1, device=found.device)).tolist()
-    for layer in range(n_layers):
-        mine = found[starts[layer] : starts[layer + 1]]
-        if not len(mine):
-            continue
-        keys, slot = torch.unique(mine[:, 2], return_inverse=True)
-        for first in range(0, len(keys), step):
-            outputs = torch.matmul(values[layer][:, keys[first : first + step]], joined[layer])  # [kv, key, group x d]
-            outputs = outputs.view(n_kv, -1, group, d_model)
-            if centred:
-                outputs = outputs - outputs.mean(-1, keepdim=True)
-            picked, at = mine, slot
-            if len(keys) > step:  # only this block's keys' parts
-                keep = (slot >= first) & (slot < first + step)
-                picked, at = mine[keep], slot[keep]
-            _, k, j, g, r = picked.unbind(-1)
-            z = by_key[layer, k, j, g, r][:, None] * gains[layer, r] * outputs[k, at - first, g]
-            result[layer, k, j, g, r] = proximity(z, whole[layer, r])
+    for first in range(0, len(pairs), step):
+        block = pairs[first : first + step]
+        layers, counts = torch.unique_consecutive(block // n_keys, return_counts=True)
+        formed, start = [], 0
+        for layer, count in zip(layers.tolist(), counts.tolist(), strict=True):
+            keys = block[start : start + count] % n_keys
+            outputs = torch.matmul(values[layer][:, keys], joined[layer])  # [kv_head, key, group x d_model]
+            formed.append(outputs.view(n_kv, count, group, d_model).transpose(0, 1))
+            start += count
+        every = torch.cat(formed)  # [key of the block, kv_head, group, d_model]
+        if centred:
+            every = every - every.mean(-1, keepdim=True)
+        lo, hi = torch.searchsorted(slot, torch.tensor([first, first + len(block)], device=slot.device)).tolist()
+        l, k, j, g, r = found[lo:hi].unbind(-1)
+        z = by_key[l, k, j, g, r][:, None] * gains[l, r] * every[slot[lo:hi] - first, k, g]
+        result[l, k, j, g, r] = proximity(z, whole[l, r])

@@ -49,7 +49,7 @@ Layers, heads and positions are 0-indexed.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -320,13 +320,9 @@ class RouteTensors:
         layer; for several, stacked once and kept, each layer's own then a view of the stack (not a second copy)."""
         if len(layers) == 1:
             return self.out_weights(layers[0]).joined[None]
-        key = tuple(layers)
-        if key not in self.stacked:
-            stack = torch.stack([self.out_weights(layer).joined for layer in layers])
-            for b, layer in enumerate(layers):
-                self.weights[layer] = replace(self.weights[layer], joined=stack[b])
-            self.stacked[key] = stack
-        return self.stacked[key]
+        for layer in layers:
+            self.out_weights(layer)
+        return joined_stack(self.weights, self.stacked, layers)
 
     def _peaks(self, layers: list[int], lo: int, hi: int) -> torch.Tensor:
         """The values' peaks ``[layer, head, key]`` over keys ``lo..hi-1`` (:func:`~.route_parts.value_peaks`):
@@ -400,6 +396,19 @@ class RouteTensors:
             raise AttnscopeError(f"layer {layer}'s attention output recomputed from its queries, keys and values is "
                                  f"off by {error:.3g} from the model's: routes cannot split it into parts "
                                  "(an output gate, or an attention the adapter does not describe)")
+
+
+def joined_stack(weights: dict[int, OutWeights], stacked: dict[tuple[int, ...], torch.Tensor],
+                 layers: list[int]) -> torch.Tensor:
+    """``layers``' :attr:`OutWeights.joined` of ``weights`` stacked, ``[layer, kv_head, d_head, group x d_model]``,
+    once: kept in ``stacked``, and each layer's own in ``weights`` then a view of the stack (not a second copy)."""
+    key = tuple(layers)
+    if key not in stacked:
+        stack = torch.stack([weights[layer].joined for layer in layers])
+        for b, layer in enumerate(layers):
+            weights[layer] = replace(weights[layer], joined=stack[b])
+        stacked[key] = stack
+    return stacked[key]
 
 
 def _through(frozen: FrozenNorm, vector: torch.Tensor) -> torch.Tensor:
@@ -538,22 +547,34 @@ def walk(tensors: RouteTensors, position: int, tau: float, known: KeptRows | Non
     A row's edges depend on that row alone (its query, the keys and values up to it, its residual streams), so
     ``known`` (:class:`KeptRows` at the same ``tau``), when given, keeps each row's edges once computed: walks of
     several positions of one text (a generation's steps) compute only the rows no walk has reached before."""
+    edges: list[Edge] = []
+
+    def visit(layer: int, i: int, row: KeptRow) -> list[int]:
+        row_edges, sources = row.walked(layer, i, tau)
+        edges.extend(row_edges)
+        return sources
+
+    walk_rows(tensors, position, tau, known, visit)
+    return edges
+
+
+def walk_rows(tensors: RouteTensors, position: int, tau: float, known: KeptRows | None,
+              visit: Callable[[int, int, KeptRow], list[int]]) -> None:
+    """:func:`walk`'s order of rows: ``visit(layer, i, row)`` is called on each reached row (its :class:`KeptRow`,
+    computed where ``known`` lacks it), top layer first, positions ascending, and returns the positions its kept
+    edges reach in the stream entering ``layer``."""
     known = KeptRows(tau) if known is None else known
     if known.tau != tau:
         raise ValueError(f"rows kept at tau {known.tau} cannot serve a walk at tau {tau}")
-    edges: list[Edge] = []
     reached = [position]
     for layer in reversed(range(tensors.n_layers)):
         known.compute(tensors, layer, reached)
         below: set[int] = set()
         for i in reached:
-            row_edges, sources = known.rows[layer, i].walked(layer, i, tau)
-            edges += row_edges
-            below.update(sources)
+            below.update(visit(layer, i, known.rows[layer, i]))
         reached = sorted(below)
         if not reached:
             break
-    return edges
 
 
 class KeptRow(NamedTuple):
