@@ -196,9 +196,9 @@ class StepRoutes(GenerationRecorder):
         where a call each cost a millisecond a step of SmolLM2's 30 layers."""
         n_layers = self.values.n_layers  # a decoder's every block attends to itself: layers 0..n_layers-1
         joined, group = joined_stack(self.weights, self.stacked, list(range(n_layers))), self.weights[0].group
-        step = max(1, PEAK_KEYS // n_layers)
+        step, every = max(1, PEAK_KEYS // n_layers), self.values.stacked(n)
         for start in range(self.peaks.length, n, step):
-            values = self.values.stacked(n)[:, :, start : min(n, start + step)]  # [layer, kv_head, pos, d_head]
+            values = every[:, :, start : min(n, start + step)]  # [layer, kv_head, pos, d_head]
             outputs = torch.matmul(values, joined)  # [layer, kv_head, pos, group x d_model]
             peaks = outputs.view(*outputs.shape[:3], group, -1).abs_().amax(-1)  # [layer, kv_head, pos, group]
             self.peaks.append(peaks.permute(0, 1, 3, 2).reshape(n_layers, -1, values.shape[2]))
@@ -270,29 +270,13 @@ class CodedRow(NamedTuple):
 
     @classmethod
     def of(cls, row: KeptRow, layer: int, i: int, tau: float, n_heads: int) -> CodedRow:
-        kinds, vias = names.ROUTE_NODE_KINDS, names.ROUTE_VIAS
-        attention, ffn = (layer, i, kinds.index("attention")), (layer, i, kinds.index("ffn"))
-        out = (layer + 1, i, kinds.index("residual"))
-        fixed: list[tuple[tuple[int, int, int], tuple[int, int, int], float, str]] = []
-        if row.ffn > tau:
-            fixed += [(attention, ffn, row.ffn, "ffn"), (ffn, out, row.ffn, "ffn")]
-        if row.ffn_residual > tau:
-            fixed.append((attention, out, row.ffn_residual, "residual"))
-        if not fixed:  # nothing kept leads up from this attention node (as KeptRow.walked)
+        """Row ``(layer, i)``'s edges as :meth:`KeptRow.walked` gives them, coded (once per row, not per step)."""
+        edges, below = row.walked(layer, i, tau)
+        if not edges:
             return cls.none(n_heads)
-        below = row.sources_above.tolist()
-        if row.residual > tau:
-            fixed.append(((layer, i, kinds.index("residual")), attention, row.residual, "residual"))
-            below.append(i)
-        sources = row.sources_above  # each an edge (layer, j, residual) -> the attention node, via the heads
-        through = np.column_stack([np.full_like(sources, layer), sources,
-                                   np.full_like(sources, kinds.index("residual")),
-                                   np.tile(np.array([*attention, vias.index("attention")]), (len(sources), 1))])
-        codes = np.concatenate([np.array([[*s, *t, vias.index(via)] for s, t, _, via in fixed]),
-                                through.reshape(-1, 7)]).astype(np.int32)
-        importance = np.concatenate([[value for _, _, value, _ in fixed], row.importance]).astype(np.float32)
-        heads = np.concatenate([np.zeros((len(fixed), n_heads)), row.heads.reshape(-1, n_heads)]).astype(np.float32)
-        return cls(codes, importance, heads, below)
+        codes = [[*_coded(edge.source), *_coded(edge.target), names.ROUTE_VIAS.index(edge.via)] for edge in edges]
+        return cls(np.array(codes, dtype=np.int32), np.array([edge.importance for edge in edges], dtype=np.float32),
+                   np.array([edge.heads or (0.0,) * n_heads for edge in edges], dtype=np.float32), below)
 
     @classmethod
     def none(cls, n_heads: int) -> CodedRow:
@@ -307,6 +291,10 @@ class CodedRow(NamedTuple):
         ``CODED_ROW_BYTES``."""
         per_row = min(n_positions, int(1 / tau) if tau > 0 else n_positions) + 4
         return n_layers * n_positions * (CODED_ROW_BYTES + per_row * (4 * (7 + 1 + n_heads) + 8))
+
+
+def _coded(node: Node) -> list[int]:
+    return [node.layer, node.position, names.ROUTE_NODE_KINDS.index(node.kind)]
 
 
 def step_routes(record: GenerationRecord, step: int, tau: float = TAU) -> Routes:
