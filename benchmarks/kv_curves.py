@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/kv_curves.py --threads 2 --record   # the same, kept in docs/bench/kv_curves.json
     .venv/bin/python benchmarks/kv_curves.py --models smollm2       # some of them
     .venv/bin/python benchmarks/kv_curves.py --smoke                # SmolLM2 at 256 tokens, shares 0 and 1
+    .venv/bin/python benchmarks/kv_curves.py --redraw               # the recorded curves' plots again (no model)
 
 Each model's curve is :func:`attnscope.experiments.kv_curve.kv_budget_curve` with the budgeted cache, its heads
 ranked by the model's shipped head list (:func:`attnscope.data.head_list`), at ``2048``-token haystacks (a needle trial
@@ -14,7 +15,8 @@ of Qwen2.5 1.5B takes about half a minute there on 2 cores; ``benchmarks/kv_budg
 8,192). Gemma 3's local layers keep their own window and are never chosen: only its global layers' KV heads are.
 Every run is kept in ``benchmarks/runs/kv_curves_<alias>_runs_<size>.jsonl`` as it ends, so the same command started again
 reads back what was done (``--fresh`` runs it all again). With ``--record`` each curve is drawn to
-``docs/img/kv_curve_<alias>.png``.
+``docs/img/kv_curve_<alias>.png``; ``--redraw`` draws those plots again from the tables docs/bench/kv_curves.json holds
+(after a change to how a curve is drawn: no model runs, nothing recorded changes).
 
 Figures (the last line printed is one JSON object; layers and KV heads 0-indexed): ``models``, per alias, the curve
 (``table``: share, choice, accuracy, loss, KV bytes, saving, peak RSS; its settings and facts), ``saving_at_95`` per
@@ -40,7 +42,7 @@ from kv_budget import kept_runs, saving_at
 import attnscope
 from attnscope.data import head_list
 from attnscope.errors import AttnscopeError
-from attnscope.experiments.kv_curve import CHOICES, CurveSettings, kv_budget_curve
+from attnscope.experiments.kv_curve import CHOICES, CurveSettings, curve_title, kv_budget_curve, plot_curve
 
 MODELS = ("smollm2", "gemma3", "qwen0.5b", "qwen1.5b")
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -77,6 +79,23 @@ def recorded_curves() -> dict[str, Any]:
     return json.loads(recorded.read_text())["figures"]["models"] if recorded.is_file() else {}
 
 
+def redraw(models: list[str]) -> None:
+    """Draw ``models``' recorded curves (:func:`recorded_curves`) to ``docs/img/kv_curve_<alias>.png`` again."""
+    import pandas as pd
+
+    recorded = recorded_curves()
+    for alias in models:
+        curve = recorded.get(alias)
+        if curve is None or "table" not in curve:
+            print(f"  {alias}: no recorded curve to draw", flush=True)
+            continue
+        settings = curve["settings"]
+        title = curve_title(curve["model"], settings["sink"], settings["window"], curve["kv_tokens"])
+        path = IMAGES / f"kv_curve_{alias}.png"
+        plot_curve(pd.DataFrame(curve["table"]), settings["choices"], title, path)
+        print(f"  {alias}: drawn to {path} from its record of {curve['date']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="KV budget curves on the four head-list models (one JSON line last)")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="which models (default: all)")
@@ -85,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="run every point again (default: read back the runs "
                         "kept in benchmarks/runs/ by an earlier run that stopped or finished; give it after changing "
                         "code the curve runs)")
+    parser.add_argument("--redraw", action="store_true", help="draw the recorded curves' plots again from "
+                        "docs/bench/kv_curves.json (no model runs; nothing recorded changes)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.redraw:
+        redraw(args.models)
+        return 0
     which, load_before = sized_run(args)
     models = ["smollm2"] if which == "smoke" else args.models
     recording = "--record" in sys.argv[1:]

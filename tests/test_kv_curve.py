@@ -29,6 +29,7 @@ from attnscope.experiments.kv_curve import (
     check_curve_settings,
     kv_budget_curve,
     masked,
+    plot_curve,
     uniform_budget,
 )
 from attnscope.experiments.metrics import DocumentLoss
@@ -165,6 +166,19 @@ def test_the_table_gives_random_draws_a_mean_and_a_t_interval():
     assert (row["loss_low"], row["loss_high"]) == pytest.approx((3.1 - half, 3.1 + half))
     assert row["kv_saving"] == 4.0
     assert np.isnan(frame.loc[(0.0, "uniform"), "accuracy_low"])  # one value, no interval
+
+
+def test_a_recorded_tables_accuracy_band_is_drawn_within_0_and_1():
+    """A table recorded before the interval was clipped (bounds -0.74 and 1.74) is drawn with its accuracy band
+    within 0..1; the loss band is drawn as recorded."""
+    frame = hand_curve().to_frame()
+    random = frame["choice"] == "random"
+    frame.loc[random, ["accuracy_low", "accuracy_high"]] = [-0.74, 1.74]
+    figure = plot_curve(frame, ("retrieval", "random", "uniform"), "hand")
+    accuracy_band, loss_band = (ax.collections[0].get_paths()[0].vertices[:, 1] for ax in figure.axes)
+    assert accuracy_band.min() == 0.0 and accuracy_band.max() == 1.0
+    low, high = frame.loc[random, "loss_low"].min(), frame.loc[random, "loss_high"].max()
+    assert loss_band.min() == pytest.approx(low) and loss_band.max() == pytest.approx(high)
 
 
 def test_the_page_holds_the_curve_and_the_table(tmp_path):

@@ -320,25 +320,12 @@ class KVCurve:
                 "records": self.records}
 
     def plot(self, path: str | Path | None = None) -> Any:
-        """Needle accuracy and loss against the share of full KV heads, one line per choice (random: its mean, the
-        interval shaded); saved to ``path`` when given."""
-        from .report import finish_figure, pyplot
+        """Needle accuracy and loss against the share of full KV heads (:func:`plot_curve`); saved to ``path`` when
+        given."""
+        return plot_curve(self.to_frame(), self.settings.choices, self.title(), path)
 
-        frame = self.to_frame()
-        figure, axes = pyplot().subplots(1, 2, figsize=(10, 4))
-        for ax, metric, label in zip(axes, ("accuracy", "loss"), ("needle accuracy", "loss (nats per token)")):
-            for choice in self.settings.choices:
-                rows = frame[frame["choice"] == choice]
-                ax.plot(rows["share"], rows[metric], marker="o", label=choice)
-                if choice == "random":
-                    ax.fill_between(rows["share"], rows[f"{metric}_low"], rows[f"{metric}_high"], alpha=0.2)
-            ax.set_xlabel("share of full KV heads (0 = StreamingLLM, 1 = full)")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        figure.suptitle(f"{self.model}: sink {self.settings.sink} + window {self.settings.window}; KV bytes at "
-                        f"{self.kv_tokens} tokens", fontsize=10)
-        return finish_figure(figure, path)
+    def title(self) -> str:
+        return curve_title(self.model, self.settings.sink, self.settings.window, self.kv_tokens)
 
     def write_html(self, path: str | Path) -> Path:
         """A page with the facts, the curve (drawn beside it, ``<name>.png``) and the table."""
@@ -353,6 +340,34 @@ class KVCurve:
                  "full attention's KV bytes": self.full_bytes, "full attention's loss": f"{self.baseline_loss:.4f}",
                  "applied as": self.applied, "indexing": "layers and KV heads 0-indexed"}
         return write_summary(path, f"KV budget curve: {self.model}", facts, [figure.name], self.to_frame())
+
+
+def curve_title(model: str, sink: int, window: int, kv_tokens: int) -> str:
+    return f"{model}: sink {sink} + window {window}; KV bytes at {kv_tokens} tokens"
+
+
+def plot_curve(frame: Any, choices: Sequence[str], title: str, path: str | Path | None = None) -> Any:
+    """Needle accuracy and loss of a curve's table (:meth:`KVCurve.to_frame`, or a recorded one) against the share of
+    full KV heads, one line per choice (random: its mean, the interval shaded; an accuracy's band drawn within 0..1,
+    since tables recorded before :meth:`KVCurve.to_frame` clipped it may leave it); saved to ``path`` when given."""
+    from .report import finish_figure, pyplot
+
+    figure, axes = pyplot().subplots(1, 2, figsize=(10, 4))
+    for ax, metric, label in zip(axes, ("accuracy", "loss"), ("needle accuracy", "loss (nats per token)")):
+        for choice in choices:
+            rows = frame[frame["choice"] == choice]
+            ax.plot(rows["share"], rows[metric], marker="o", label=choice)
+            if choice == "random":
+                low, high = (rows[f"{metric}_{end}"].astype(float) for end in ("low", "high"))
+                if metric == "accuracy":
+                    low, high = low.clip(0.0, 1.0), high.clip(0.0, 1.0)
+                ax.fill_between(rows["share"], low, high, alpha=0.2)
+        ax.set_xlabel("share of full KV heads (0 = StreamingLLM, 1 = full)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    return finish_figure(figure, path)
 
 
 def mean_interval(values: np.ndarray) -> tuple[float, float, float]:
