@@ -16,11 +16,13 @@ import torch
 
 import attnscope
 from attnscope.capture.attention import intervene
+from attnscope.capture.growing_cache import MIN_ROOM
 from attnscope.capture.generate import cache_keyword
 from attnscope.capture.kv_budget import (
     KVBudget,
     KVLayout,
     budgeted_cache,
+    budgeted_layer_class,
     choose_budget,
     kv_bytes,
     kv_layout,
@@ -158,6 +160,32 @@ def test_windows_per_head_generate_what_their_masks_do_and_hold_their_bytes(mode
     layer = cache.layers[layout.global_layers[0]]
     assert [part.shape[2] for part in layer.parts[2:]] == [SINK + WINDOW] * 2 + [SINK + WINDOW + 3] * 2
     assert cache.stored_bytes() == kv_bytes(budget, ids.shape[1], layout.head_dim)
+
+
+def test_a_budgeted_layer_writes_its_full_heads_in_place_and_keeps_the_streams_sink_and_window():
+    """KV heads 0 and 2 full, 1 streaming (sink 2 + window 3): through a prompt, steps and a block that outgrows the
+    room, the full heads' keys and values equal the concatenation of everything given, a step writes them into the
+    buffer the last step's view came from (no copy), views handed out earlier keep their values, and the streaming
+    head holds its sink and window."""
+    generator = torch.Generator().manual_seed(0)
+    layer = budgeted_layer_class()([True, False, True], [0, 3, 0], 2)
+    given_keys, given_values, views, buffer = [], [], [], None
+    for n in [5, 1, 1, MIN_ROOM, 1, 1]:
+        keys, values = torch.randn((1, 3, n, 4), generator=generator), torch.randn((1, 3, n, 4), generator=generator)
+        given_keys.append(keys)
+        given_values.append(values)
+        states, _ = layer.update(keys, values)
+        everything = torch.cat(given_keys, dim=2)
+        assert torch.equal(states.full_keys, everything[:, [0, 2]])
+        assert torch.equal(states.full_values, torch.cat(given_values, dim=2)[:, [0, 2]])
+        grew = n > 1 or buffer is None
+        assert grew or states.full_keys.untyped_storage().data_ptr() == buffer  # written in place
+        buffer = states.full_keys.untyped_storage().data_ptr()
+        views.append((states.full_keys, states.full_keys.clone()))
+        kept = layer.positions[0].tolist()
+        assert kept == [p for p in range(everything.shape[2]) if p < 2 or p >= everything.shape[2] - 3]
+        assert torch.equal(layer.parts[2], everything[:, [1]][:, :, kept])
+    assert all(torch.equal(view, copy) for view, copy in views)
 
 
 def test_a_budget_leaves_the_layers_the_model_windows_as_they_are(tiny):

@@ -25,6 +25,23 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 MIN_ROOM = 256  # positions a buffer holds at least
 
 
+def appended(buffer: torch.Tensor | None, cached: torch.Tensor | None, new: torch.Tensor, length: int,
+             spare: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new`` ``[..., added, d]`` written after the ``length`` cached positions (axis -2): into ``buffer`` where it
+    has room (``cached`` is then the view of its first ``length``), else into a new buffer with ``spare`` positions
+    of room beyond them, ``cached`` copied in. Returns the buffer and the view of its first ``length + added``
+    positions, equal to ``torch.cat([cached, new], -2)``; views handed out earlier keep their values."""
+    added = new.shape[-2]
+    if buffer is None or length + added > buffer.shape[-2]:
+        grown = new.new_empty((*new.shape[:-2], length + added + spare, new.shape[-1]))
+        if length:
+            assert cached is not None
+            grown[..., :length, :] = cached[..., :length, :]
+        buffer = grown
+    buffer[..., length : length + added, :] = new
+    return buffer, buffer[..., : length + added, :]
+
+
 class GrowingLayer(DynamicLayer):
     """A :class:`~transformers.cache_utils.DynamicLayer` whose keys and values ``[batch, kv_head, pos, d_head]`` are
     views of buffers with room to grow along ``pos``."""
@@ -39,25 +56,14 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length, added = self.get_seq_length(), key_states.shape[-2]
-        if self.buffers is None or length + added > self.buffers[0].shape[-2]:
-            self.buffers = self._grown(length, key_states, value_states, length + added)
-        keys, values = self.buffers
-        keys[..., length : length + added, :] = key_states
-        values[..., length : length + added, :] = value_states
-        self.keys, self.values = keys[..., : length + added, :], values[..., : length + added, :]
+        needed = length + added
+        spare = max(needed // 2, MIN_ROOM - needed)  # a new buffer holds half again, at least MIN_ROOM positions
+        buffers = self.buffers or (None, None)
+        (keys, self.keys), (values, self.values) = (
+            appended(buffer, cached, new, length, spare)
+            for buffer, cached, new in zip(buffers, (self.keys, self.values), (key_states, value_states)))
+        self.buffers = keys, values
         return self.keys, self.values
-
-    def _grown(self, length: int, key_states: torch.Tensor, value_states: torch.Tensor,
-               needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """New buffers with room for ``needed`` positions and half again, the ``length`` cached ones copied in."""
-        room = max(needed + needed // 2, MIN_ROOM)
-        grown = []
-        for cached, new in ((self.keys, key_states), (self.values, value_states)):
-            buffer = new.new_empty((*new.shape[:-2], room, new.shape[-1]))
-            if length and cached is not None:
-                buffer[..., :length, :] = cached
-            grown.append(buffer)
-        return grown[0], grown[1]
 
     def _dropped_buffers(self) -> None:
         """After an operation that replaces the views (crop, batch selection), the next update starts new buffers."""

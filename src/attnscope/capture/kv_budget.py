@@ -471,11 +471,15 @@ def _make_budgeted_layer() -> type:
     """:class:`BudgetedLayer`, defined on first use so that importing this module does not import transformers."""
     from transformers.cache_utils import DynamicLayer
 
+    from .growing_cache import MIN_ROOM, appended
+
     class BudgetedLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         """One global layer's cache under a budget: full KV heads keep every key, streaming ones the first ``sink``
         and their ``window`` most recent (heads of one window stored together); ``update`` returns
         :class:`BudgetedStates` as both keys and values. ``parts``: full keys, full values, then keys and values of
-        each window's streaming heads; ``positions``: each window's kept key slots."""
+        each window's streaming heads; ``positions``: each window's kept key slots. The full heads' keys and values
+        are views of ``full_buffers``, written in place with up to ``MIN_ROOM`` positions of room (a step copies no
+        full head's cache, as ``torch.cat`` would; the room is not counted in :meth:`stored_bytes`)."""
 
         def __init__(self, full: Sequence[bool], windows: Sequence[int], sink: int) -> None:
             super().__init__()
@@ -488,6 +492,7 @@ def _make_budgeted_layer() -> type:
             self.sink, self.seen = sink, 0
             self.parts: list[torch.Tensor] = []
             self.positions: list[torch.Tensor] = []
+            self.full_buffers: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
         @property
         def part_heads(self) -> list[tuple[int, ...]]:
@@ -510,8 +515,12 @@ def _make_budgeted_layer() -> type:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             new = torch.arange(self.seen, self.seen + key_states.shape[2], device=self.device)
-            parts = [torch.cat([held, (key_states, value_states)[index % 2][:, list(heads)]], dim=2)
-                     for index, (held, heads) in enumerate(zip(self.parts, self.part_heads, strict=True))]
+            grown = [appended(buffer, held, states[:, list(self.full_heads)], self.seen, MIN_ROOM)
+                     for buffer, held, states in zip(self.full_buffers, self.parts, (key_states, value_states))]
+            self.full_buffers = (grown[0][0], grown[1][0])
+            parts = [grown[0][1], grown[1][1]]
+            parts += [torch.cat([held, (key_states, value_states)[index % 2][:, list(heads)]], dim=2)
+                      for index, (held, heads) in enumerate(zip(self.parts[2:], self.part_heads[2:], strict=True))]
             positions = [torch.cat([held, new]) for held in self.positions]
             self.seen += len(new)
             streams = tuple(StreamPart(parts[2 + 2 * index], parts[3 + 2 * index], positions[index], heads, window)
@@ -532,6 +541,7 @@ def _make_budgeted_layer() -> type:
 
         def reset(self) -> None:
             self.parts, self.positions, self.seen, self.is_initialized = [], [], 0, False
+            self.full_buffers = (None, None)
 
         def _refuse(self, *args: Any, **kwargs: Any) -> None:
             raise AttnscopeError("a budgeted KV cache cannot be cropped, reordered or repeated (beam search, "
