@@ -16,8 +16,8 @@ import torch
 
 import attnscope
 from attnscope.capture.attention import intervene
-from attnscope.capture.growing_cache import MIN_ROOM
 from attnscope.capture.generate import cache_keyword
+from attnscope.capture.growing_cache import MIN_ROOM
 from attnscope.capture.kv_budget import (
     KVBudget,
     KVLayout,
