@@ -28,9 +28,10 @@ could be dropped (every position's row kept, and every layer's prompt block, so 
 
 The long generation (issue 47), in the same run (``--only trace`` alone): SmolLM2 writes 1,024 tokens greedily after
 512 tokens of the same address, side by side: ``attnscope.generate`` keeping every row (``rows``), with
-``StepAttribution`` (``attribute``) and with ``StepRoutes`` (``routes``), then plain ``model.generate``. For each:
-``trace_s_per_token`` (the whole call over its tokens; ``capture_over_plain``, ``attribute_over_plain``,
-``routes_over_plain``: ratios to plain), ``trace_peak_mb`` (VmHWM reset before it), ``trace_start_mb`` (RSS just before,
+``StepAttribution`` (``attribute``: direct logit attribution, ``--attribute``), with ``StepAttribution(lens=True)``
+(``lens``: and the logit lens, ``--lens``) and with ``StepRoutes`` (``routes``), then plain ``model.generate``. For
+each: ``trace_s_per_token`` (the whole call over its tokens; ``capture_over_plain``, ``attribute_over_plain``,
+``lens_over_plain``, ``routes_over_plain``: ratios to plain), ``trace_peak_mb`` (VmHWM reset before it), ``trace_start_mb`` (RSS just before,
 garbage collected and heap trimmed: the model's weights and what the process held, the model's share),
 ``trace_record_mb`` (the ``nbytes`` of the record's arrays), ``peak_rss_over_model_and_record`` = peak / (start +
 record), ``trace_estimate_mb`` (``check_generation``'s estimate above the start), ``trace_same_tokens`` (as plain) and
@@ -146,7 +147,7 @@ def measure(loaded, length: int) -> dict[str, float | int | bool]:  # type: igno
 # The long generation (issue 47): each model's prompt tokens and new tokens, and the recorders' variants it runs
 TRACE = {"smollm2": (512, 1024), "qwen1.5b": (512, 2048)}
 TRACE_QUICK, TRACE_SMOKE = (128, 64), (32, 4)
-TRACE_VARIANTS = {"smollm2": ("rows", "attribute", "routes"), "qwen1.5b": ("attribute",)}
+TRACE_VARIANTS = {"smollm2": ("rows", "attribute", "lens", "routes"), "qwen1.5b": ("attribute",)}
 # Qwen2.5 1.5B in bfloat16, as a laptop runs it: its float32 weights (6 GB) beside 2,048 steps' rows (4.4 GB) leave
 # no room under the 12 GB target (session 21, float32, 2 cores: peak 14,194 MB from 7,318 MB before the call)
 DTYPES = {"qwen1.5b": "bfloat16"}
@@ -155,7 +156,8 @@ CHECKED_ROWS = 8  # positions, spread over the text, whose rows are compared wit
 
 def recorders_of(variant: str) -> tuple[GenerationRecorder, ...]:
     """What ``attnscope.generate`` records beside its rows in ``variant`` (rows: nothing more)."""
-    return {"rows": (), "attribute": (StepAttribution(),), "routes": (StepRoutes(),)}[variant]
+    return {"rows": (), "attribute": (StepAttribution(),), "lens": (StepAttribution(lens=True),),
+            "routes": (StepRoutes(),)}[variant]
 
 
 def settled_rss_mb() -> float:

@@ -26,9 +26,11 @@ def tiny_llama(tiny_model_dir):
 
 def test_each_recorders_share_of_the_estimate_grows_with_the_generation(tiny_llama):
     short, long = generation_shape(tiny_llama, 100, 64), generation_shape(tiny_llama, 100, 1024)
-    for recorder in (StepAttribution(), StepRoutes()):
+    for recorder in (StepAttribution(), StepAttribution(lens=True), StepRoutes()):
         small, large = recorder.memory(short), recorder.memory(long)
         assert 0 < small.total < large.total, type(recorder).__name__
+    # the lens holds every step's block outputs and the LM head's logits besides the terms
+    assert StepAttribution(lens=True).memory(long).total > StepAttribution().memory(long).total
     # routes keep every position's queries, keys, values and residual streams: at least those bytes
     shape = long
     floor = shape.n_positions * shape.n_layers * (shape.n_heads + 2 * shape.n_kv_heads) * shape.d_head * 4

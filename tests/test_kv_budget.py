@@ -116,9 +116,9 @@ def test_attribution_under_a_budget_is_attribution_under_the_mask(tiny):
     loaded = tiny("llama")
     budget = one_streamed_head_per_global_layer(kv_layout(loaded))
     budgeted = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, kv_budget=budget,
-                                  recorders=[StepAttribution()])
+                                  recorders=[StepAttribution(lens=True)])
     with intervene(SinkWindow(streamed_query_heads(budget, budgeted.model.n_heads), SINK, WINDOW)):
-        masked = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, recorders=[StepAttribution()])
+        masked = attnscope.generate(loaded, PROMPT, max_new_tokens=NEW_TOKENS, recorders=[StepAttribution(lens=True)])
     for name in ("attribution_heads", "attribution_logits", "lens_probs", "value_norms"):
         assert np.abs(budgeted.arrays[name] - masked.arrays[name]).max() <= 1e-5, name
     with pytest.raises(AttnscopeError, match="unbroken band"):

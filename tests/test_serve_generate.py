@@ -41,15 +41,18 @@ def test_generate_with_attribution_returns_the_attribution_of_what_generate_writ
     body = {"model": "smollm2", "prompt": PROMPT, "max_new_tokens": 2}
     plain = explorer_client.post("/api/generate", json=body).json()
     assert plain["payload"]["attribution"] is None, "asked for nothing, nothing more is sent"
-    answer = explorer_client.post("/api/generate", json={**body, "attribute": True})
+    attributed = explorer_client.post("/api/generate", json={**body, "attribute": True}).json()["payload"]
+    assert attributed["attribution"]["heads"] and attributed["attribution"]["lens"] is None, "the lens only if asked"
+    answer = explorer_client.post("/api/generate", json={**body, "lens": True})  # the lens brings the attribution
     assert answer.status_code == 200, answer.text
     payload = answer.json()["payload"]
     jsonschema.validate(payload, steps_schema())
     with explorer_app.state.pool.use("smollm2") as smollm2:
-        record = generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepAttribution()])
+        record = generate(smollm2, PROMPT, max_new_tokens=2, recorders=[StepAttribution(lens=True)])
     want = generation_payload(record)["attribution"]
     got = payload["attribution"]
     assert unpack(got["heads"]).tolist() == unpack(want["heads"]).tolist()
+    assert unpack(attributed["attribution"]["heads"]).tolist() == unpack(want["heads"]).tolist()
     assert np.allclose(unpack(got["terms"]), unpack(want["terms"]), rtol=2.0**-10, atol=1e-6)
     assert got["lens"]["vocabulary"] == want["lens"]["vocabulary"]
     assert unpack(got["lens"]["tokens"]).tolist() == unpack(want["lens"]["tokens"]).tolist()
@@ -154,7 +157,7 @@ def test_the_generation_tab_shows_the_heads_behind_a_step_when_asked(browser, ex
     page.wait_for_function(f"() => document.querySelector('#gen-steps [data-role=sources]').dataset.head === '{head}'"
                            f" && document.querySelector('#gen-steps [data-role=sources]').dataset.layer === '{layer}'")
     assert shades() != before, "clicking a head changes the drawn source tokens"
-    assert page.locator("#gen-steps [data-role=lens]").count() == 1
+    assert page.locator("#gen-steps [data-role=lens]").count() == 0, "the lens box was not ticked"
     page.screenshot(path=str(ARTIFACTS / "explorer_generate_attribution.png"), full_page=True)
     assert errors == []
     page.close()

@@ -36,7 +36,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def attributed(smollm2):
-    return generate(smollm2, PROMPT, max_new_tokens=4, recorders=[StepAttribution()])
+    return generate(smollm2, PROMPT, max_new_tokens=4, recorders=[StepAttribution(lens=True)])
 
 
 def step_position(gen: GenerationRecord, step: int) -> int:
@@ -118,6 +118,19 @@ def test_the_payload_carries_the_records_attribution_and_follows_the_schema(attr
         [[list(layer) for layer in step] for step in gen.lens_tokens]
 
 
+def test_attribution_without_the_lens_keeps_the_same_terms_and_no_lens(smollm2, attributed):
+    """The lens is its own choice: without it the same terms are kept (exactly), no lens array, no lens tokens, and
+    the payload's attribution carries a null lens (the page then draws none)."""
+    gen = generate(smollm2, PROMPT, max_new_tokens=4, recorders=[StepAttribution()])
+    assert gen.token_ids.tolist() == attributed.token_ids.tolist()
+    for name in ("attribution_heads", "attribution_logits", "attribution_top", "attribution_sources"):
+        np.testing.assert_array_equal(gen.arrays[name], attributed.arrays[name])
+    assert not any(name.startswith("lens") for name in gen.arrays) and gen.lens_tokens == ()
+    payload = generation_payload(gen)
+    jsonschema.validate(payload, steps_schema())
+    assert payload["attribution"] is not None and payload["attribution"]["lens"] is None
+
+
 def test_without_attribute_nothing_more_runs_or_is_kept(smollm2, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a recorder beside the rows' ran without one asked for")
@@ -163,8 +176,8 @@ def test_the_command_writes_a_page_showing_the_heads_and_tokens_behind_each_step
 
     page_path, record_path = ARTIFACTS / "steps_attribution.html", tmp_path / "gen.safetensors"
     ARTIFACTS.mkdir(exist_ok=True)
-    assert main(["generate", "--model", "smollm2", PROMPT, "-n", "4", "--attribute", "--html", str(page_path),
-                 "--save", str(record_path)]) == 0
+    assert main(["generate", "--model", "smollm2", PROMPT, "-n", "4", "--lens", "--html", str(page_path),
+                 "--save", str(record_path)]) == 0  # --lens implies --attribute
     gen = GenerationRecord.load(record_path)
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     errors: list[str] = []

@@ -41,9 +41,9 @@ shot generate_steps 1100,380 "step=9&layer=3"
 PAGE=$STEPS/toy.html
 shot lab_steps 1000,330 "step=2"
 
-# the step view's attribution (generate --attribute): the heads that pushed step 0's token up or down, the
+# the step view's attribution (generate --lens: the attribution and the lens): the heads that pushed step 0's token up or down, the
 # tokens the strongest one pushed through, and the logit lens
-"$BIN/attnscope" generate --model smollm2 "The capital of France is" -n 4 --attribute --html "$STEPS/attribute.html" >/dev/null
+"$BIN/attnscope" generate --model smollm2 "The capital of France is" -n 4 --lens --html "$STEPS/attribute.html" >/dev/null
 PAGE=$STEPS/attribute.html
 shot steps_attribution 1100,730 "step=0"
 

@@ -246,7 +246,7 @@ def logit_lens(model: LoadedModel | str, prompt: str | Sequence[int], positions:
 def generation_lens(model: LoadedModel | str, record: GenerationRecord, k: int = 5) -> LogitLens:
     """The logit lens of every step of a saved generation: one teacher-forced pass of the record's text,
     read at each position that chose a generated token (``positions[step] = prompt_length - 1 + step``), with
-    any ``k``. A generation made with :class:`~attnscope.attribution.StepAttribution` holds its top
-    ``lens_top`` already (``lens_ids``/``lens_probs``), from its own passes."""
+    any ``k``. A generation made with ``StepAttribution(lens=True)`` (``--lens``) holds its top ``lens_top``
+    already (``lens_ids``/``lens_probs``), from its own passes."""
     steps = range(record.prompt_length - 1, len(record.tokens) - 1)
     return logit_lens(model, record.token_ids.tolist(), list(steps), k)

@@ -1,7 +1,12 @@
-"""Each generated token's direct logit attribution and logit lens, from the generation's own forward passes.
+"""Each generated token's direct logit attribution, and with ``lens=True`` its logit lens, from the generation's own
+forward passes.
 
 :class:`StepAttribution` is a :class:`~attnscope.capture.generate.GenerationRecorder`:
-``attnscope.generate(model, prompt, recorders=[StepAttribution()])`` (``attnscope generate --attribute``).
+``attnscope.generate(model, prompt, recorders=[StepAttribution()])`` (``attnscope generate --attribute``;
+``StepAttribution(lens=True)``, ``--lens``, adds the lens). The lens is its own choice because it is another question
+(what each layer would predict, not which heads wrote the chosen token: :func:`~attnscope.attribution.dla` and
+:func:`~attnscope.attribution.logit_lens` are apart for a prompt too) at another price: the LM head once per layer and
+step, 30 products of ``[d_model, vocab]`` a token for SmolLM2, about a fifth of a plain generated token on 2 cores.
 Step s chose token ``n_prompt + s`` at position ``t = n_prompt - 1 + s``, the last position of the generation's
 s-th forward pass (the prompt's pass, then one per step on the key/value cache). So each pass gives what
 :func:`~attnscope.attribution.terms.decompose` needs at ``t``, and no pass is added: of every self-attention call,
@@ -49,7 +54,8 @@ SPLIT_STEPS = 16  # steps whose terms are split at once (their rows held until t
 
 
 class StepAttribution(GenerationRecorder):
-    """Direct logit attribution and the logit lens of every step's chosen token (see the module docstring).
+    """Direct logit attribution of every step's chosen token, and its logit lens with ``lens`` (see the module
+    docstring).
 
     What it adds to the record (:meth:`finish`):
 
@@ -62,13 +68,16 @@ class StepAttribution(GenerationRecorder):
       Only the top heads: every head's split would be ``[step, layer, head, source]``, which grows with the
       text squared (SmolLM2, 256 tokens after a 1,000-token prompt: 270 heads x 1,256 sources x 256 steps,
       347 MB) while a view shows a few heads per step (10 heads: 13 MB);
-    * ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]``: the logit lens at the step's position
+    * with ``lens``: ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]``: the logit lens at the step's
+      position
       (the top ``lens_top`` tokens of each layer's residual stream through the final norm and the LM head; the
       last layer's is the model's own next-token distribution), with their text in ``lens_tokens``.
     """
 
-    def __init__(self, top_heads: int = ATTRIBUTION_TOP_HEADS, lens_top: int = LENS_TOP) -> None:
-        self.top_heads, self.lens_top = top_heads, lens_top
+    def __init__(self, top_heads: int = ATTRIBUTION_TOP_HEADS, lens_top: int = LENS_TOP, lens: bool = False) -> None:
+        self.top_heads, self.lens_top, self.with_lens = top_heads, lens_top, lens
+        if lens:
+            self.option = "leave out the logit lens (StepAttribution(lens=False), --lens) or the attribution"
         self.loaded: LoadedModel | None = None
         self.parts: ResidualParts | None = None
         self._start()
@@ -90,22 +99,23 @@ class StepAttribution(GenerationRecorder):
     label = "attribution"
 
     def memory(self, shape: GenerationShape) -> MemoryEstimate:
-        """Kept: each step's terms and its top heads' split over every source. Working: every key's value (in a
-        buffer up to half again as large), each pass's block outputs for the lens, ``SPLIT_STEPS`` steps' rows for
-        every layer (and their padded tables), one step's top heads' splits, and the lens's logits
+        """Kept: each step's terms and its top heads' split over every source (and the lens's tokens). Working: every
+        key's value (in a buffer up to half again as large), ``SPLIT_STEPS`` steps' rows for every layer (and their
+        padded tables), one step's top heads' splits; with the lens, each pass's block outputs and the lens's logits
         (:data:`~attnscope.attribution.terms.LENS_LOGITS_BYTES`, and the softmax of
         :data:`~attnscope.attribution.terms.LENS_SOFTMAX_ROWS` rows) beside ``LENS_STEPS`` steps' block outputs
         stacked."""
         steps, positions = shape.max_new_tokens, shape.n_positions
+        lens_top = self.lens_top if self.with_lens else 0
         kept = steps * (shape.n_layers * shape.n_heads * 4 + self.top_heads * (positions * 4 + 16)
-                        + shape.n_layers * self.lens_top * 12)
+                        + shape.n_layers * lens_top * 12)
         values = 1.5 * shape.n_layers * shape.n_kv_heads * positions * shape.d_head * 4
-        blocks = steps * shape.n_layers * shape.d_model * 4
         split_batch = (SPLIT_STEPS * shape.n_layers * shape.n_heads * positions * 4 * 2
                        + self.top_heads * positions * (shape.d_head + 2) * 8)
-        lens = (LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
-                + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + self.lens_top * 16))
-        return MemoryEstimate(kept=int(kept), working=int(values + blocks + split_batch + lens))
+        lens = 0 if not self.with_lens else (
+            steps * shape.n_layers * shape.d_model * 4 + LENS_LOGITS_BYTES + LENS_SOFTMAX_ROWS * shape.vocab * 4 * 2
+            + LENS_STEPS * shape.n_layers * (shape.d_model * 4 + lens_top * 16))
+        return MemoryEstimate(kept=int(kept), working=int(values + split_batch + lens))
 
     def wants(self, site: AttentionSite) -> bool:
         return site.kind == "self"
@@ -135,7 +145,7 @@ class StepAttribution(GenerationRecorder):
                 self.fed.append(int(ids[0, 0]))
 
         with ExitStack() as stack:
-            self.parts = stack.enter_context(residual_parts(loaded, None, blocks=True))
+            self.parts = stack.enter_context(residual_parts(loaded, None, blocks=self.with_lens))
             stack.enter_context(local_hooks([loaded.model.get_input_embeddings()], fed, pre=True))
             yield
 
@@ -194,8 +204,8 @@ class StepAttribution(GenerationRecorder):
         return rows
 
     def finish(self, loaded: LoadedModel, sequence: list[int], n_prompt: int) -> RecordAdditions:
-        """The steps' terms as arrays (a step whose pass was never followed by another is split here), and the
-        logit lens of every step (outside the hooks: the lens runs the final norm)."""
+        """The steps' terms as arrays (a step whose pass was never followed by another is split here), and with the
+        lens the logit lens of every step (outside the hooks: the lens runs the final norm)."""
         assert self.parts is not None, "StepAttribution.finish before a generation was recorded"
         n_steps, n_sources = len(sequence) - n_prompt, len(sequence) - 1
         self.fed += sequence[n_prompt + len(self.fed) : n_prompt + n_steps]  # the chosen tokens no pass was fed
@@ -204,14 +214,16 @@ class StepAttribution(GenerationRecorder):
         sources = np.zeros((n_steps, min(self.top_heads, self.steps[0][0].size), n_sources), dtype=np.float32)
         for index, (_, _, _, split) in enumerate(self.steps[:n_steps]):
             sources[index, :, : split.shape[-1]] = split
-        lens_ids, lens_probs = self.lens(loaded, n_steps)
         arrays: dict[str, np.ndarray]  # declared: arrays of several dtypes would join to object
         arrays = {names.ATTRIBUTION_HEADS: np.stack([s[0] for s in self.steps[:n_steps]]).astype(np.float32),
                   names.ATTRIBUTION_LOGITS: np.array([s[1] for s in self.steps[:n_steps]], dtype=np.float32),
                   names.ATTRIBUTION_TOP: np.stack([s[2] for s in self.steps[:n_steps]]).astype(np.int64),
-                  names.ATTRIBUTION_SOURCES: sources, names.LENS_IDS: lens_ids, names.LENS_PROBS: lens_probs}
-        lens_tokens = tuple(tuple(readable_tokens(loaded.tokenizer, layer.tolist()) for layer in step)
-                            for step in lens_ids)
+                  names.ATTRIBUTION_SOURCES: sources}
+        lens_tokens: tuple[tuple[tuple[str, ...], ...], ...] = ()
+        if self.with_lens:
+            arrays[names.LENS_IDS], arrays[names.LENS_PROBS] = self.lens(loaded, n_steps)
+            lens_tokens = tuple(tuple(readable_tokens(loaded.tokenizer, layer.tolist()) for layer in step)
+                                for step in arrays[names.LENS_IDS])
         self._start()
         return RecordAdditions(arrays, lens_tokens)
 

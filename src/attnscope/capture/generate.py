@@ -477,8 +477,9 @@ def generate(model: LoadedModel | str, prompt: str, *, max_new_tokens: int = 64,
     step view and the per-step table show; memory grows with the text, not its square); None (the
     default) keeps them while they take at most :data:`PROMPT_ROWS_BUDGET`. ``recorders``: more of what to keep,
     from the same forward passes, each adding arrays to the record (:class:`GenerationRecorder`), e.g.
-    ``recorders=[attnscope.attribution.StepAttribution()]``, each step's direct logit attribution and logit lens
-    (``attnscope generate --attribute``); without any nothing costs more. A sequence joined to the record's
+    ``recorders=[attnscope.attribution.StepAttribution()]``, each step's direct logit attribution
+    (``attnscope generate --attribute``; ``StepAttribution(lens=True)`` adds the logit lens, ``--lens``); without any
+    nothing costs more. A sequence joined to the record's
     own recorder rather than one ``recorder=`` replacing it: the record always needs its rows (:class:`StepRows`),
     and a capture asks one recorder, so generate hands each call to both
     (:class:`~attnscope.capture.recorders.RecorderGroup`), the protocol unchanged.

@@ -119,8 +119,12 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=positive_int, default=10, help="top next tokens kept per step (default: 10)")
     parser.add_argument("--attribute", action="store_true",
                         help="also keep each step's direct logit attribution: how much every head pushed the chosen "
-                        "token's logit up or down, what the strongest ten pushed through each source token, and the "
-                        "logit lens (from the generation's own forward passes; --save keeps it, --html shows it)")
+                        "token's logit up or down, and what the strongest ten pushed through each source token (from "
+                        "the generation's own forward passes; --save keeps it, --html shows it)")
+    parser.add_argument("--lens", action="store_true",
+                        help="also keep each step's logit lens: each layer's top 3 next tokens, its residual stream "
+                        "read through the final norm and the LM head (implies --attribute; the LM head runs once per "
+                        "layer and step, about a fifth of a plain SmolLM2 token on 2 cores)")
     parser.add_argument("--routes", action="store_true",
                         help="also keep each step's information-flow route (Ferrando & Voita 2024; attnscope routes): "
                         "the edges above the default tau, with each attention edge's per-head split, from the "
@@ -200,14 +204,14 @@ def _prompt_from_args(args: argparse.Namespace) -> str:
     return read_document(args.file) if args.file is not None else args.prompt
 
 
-def _step_recorders(attribute: bool, routes: bool = False) -> list:  # type: ignore[type-arg]
-    """What ``generate`` keeps besides the rows: each step's attribution with ``--attribute``, its route with
-    ``--routes``."""
+def _step_recorders(attribute: bool, routes: bool = False, lens: bool = False) -> list:  # type: ignore[type-arg]
+    """What ``generate`` keeps besides the rows: each step's attribution with ``--attribute`` (and its logit lens
+    with ``--lens``, which implies it), its route with ``--routes``."""
     recorders: list = []  # type: ignore[type-arg]
-    if attribute:
+    if attribute or lens:
         from ..attribution.steps import StepAttribution
 
-        recorders.append(StepAttribution())
+        recorders.append(StepAttribution(lens=lens))
     if routes:
         from ..attribution.generation_routes import StepRoutes
 
@@ -256,7 +260,7 @@ def _generate(args: argparse.Namespace, prompt: str, changes: GenerationChanges,
     options = {"max_new_tokens": args.max_new_tokens, "chat": args.chat, "candidates": args.candidates,
                "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
                "top_k": args.sample_top_k, "seed": args.seed, "progress": True,
-               "prompt_rows": PROMPT_ROWS[args.prompt_rows], "recorders": _step_recorders(args.attribute, args.routes)}
+               "prompt_rows": PROMPT_ROWS[args.prompt_rows], "recorders": _step_recorders(args.attribute, args.routes, args.lens)}
     if changes.empty:
         from ..capture.generate import generate
 

@@ -172,13 +172,14 @@ class StepAttribution(TypedDict):
     ``[step, rank, 2]``: (layer, head) of the heads with the largest ``|term|``, largest first; ``terms`` float16
     ``[step, rank]``: their signed terms; ``sources`` float16 ``[step, rank, source_pos]`` in blocks of steps (each
     block ``[block steps, rank, keys of its last step]``): those terms split over the tokens each head read (0 past the
-    step's last key, and 0 under ``SOURCE_FLOOR`` of the step and rank's largest)."""
+    step's last key, and 0 under ``SOURCE_FLOOR`` of the step and rank's largest); ``lens``: the logit lens of a
+    generation made with ``--lens`` (None without)."""
 
     logits: PackedArray
     heads: PackedArray
     terms: PackedArray
     sources: StepBlocks
-    lens: LensStrip
+    lens: LensStrip | None
 
 
 class RouteSteps(TypedDict):
@@ -420,7 +421,7 @@ def generation_attribution(gen: GenerationRecord, compress: bool = True) -> Step
                            terms=pack_float16(terms, compress),
                            sources=step_blocks(gen.n_steps, lambda start, end: sources[start:end, :, : gen.prompt_length + end - 1],
                                                lambda block: pack_float16(block, compress)),
-                           lens=_lens_strip(gen, compress))
+                           lens=_lens_strip(gen, compress) if LENS_PROBS in arrays else None)
 
 
 def shown_sources(sources: np.ndarray) -> np.ndarray:

@@ -81,9 +81,9 @@ class GenerationRecord:
       the chosen token's logit, and that logit (the sum of every term: heads, MLPs, embeddings, biases);
       with them ``attribution_top`` int64 ``[step, rank, 2]`` (layer, head) of each step's heads with the
       largest ``|term|``, largest first, and ``attribution_sources`` float32 ``[step, rank, source_pos]``
-      their terms split over the source tokens they read (0 past the step's position), and the logit
-      lens at each step: ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]`` (the text of
-      the tokens in ``lens_tokens[step][layer][k]``);
+      their terms split over the source tokens they read (0 past the step's position), and with
+      ``StepAttribution(lens=True)`` (``--lens``) the logit lens at each step: ``lens_ids`` int64 /
+      ``lens_probs`` float32 ``[step, layer, k]`` (the text of the tokens in ``lens_tokens[step][layer][k]``);
     * ``route_edges`` int64 ``[edge, 8]``, ``route_importance`` float32 ``[edge]`` and ``route_heads`` float32
       ``[edge, head]`` (optional: ``generate(..., recorders=[StepRoutes()])``, ``--routes``): every step's pruned
       information-flow graph, one row per kept edge (step, source layer, position and kind, target layer,

@@ -194,8 +194,9 @@ class GenerateRequest(StrictRequest):
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     prompt_rows: Literal[tuple(PROMPT_ROWS)] = Field("auto", description=PROMPT_ROWS_HELP)  # type: ignore[valid-type]
     attribute: bool = Field(False, description="also each step's direct logit attribution (the heads that pushed the "
-                            "chosen token up or down, the tokens they pushed through) and the logit lens, from the "
-                            "generation's own forward passes")
+                            "chosen token up or down, the tokens they pushed through), from the generation's own "
+                            "forward passes")
+    lens: bool = Field(False, description="also each step's logit lens (each layer's top tokens; implies attribute)")
     routes: bool = Field(False, description="also each step's information-flow route (Ferrando & Voita 2024) above "
                          "the default tau, from the generation's own forward passes (the step view draws the "
                          "chosen step's)")
@@ -462,7 +463,8 @@ def _add_api_routes(app: FastAPI, pool: ModelPool, max_tokens: int) -> None:
         from ..attribution.steps import StepAttribution
         from ..capture.generate import generate
 
-        recorders = [*([StepAttribution()] if request.attribute else []), *([StepRoutes()] if request.routes else [])]
+        recorders = [*([StepAttribution(lens=request.lens)] if request.attribute or request.lens else []),
+                     *([StepRoutes()] if request.routes else [])]
         ask = request.kv_ask()
         with pool.use(_named(request.model, pool.generator or pool.default)) as loaded:
             budget = None if ask is None else service.generation_kv_budget(

@@ -42,14 +42,20 @@
   }
 
   /* The attribution's small arrays (payload $defs/attribution), unpacked at open: logits [step], the ranked heads'
-   * (layer, head) [step, rank, 2] and terms [step, rank], the lens's token indices and probabilities [step, layer, k].
-   * The per-source terms come a block of steps at a time (decodeSources). */
+   * (layer, head) [step, rank, 2] and terms [step, rank], and where the generation kept it (--lens) the lens's token
+   * indices and probabilities [step, layer, k] (lens null without). The per-source terms come a block of steps at a
+   * time (decodeSources). */
   async function decodeAttribution(attribution) {
-    const packed = [attribution.logits, attribution.heads, attribution.terms, attribution.lens.tokens, attribution.lens.probs];
-    const [logits, heads, terms, lensTokens, lens] = await Promise.all(packed.map(V.unpackNumbers));
+    const [logits, heads, terms] = await Promise.all([attribution.logits, attribution.heads, attribution.terms]
+      .map(V.unpackNumbers));
     const [, ranks] = attribution.terms.shape;
-    const [, nLayers, k] = attribution.lens.probs.shape;
-    return { logits, heads, terms, ranks, lensTokens, vocabulary: attribution.lens.vocabulary, lens, nLayers, k };
+    const decoded = { logits, heads, terms, ranks, lens: null };
+    if (attribution.lens) {
+      const [lensTokens, lens] = await Promise.all([attribution.lens.tokens, attribution.lens.probs].map(V.unpackNumbers));
+      const [, nLayers, k] = attribution.lens.probs.shape;
+      Object.assign(decoded, { lensTokens, vocabulary: attribution.lens.vocabulary, lens, nLayers, k });
+    }
+    return decoded;
   }
 
   /* One block of source terms (payload $defs/step_blocks): [steps of the block, rank, width] and its width. */
@@ -296,7 +302,7 @@
       });
     }
 
-    /* The current step's logit lens tokens [layer][k], best first (attribution only). */
+    /* The current step's logit lens tokens [layer][k], best first (a generation with the lens only). */
     lensTokens() {
       const d = this.decoded.attribution;
       const base = this.state.step * d.nLayers * d.k;
@@ -639,7 +645,7 @@
       this.sourcesNote.textContent = `layer ${layer}, head ${head} added ${signed(term, 3)} to the logit of ${chosen}; `
         + "its share through each token it read (attention weight \u00d7 what that token's value adds), darkest = "
         + `${top.toFixed(3)}; hover a token for its share`;
-      this.lensBox.replaceChildren(...this.lensStrip());
+      this.lensBox.replaceChildren(...(this.decoded.attribution.lens ? this.lensStrip() : []));
     },
 
     /* The step's route (--routes): the prediction at the position before the chosen token, its kept edges. */

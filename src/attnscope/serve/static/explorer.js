@@ -582,7 +582,8 @@
     try {
       const body = { model: $("gen-model").value, prompt: $("gen-prompt").value,
         max_new_tokens: Number($("gen-tokens").value), chat: $("gen-chat").checked,
-        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked, routes: $("gen-routes").checked,
+        prompt_rows: $("gen-prompt-rows").value, attribute: $("gen-attribute").checked, lens: $("gen-lens").checked,
+        routes: $("gen-routes").checked,
         ...budgetAsked() };
       const data = await api("/api/generate", body);
       const holder = $("gen-steps");
