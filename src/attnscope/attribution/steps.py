@@ -6,7 +6,8 @@ forward passes.
 ``StepAttribution(lens=True)``, ``--lens``, adds the lens). The lens is its own choice because it is another question
 (what each layer would predict, not which heads wrote the chosen token: :func:`~attnscope.attribution.dla` and
 :func:`~attnscope.attribution.logit_lens` are apart for a prompt too) at another price: the LM head once per layer and
-step, 30 products of ``[d_model, vocab]`` a token for SmolLM2, about a fifth of a plain generated token on 2 cores.
+step, 30 products of ``[d_model, vocab]`` a token for SmolLM2, more than the terms cost (``lens_over_plain`` against
+``attribute_over_plain`` in ``benchmarks/generate_long.py``).
 Step s chose token ``n_prompt + s`` at position ``t = n_prompt - 1 + s``, the last position of the generation's
 s-th forward pass (the prompt's pass, then one per step on the key/value cache). So each pass gives what
 :func:`~attnscope.attribution.terms.decompose` needs at ``t``, and no pass is added: of every self-attention call,

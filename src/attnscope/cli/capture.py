@@ -124,7 +124,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lens", action="store_true",
                         help="also keep each step's logit lens: each layer's top 3 next tokens, its residual stream "
                         "read through the final norm and the LM head (implies --attribute; the LM head runs once per "
-                        "layer and step, about a fifth of a plain SmolLM2 token on 2 cores)")
+                        "layer and step: for a small model with a large vocabulary it costs more than the attribution, "
+                        "see docs/generation.md)")
     parser.add_argument("--routes", action="store_true",
                         help="also keep each step's information-flow route (Ferrando & Voita 2024; attnscope routes): "
                         "the edges above the default tau, with each attention edge's per-head split, from the "
