@@ -228,6 +228,7 @@ def trace(loaded, model: str, prompt_tokens: int, new_tokens: int) -> dict[str, 
         "trace_same_tokens": {variant: kept == plain for variant, kept in tokens.items()},
         "trace_rows_max_abs_err": {variant: float(f"{error:.2e}") for variant, error in errors.items()},
         "weights_mb": round(sum(p.nbytes for p in loaded.model.parameters()) / 2**20),
+        "attribute_has_lens": False,  # runs before --lens existed kept the lens in `attribute` (and lack this key)
     }
 
 
