@@ -70,9 +70,8 @@ class StepAttribution(GenerationRecorder):
       text squared (SmolLM2, 256 tokens after a 1,000-token prompt: 270 heads x 1,256 sources x 256 steps,
       347 MB) while a view shows a few heads per step (10 heads: 13 MB);
     * with ``lens``: ``lens_ids`` int64 / ``lens_probs`` float32 ``[step, layer, k]``: the logit lens at the step's
-      position
-      (the top ``lens_top`` tokens of each layer's residual stream through the final norm and the LM head; the
-      last layer's is the model's own next-token distribution), with their text in ``lens_tokens``.
+      position (the top ``lens_top`` tokens of each layer's residual stream through the final norm and the LM head;
+      the last layer's is the model's own next-token distribution), with their text in ``lens_tokens``.
     """
 
     def __init__(self, top_heads: int = ATTRIBUTION_TOP_HEADS, lens_top: int = LENS_TOP, lens: bool = False) -> None:
