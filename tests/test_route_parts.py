@@ -33,6 +33,7 @@ def case(seed: int, *, zeros: bool = False):
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn((N_HEADS, N_ROWS, N_KEYS), generator=generator) * 3
     logits[:, :, 0] += 4.0  # a sink most heads attend to strongly: heavy parts
+    logits[:, :, -20:] -= 12.0  # keys every head nearly ignores, as most keys of a long text: no prefix needed there
     probs = logits.softmax(-1)
     values = torch.randn((N_KV, N_KEYS, D_HEAD), generator=generator)
     weight = torch.randn((N_HEADS, D_HEAD, D_MODEL), generator=generator) / D_HEAD**0.5
@@ -63,20 +64,27 @@ def test_proximities_equal_those_of_the_formed_parts(kind, zeros):
 
 
 def test_the_case_takes_every_path(monkeypatch):
-    """The shortcut is exercised: a prefix shorter than every coordinate, some heavy parts formed in full and most
-    parts light (a test whose parts were all formed would check nothing new)."""
+    """The shortcut is exercised: a prefix shorter than every coordinate, computed at some keys and not at others,
+    some heavy parts formed in full and most parts light (a test whose parts were all formed would check nothing
+    new)."""
     probs, values, weight, whole = case(7)
     weights = OutWeights.of(weight, N_KV)
     seen = {}
-    original = route_parts._formed
+    formed, prefix = route_parts._formed, route_parts._prefix
 
-    def spy(result, by_key, values, joined, whole, gains, centred, heavy, budget):
+    def spy_formed(result, by_key, values, joined, whole, gains, centred, heavy, budget):
         seen["heavy"] = int(heavy.sum())
-        return original(result, by_key, values, joined, whole, gains, centred, heavy, budget)
+        return formed(result, by_key, values, joined, whole, gains, centred, heavy, budget)
 
-    monkeypatch.setattr(route_parts, "_formed", spy)
+    def spy_prefix(near, by_key, values, joined, whole, gains, centred, order, lengths, reaching, budget):
+        seen["lengths"], seen["reaching"] = lengths, int(reaching.sum())
+        return prefix(near, by_key, values, joined, whole, gains, centred, order, lengths, reaching, budget)
+
+    monkeypatch.setattr(route_parts, "_formed", spy_formed)
+    monkeypatch.setattr(route_parts, "_prefix", spy_prefix)
     part_proximities(probs, values, weights, value_peaks(values, weights), whole, [], budget=1 << 12)
     assert 0 < seen["heavy"] < probs.numel() // 4
+    assert 0 < seen["lengths"][0] < D_MODEL and 0 < seen["reaching"] < N_KEYS
 
 
 def test_peaks_are_the_largest_coordinate_of_each_heads_output():

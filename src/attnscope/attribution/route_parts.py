@@ -122,14 +122,15 @@ def layers_part_proximities(probs: torch.Tensor, values: torch.Tensor, joined: t
     magnitude = whole.abs()
     order = magnitude.argsort(-1)  # [layer, row, d_model]: coordinates by |y|, smallest first
     floors = torch.cat([magnitude.gather(-1, order), torch.full_like(magnitude[..., :1], float("inf"))], -1)
-    prefixes = _prefix_lengths(bound, floors)  # per layer
+    # the keys where some part may overshoot y somewhere (its bound above the smallest |y_d| of its row): elsewhere
+    # every part's proximity is its linear term alone
+    reaching = (bound > floors[..., :1].view(n_layers, 1, 1, 1, n_rows)).any(-1).any(-1).any(1)  # [layer, key]
+    prefixes = _prefix_lengths(bound, floors, reaching.sum(1) * (n_heads * n_rows))  # per layer
     chosen = torch.tensor(prefixes, device=floors.device)
     heavy = bound > floors.gather(-1, chosen.view(-1, 1, 1).expand(-1, n_rows, 1)).view(n_layers, 1, 1, 1, n_rows)
-    inside = torch.arange(whole.shape[-1], device=whole.device) < chosen.view(-1, 1, 1)  # [layer, 1, d]: the prefix
-    signs = torch.empty_like(whole).scatter_(-1, order, whole.sign().gather(-1, order).masked_fill_(inside, 0.0))
-    near = _linear(by_key, values, joined, _directions(signs, gains, centred))  # sign(y) outside the prefix
+    near = _linear(by_key, values, joined, _directions(whole.sign(), gains, centred))  # Σ_d sign(y_d) z_d
     if max(prefixes):
-        near += _prefix(by_key, values, joined, whole, gains, centred, order[..., : max(prefixes)], chosen, budget)
+        _prefix(near, by_key, values, joined, whole, gains, centred, order, prefixes, reaching, budget)
     result = near.clamp_min_(0.0)
     if bool(heavy.any()):
         _formed(result, by_key, values, joined, whole, gains, centred, heavy, budget)
@@ -143,11 +144,12 @@ def frozen_gains(frozen: list[FrozenNorm], whole: torch.Tensor) -> tuple[torch.T
     return torch.stack([f.gain.float() for f in frozen]), frozen[0].centred
 
 
-def _prefix_lengths(bound: torch.Tensor, floors: torch.Tensor) -> list[int]:
+def _prefix_lengths(bound: torch.Tensor, floors: torch.Tensor, prefix_parts: torch.Tensor) -> list[int]:
     """Each layer's prefix length ``K`` (0, a power of two, or every coordinate) that minimises its work: ``K``
-    coordinates per part, plus ``HEAVY_COST`` per heavy part (``bound`` ``[layer, kv_head, key, group, row]`` above
-    ``floors[layer, row, K]``, the ``K``-th smallest ``|y_d|``; ``floors`` ``[layer, row, d_model + 1]`` ends in
-    infinity). Per layer, so that a row's numbers do not depend on the layers computed beside it."""
+    coordinates per part of ``prefix_parts`` ``[layer]`` (those a prefix is computed for), plus ``HEAVY_COST`` per
+    heavy part (``bound`` ``[layer, kv_head, key, group, row]`` above ``floors[layer, row, K]``, the ``K``-th smallest
+    ``|y_d|``; ``floors`` ``[layer, row, d_model + 1]`` ends in infinity). Per layer, so that a row's numbers do not
+    depend on the layers computed beside it."""
     d_model = floors.shape[-1] - 1
     lengths = torch.tensor([0] + [1 << p for p in range(d_model.bit_length()) if 1 << p < d_model] + [d_model],
                            device=floors.device)
@@ -158,7 +160,7 @@ def _prefix_lengths(bound: torch.Tensor, floors: torch.Tensor) -> list[int]:
     counts = torch.bincount((exceeded + offsets).flatten(), minlength=n_layers * (len(lengths) + 1))
     light = counts.view(n_layers, -1).cumsum(1)[:, :-1]  # [layer, length]
     parts = bound[0].numel()
-    cost = parts * lengths + (parts - light) * d_model * HEAVY_COST
+    cost = prefix_parts[:, None] * lengths + (parts - light) * d_model * HEAVY_COST
     return lengths[cost.argmin(1)].tolist()
 
 
@@ -190,34 +192,72 @@ def _blocks(n_layers: int, n_rows: int, per_row: int, budget: int) -> list[tuple
     return [(slice(b, b + 1), slice(r, r + step)) for b in range(n_layers) for r in range(0, n_rows, step)]
 
 
-def _prefix(by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, whole: torch.Tensor,
-            gains: torch.Tensor, centred: bool, columns: torch.Tensor, lengths: torch.Tensor, budget: int) -> torch.Tensor:
-    """``Σ_d (|y_d| − |y_d − z_d|)`` of every part over each layer's prefix, the first ``lengths[layer]`` of
-    ``columns`` ``[layer, row, K]`` (the others give exactly 0: their weights and ``y`` are zeroed, so one batch
-    serves layers of different prefixes): ``[layer, kv_head, key, group, row]``, in blocks of at most ``budget``
-    elements ``[layer, kv_head, key, group, row, K]``."""
-    n_layers, n_kv, n_keys, group, n_rows = by_key.shape
-    d_head, prefix = values.shape[-1], columns.shape[-1]
+def _prefix(near: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor, whole: torch.Tensor,
+            gains: torch.Tensor, centred: bool, order: torch.Tensor, lengths: list[int], reaching: torch.Tensor,
+            budget: int) -> None:
+    """Add to ``near`` ``[layer, kv_head, key, group, row]`` (each part's ``Σ_d sign(y_d) z_d``) what the part's
+    overshoots take away on each layer's prefix, the first ``lengths[layer]`` coordinates of ``order`` ``[layer, row,
+    d_model]``: ``Σ_d (|y_d| − |y_d − z_d| − sign(y_d) z_d) = −Σ_d (|e_d| + sign(y_d) e_d)`` with ``e = z − y``, 0
+    where the part does not overshoot. Only at the keys ``reaching`` ``[layer, key]`` marks (at the others no part
+    overshoots anywhere), for runs of consecutive layers (:func:`_runs`; slices: views, no copies) in blocks of at most
+    ``budget`` elements ``[layer, kv_head, key, group, row, K]``. A coordinate past a layer's prefix, or a key it does
+    not need, adds exactly 0 (its weight and ``y`` are zeroed, or no part there overshoots), so a run can pad them."""
+    n_layers, n_kv, _, group, n_rows = by_key.shape
+    d_head = values.shape[-1]
     by_head = joined.view(n_layers, n_kv, d_head, group, -1)  # [layer, kv_head, d_head, group, d_model]
-    shift = None  # [layer, kv_head, key, group]: mean(u) over every coordinate, which a centring norm subtracts
-    if centred:
-        shift = torch.matmul(values, by_head.mean(-1))
-    used = torch.arange(prefix, device=columns.device) < lengths.view(-1, 1, 1)  # [layer, 1, K]
-    total = torch.empty(by_key.shape, device=by_key.device)
-    for layers, rows in _blocks(n_layers, n_rows, n_kv * group * n_keys * prefix, budget):
-        cols = columns[layers, rows]  # [layer, row, K]
-        scale = gains[layers, rows].gather(-1, cols) * used[layers]  # [layer, row, K]: the norm's gain, 0 past
-        n_b, n_r = cols.shape[:2]
-        index = cols.reshape(n_b, 1, 1, 1, -1).expand(-1, n_kv, d_head, group, -1)
-        picked = by_head[layers].gather(-1, index).mul_(scale.reshape(n_b, 1, 1, 1, -1))  # [.., group, row x K]
-        parts = torch.matmul(values[layers], picked.view(n_b, n_kv, d_head, -1))  # G(u) on the prefix
-        parts = parts.view(n_b, n_kv, n_keys, group, n_r, prefix)
-        if shift is not None:
-            parts -= shift[layers, ..., None, None] * scale[:, None, None, None]
-        wanted = (whole[layers, rows].gather(-1, cols) * used[layers])[:, None, None, None]  # y on the prefix, 0 past
-        parts.mul_(by_key[layers, ..., rows, None]).sub_(wanted)  # z − y
-        total[layers, ..., rows] = wanted.abs().sum(-1) - parts.abs_().sum(-1)
-    return total
+    cols = order[..., : max(lengths)]  # [layer, row, K]
+    used = torch.arange(cols.shape[-1], device=cols.device) < torch.tensor(lengths, device=cols.device).view(-1, 1, 1)
+    scales = gains.gather(-1, cols) * used  # the norm's gain on the prefix, 0 past it
+    wanted = whole.gather(-1, cols) * used  # y on the prefix, 0 past it
+    for run, prefix, keys in _runs(lengths, reaching, n_kv * group * n_rows):
+        run_values = values[run][:, :, keys]  # [layer, kv_head, key, d_head]: a copy of the keys needed
+        run_weights = by_key[run][:, :, keys]  # [layer, kv_head, key, group, row]
+        shift = None  # [layer, kv_head, key, group]: mean(u) over every coordinate, which a centring norm subtracts
+        if centred:
+            shift = torch.matmul(run_values, by_head[run].mean(-1))
+        added = torch.empty(run_weights.shape, device=near.device)
+        for part, rows in _blocks(run.stop - run.start, n_rows, n_kv * group * len(keys) * prefix, budget):
+            inside = slice(part.start, min(run.stop - run.start, part.stop))
+            layers = slice(run.start + inside.start, run.start + inside.stop)
+            scale, y = scales[layers, rows, :prefix], wanted[layers, rows, :prefix][:, None, None, None]
+            n_b, n_r = scale.shape[:2]
+            index = cols[layers, rows, :prefix].reshape(n_b, 1, 1, 1, -1).expand(-1, n_kv, d_head, group, -1)
+            picked = by_head[layers].gather(-1, index).mul_(scale.reshape(n_b, 1, 1, 1, -1))  # [.., group, row x K]
+            parts = torch.matmul(run_values[inside], picked.view(n_b, n_kv, d_head, -1))  # G(u) on the prefix
+            parts = parts.view(n_b, n_kv, len(keys), group, n_r, prefix)
+            if shift is not None:
+                parts -= shift[inside, ..., None, None] * scale[:, None, None, None]
+            parts.mul_(run_weights[inside, ..., rows, None]).sub_(y)  # e = z − y
+            overshoot = parts.abs().add_(parts.mul_(y.sign()))  # |e| + sign(y) e
+            added[inside, ..., rows] = overshoot.sum(-1).neg_()
+        near[run][:, :, keys] += added
+
+
+RUN_COST = 1 << 17  # a run's fixed cost (a few dozen torch calls) in elements of its work, measured on CPUs
+
+
+def _runs(lengths: list[int], reaching: torch.Tensor, per_key: int) -> list[tuple[slice, int, torch.Tensor]]:
+    """Runs of consecutive layers whose prefixes :func:`_prefix` computes together, ``[(layers, K, keys)]``: each
+    layer with a prefix and keys ``reaching`` ``[layer, key]`` joins the run before it while the run's padded work (its
+    layers x the keys any of them needs x its longest prefix x ``per_key`` parts) stays below their separate work plus
+    :data:`RUN_COST`; the keys are the indices of the keys the run needs."""
+    runs: list[tuple[slice, int, torch.Tensor]] = []
+    work = 0  # the separate work of the last run's layers
+    for layer, length in enumerate(lengths):
+        needed = reaching[layer]
+        alone = int(needed.sum()) * length * per_key
+        if not alone:
+            continue
+        if runs and runs[-1][0].stop == layer:
+            last, prefix, keys = runs[-1]
+            joined = keys | needed
+            padded = (layer + 1 - last.start) * int(joined.sum()) * max(prefix, length) * per_key
+            if padded <= work + alone + RUN_COST:
+                runs[-1], work = (slice(last.start, layer + 1), max(prefix, length), joined), work + alone
+                continue
+        runs.append((slice(layer, layer + 1), length, needed))
+        work = alone
+    return [(layers, prefix, keys.nonzero().flatten()) for layers, prefix, keys in runs]
 
 
 def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, joined: torch.Tensor,
@@ -225,7 +265,8 @@ def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, jo
     """Write into ``result`` ``[layer, kv_head, key, group, row]`` the proximity of each ``heavy`` part, formed in full
     (``d_model`` wide): every head's output at each (layer, key) where a part is heavy, ``budget // (head x
     d_model)`` such keys at once (one product per layer among them: layers have from a few to hundreds of such keys,
-    so a batch padded to the most would form several times the parts), then those keys' parts together."""
+    so a batch padded to the most would form several times the parts), each heavy part's own output taken from its
+    layer's product as it comes (not the products joined first: most of a key's heads are light)."""
     _, n_kv, n_keys, group, _ = by_key.shape
     d_model = joined.shape[-1] // group
     found = heavy.nonzero()  # [n, 5]: layer, kv_head, key, group, row
@@ -235,17 +276,19 @@ def _formed(result: torch.Tensor, by_key: torch.Tensor, values: torch.Tensor, jo
     step = max(1, budget // (n_kv * group * d_model))
     for first in range(0, len(pairs), step):
         block = pairs[first : first + step]
-        layers, counts = torch.unique_consecutive(block // n_keys, return_counts=True)
-        formed, start = [], 0
-        for layer, count in zip(layers.tolist(), counts.tolist(), strict=True):
-            keys = block[start : start + count] % n_keys
-            outputs = torch.matmul(values[layer][:, keys], joined[layer])  # [kv_head, key, group x d_model]
-            formed.append(outputs.view(n_kv, count, group, d_model).transpose(0, 1))
-            start += count
-        every = torch.cat(formed)  # [key of the block, kv_head, group, d_model]
-        if centred:
-            every = every - every.mean(-1, keepdim=True)
         lo, hi = torch.searchsorted(slot, torch.tensor([first, first + len(block)], device=slot.device)).tolist()
         l, k, j, g, r = found[lo:hi].unbind(-1)
-        z = by_key[l, k, j, g, r][:, None] * gains[l, r] * every[slot[lo:hi] - first, k, g]
+        local = slot[lo:hi] - first  # each part's pair within the block
+        layers, counts = torch.unique_consecutive(block // n_keys, return_counts=True)
+        ends = torch.cumsum(counts, 0)
+        bounds = [0, *torch.searchsorted(local, ends).tolist()]  # the parts of each layer: consecutive
+        u = torch.empty((hi - lo, d_model), device=values.device)
+        for layer, start, end, a, b in zip(layers.tolist(), (ends - counts).tolist(), ends.tolist(), bounds, bounds[1:],
+                                           strict=False):
+            keys = block[start:end] % n_keys
+            outputs = torch.matmul(values[layer][:, keys], joined[layer]).view(n_kv, end - start, group, d_model)
+            u[a:b] = outputs[k[a:b], local[a:b] - start, g[a:b]]
+        if centred:
+            u -= u.mean(-1, keepdim=True)
+        z = u.mul_(gains[l, r]).mul_(by_key[l, k, j, g, r][:, None])
         result[l, k, j, g, r] = proximity(z, whole[l, r])
