@@ -29,6 +29,9 @@ Figures (the last line printed is one JSON object; layers and heads 0-indexed):
   ci_high]`` (paired bootstrap 95%). Accuracies, not timings: valid under load.
 * ``lists_models``: the aliases of the models whose head-function lists ship with attnscope
   (:func:`attnscope.data.head_lists`, the data files ``scripts/head_lists.py`` wrote), read, not recomputed.
+* ``mask_checks``: per model whose list ships with masking checks (``scripts/head_checks.py``: induction, streaming and
+  retrieval, top k against k random heads over 5 draws), ``{alias: {check: {k: {"top" | "random" | "bottom":
+  [change, ci_low, ci_high]}}}}``, read from the lists' summaries, not recomputed (tens of minutes per model).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from long import peak_mb, reset_peak
 import attnscope
 from attnscope import HeadScoreSettings, head_scores
 from attnscope.analysis.retrieval import retrieval_score
-from attnscope.data import head_lists
+from attnscope.data import head_list_summary, head_lists
 from attnscope.experiments.head_masking import check_score
 from attnscope.experiments.needles import needle_prompt, run_trial
 from attnscope.experiments.random_tokens import repeated_random_tokens
@@ -183,6 +186,18 @@ def masking_drops(loaded: Any, size: dict[str, Any]) -> dict[str, Any]:
             "mask_top_heads": check.sets[f"top {max(size['ks'])}"]}
 
 
+def recorded_checks() -> dict[str, dict[str, dict[str, dict[str, list[float]]]]]:
+    """The masking checks kept in the shipped lists' summaries: per model, check and k, each set's change and interval."""
+    found: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {}
+    for alias in head_lists():
+        for name, check in head_list_summary(alias).get("checks", {}).items():
+            for row in check["summary"]:
+                if " - " not in row["heads"]:
+                    found.setdefault(alias, {}).setdefault(name, {}).setdefault(str(row["k"]), {})[row["heads"]] = [
+                        round(row["change"], 4), round(row["ci_low"], 4), round(row["ci_high"], 4)]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="head-function scores: accuracy, cost, memory, masking (one JSON "
                                                  "line last)")
@@ -212,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(masking_drops(loaded, size))
     print(f"  masking: top {figures['mask_top_k_drop']}, random {figures['mask_random_k_drop']}", flush=True)
     figures["lists_models"] = list(head_lists())
+    figures["mask_checks"] = recorded_checks()
     figures.update(targets={"equal_to_naive_max_abs_err": "<= 1e-6", "scoring_over_generate": "<= 1.3",
                             "peak_mb_32k": "<= 8192"}, torch_threads=args.threads,
                    load_avg_before=round(load_before, 2), load_avg_after=round(os.getloadavg()[0], 2),

@@ -596,8 +596,20 @@ def head_lists(work: Path) -> dict[str, Any]:
             "retrieval_heads_global": int((above["window"] == 0).sum()),
             "rho": {name: value["rho"] for name, value in found["stability"].items()},
             "top": {name: heads[:HEAD_LIST_TOP] for name, heads in found["top"].items()},
-            "cpu": found["cpu"], "date": found["date"], "seconds": found["seconds"]}
+            "cpu": found["cpu"], "date": found["date"], "seconds": found["seconds"],
+            "checks": {name: masking_check(check) for name, check in found.get("checks", {}).items()}}
     return figures
+
+
+def masking_check(check: dict[str, Any]) -> dict[str, Any]:
+    """One recorded masking check of a list (``scripts/head_checks.py``): its settings and, per k and set of heads
+    (``top``, ``random``, ``bottom``, ``top - random``), the change with its interval."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for row in check["summary"]:
+        rows.setdefault(str(row["k"]), {})[row["heads"]] = [row["change"], row["ci_low"], row["ci_high"]]
+    return {"column": check["column"], "metric": check["metric"], "baseline": check["baseline"],
+            "n_examples": check["n_examples"], "draws": check["random_draws"], "ks": check["ks"], "rows": rows,
+            "date": check["date"], "cpu": check["cpu"], "seconds": check["seconds"]}
 
 
 @dataclass(frozen=True)
@@ -634,7 +646,8 @@ GROUPS: dict[str, Group] = {
     "mixing": Group("attnscope mixing --evaluate --json", mixing_faithfulness, ("seconds",)),
     "routes": Group(f'attnscope routes --model smollm2 "{ROUTES_PROMPT}" --png --json', route_example),
     "gold": Group(_gold_command(), gold),
-    "head_lists": Group("python scripts/head_lists.py (each model's data/head_lists/<alias>.json, read)", head_lists),
+    "head_lists": Group("python scripts/head_lists.py; python scripts/head_checks.py (each model's "
+                        "data/head_lists/<alias>.json, read)", head_lists),
 }
 
 

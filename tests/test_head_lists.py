@@ -134,15 +134,88 @@ def test_the_page_shows_every_list():
 def test_a_partial_rerun_refuses_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
     """``scripts/head_lists.py --scores``: a score that needs the whole run, a model without files to keep, and
     --quick are refused (exit 2) before any model loads, and nothing is written."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("head_lists_script", ROOT / "scripts" / "head_lists.py")
-    script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
-    spec.loader.exec_module(script)
+    script = load_script("head_lists", monkeypatch)
     for argv, message in ((["--scores", "retrieval"], "re-runs only"),
                           (["--scores", "receiver", "--out", str(tmp_path)], "which does not exist"),
                           (["--scores", "receiver", "--quick"], "cannot be --quick")):
         assert script.main(["--models", "smollm2", "--img", str(tmp_path / "img"), *argv]) == 2
+        assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+# ---- the masking checks of the lists (scripts/head_checks.py) ----------------------------------------------------
+CHECKED = [(alias, name) for alias in SHIPPED for name in head_list_summary(alias).get("checks", {})]
+
+
+def load_script(name: str, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_checks_ship_for_the_three_scores_of_smollm2():
+    assert {name for alias, name in CHECKED if alias == "smollm2"} == {"induction", "streaming", "retrieval"}
+
+
+@pytest.mark.parametrize(("alias", "name"), CHECKED)
+def test_a_recorded_check_masked_the_heads_the_shipped_list_ranks_first(alias, name):
+    """The heads each recorded check masked are those the shipped list's column gives now: the top k, the bottom k
+    and the seeded random draws, drawn again here from the list (a list re-run without checking again fails)."""
+    from attnscope.experiments.head_masking import head_sets
+
+    check = head_list_summary(alias)["checks"][name]
+    summary = head_list_summary(alias)
+    scores = head_list(alias)[check["column"]].to_numpy(float).reshape(summary["layers"], summary["heads"])
+    least = any(row["heads"] == "bottom" for row in check["summary"])
+    expected = head_sets(scores, check["ks"], check["random_draws"], np.random.default_rng(0), least)
+    assert {key: [list(head) for head in heads] for key, heads in expected.items()} == check["sets"]
+
+
+@pytest.mark.parametrize(("alias", "name"), CHECKED)
+def test_a_recorded_checks_rows_agree_with_each_other(alias, name):
+    """Every k has top and random rows (streaming: bottom too) and their difference; a masked value is the baseline
+    plus its change; the random row is the mean of its draws; each interval is ordered; top - random is the
+    difference of the rows."""
+    check = head_list_summary(alias)["checks"][name]
+    rows = {(row["k"], row["heads"]): row for row in check["summary"]}
+    kinds = {"top", "random", "top - random"} | ({"bottom", "bottom - random"} if name == "streaming" else set())
+    assert set(rows) == {(k, kind) for k in check["ks"] for kind in kinds}
+    assert check["random_draws"] >= 5 and check["n_examples"] >= 2
+    for (k, kind), row in rows.items():
+        assert row["ci_low"] <= row["ci_high"], (k, kind)
+        if " - " not in kind:
+            assert row["value"] == pytest.approx(check["baseline"] + row["change"], abs=1e-9)
+            assert row["change"] == pytest.approx(np.mean(row["set_changes"]), abs=1e-9)
+            assert len(row["set_changes"]) == (check["random_draws"] if kind == "random" else 1)
+    for k in check["ks"]:
+        assert rows[k, "top - random"]["change"] == pytest.approx(rows[k, "top"]["change"] - rows[k, "random"]["change"],
+                                                                 abs=1e-9)
+
+
+def test_the_checks_picture_draws_every_recorded_check(tmp_path, monkeypatch):
+    """``scripts/head_checks.py --redraw`` draws one panel per (model, check) from the recorded summaries, and the
+    page shows the picture."""
+    from attnscope.present.figures import plot_masking_checks
+
+    script = load_script("head_checks", monkeypatch)
+    recorded = script.recorded_checks(script.OUT, list(SHIPPED))
+    figure = plot_masking_checks(recorded)
+    drawn = [ax for ax in figure.axes if ax.axison]
+    assert len(drawn) == sum(len(checks) for checks in recorded.values())
+    assert all(ax.containers for ax in drawn)  # error bars in every panel
+    assert script.main(["--redraw", "--img", str(tmp_path)]) == 0 and (tmp_path / "head_checks.png").is_file()
+    assert "img/head_checks.png" in (ROOT / "docs" / "head-lists.md").read_text(encoding="utf-8")
+
+
+def test_the_checks_command_refuses_bad_input_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    script = load_script("head_checks", monkeypatch)
+    for argv, message in ((["--models", "nosuch"], "unknown model alias"),
+                          (["--scores", "echo"], "unknown check"),
+                          (["--models", "smollm2", "--out", str(tmp_path)], "which does not exist")):
+        assert script.main([*argv, "--img", str(tmp_path / "img")]) == 2
         assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

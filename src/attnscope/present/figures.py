@@ -423,6 +423,49 @@ def _head_score_panel(ax: Axes, values: np.ndarray, column: str, windows: np.nda
     ax.figure.colorbar(image, ax=ax, shrink=0.8)
 
 
+CHECK_SETS = {"top": ("#c0392b", -0.15), "random": ("#7f8c8d", 0.0), "bottom": ("#2980b9", 0.15)}  # colour, x shift
+
+
+def plot_masking_checks(checks: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Figure:
+    """Masking checks side by side: ``checks`` ``{model: {check: MaskingCheck.to_dict()}}`` (e.g. the ``checks`` of the
+    shipped head lists' summaries), a row per model and a column per check. Each panel shows, per k, the metric's
+    change (masked - intact) with the top k heads masked, k random heads (the mean over the draws) and, where the
+    check has them, the bottom k, each with its 95% interval."""
+    names = list(dict.fromkeys(name for found in checks.values() for name in found))
+    figure = _figure_class()(figsize=(3.2 * len(names), 2.3 * len(checks)), layout="constrained")
+    axes = figure.subplots(len(checks), len(names), squeeze=False)
+    for row, (model, found) in zip(axes, checks.items()):
+        for ax, name in zip(row, names):
+            if name in found:
+                _masking_check_panel(ax, found[name], f"{model}: {name}")
+            else:
+                ax.set_axis_off()
+    figure.suptitle("masking the top k heads of a score against k random heads (95% intervals)", fontsize=10)
+    return figure
+
+
+def _masking_check_panel(ax: Axes, check: Mapping[str, Any], title: str) -> None:
+    """One check's changes by k (a position per k, a colour per set of heads), the intact metric in the title."""
+    ks = list(check["ks"])
+    for which, (color, shift) in CHECK_SETS.items():
+        rows = [row for row in check["summary"] if row["heads"] == which]
+        if not rows:
+            continue
+        x = np.array([ks.index(row["k"]) for row in rows]) + shift
+        change = np.array([row["change"] for row in rows], dtype=float)
+        low = np.array([np.nan if row["ci_low"] is None else row["ci_low"] for row in rows], dtype=float)
+        high = np.array([np.nan if row["ci_high"] is None else row["ci_high"] for row in rows], dtype=float)
+        errors = np.nan_to_num(np.stack([change - low, high - change]).clip(min=0))
+        ax.errorbar(x, change, yerr=errors, fmt="o", color=color, capsize=3, markersize=4, label=f"{which} k")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(ks)), [f"k = {k}" for k in ks], fontsize=7)
+    ax.set_xlim(-0.6, len(ks) - 0.4)
+    ax.set_ylabel(f"change of {check['metric']}", fontsize=7)
+    ax.tick_params(labelsize=7)
+    ax.set_title(f"{title} (intact {check['baseline']:.3g})", fontsize=8)
+    ax.legend(fontsize=6, loc="best")
+
+
 def save_figure(figure: Figure, path: str | Path, dpi: int = 150) -> Path:
     """Write ``figure`` as PNG, SVG or PDF, chosen by the file's suffix."""
     path = Path(path)
