@@ -216,14 +216,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def copy_lists(models: list[str], folder: Path) -> None:
-    """The shipped lists of ``models`` copied into ``folder`` (a quick run writes there, never into the package)."""
+    """The shipped lists of ``models`` (:func:`check_premises` found them) copied into ``folder`` (a quick run writes
+    there, never into the package)."""
     import shutil
 
     folder.mkdir(parents=True, exist_ok=True)
     for alias in models:
         for name in (f"{alias}.csv", f"{alias}.json"):
-            if (OUT / name).is_file():
-                shutil.copyfile(OUT / name, folder / name)
+            shutil.copyfile(OUT / name, folder / name)
 
 
 if __name__ == "__main__":
